@@ -1,0 +1,62 @@
+# bn-rotation: every target sets up .venv from the pinned versions first if it is missing.
+# `make help` lists the targets.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+SCALE ?= full
+FORCE ?= 0
+ROW ?= adam
+SEED ?= 0
+ARGS ?=
+RESULTS ?=
+OUT ?= results
+JOBS ?= 1
+
+# Rows and seeds of a sweep, per scale. `quick` shows the headline contrast on a laptop CPU.
+ROWS_full := sgd,adam_lr3e-4,adam_cosine,adamw,adam,adam_projected,adam_bn_m0.3
+SEEDS_full := 0,1,2
+ROWS_quick := sgd,adam,adam_bn_m0.3
+SEEDS_quick := 0
+ROWS_smoke := $(ROWS_full)
+SEEDS_smoke := 0
+ROWS ?= $(ROWS_$(SCALE))
+SEEDS ?= $(SEEDS_$(SCALE))
+force_flag := $(if $(filter 1 true yes,$(FORCE)),true,false)
+results_flag := $(if $(RESULTS),--results $(RESULTS),)
+results_override := $(if $(RESULTS),results_root=$(RESULTS),)
+launcher := $(if $(filter-out 1,$(JOBS)),hydra/launcher=joblib hydra.launcher.n_jobs=$(JOBS) threads=$$(( $$(nproc) / $(JOBS) > 0 ? $$(nproc) / $(JOBS) : 1 )),)
+
+.PHONY: help install test sweep reproduce row table figures claims bench clean
+.DEFAULT_GOAL := help
+
+help: ## list the targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "} {printf "  make %-10s %s\n", $$1, $$2}'
+	@echo "  variables: SCALE=full|quick|smoke ROW= SEED= ARGS='<hydra overrides>' FORCE=1 RESULTS=<root> JOBS=<n>"
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[test]'
+	touch $@
+
+install: $(VENV)/.installed ## create .venv with the pinned versions (torch 2.13.0, hydra-core 1.3.8, ...)
+
+test: $(VENV)/.installed ## run the test suite (a few minutes on 2 cores)
+	$(PY) -m pytest -q
+
+sweep: $(VENV)/.installed ## every row x seed at SCALE (resumable; FORCE=1 reruns; JOBS=n in parallel)
+	$(PY) experiments/train.py -m experiment=$(ROWS) seed=$(SEEDS) scale=$(SCALE) force=$(force_flag) \
+		$(results_override) $(launcher) $(ARGS)
+
+reproduce: sweep table ## the whole study at SCALE, then the table
+
+row: $(VENV)/.installed ## one row at one seed: make row ROW=adam SEED=1 [ARGS='optimizer.lr=0.001 row=adam_lr1e-3']
+	$(PY) experiments/train.py experiment=$(ROW) seed=$(SEED) scale=$(SCALE) force=$(force_flag) \
+		$(results_override) $(ARGS)
+
+table: $(VENV)/.installed ## results/table.md and .csv from the parquet results (RESULTS=<root>)
+	$(PY) -m bnrotation.analysis.table $(results_flag) --out $(OUT)
+
+clean: ## remove .venv and your own (uncommitted) results; keeps results/reference
+	rm -rf $(VENV) results/runs results/hydra

@@ -1,0 +1,28 @@
+"""Train one row of the study at one seed (or a Hydra multirun sweep of them).
+
+    python experiments/train.py experiment=adam seed=1
+    python experiments/train.py -m experiment=sgd,adam seed=0,1,2 scale=quick
+
+Parses the config and calls bnrotation.runner.run; nothing else lives here.
+"""
+
+import sys
+
+import hydra
+from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
+from omegaconf import DictConfig
+
+from bnrotation.cli import run_task
+from bnrotation.config import register_configs
+
+register_configs()
+
+
+@hydra.main(version_base="1.3", config_path="../conf", config_name="config")
+def main(cfg: DictConfig) -> None:
+    sys.exit(run_task(cfg, multirun=HydraConfig.get().mode == RunMode.MULTIRUN))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,211 @@
+"""Find, validate and load run folders (no torch).
+
+A run is refused, with a message naming its folder, when it has no ``DONE``
+marker, when ``run.json`` is unreadable or of a newer schema, when a table is
+missing, truncated or lacks a column, or when the settings read back in
+``run.json`` contradict what its row means (:mod:`bnrotation.rows`): the
+article's window test first ran with a momentum patched into a file that was
+never loaded, and that mistake must be impossible to miss.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pandas as pd
+import pyarrow.parquet as pq
+import yaml
+
+from .. import records
+from ..rows import ROWS, RowSpec, row_order
+
+OPTIMIZER_CLASSES = {"sgd": "SGD", "adam": "Adam", "adamw": "AdamW", "adam_projected": "ProjectedAdam",
+                     "adamp": "ProjectedAdam"}
+SCHEDULE_CLASSES = {"constant": None, "cosine": "CosineAnnealingLR"}
+
+
+class BadRunError(ValueError):
+    """A run folder cannot be used; the message names the folder and what is wrong."""
+
+
+@dataclass
+class Run:
+    """One finished run: its folder, ``run.json``, resolved config and tables."""
+
+    path: Path
+    info: dict
+    config: dict
+    tables: dict[str, pd.DataFrame] = field(default_factory=dict)
+
+    @property
+    def row(self) -> str:
+        return self.info["row"]
+
+    @property
+    def seed(self) -> int:
+        return int(self.info["seed"])
+
+    @property
+    def diverged(self) -> bool:
+        return self.info.get("status") == "diverged"
+
+
+def find_run_dirs(root: str | Path) -> list[Path]:
+    """Every ``runs/<row>/seed=<s>`` folder under ``root``, in row-registry order."""
+    dirs = [p for p in Path(root).glob("runs/*/seed=*") if p.is_dir()]
+    return sorted(dirs, key=lambda p: (row_order(p.parent.name), p.name))
+
+
+def has_runs(root: str | Path) -> bool:
+    return any((p / records.DONE).exists() for p in find_run_dirs(root))
+
+
+def default_results_root(candidates: tuple[str, ...] = ("results", "results/reference")) -> Path:
+    """The first of ``results`` (your own runs) and ``results/reference`` (committed) that holds a run."""
+    for c in candidates:
+        if has_runs(c):
+            return Path(c)
+    return Path(candidates[-1])
+
+
+def read_table(path: Path, name: str) -> pd.DataFrame:
+    """Read one parquet table and check its schema version and columns.
+
+    Raises:
+        BadRunError: naming the file, for a missing, unreadable or truncated
+            file, a newer schema, or a missing column.
+    """
+    if not path.exists():
+        raise BadRunError(f"{path}: table {name!r} is missing")
+    try:
+        table = pq.read_table(path)
+    except Exception as err:  # noqa: BLE001 - pyarrow raises several kinds for a damaged file
+        raise BadRunError(f"{path}: unreadable parquet ({type(err).__name__}: {err})") from err
+    meta = table.schema.metadata or {}
+    version = int(meta.get(b"bnrotation.schema_version", b"0"))
+    if version > records.SCHEMA_VERSION:
+        raise BadRunError(f"{path}: schema version {version} is newer than this suite's "
+                          f"{records.SCHEMA_VERSION}; update the suite")
+    df = table.to_pandas()
+    missing = [c for c in records.TABLE_COLUMNS[name] if c not in df.columns]
+    if missing:
+        raise BadRunError(f"{path}: missing columns {missing}")
+    return df
+
+
+def check_against_row(info: dict, spec: RowSpec) -> list[str]:
+    """What ``run.json`` (read back from the built objects) says that contradicts the row's meaning.
+
+    Returns:
+        One line per contradiction; empty when the run is what its row says.
+    """
+    problems = []
+    opt = info.get("optimizer", {})
+    want_cls = OPTIMIZER_CLASSES[spec.optimizer]
+    if opt.get("class") != want_cls:
+        problems.append(f"optimizer class {opt.get('class')!r}, the row means {want_cls!r}")
+    for g in opt.get("param_groups", []):
+        if not math.isclose(float(g.get("lr", math.nan)), spec.lr, rel_tol=1e-9):
+            problems.append(f"learning rate {g.get('lr')} in group {g.get('name')!r}, the row means {spec.lr}")
+        if not math.isclose(float(g.get("weight_decay", 0.0)), spec.weight_decay, rel_tol=1e-9, abs_tol=0.0):
+            problems.append(f"weight decay {g.get('weight_decay')} in group {g.get('name')!r}, "
+                            f"the row means {spec.weight_decay}")
+    modes = info.get("projection", {}).get("mode", [])
+    want_modes = {"adam_projected": ["always", "never"], "adamp": ["adamp"]}.get(spec.optimizer, [])
+    if sorted(modes) != sorted(want_modes):
+        problems.append(f"projection modes {modes}, the row means {want_modes}")
+    sched = info.get("schedule")
+    got_sched = sched.get("class") if isinstance(sched, dict) else None
+    if got_sched != SCHEDULE_CLASSES[spec.schedule]:
+        problems.append(f"schedule {got_sched!r}, the row means {spec.schedule!r}")
+    norms = info.get("norm_layers", {})
+    if not norms:
+        problems.append("no norm layer read back")
+    for name, n in norms.items():
+        if spec.norm == "batch":
+            if n.get("class") != "BatchNorm2d":
+                problems.append(f"{name} is {n.get('class')}, the row means BatchNorm2d")
+            elif not math.isclose(float(n.get("momentum") or math.nan), spec.bn_momentum, rel_tol=1e-9):
+                problems.append(f"{name} ran with BatchNorm momentum {n.get('momentum')}, "
+                                f"the row means {spec.bn_momentum}")
+        else:
+            groups = {"group": 8, "layer": 1}[spec.norm]
+            if n.get("class") != "GroupNorm" or n.get("num_groups") != groups:
+                problems.append(f"{name} is {n.get('class')} with {n.get('num_groups')} groups, "
+                                f"the row means GroupNorm with {groups}")
+    return problems
+
+
+def load_run(path: str | Path, tables: tuple[str, ...] = records.REQUIRED_TABLES) -> Run:
+    """Load and validate one run folder.
+
+    Raises:
+        BadRunError: naming the folder and what is wrong.
+    """
+    path = Path(path)
+    if not (path / records.DONE).exists():
+        raise BadRunError(f"{path}: no DONE marker (the run crashed, was killed, or is still running); "
+                          "rerun it (make sweep reruns it from scratch)")
+    try:
+        info = json.loads((path / "run.json").read_text())
+    except (OSError, json.JSONDecodeError) as err:
+        raise BadRunError(f"{path / 'run.json'}: unreadable ({err})") from err
+    version = info.get("schema_version")
+    if not isinstance(version, int) or version > records.SCHEMA_VERSION:
+        raise BadRunError(f"{path / 'run.json'}: schema version {version!r}, this suite reads up to "
+                          f"{records.SCHEMA_VERSION}; update the suite")
+    if info.get("status") not in ("done", "diverged"):
+        raise BadRunError(f"{path / 'run.json'}: status {info.get('status')!r}, expected done or diverged")
+    if path.parent.name != info.get("row") or path.name != f"seed={info.get('seed')}":
+        raise BadRunError(f"{path}: run.json says row {info.get('row')!r} seed {info.get('seed')!r}, "
+                          "which does not match the folder")
+    try:
+        config = yaml.safe_load((path / "config.yaml").read_text())
+    except (OSError, yaml.YAMLError) as err:
+        raise BadRunError(f"{path / 'config.yaml'}: unreadable ({err})") from err
+    if info["row"] in ROWS:
+        problems = check_against_row(info, ROWS[info["row"]])
+        if problems:
+            raise BadRunError(f"{path}: what ran contradicts row {info['row']!r}: " + "; ".join(problems))
+    run = Run(path, info, config)
+    for name in tables:
+        file = path / f"{name}.parquet"
+        if name in records.REQUIRED_TABLES or file.exists():
+            run.tables[name] = read_table(file, name)
+    return run
+
+
+def load_runs(root: str | Path, skip_bad: bool = False,
+              tables: tuple[str, ...] = records.REQUIRED_TABLES) -> list[Run]:
+    """Every valid run under ``root``.
+
+    Stray files in ``root/runs`` and folders not named ``seed=<s>`` are reported.
+
+    Raises:
+        BadRunError: for the first bad run, unless ``skip_bad``; then every bad
+            run is reported on stderr and left out, never silently.
+        FileNotFoundError: if ``root`` has no ``runs`` folder.
+    """
+    root = Path(root)
+    if not (root / "runs").is_dir():
+        raise FileNotFoundError(f"{root}: no runs/ folder; run `make sweep` or pass RESULTS=results/reference")
+    problems = [f"{p}: stray entry, expected runs/<row>/seed=<s>/ folders"
+                for p in sorted((root / "runs").glob("*")) if not p.is_dir()]
+    problems += [f"{p}: stray entry, expected seed=<s>/ folders"
+                 for p in sorted((root / "runs").glob("*/*")) if not p.name.startswith("seed=") or not p.is_dir()]
+    runs = []
+    for d in find_run_dirs(root):
+        try:
+            runs.append(load_run(d, tables))
+        except BadRunError as err:
+            problems.append(str(err))
+    if problems and not skip_bad:
+        raise BadRunError(problems[0] + (f" (and {len(problems) - 1} more problems)" if len(problems) > 1 else "")
+                          + "; pass --skip-bad to tabulate the other runs")
+    for p in problems:
+        print(f"warning: skipped: {p}", file=sys.stderr)
+    return runs

@@ -1,0 +1,154 @@
+"""``make table``: the article's table, rebuilt from the parquet results (no torch).
+
+    python -m bnrotation.analysis.table --results results/reference --out results
+
+Writes ``<out>/table.md`` and ``<out>/table.csv``: per row the mean over
+seeds, the seed spread (sample standard deviation, n - 1), the number of seeds
+it rests on, the published figure beside each measured one, and how many runs
+diverged.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from .. import records
+from ..rows import ROWS, SEEDS, row_order
+from . import metrics
+from .results import BadRunError, Run, default_results_root, load_runs
+
+# (column key, header, published attribute, format)
+COLUMNS = (
+    ("rotation_per_100_deg", "Rotation per 100 steps", "rotation_deg_per_100", "{:.2f}°"),
+    ("norm_growth", "Norm growth", "norm_growth", "{:.2f}×"),
+    ("acc_eval_mode", "Evaluation-mode accuracy", "acc_eval_mode", "pct"),
+    ("checks_below_90", "Checks below 90%", "checks_below_90", "pct0"),
+    ("acc_train_mode", "Training-mode accuracy", None, "pct"),
+    ("acc_reestimated_final", "Eval. accuracy after re-estimation, final step", None, "pct"),
+)
+
+
+def run_metrics(run: Run) -> dict:
+    """One run's value for every column."""
+    below, n_checks = metrics.checks_below(run)
+    return {
+        "row": run.row, "seed": run.seed, "diverged": run.diverged,
+        "rotation_per_100_deg": metrics.rotation_per_100_deg(run),
+        "norm_growth": metrics.norm_growth(run),
+        "acc_eval_mode": metrics.acc_eval_mode(run),
+        "acc_train_mode": metrics.acc_train_mode(run),
+        "checks_below": below, "n_checks": n_checks,
+        "acc_reestimated_final": metrics.final_reestimated_acc(run),
+        "wall_seconds": run.info.get("wall_seconds"),
+    }
+
+
+def _std(x: pd.Series) -> float:
+    return float(x.std(ddof=1)) if x.notna().sum() > 1 else math.nan
+
+
+def build_table(runs: list[Run], seeds_expected: int = len(SEEDS)) -> pd.DataFrame:
+    """One line per row: ``<col>_mean``, ``<col>_std``, ``<col>_published`` for each column, plus
+    ``n_seeds``, ``seeds_expected``, ``seeds``, ``diverged``, ``label``.
+
+    "Checks below 90%" pools all checks of the row's runs (41 x seeds), as the
+    article does; its spread is that of the per-seed shares.
+    """
+    per_run = pd.DataFrame([run_metrics(r) for r in runs])
+    lines = []
+    if per_run.empty:
+        return pd.DataFrame()
+    per_run["checks_below_90"] = per_run["checks_below"] / per_run["n_checks"].replace(0, np.nan)
+    for row, g in sorted(per_run.groupby("row"), key=lambda kv: row_order(kv[0])):
+        spec = ROWS.get(row)
+        line = {"row": row, "label": spec.label if spec else row, "n_seeds": len(g),
+                "seeds_expected": seeds_expected, "seeds": ",".join(map(str, sorted(g["seed"]))),
+                "diverged": int(g["diverged"].sum()), "wall_seconds_mean": float(g["wall_seconds"].mean())}
+        for key, _, pub, _ in COLUMNS:
+            values = g[key]
+            line[f"{key}_mean"] = float(values.mean())
+            line[f"{key}_std"] = _std(values)
+            published = getattr(spec.published, pub) if (spec and spec.published and pub) else math.nan
+            line[f"{key}_published"] = published
+        total = g["n_checks"].sum()
+        line["checks_below_90_mean"] = float(g["checks_below"].sum() / total) if total else math.nan
+        lines.append(line)
+    return pd.DataFrame(lines)
+
+
+def _fmt(value: float, fmt: str) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "–"
+    if fmt == "pct":
+        return f"{100 * value:.1f}%"
+    if fmt == "pct0":
+        return f"{100 * value:.0f}%"
+    return fmt.format(value)
+
+
+def _spread(std: float, fmt: str) -> str:
+    if math.isnan(std):
+        return ""
+    if fmt.startswith("pct"):
+        return f" ± {100 * std:.1f}"
+    return " ± " + fmt.format(std).rstrip("°×")
+
+
+def to_markdown(table: pd.DataFrame, root: Path) -> str:
+    """The table as markdown: ``measured ± spread [published]`` in each cell."""
+    heads = [h for _, h, _, _ in COLUMNS]
+    out = [f"# The rotation study's table, measured\n",
+           f"Rebuilt by `make table` from the runs under `{root}` (schema version {records.SCHEMA_VERSION}). "
+           "Each cell: mean over seeds ± sample standard deviation over seeds, and [the published figure]. "
+           "Steps of the check window as in each run's config (full scale: 2,000 to 6,000, 41 checks). "
+           "\"Checks below 90%\" pools every check of the row's runs, as the article does.\n",
+           "| Row | Seeds | " + " | ".join(heads) + " | Diverged |",
+           "|---|---|" + "---:|" * len(heads) + "---:|"]
+    for _, r in table.iterrows():
+        seeds = f"{r['n_seeds']} of {r['seeds_expected']}" + (" (fewer seeds than asked)"
+                                                               if r["n_seeds"] < r["seeds_expected"] else "")
+        cells = []
+        for key, _, _, fmt in COLUMNS:
+            cell = _fmt(r[f"{key}_mean"], fmt) + _spread(r[f"{key}_std"], fmt)
+            if not math.isnan(r[f"{key}_published"]):
+                cell += f" [{_fmt(r[f'{key}_published'], fmt)}]"
+            cells.append(cell)
+        out.append(f"| {r['label']} (`{r['row']}`) | {seeds} | " + " | ".join(cells) + f" | {r['diverged']} |")
+    return "\n".join(out) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--results", default=None,
+                   help="results root holding runs/ (default: results if it has runs, else results/reference)")
+    p.add_argument("--out", default="results", help="folder for table.md and table.csv")
+    p.add_argument("--seeds", type=int, default=len(SEEDS), help="seeds each row should have")
+    p.add_argument("--skip-bad", action="store_true", help="report bad runs and tabulate the others")
+    args = p.parse_args(argv)
+    root = Path(args.results) if args.results else default_results_root()
+    try:
+        runs = load_runs(root, skip_bad=args.skip_bad, tables=("checks", "layers", "channels", "interventions"))
+    except (BadRunError, FileNotFoundError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    if not runs:
+        print(f"error: no finished runs under {root}/runs", file=sys.stderr)
+        return 2
+    table = build_table(runs, args.seeds)
+    out = Path(args.out)
+    md = to_markdown(table, root)
+    records.atomic_write_text(out / "table.md", md)
+    records.atomic_write_text(out / "table.csv", table.to_csv(index=False))
+    print(md)
+    print(f"wrote {out / 'table.md'} and {out / 'table.csv'} from {len(runs)} runs under {root}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,218 @@
+"""Structured configs: the schema every Hydra config is checked against.
+
+Each dataclass is registered in Hydra's ConfigStore, so that Hydra itself
+rejects an unknown key (struct mode) or a value of the wrong type, naming the
+key. Ranges and choices are checked in ``__post_init__``, which runs when
+:func:`to_run_config` turns the composed ``DictConfig`` into these objects,
+before any tensor is made. Every error is a :class:`ConfigError` whose message
+names the full key (``optimizer.lr``) and what is allowed.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import DictConfig, OmegaConf
+
+OPTIMIZERS = ("sgd", "adam", "adamw", "adam_projected", "adamp")
+SCHEDULES = ("constant", "cosine")
+NORMS = ("batch", "group", "layer")
+DEVICES = ("auto", "cpu", "cuda")
+
+
+class ConfigError(ValueError):
+    """A config value is missing, of the wrong kind or out of range.
+
+    The message names the full key (for example ``model.bn_momentum``) and
+    what is allowed.
+    """
+
+
+def _require(ok: bool, key: str, allowed: str, got: Any) -> None:
+    if not ok:
+        raise ConfigError(f"{key}: expected {allowed}, got {got!r}")
+
+
+def _choice(key: str, value: str, allowed: tuple[str, ...]) -> None:
+    _require(value in allowed, key, "one of " + ", ".join(allowed), value)
+
+
+@dataclass
+class TaskConfig:
+    """The noisy-template task of PROTOCOL.md ("Task: noisy templates")."""
+
+    num_classes: int = 10
+    image_size: int = 32
+    template_scale: float = 0.6  # sample = template_scale * template[y] + N(0, 1)
+    batch_size: int = 128
+    probe_size: int = 512  # fresh statistics and drift (held-out size is a scale key)
+
+    def __post_init__(self) -> None:
+        _require(self.num_classes >= 2, "task.num_classes", "an integer >= 2", self.num_classes)
+        _require(self.image_size >= 4, "task.image_size", "an integer >= 4", self.image_size)
+        _require(self.template_scale >= 0, "task.template_scale", "a float >= 0", self.template_scale)
+        for key in ("batch_size", "probe_size"):
+            value = getattr(self, key)
+            _require(value >= 2, f"task.{key}", "an integer >= 2 (BatchNorm needs two samples)", value)
+
+
+@dataclass
+class ModelConfig:
+    """The three-block convnet of PROTOCOL.md ("Network")."""
+
+    norm: str = "batch"  # batch | group (GroupNorm) | layer (GroupNorm with one group)
+    channels: list[int] = field(default_factory=lambda: [32, 64, 64])
+    bn_momentum: float = 0.03  # PyTorch convention: running = (1 - m) running + m batch
+    bn_eps: float = 1e-5
+    group_norm_groups: int = 8
+    channels_last: bool = True  # memory format; numerically equivalent, faster on CPU
+
+    def __post_init__(self) -> None:
+        _choice("model.norm", self.norm, NORMS)
+        _require(len(self.channels) == 3 and all(c >= 1 for c in self.channels),
+                 "model.channels", "three positive integers", list(self.channels))
+        _require(0.0 < self.bn_momentum <= 1.0, "model.bn_momentum", "a float in (0, 1]", self.bn_momentum)
+        _require(self.bn_eps > 0, "model.bn_eps", "a float > 0", self.bn_eps)
+        if self.norm == "group":
+            _require(self.group_norm_groups >= 1 and all(c % self.group_norm_groups == 0 for c in self.channels),
+                     "model.group_norm_groups", f"a divisor of every entry of model.channels {list(self.channels)}",
+                     self.group_norm_groups)
+
+
+@dataclass
+class OptimizerConfig:
+    """Optimizer and its hyper-parameters (PROTOCOL.md, "Training")."""
+
+    name: str = "adam"  # sgd | adam | adamw | adam_projected | adamp
+    lr: float = 3e-3
+    momentum: float = 0.9  # SGD only
+    beta1: float = 0.9
+    beta2: float = 0.999
+    eps: float = 1e-8
+    weight_decay: float = 0.0
+    # AdamP only (Heo et al. 2021): projection when |cos(grad, w)| < delta / sqrt(dim).
+    delta: float = 0.1
+    wd_ratio: float = 0.1
+
+    def __post_init__(self) -> None:
+        _choice("optimizer.name", self.name, OPTIMIZERS)
+        _require(math.isfinite(self.lr) and self.lr > 0, "optimizer.lr", "a finite float > 0", self.lr)
+        _require(0.0 <= self.momentum < 1.0, "optimizer.momentum", "a float in [0, 1)", self.momentum)
+        _require(0.0 <= self.beta1 < 1.0, "optimizer.beta1", "a float in [0, 1)", self.beta1)
+        _require(0.0 <= self.beta2 < 1.0, "optimizer.beta2", "a float in [0, 1)", self.beta2)
+        _require(self.eps > 0, "optimizer.eps", "a float > 0", self.eps)
+        _require(math.isfinite(self.weight_decay) and self.weight_decay >= 0,
+                 "optimizer.weight_decay", "a finite float >= 0", self.weight_decay)
+        _require(self.delta > 0, "optimizer.delta", "a float > 0", self.delta)
+        _require(0.0 <= self.wd_ratio <= 1.0, "optimizer.wd_ratio", "a float in [0, 1]", self.wd_ratio)
+        if self.name == "adam_projected":
+            _require(self.weight_decay == 0.0, "optimizer.weight_decay",
+                     "0.0 for adam_projected (the study's variant has no weight decay)", self.weight_decay)
+
+
+@dataclass
+class ScheduleConfig:
+    """Learning-rate schedule, stepped once per optimizer step."""
+
+    name: str = "constant"  # constant | cosine (decay to 0 over all steps)
+
+    def __post_init__(self) -> None:
+        _choice("schedule.name", self.name, SCHEDULES)
+
+
+@dataclass
+class ScaleConfig:
+    """How long a run is and when it is measured.
+
+    ``steps`` optimizer steps; probes every ``log_every`` steps from step 0;
+    accuracy checks every ``check_every`` steps from ``check_start`` to
+    ``steps`` inclusive; interventions every ``intervene_every`` steps inside
+    the check window and at the last step.
+    """
+
+    name: str = "full"
+    steps: int = 6000
+    log_every: int = 100
+    check_start: int = 2000
+    check_every: int = 100
+    heldout_size: int = 4000
+    reestimate_batches: int = 200
+    intervene_every: int = 500
+
+    def __post_init__(self) -> None:
+        _require(self.steps >= 1, "scale.steps", "an integer >= 1", self.steps)
+        for key in ("log_every", "check_every", "intervene_every", "reestimate_batches"):
+            value = getattr(self, key)
+            _require(value >= 1, f"scale.{key}", "an integer >= 1", value)
+        _require(0 <= self.check_start <= self.steps, "scale.check_start",
+                 f"a step inside the run, 0..scale.steps={self.steps}", self.check_start)
+        _require(self.heldout_size >= 2, "scale.heldout_size", "an integer >= 2", self.heldout_size)
+
+
+@dataclass
+class RunConfig:
+    """One run: a row of the table at one seed, at one scale."""
+
+    row: str = "???"
+    seed: int = 0
+    device: str = "auto"  # auto: CUDA when present, else CPU
+    threads: int = 0  # torch intra-op threads; 0 keeps torch's default
+    results_root: str = "results"
+    force: bool = False  # rerun even when a finished run with the same config exists
+    progress: bool = True  # tqdm bar
+    interventions: bool = True  # re-estimation and statistic swaps at intervention steps
+    save_checkpoints: bool = True
+    task: TaskConfig = field(default_factory=TaskConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
+    schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
+    scale: ScaleConfig = field(default_factory=ScaleConfig)
+
+    def __post_init__(self) -> None:
+        _require(isinstance(self.row, str) and self.row not in ("", "???") and "/" not in self.row,
+                 "row", "a row name: pick one with experiment=<row> (see conf/experiment/)", self.row)
+        _require(self.seed >= 0, "seed", "an integer >= 0", self.seed)
+        _choice("device", self.device, DEVICES)
+        _require(self.threads >= 0, "threads", "an integer >= 0 (0: torch's default)", self.threads)
+
+
+def register_configs() -> None:
+    """Register the schema with Hydra's ConfigStore (idempotent)."""
+    ConfigStore.instance().store(name="run_schema", node=RunConfig)
+
+
+# Keys that say where and how a run is executed, not what it computes.
+NON_SEMANTIC_KEYS = ("results_root", "force", "progress", "threads")
+
+
+def to_run_config(cfg: DictConfig | dict) -> RunConfig:
+    """Turn a composed config into a validated :class:`RunConfig`.
+
+    Raises:
+        ConfigError: naming the first key that is missing or out of range.
+    """
+    if isinstance(cfg, dict):
+        cfg = OmegaConf.create(cfg)
+    if OmegaConf.is_missing(cfg, "row") if "row" in cfg else True:
+        raise ConfigError("row: expected a row name: pick one with experiment=<row> (see conf/experiment/)")
+    merged = OmegaConf.merge(OmegaConf.structured(RunConfig), cfg)
+    try:
+        run = OmegaConf.to_object(merged)
+    except ConfigError:
+        raise
+    except Exception as err:  # omegaconf's own errors name the key as full_key
+        raise ConfigError(str(err).splitlines()[0]) from err
+    assert isinstance(run, RunConfig)
+    return run
+
+
+def semantic_dict(cfg: RunConfig | DictConfig) -> dict:
+    """The config as a plain dict, without keys that do not change the results."""
+    d = OmegaConf.to_container(OmegaConf.structured(cfg) if isinstance(cfg, RunConfig) else cfg, resolve=True)
+    for key in NON_SEMANTIC_KEYS:
+        d.pop(key, None)
+    d.pop("hydra", None)
+    return d

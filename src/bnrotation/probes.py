@@ -1,0 +1,141 @@
+"""What the study measures (PROTOCOL.md, "Measured quantities").
+
+Every probe is a pure function of tensors (or of a model and a batch) and of
+what it measured last time; the runner decides when to call it. Angles are in
+degrees, statistics in units of the channel's standard deviation (sigma),
+rates per optimizer step.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+
+from .bnstats import batch_statistics, norm_layers
+
+
+def _channels(w: torch.Tensor) -> torch.Tensor:
+    """(C_out, ...) -> (C_out, D) in float64."""
+    return w.detach().reshape(w.shape[0], -1).double()
+
+
+def rotation_deg(w_before: torch.Tensor, w_after: torch.Tensor) -> torch.Tensor:
+    """Angle each output channel turned between two weights, in degrees.
+
+    ``2 * atan2(||a - b||, ||a + b||)`` on the unit vectors a, b of each
+    channel, in float64: accurate down to tiny angles, where ``arccos`` of a
+    float32 cosine cannot resolve sub-degree turns (PROTOCOL.md).
+
+    Args:
+        w_before, w_after: (C_out, ...) conv weights of one layer.
+
+    Returns:
+        (C_out,) float64, in [0, 180].
+
+    Raises:
+        ValueError: if the shapes differ.
+    """
+    if w_before.shape != w_after.shape:
+        raise ValueError(f"rotation_deg: shapes differ, {tuple(w_before.shape)} vs {tuple(w_after.shape)}")
+    a, b = _channels(w_before), _channels(w_after)
+    a = a / a.norm(dim=1, keepdim=True)
+    b = b / b.norm(dim=1, keepdim=True)
+    return torch.rad2deg(2 * torch.atan2((a - b).norm(dim=1), (a + b).norm(dim=1)))  # (C_out,)
+
+
+def channel_norms(w: torch.Tensor) -> torch.Tensor:
+    """(C_out, ...) -> (C_out,) float64 Euclidean norm of each output channel."""
+    return _channels(w).norm(dim=1)
+
+
+def cosine(u: torch.Tensor, w: torch.Tensor) -> float:
+    """Cosine between two tensors flattened whole (float64); NaN if either is zero."""
+    u, w = u.detach().double().flatten(), w.detach().double().flatten()
+    denom = u.norm() * w.norm()
+    return float((u @ w) / denom) if denom > 0 else float("nan")
+
+
+def channel_cosines(u: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """(C_out, ...) x2 -> (C_out,) float64 cosine per output channel (NaN where a norm is 0)."""
+    u, w = _channels(u), _channels(w)
+    return (u * w).sum(1) / (u.norm(dim=1) * w.norm(dim=1))
+
+
+@torch.no_grad()
+def fresh_statistics(model: nn.Module, x: torch.Tensor) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+    """Per channel mean and variance of each norm layer's *input* under the current weights.
+
+    The network runs in training mode (batch statistics upstream) on the probe
+    set ``x`` in one pass, inside :func:`bnstats.batch_statistics`, so no
+    buffer changes. The variance is the unbiased one, because that is what
+    PyTorch's ``running_var`` estimates. This is what the running statistics
+    estimate (PROTOCOL.md, "Fresh statistics").
+
+    Args:
+        x: (N, 3, S, S) probe inputs.
+
+    Returns:
+        ``{norm layer name: (mean (C,), var (C,))}`` in float64.
+    """
+    captured: dict[str, torch.Tensor] = {}
+    hooks = [m.register_forward_pre_hook(lambda mod, inp, name=name: captured.__setitem__(name, inp[0]))
+             for name, m in norm_layers(model)]
+    try:
+        with batch_statistics(model):
+            model(x)
+    finally:
+        for h in hooks:
+            h.remove()
+    out = {}
+    for name, z in captured.items():  # z: (N, C, H, W)
+        z = z.double()
+        out[name] = (z.mean(dim=(0, 2, 3)), z.var(dim=(0, 2, 3), unbiased=True))
+    return out
+
+
+def lag_sigma(running_mean: torch.Tensor, fresh_mean: torch.Tensor, fresh_var: torch.Tensor) -> torch.Tensor:
+    """Running-mean lag per channel: ``(running_mean - fresh_mean) / fresh_std``, in sigma. Shapes (C,)."""
+    return (running_mean.double() - fresh_mean) / fresh_var.sqrt()
+
+
+def drift_sigma_per_step(fresh_mean_now: torch.Tensor, fresh_mean_before: torch.Tensor,
+                         fresh_var_now: torch.Tensor, interval: int) -> torch.Tensor:
+    """Drift per channel: ``|mean(t) - mean(t - interval)| / (std(t) * interval)``, sigma per step. (C,)"""
+    return (fresh_mean_now - fresh_mean_before).abs() / (fresh_var_now.sqrt() * interval)
+
+
+def predicted_lag_sigma(drift: torch.Tensor, momentum: float) -> torch.Tensor:
+    """Steady-state lag of an exponential average behind a mean drifting at ``drift`` sigma/step.
+
+    ``drift * (1 - m) / m``: (1 - m) / m is the average age, in steps, of
+    PyTorch's running average with momentum m (the article's lag formula).
+    """
+    return drift * (1.0 - momentum) / momentum
+
+
+@torch.no_grad()
+def accuracy(model: nn.Module, x: torch.Tensor, y: torch.Tensor, mode: str, chunk: int = 1000) -> float:
+    """Top-1 accuracy on (x, y), as a fraction.
+
+    ``mode="eval"``: ``model.eval()``, running statistics, in chunks of
+    ``chunk`` samples (results do not depend on the chunking).
+    ``mode="train"``: BatchNorm normalises with the statistics of the whole
+    set ``x`` in one pass (:func:`bnstats.batch_statistics`); no running
+    statistic changes.
+
+    Raises:
+        ValueError: for another mode.
+    """
+    if mode == "train":
+        with batch_statistics(model):
+            return (model(x).argmax(1) == y).double().mean().item()
+    if mode != "eval":
+        raise ValueError(f"accuracy: mode must be 'eval' or 'train', got {mode!r}")
+    was = {m: m.training for m in model.modules()}
+    model.eval()
+    try:
+        correct = sum(int((model(xc).argmax(1) == yc).sum()) for xc, yc in zip(x.split(chunk), y.split(chunk)))
+    finally:
+        for m, f in was.items():
+            m.training = f
+    return correct / len(y)

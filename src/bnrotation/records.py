@@ -1,0 +1,88 @@
+"""The on-disk layout of a run and atomic writing (no torch: analysis imports this).
+
+A run lives in ``<results_root>/runs/<row>/seed=<s>/`` and holds
+``config.yaml``, ``run.json``, one parquet file per table and a ``DONE``
+marker written last. Every file is written to a temporary name in the same
+folder and renamed into place, so a kill at any moment leaves either the
+complete file or none. Every table carries ``SCHEMA_VERSION`` in its parquet
+metadata and ``run.json`` carries it too.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+SCHEMA_VERSION = 1
+DONE = "DONE"
+
+# The columns each table must have (more may follow).
+TABLE_COLUMNS = {
+    "checks": ("row", "seed", "step", "lr", "loss", "acc_train_mode", "acc_eval_mode"),
+    "layers": ("row", "seed", "step", "layer", "weight_norm", "update_cos", "grad_cos"),
+    "channels": ("row", "seed", "step", "layer", "channel", "rotation_deg", "weight_norm", "running_mean",
+                 "running_var", "fresh_mean", "fresh_var", "lag_sigma", "drift_sigma_per_step",
+                 "predicted_lag_sigma", "abs_mean_over_std"),
+    "interventions": ("row", "seed", "step", "intervention", "k", "layer", "acc_eval_mode"),
+}
+REQUIRED_TABLES = ("checks", "layers", "channels")
+
+
+def run_dir(results_root: str | os.PathLike, row: str, seed: int) -> Path:
+    """``<results_root>/runs/<row>/seed=<seed>``: the same run always lands in the same place."""
+    return Path(results_root) / "runs" / row / f"seed={seed}"
+
+
+def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
+    """Write ``data`` to ``path`` through a temporary file in the same folder and a rename."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def atomic_write_text(path: str | os.PathLike, text: str) -> None:
+    atomic_write_bytes(path, text.encode())
+
+
+def write_json(path: str | os.PathLike, obj: dict) -> None:
+    atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=False, default=str) + "\n")
+
+
+def write_table(df: pd.DataFrame, path: str | os.PathLike, name: str) -> None:
+    """Write one long-format table as parquet, atomically, with the schema version in its metadata.
+
+    Raises:
+        ValueError: if a required column of table ``name`` is missing.
+    """
+    missing = [c for c in TABLE_COLUMNS.get(name, ()) if c not in df.columns]
+    if missing:
+        raise ValueError(f"table {name!r} lacks columns {missing}")
+    table = pa.Table.from_pandas(df, preserve_index=False)
+    meta = dict(table.schema.metadata or {})
+    meta[b"bnrotation.schema_version"] = str(SCHEMA_VERSION).encode()
+    meta[b"bnrotation.table"] = name.encode()
+    table = table.replace_schema_metadata(meta)
+    sink = pa.BufferOutputStream()
+    pq.write_table(table, sink)
+    atomic_write_bytes(path, sink.getvalue().to_pybytes())
+
+
+def mark_done(directory: str | os.PathLike) -> None:
+    """Write the ``DONE`` marker; call it after every other file is in place."""
+    atomic_write_text(Path(directory) / DONE, "")

@@ -1,0 +1,79 @@
+"""Every experiment config composes to what its row means; bad configs stop before training."""
+
+from __future__ import annotations
+
+import math
+import subprocess
+import sys
+
+import pytest
+
+from bnrotation.config import ConfigError, to_run_config
+from bnrotation.rows import ROWS
+
+from conftest import EXPERIMENTS, ROOT, compose_cfg, run_cfg
+
+
+def test_every_row_has_an_experiment_file_and_back():
+    assert set(EXPERIMENTS) == set(ROWS)
+
+
+@pytest.mark.parametrize("row", EXPERIMENTS)
+def test_experiment_composes_to_its_row(row, tmp_path):
+    cfg = run_cfg([f"experiment={row}"], tmp_path)
+    spec = ROWS[row]
+    assert cfg.row == row
+    assert cfg.optimizer.name == spec.optimizer
+    assert math.isclose(cfg.optimizer.lr, spec.lr)
+    assert cfg.schedule.name == spec.schedule
+    assert math.isclose(cfg.model.bn_momentum, spec.bn_momentum)
+    assert math.isclose(cfg.optimizer.weight_decay, spec.weight_decay)
+    assert cfg.model.norm == spec.norm
+
+
+def test_full_scale_is_the_default_and_matches_the_protocol(tmp_path):
+    cfg = to_run_config(compose_cfg(["experiment=adam"]))
+    s = cfg.scale
+    assert (s.steps, s.log_every, s.check_start, s.check_every, s.heldout_size) == (6000, 100, 2000, 100, 4000)
+    assert len(range(s.check_start, s.steps + 1, s.check_every)) == 41
+    assert cfg.task.batch_size == 128 and cfg.task.template_scale == 0.6 and cfg.task.num_classes == 10
+    assert cfg.model.bn_momentum == 0.03 and cfg.model.bn_eps == 1e-5 and list(cfg.model.channels) == [32, 64, 64]
+
+
+@pytest.mark.parametrize("override, key", [
+    ("optimizer.lr=-0.1", "optimizer.lr"),
+    ("optimizer.lr=0", "optimizer.lr"),
+    ("model.bn_momentum=0", "model.bn_momentum"),
+    ("model.bn_momentum=1.5", "model.bn_momentum"),
+    ("optimizer.name=rmsprop", "optimizer.name"),
+    ("schedule.name=step", "schedule.name"),
+    ("model.norm=instance", "model.norm"),
+    ("scale.check_start=99999", "scale.check_start"),
+    ("scale.steps=0", "scale.steps"),
+    ("seed=-1", "seed"),
+    ("device=tpu", "device"),
+    ("optimizer.weight_decay=-1", "optimizer.weight_decay"),
+])
+def test_out_of_range_value_names_the_key(override, key, tmp_path):
+    with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
+        run_cfg(["experiment=adam", override], tmp_path)
+
+
+def test_missing_row_says_how_to_pick_one(tmp_path):
+    with pytest.raises(ConfigError, match="experiment=<row>"):
+        run_cfg([], tmp_path)
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["experiment=adam", "optimizer.lrr=0.1"], "lrr"),           # misspelt key: struct mode
+    (["experiment=adam", "optimizer.lr=fast"], "optimizer.lr"),  # wrong type
+    (["experiment=nope"], "experiment"),                          # unknown row
+    (["experiment=adam", "optimizer.lr=-1"], "optimizer.lr"),     # range, checked before any work
+])
+def test_cli_rejects_bad_config_without_traceback(argv, needle, tmp_path):
+    proc = subprocess.run([sys.executable, str(ROOT / "experiments" / "train.py"), *argv, "scale=smoke",
+                           f"results_root={tmp_path}"], capture_output=True, text=True, timeout=120)
+    assert proc.returncode != 0
+    assert needle in proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert not (tmp_path / "runs").exists()  # stopped before any work

@@ -1,0 +1,121 @@
+"""Projected Adam against its oracles: torch.optim.Adam (projection off) and adamp.AdamP (on)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from adamp import AdamP
+
+from bnrotation.config import ModelConfig, OptimizerConfig, ScheduleConfig
+from bnrotation.model import build_model
+from bnrotation.optim import ProjectedAdam, build_optimizer, build_schedule, project_tangential, radial_coefficient
+
+
+def _net():
+    return build_model(ModelConfig(channels_last=False), 10, seed=3)
+
+
+def _steps(model, opt, n=6, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    for _ in range(n):
+        x = torch.randn(16, 3, 32, 32, generator=g)
+        y = torch.randint(0, 10, (16,), generator=g)
+        opt.zero_grad()
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+        opt.step()
+
+
+def _synthetic_steps(model, opt, n=8, seed=0):
+    """Steps with fixed gradients, so that float rounding cannot be amplified through the network.
+
+    Conv gradients are made orthogonal to each channel's weight, as behind BatchNorm.
+    """
+    g = torch.Generator().manual_seed(seed)
+    for _ in range(n):
+        for name, p in model.named_parameters():
+            grad = torch.randn(p.shape, generator=g) * 1e-2
+            if name.startswith("conv"):
+                grad = project_tangential(grad, p.detach())
+            p.grad = grad
+        opt.step()
+
+
+def _same_params(a, b, **tol):
+    return all(torch.allclose(pa, pb, **tol) for pa, pb in zip(a.parameters(), b.parameters()))
+
+
+def test_projection_off_equals_torch_adam_step_for_step():
+    a, b = _net(), _net()
+    _steps(a, torch.optim.Adam(a.parameters(), lr=3e-3, foreach=False))
+    _steps(b, ProjectedAdam(b.parameters(), lr=3e-3, projection="never"))
+    assert all(torch.equal(pa, pb) for pa, pb in zip(a.parameters(), b.parameters()))  # bit for bit
+
+
+def test_projection_on_matches_adamp_with_its_test_switched_off():
+    ours, ref = _net(), _net()
+    conv = [p for n, p in ours.named_parameters() if n.startswith("conv")]
+    rest = [p for n, p in ours.named_parameters() if not n.startswith("conv")]
+    conv_r = [p for n, p in ref.named_parameters() if n.startswith("conv")]
+    rest_r = [p for n, p in ref.named_parameters() if not n.startswith("conv")]
+    _synthetic_steps(ours, ProjectedAdam([{"params": conv, "projection": "always"},
+                                          {"params": rest, "projection": "never"}], lr=3e-3))
+    # delta=inf: always project (channel view first); delta=0 on the other group: never project.
+    _synthetic_steps(ref, AdamP([{"params": conv_r, "delta": float("inf")}, {"params": rest_r, "delta": 0.0}],
+                      lr=3e-3, weight_decay=0))
+    assert _same_params(ours, ref, rtol=1e-5, atol=1e-8)
+
+
+def test_adamp_mode_matches_the_adamp_package_defaults():
+    ours, ref = _net(), _net()
+    _synthetic_steps(ours, ProjectedAdam(ours.parameters(), lr=3e-3, projection="adamp", delta=0.1,
+                                         wd_ratio=0.1, weight_decay=1e-2))
+    _synthetic_steps(ref, AdamP(ref.parameters(), lr=3e-3, delta=0.1, wd_ratio=0.1, weight_decay=1e-2))
+    assert _same_params(ours, ref, rtol=1e-5, atol=1e-8)
+
+
+def test_projected_update_is_orthogonal_to_each_channel():
+    model = _net()
+    opt = build_optimizer(OptimizerConfig(name="adam_projected", lr=3e-3), model)
+    _steps(model, opt, n=3)
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    _steps(model, opt, n=1, seed=9)
+    for name in ("conv1.weight", "conv2.weight", "conv3.weight"):
+        w, u = before[name].double(), (dict(model.named_parameters())[name].detach().double() - before[name].double())
+        cos = (u * w).flatten(1).sum(1) / (u.flatten(1).norm(dim=1) * w.flatten(1).norm(dim=1))
+        assert cos.abs().max() < 1e-4, name
+    # and the non-conv parameters were not projected: their update is plain Adam's
+    assert opt.param_groups[1]["projection"] == "never"
+
+
+def test_project_tangential_closed_form():
+    w = torch.tensor([[3.0, 4.0]])
+    u = torch.tensor([[1.0, 0.0]])
+    assert torch.allclose(radial_coefficient(u, w), torch.tensor([[3.0 / 25.0]]))
+    assert torch.allclose(project_tangential(u, w), torch.tensor([[1 - 9 / 25, -12 / 25]]))
+    with pytest.raises(ValueError):
+        project_tangential(torch.randn(3), torch.randn(3))
+
+
+@pytest.mark.parametrize("name, cls", [("sgd", "SGD"), ("adam", "Adam"), ("adamw", "AdamW"),
+                                       ("adam_projected", "ProjectedAdam"), ("adamp", "ProjectedAdam")])
+def test_factory_builds_the_named_optimizer(name, cls):
+    opt = build_optimizer(OptimizerConfig(name=name, lr=0.01), _net())
+    assert type(opt).__name__ == cls
+    assert [g["name"] for g in opt.param_groups] == ["conv", "other"]
+    assert opt.param_groups[0]["param_names"] == ["conv1.weight", "conv2.weight", "conv3.weight"]
+
+
+def test_cosine_schedule_reaches_zero_at_the_last_step():
+    model = _net()
+    opt = build_optimizer(OptimizerConfig(name="adam", lr=3e-3), model)
+    sched = build_schedule(ScheduleConfig(name="cosine"), opt, steps=10)
+    lrs = []
+    for _ in range(10):
+        opt.step()
+        sched.step()
+        lrs.append(opt.param_groups[0]["lr"])
+    assert math.isclose(lrs[4], 3e-3 * 0.5 * (1 + math.cos(math.pi * 5 / 10)), rel_tol=1e-9)
+    assert lrs[-1] == pytest.approx(0.0, abs=1e-12)
+    assert build_schedule(ScheduleConfig(name="constant"), opt, steps=10) is None

@@ -1,0 +1,125 @@
+"""Probes against closed forms, invariances and failure cases."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from bnrotation.bnstats import batch_statistics
+from bnrotation.config import ModelConfig
+from bnrotation.model import build_model
+from bnrotation.probes import (accuracy, drift_sigma_per_step, fresh_statistics, lag_sigma,
+                               predicted_lag_sigma, rotation_deg)
+
+
+def rotated(w: torch.Tensor, angle_deg: torch.Tensor) -> torch.Tensor:
+    """Rotate each row of w (C, D) by angle_deg in the plane of w and a fixed orthogonal direction."""
+    w = w.double()
+    g = torch.Generator().manual_seed(1)
+    v = torch.randn(w.shape, generator=g, dtype=torch.float64)
+    v = v - (v * w).sum(1, keepdim=True) / (w * w).sum(1, keepdim=True) * w
+    v = v / v.norm(dim=1, keepdim=True) * w.norm(dim=1, keepdim=True)
+    a = torch.deg2rad(angle_deg.double())[:, None]
+    return torch.cos(a) * w + torch.sin(a) * v
+
+
+@pytest.mark.parametrize("angle", [1e-4, 1e-3, 0.05, 0.46, 7.73, 24.29, 90.0, 179.0])
+def test_rotation_of_a_known_angle(angle):
+    w = torch.randn(64, 64 * 9, dtype=torch.float64)
+    got = rotation_deg(w, rotated(w, torch.full((64,), angle)))
+    assert torch.allclose(got, torch.full_like(got, angle), rtol=1e-6, atol=0)
+
+
+def test_rotation_ignores_scale_and_is_per_channel():
+    w = torch.randn(8, 3, 3, 3, dtype=torch.float64)
+    angles = torch.linspace(0.01, 30, 8)
+    w2 = rotated(w.reshape(8, -1), angles).reshape(w.shape) * torch.linspace(0.5, 7, 8)[:, None, None, None]
+    assert torch.allclose(rotation_deg(w, w2), angles.double(), rtol=1e-6)
+    assert torch.equal(rotation_deg(w, w), torch.zeros(8, dtype=torch.float64))
+
+
+def test_rotation_rejects_mismatched_shapes():
+    with pytest.raises(ValueError, match="shapes differ"):
+        rotation_deg(torch.randn(4, 3), torch.randn(5, 3))
+
+
+def test_arccos_of_float32_cannot_do_what_rotation_deg_does():
+    """Why the protocol asks for atan2 in float64: float32 arccos rounds a 1e-3 degree turn to 0."""
+    w = torch.randn(16, 576, dtype=torch.float64)
+    w2 = rotated(w, torch.full((16,), 1e-3))
+    a, b = w.float(), w2.float()
+    naive = torch.rad2deg(torch.arccos(((a * b).sum(1) / (a.norm(dim=1) * b.norm(dim=1))).clamp(-1, 1)))
+    assert (naive - 1e-3).abs().max() > 1e-4
+    assert torch.allclose(rotation_deg(w, w2), torch.full((16,), 1e-3, dtype=torch.float64), rtol=1e-6)
+
+
+def test_drift_and_lag_on_a_mean_drifting_at_a_known_rate():
+    """An exponential average of a mean drifting at r sigma/step trails it by r (1-m)/m in steady state."""
+    m, r, sigma, steps, interval = 0.03, 0.0074, 2.0, 2000, 100
+    means = torch.arange(steps + 1, dtype=torch.float64) * r * sigma  # the true mean, drifting
+    running = torch.zeros((), dtype=torch.float64)
+    for t in range(steps + 1):
+        running = (1 - m) * running + m * means[t]
+    var = torch.tensor([sigma ** 2], dtype=torch.float64)
+    drift = drift_sigma_per_step(means[-1:], means[-1 - interval:-interval], var, interval)
+    assert torch.allclose(drift, torch.tensor([r], dtype=torch.float64), rtol=1e-12)
+    lag = lag_sigma(running.reshape(1), means[-1:], var)
+    predicted = predicted_lag_sigma(drift, m)
+    assert torch.allclose(-lag, predicted, rtol=1e-6)  # the running mean is behind: negative lag
+    assert math.isclose(float(predicted), 0.0074 * 0.97 / 0.03, rel_tol=1e-12)  # the article's 0.24 sigma
+
+
+def _trained_bn_model():
+    torch.manual_seed(0)
+    model = build_model(ModelConfig(channels_last=False), 10, seed=0)
+    model.train()
+    with torch.no_grad():
+        for _ in range(3):
+            model(torch.randn(16, 3, 32, 32) * 2 + 1)
+    return model
+
+
+def _buffers(model):
+    return {k: v.clone() for k, v in model.state_dict().items() if "running" in k or "num_batches" in k}
+
+
+def test_training_mode_check_leaves_every_buffer_bit_identical():
+    model = _trained_bn_model()
+    before = _buffers(model)
+    x, y = torch.randn(64, 3, 32, 32), torch.randint(0, 10, (64,))
+    accuracy(model, x, y, "train")
+    fresh_statistics(model, x)
+    after = _buffers(model)
+    assert all(torch.equal(before[k], after[k]) for k in before)
+    assert model.training  # modes restored
+
+
+def test_training_mode_uses_the_sets_own_batch_statistics():
+    model = _trained_bn_model()
+    x = torch.randn(32, 3, 32, 32) * 3 - 2
+    reference = _trained_bn_model().train()
+    for m in reference.modules():
+        if isinstance(m, torch.nn.BatchNorm2d):
+            m.track_running_stats = False  # pure batch statistics, no buffer
+    with torch.no_grad(), batch_statistics(model):
+        assert torch.allclose(model(x), reference(x), atol=1e-5)
+
+
+def test_fresh_statistics_match_a_direct_computation():
+    model = _trained_bn_model()
+    x = torch.randn(40, 3, 32, 32)
+    fresh = fresh_statistics(model, x)
+    with torch.no_grad():
+        z = model.conv1(x).double()
+    assert torch.allclose(fresh["bn1"][0], z.mean((0, 2, 3)), atol=1e-6)
+    assert torch.allclose(fresh["bn1"][1], z.var((0, 2, 3), unbiased=True), rtol=1e-5)
+
+
+def test_eval_accuracy_does_not_depend_on_chunking():
+    model = _trained_bn_model()
+    x, y = torch.randn(50, 3, 32, 32), torch.randint(0, 10, (50,))
+    assert accuracy(model, x, y, "eval", chunk=7) == accuracy(model, x, y, "eval", chunk=50)
+    with pytest.raises(ValueError, match="mode"):
+        accuracy(model, x, y, "test")

@@ -1,0 +1,121 @@
+"""The runner end to end at smoke scale: every experiment config to parquet and into the table."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pandas as pd
+import pytest
+
+from bnrotation import records
+from bnrotation.analysis.results import load_runs
+from bnrotation.analysis.table import build_table, main as table_main
+from bnrotation.rows import ROWS
+from bnrotation.runner import RunExistsError, check_steps, intervention_steps, log_steps, run
+
+from conftest import EXPERIMENTS
+
+
+@pytest.fixture(scope="module")
+def smoke_results(tmp_path_factory):
+    """Every experiment config at smoke scale, seed 0, into one results root."""
+    from conftest import run_cfg
+    root = tmp_path_factory.mktemp("results")
+    for row in EXPERIMENTS:
+        assert run(run_cfg([f"experiment={row}"], root)) is not None
+    return root
+
+
+def test_every_experiment_runs_to_parquet(smoke_results):
+    for row in EXPERIMENTS:
+        out = records.run_dir(smoke_results, row, 0)
+        assert (out / records.DONE).exists()
+        info = json.loads((out / "run.json").read_text())
+        assert info["status"] == "done" and info["schema_version"] == records.SCHEMA_VERSION
+        for name, cols in records.TABLE_COLUMNS.items():
+            df = pd.read_parquet(out / f"{name}.parquet")
+            assert set(cols) <= set(df.columns), name
+            assert (df["row"] == row).all() and (df["seed"] == 0).all()
+        checks = pd.read_parquet(out / "checks.parquet")
+        assert checks["step"].tolist() == [10, 15, 20]
+        channels = pd.read_parquet(out / "channels.parquet")
+        assert len(channels) == len(range(0, 21, 5)) * (32 + 64 + 64)
+        assert channels.loc[channels["step"] > 0, "rotation_deg"].notna().all()
+
+
+def test_run_json_reads_back_what_the_row_sets(smoke_results):
+    for row in EXPERIMENTS:
+        spec = ROWS[row]
+        info = json.loads((records.run_dir(smoke_results, row, 0) / "run.json").read_text())
+        assert {n["momentum"] for n in info["norm_layers"].values()} == {spec.bn_momentum}
+        assert {g["lr"] for g in info["optimizer"]["param_groups"]} == {spec.lr}
+        if spec.optimizer == "adam_projected":
+            assert info["projection"]["params"] == ["conv1.weight", "conv2.weight", "conv3.weight"]
+        assert info["git"].keys() == {"commit", "dirty"} and info["wall_seconds"] > 0
+
+
+def test_table_from_smoke_results(smoke_results, tmp_path, capsys):
+    assert table_main(["--results", str(smoke_results), "--out", str(tmp_path)]) == 0
+    md = (tmp_path / "table.md").read_text()
+    for row in EXPERIMENTS:
+        assert f"`{row}`" in md
+    assert "1 of 3 (fewer seeds than asked)" in md
+    csv = pd.read_csv(tmp_path / "table.csv")
+    assert set(csv["row"]) == set(EXPERIMENTS)
+    assert (csv["n_seeds"] == 1).all()
+    sgd = csv.set_index("row").loc["sgd"]
+    assert sgd["rotation_per_100_deg_published"] == 0.46
+    assert 0 <= sgd["acc_eval_mode_mean"] <= 1 and sgd["norm_growth_mean"] > 0
+
+
+def test_finished_run_is_skipped_and_a_changed_config_refused(tmp_path, smoke_cfg):
+    cfg = smoke_cfg("experiment=sgd", "interventions=false")
+    out = run(cfg)
+    stamp = (out / "run.json").stat().st_mtime_ns
+    assert run(cfg) is None  # same config: skipped
+    assert (out / "run.json").stat().st_mtime_ns == stamp
+    with pytest.raises(RunExistsError, match=r"optimizer\.lr"):
+        run(smoke_cfg("experiment=sgd", "interventions=false", "optimizer.lr=0.01"))
+    assert run(smoke_cfg("experiment=sgd", "interventions=false", "force=true")) == out
+
+
+def test_run_without_done_is_rerun_from_scratch(tmp_path, smoke_cfg):
+    cfg = smoke_cfg("experiment=adam", "interventions=false")
+    out = records.run_dir(cfg.results_root, cfg.row, cfg.seed)
+    out.mkdir(parents=True)
+    (out / "checks.parquet").write_bytes(b"half a file")
+    assert run(cfg) == out
+    assert (out / records.DONE).exists()
+    assert len(pd.read_parquet(out / "checks.parquet")) == 3
+
+
+def test_schedules_of_a_full_run():
+    from conftest import compose_cfg
+    from bnrotation.config import to_run_config
+    cfg = to_run_config(compose_cfg(["experiment=adam"]))
+    assert len(check_steps(cfg)) == 41 and check_steps(cfg)[0] == 2000 and check_steps(cfg)[-1] == 6000
+    assert intervention_steps(cfg) == list(range(2000, 6001, 500))
+    assert min(log_steps(cfg)) == 0 and max(log_steps(cfg)) == 6000 and len(log_steps(cfg)) == 61
+
+
+def test_same_seed_gives_every_row_the_same_data_and_init(tmp_path, smoke_cfg):
+    a = run(smoke_cfg("experiment=sgd", "interventions=false"))
+    b = run(smoke_cfg("experiment=adam", "interventions=false"))
+    ca, cb = (pd.read_parquet(p / "channels.parquet") for p in (a, b))
+    step0 = lambda df: df[df["step"] == 0][["layer", "channel", "weight_norm", "fresh_mean"]].reset_index(drop=True)
+    pd.testing.assert_frame_equal(step0(ca), step0(cb))
+
+
+def test_table_refuses_a_run_whose_momentum_contradicts_its_row(smoke_results, tmp_path):
+    import shutil
+    root = tmp_path / "r"
+    shutil.copytree(records.run_dir(smoke_results, "adam", 0), records.run_dir(root, "adam_bn_m0.3", 0))
+    info_path = records.run_dir(root, "adam_bn_m0.3", 0) / "run.json"
+    info = json.loads(info_path.read_text())
+    info["row"] = "adam_bn_m0.3"
+    info_path.write_text(json.dumps(info))
+    with pytest.raises(Exception, match=r"adam_bn_m0\.3.*momentum 0\.03, the row means 0\.3"):
+        load_runs(root)
+    assert math.isnan(build_table(load_runs(smoke_results)).set_index("row").loc["adam_bn_m0.3",
+                                                                                  "norm_growth_published"])
