@@ -28,6 +28,7 @@ from tqdm.auto import tqdm
 
 from . import records
 from .bnstats import reestimate, running_stat_layers, swapped_statistics, top_k_channel_masks
+from .checkpoints import checkpoint_path, save_checkpoint
 from .config import RunConfig, semantic_dict
 from .model import ConvNet, build_model
 from .optim import build_optimizer, build_schedule
@@ -369,10 +370,7 @@ def run(cfg: RunConfig) -> Path | None:
         t2 = time.perf_counter()
         if step in interventions:
             if cfg.save_checkpoints:
-                ckpt = out / "checkpoints" / f"step={step}.pt"
-                ckpt.parent.mkdir(exist_ok=True)
-                torch.save({"step": step, "row": cfg.row, "seed": cfg.seed, "model": model.state_dict()},
-                           ckpt)
+                save_checkpoint(checkpoint_path(out, step), model, step=step, row=cfg.row, seed=cfg.seed)
             df = run_interventions(model, reestimation_batches(task, cfg, device, step), x_held, y_held, chunk)
             tables.add("interventions", step=np.full(len(df), step), **{c: df[c].to_numpy() for c in df})
         t3 = time.perf_counter()
