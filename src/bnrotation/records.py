@@ -30,6 +30,8 @@ TABLE_COLUMNS = {
                  "running_var", "fresh_mean", "fresh_var", "lag_sigma", "drift_sigma_per_step",
                  "predicted_lag_sigma", "abs_mean_over_std"),
     "interventions": ("row", "seed", "step", "intervention", "k", "layer", "acc_eval_mode"),
+    # average: live | ema | tail; decay: EMA decay (NaN otherwise); policy: none | copy | average | mixture | refresh
+    "averaging": ("row", "seed", "step", "average", "decay", "window_steps", "policy", "acc_eval_mode"),
 }
 REQUIRED_TABLES = ("checks", "layers", "channels")
 
