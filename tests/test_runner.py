@@ -48,7 +48,11 @@ def test_run_json_reads_back_what_the_row_sets(smoke_results):
     for row in EXPERIMENTS:
         spec = ROWS[row]
         info = json.loads((records.run_dir(smoke_results, row, 0) / "run.json").read_text())
-        assert {n["momentum"] for n in info["norm_layers"].values()} == {spec.bn_momentum}
+        if spec.norm == "batch":
+            assert {n["momentum"] for n in info["norm_layers"].values()} == {spec.bn_momentum}
+        else:  # GroupNorm keeps no running statistics, hence no momentum
+            assert {(n["class"], n["num_groups"]) for n in info["norm_layers"].values()} == \
+                {("GroupNorm", {"group": 8, "layer": 1}[spec.norm])}
         assert {g["lr"] for g in info["optimizer"]["param_groups"]} == {spec.lr}
         if spec.optimizer == "adam_projected":
             assert info["projection"]["params"] == ["conv1.weight", "conv2.weight", "conv3.weight"]

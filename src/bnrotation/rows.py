@@ -35,9 +35,9 @@ class RowSpec:
     schedule: str = "constant"
     bn_momentum: float = 0.03
     weight_decay: float = 0.0
-    norm: str = "batch"
+    norm: str = "batch"  # batch | group | layer (model.norm)
     published: Published | None = None
-    extra: dict = field(default_factory=dict)
+    extra: dict = field(default_factory=dict)  # further optimizer param-group settings the row fixes
 
 
 ROWS: dict[str, RowSpec] = {
@@ -53,9 +53,16 @@ ROWS: dict[str, RowSpec] = {
                     published=Published(7.73, 5.96, 0.600, 0.71)),
     "adam_projected": RowSpec("Adam, lr 3e-3, radial part projected out", "adam_projected", 3e-3,
                               published=Published(24.29, 2.08, 0.306, 0.96)),
+    # Heo et al.'s published optimizer (arXiv:2006.08217), beside the study's always-projected variant:
+    # projection only where |cos(grad, w)| < delta / sqrt(dim), no weight decay.
+    "adamp": RowSpec("AdamP, lr 3e-3, delta 0.1, wd_ratio 0.1", "adamp", 3e-3,
+                     extra={"delta": 0.1, "wd_ratio": 0.1}),
     # The window test: the article gives rotation, accuracy and checks below 90%, not the norm.
     "adam_bn_m0.3": RowSpec("Adam, lr 3e-3, BatchNorm momentum 0.3", "adam", 3e-3, bn_momentum=0.3,
                             published=Published(6.94, float("nan"), 0.932, 0.18)),
+    # Beyond the article: norms without running statistics, so no train/eval difference to go stale.
+    "adam_groupnorm": RowSpec("Adam, lr 3e-3, GroupNorm (8 groups)", "adam", 3e-3, norm="group"),
+    "adam_layernorm": RowSpec("Adam, lr 3e-3, LayerNorm (GroupNorm, 1 group)", "adam", 3e-3, norm="layer"),
 }
 
 # Rows of the article's table, in the article's order.

@@ -15,11 +15,13 @@ import platform
 import shutil
 import subprocess
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import torch
+import torch.nn as nn
 import torch.nn.functional as F
 import yaml
 from omegaconf import OmegaConf
@@ -27,7 +29,8 @@ from torch.nn.modules.batchnorm import _BatchNorm
 from tqdm.auto import tqdm
 
 from . import records
-from .bnstats import reestimate, running_stat_layers, swapped_statistics, top_k_channel_masks
+from .bnstats import (ReestimationReport, reestimate, running_stat_layers, running_stats, swapped_statistics,
+                      top_k_channel_masks)
 from .checkpoints import checkpoint_path, save_checkpoint
 from .config import RunConfig, semantic_dict
 from .model import ConvNet, build_model
@@ -95,7 +98,9 @@ def describe_built(model: ConvNet, optimizer: torch.optim.Optimizer, schedule, d
         settings["lr"] = g.get("initial_lr", g["lr"])
         settings["params"] = [names[id(p)] for p in g["params"]]
         groups.append(settings)
-    projected = [n for g in groups if g.get("projection") in ("always", "adamp") for n in g["params"]]
+    dims = {n: p.dim() for n, p in model.named_parameters()}
+    # ProjectedAdam never projects a parameter of fewer than 2 dims (norm affine, biases)
+    projected = [n for g in groups if g.get("projection") in ("always", "adamp") for n in g["params"] if dims[n] >= 2]
     norms = {}
     for name, m in model.named_modules():
         if isinstance(m, _BatchNorm):
@@ -244,15 +249,19 @@ class _Prober:
 def reestimation_batches(task: NoisyTemplates, cfg: RunConfig, device: torch.device, step: int):
     """``scale.reestimate_batches`` fresh training batches from the run's own ``reestimate`` stream.
 
-    The stream is reseeded from (seed, step), so the batches at a step are the
-    same in the runner and in offline diagnosis, and the training stream is
-    never touched.
+    The stream is reseeded from (seed, step) and drawn on the CPU, then moved
+    to ``device``, so the batches at a step are the same in the runner and in
+    offline diagnosis on any device, and the training stream is never touched.
+
+    Yields:
+        (batch_size, 3, S, S) float32 inputs on ``device``.
     """
-    g = generator(cfg.seed * 1_000_003 + step, "reestimate", device)
-    channels_last = cfg.model.channels_last
+    g = generator(cfg.seed * 1_000_003 + step, "reestimate")
+    cpu_task = NoisyTemplates(task.cfg, task.templates.cpu())
+    memory_format = torch.channels_last if cfg.model.channels_last else torch.contiguous_format
     for _ in range(cfg.scale.reestimate_batches):
-        x, _y = task.sample(cfg.task.batch_size, g)
-        yield x.contiguous(memory_format=torch.channels_last) if channels_last else x
+        x, _y = cpu_task.sample(cfg.task.batch_size, g)
+        yield x.to(device).contiguous(memory_format=memory_format)
 
 
 def top_k_grid(total: int) -> list[int]:
@@ -261,33 +270,57 @@ def top_k_grid(total: int) -> list[int]:
     return ks + [total]
 
 
-def run_interventions(model: ConvNet, batches, x: torch.Tensor, y: torch.Tensor, chunk: int) -> pd.DataFrame:
+@dataclass
+class Interventions:
+    """What :func:`run_interventions` measured at one checkpoint.
+
+    Attributes:
+        table: one line per intervention: ``intervention`` (none | reestimate |
+            layer | top_k), ``k`` (-1 where it does not apply), ``layer`` (""
+            where it does not apply), ``acc_eval_mode`` (fraction).
+        stored, fresh: ``{norm layer: (running_mean (C,), running_var (C,))}``,
+            the checkpoint's statistics and the re-estimated ones.
+        lag_sigma: ``{norm layer: (C,)}`` float64, ``(stored - fresh) mean /
+            fresh std``, the ranking of the top-k curve.
+        reestimation: provenance of the re-estimation pass.
+    """
+
+    table: pd.DataFrame
+    stored: dict[str, tuple[torch.Tensor, torch.Tensor]]
+    fresh: dict[str, tuple[torch.Tensor, torch.Tensor]]
+    lag_sigma: dict[str, torch.Tensor]
+    reestimation: ReestimationReport
+
+
+def run_interventions(model: nn.Module, batches, x: torch.Tensor, y: torch.Tensor, chunk: int) -> Interventions:
     """Evaluation-mode accuracy on (x, y) after each intervention on the running statistics.
 
     ``none`` (stored statistics), ``reestimate`` (every layer fresh), ``layer``
     (one layer fresh, the stored ones elsewhere) and ``top_k`` (the k channels
-    of largest |lag| across the network fresh). Fresh statistics come from one
-    re-estimation pass on a copy; the model itself is left unchanged.
+    of largest |lag| across the network fresh, k on :func:`top_k_grid`; k = 0
+    is the stored model and k = all the re-estimated one). Fresh statistics
+    come from one :func:`bnstats.reestimate` pass on a copy; the model itself
+    is left unchanged. The runner and offline diagnosis
+    (:mod:`bnrotation.diagnose`) both call this.
 
-    Returns:
-        DataFrame with columns intervention, k, layer, acc_eval_mode (k = -1 and
-        layer = "" where they do not apply).
+    Raises:
+        ValueError: if the model has no layer with running statistics, or ``batches`` is empty.
     """
     fresh_model = copy.deepcopy(model)
-    reestimate(fresh_model, batches)
-    fresh = {n: (m.running_mean.clone(), m.running_var.clone()) for n, m in running_stat_layers(fresh_model)}
-    stored = {n: (m.running_mean, m.running_var) for n, m in running_stat_layers(model)}
+    report = reestimate(fresh_model, batches)
+    stored, fresh = running_stats(model), running_stats(fresh_model)
     rows = [("none", -1, "", accuracy(model, x, y, "eval", chunk)),
             ("reestimate", -1, "", accuracy(fresh_model, x, y, "eval", chunk))]
     for name in fresh:
         with swapped_statistics(model, {name: fresh[name]}):
             rows.append(("layer", -1, name, accuracy(model, x, y, "eval", chunk)))
-    lag = {n: (stored[n][0] - fresh[n][0]) / fresh[n][1].sqrt() for n in fresh}
+    lag = {n: lag_sigma(stored[n][0], fresh[n][0].double(), fresh[n][1].double()) for n in fresh}
     total = sum(v.numel() for v in lag.values())
     for k in top_k_grid(total):
         with swapped_statistics(model, fresh, channels=top_k_channel_masks(lag, k)):
             rows.append(("top_k", k, "", accuracy(model, x, y, "eval", chunk)))
-    return pd.DataFrame(rows, columns=["intervention", "k", "layer", "acc_eval_mode"])
+    table = pd.DataFrame(rows, columns=["intervention", "k", "layer", "acc_eval_mode"])
+    return Interventions(table, stored, fresh, lag, report)
 
 
 # ----------------------------------------------------------------------------- the run
@@ -371,7 +404,7 @@ def run(cfg: RunConfig) -> Path | None:
         if step in interventions:
             if cfg.save_checkpoints:
                 save_checkpoint(checkpoint_path(out, step), model, step=step, row=cfg.row, seed=cfg.seed)
-            df = run_interventions(model, reestimation_batches(task, cfg, device, step), x_held, y_held, chunk)
+            df = run_interventions(model, reestimation_batches(task, cfg, device, step), x_held, y_held, chunk).table
             tables.add("interventions", step=np.full(len(df), step), **{c: df[c].to_numpy() for c in df})
         t3 = time.perf_counter()
         timings["probes"] += t1 - t0

@@ -114,6 +114,10 @@ def check_against_row(info: dict, spec: RowSpec) -> list[str]:
         if not math.isclose(float(g.get("weight_decay", 0.0)), spec.weight_decay, rel_tol=1e-9, abs_tol=0.0):
             problems.append(f"weight decay {g.get('weight_decay')} in group {g.get('name')!r}, "
                             f"the row means {spec.weight_decay}")
+        for key, want in spec.extra.items():  # e.g. AdamP's delta and wd_ratio
+            got = g.get(key)
+            if not isinstance(got, (int, float)) or not math.isclose(float(got), float(want), rel_tol=1e-9):
+                problems.append(f"{key} {got!r} in group {g.get('name')!r}, the row means {want}")
     modes = info.get("projection", {}).get("mode", [])
     want_modes = {"adam_projected": ["always", "never"], "adamp": ["adamp"]}.get(spec.optimizer, [])
     if sorted(modes) != sorted(want_modes):
