@@ -10,11 +10,13 @@ ROW ?= adam
 SEED ?= 0
 ARGS ?=
 RESULTS ?=
+STEP ?=
+RUN ?= $(or $(RESULTS),results)/runs/$(ROW)/seed=$(SEED)
 OUT ?= results
 JOBS ?= 1
 
 # Rows and seeds of a sweep, per scale. `quick` shows the headline contrast on a laptop CPU.
-ROWS_full := sgd,adam_lr3e-4,adam_cosine,adamw,adam,adam_projected,adam_bn_m0.3
+ROWS_full := sgd,adam_lr3e-4,adam_cosine,adamw,adam,adam_projected,adamp,adam_bn_m0.3,adam_groupnorm,adam_layernorm
 SEEDS_full := 0,1,2
 ROWS_quick := sgd,adam,adam_bn_m0.3
 SEEDS_quick := 0
@@ -27,12 +29,13 @@ results_flag := $(if $(RESULTS),--results $(RESULTS),)
 results_override := $(if $(RESULTS),results_root=$(RESULTS),)
 launcher := $(if $(filter-out 1,$(JOBS)),hydra/launcher=joblib hydra.launcher.n_jobs=$(JOBS) threads=$$(( $$(nproc) / $(JOBS) > 0 ? $$(nproc) / $(JOBS) : 1 )),)
 
-.PHONY: help install test sweep reproduce row table figures claims bench clean
+.PHONY: help install test sweep reproduce row table diagnose figures claims bench clean
 .DEFAULT_GOAL := help
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "} {printf "  make %-10s %s\n", $$1, $$2}'
 	@echo "  variables: SCALE=full|quick|smoke ROW= SEED= ARGS='<hydra overrides>' FORCE=1 RESULTS=<root> JOBS=<n>"
+	@echo "             RUN=<run folder> (default <results>/runs/ROW/seed=SEED) STEP=<n>|last|worst (diagnose)"
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -57,6 +60,9 @@ row: $(VENV)/.installed ## one row at one seed: make row ROW=adam SEED=1 [ARGS='
 
 table: $(VENV)/.installed ## results/table.md and .csv from the parquet results (RESULTS=<root>)
 	$(PY) -m bnrotation.analysis.table $(results_flag) --out $(OUT)
+
+diagnose: $(VENV)/.installed ## stale statistics and fixes of one run: make diagnose RUN=<run folder> [STEP=<n>|last|worst]
+	$(PY) experiments/diagnose.py run=$(RUN) $(if $(STEP),step=$(STEP),)
 
 clean: ## remove .venv and your own (uncommitted) results; keeps results/reference
 	rm -rf $(VENV) results/runs results/hydra

@@ -34,3 +34,10 @@ def smoke_cfg(tmp_path):
     def make(*overrides: str) -> RunConfig:
         return run_cfg(list(overrides), tmp_path)
     return make
+
+
+@pytest.fixture(scope="session")
+def adam_smoke_run(tmp_path_factory) -> Path:
+    """One finished ``adam`` run at smoke scale, seed 0, with interventions and checkpoints; do not modify it."""
+    from bnrotation.runner import run
+    return run(run_cfg(["experiment=adam"], tmp_path_factory.mktemp("adam_smoke")))

@@ -16,7 +16,7 @@ from bnrotation.bnstats import (reestimate, running_stat_layers, running_stats, 
                                 top_k_channel_masks, weights_fingerprint)
 from bnrotation.config import ModelConfig
 from bnrotation.model import build_model
-from bnrotation.runner import run, run_interventions, top_k_grid
+from bnrotation.runner import run_interventions, top_k_grid
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -316,8 +316,8 @@ def test_run_interventions_rows_and_their_invariants():
     assert all(torch.equal(res.fresh[n][0], running_stats(fresh)[n][0]) for n in res.fresh)
 
 
-def test_the_runner_logs_the_interventions_table(smoke_cfg):
-    out = run(smoke_cfg("experiment=adam"))
+def test_the_runner_logs_the_interventions_table(adam_smoke_run):
+    out = adam_smoke_run
     iv = pd.read_parquet(out / "interventions.parquet")
     assert list(iv.columns[:7]) == list(records.TABLE_COLUMNS["interventions"])
     assert sorted(iv["step"].unique()) == [10, 20]  # every 10 steps inside the window (smoke), and the last

@@ -246,6 +246,15 @@ class _Prober:
 
 
 # ----------------------------------------------------------------------------- interventions
+EVAL_CHUNK = 1000  # held-out samples per evaluation-mode forward pass (accuracy does not depend on it)
+
+
+def heldout_set(task: NoisyTemplates, cfg: RunConfig) -> tuple[torch.Tensor, torch.Tensor]:
+    """The run's held-out set, ``x`` (heldout_size, 3, S, S) in the model's memory format, ``y`` (heldout_size,)."""
+    x, y = task.fixed_set(cfg.scale.heldout_size, cfg.seed, "heldout")
+    return x.contiguous(memory_format=torch.channels_last if cfg.model.channels_last else torch.contiguous_format), y
+
+
 def reestimation_batches(task: NoisyTemplates, cfg: RunConfig, device: torch.device, step: int):
     """``scale.reestimate_batches`` fresh training batches from the run's own ``reestimate`` stream.
 
@@ -268,6 +277,17 @@ def top_k_grid(total: int) -> list[int]:
     """0, 1, 2, 4, ... up to ``total`` channels (``total`` itself included)."""
     ks = [0] + [2 ** i for i in range(total.bit_length()) if 2 ** i < total]
     return ks + [total]
+
+
+def top_k_accuracy(model: nn.Module, fresh: dict[str, tuple[torch.Tensor, torch.Tensor]],
+                   lag: dict[str, torch.Tensor], k: int, x: torch.Tensor, y: torch.Tensor, chunk: int) -> float:
+    """Evaluation-mode accuracy with fresh statistics in the ``k`` channels of largest |lag| network-wide.
+
+    Args:
+        fresh: ``{norm layer: (mean (C,), var (C,))}``; lag: ``{norm layer: (C,)}`` in sigma.
+    """
+    with swapped_statistics(model, fresh, channels=top_k_channel_masks(lag, k)):
+        return accuracy(model, x, y, "eval", chunk)
 
 
 @dataclass
@@ -317,8 +337,7 @@ def run_interventions(model: nn.Module, batches, x: torch.Tensor, y: torch.Tenso
     lag = {n: lag_sigma(stored[n][0], fresh[n][0].double(), fresh[n][1].double()) for n in fresh}
     total = sum(v.numel() for v in lag.values())
     for k in top_k_grid(total):
-        with swapped_statistics(model, fresh, channels=top_k_channel_masks(lag, k)):
-            rows.append(("top_k", k, "", accuracy(model, x, y, "eval", chunk)))
+        rows.append(("top_k", k, "", top_k_accuracy(model, fresh, lag, k, x, y, chunk)))
     table = pd.DataFrame(rows, columns=["intervention", "k", "layer", "acc_eval_mode"])
     return Interventions(table, stored, fresh, lag, report)
 
@@ -345,8 +364,7 @@ def run(cfg: RunConfig) -> Path | None:
     optimizer = build_optimizer(cfg.optimizer, model)
     schedule = build_schedule(cfg.schedule, optimizer, cfg.scale.steps)
     cl = torch.channels_last if cfg.model.channels_last else torch.contiguous_format
-    x_held, y_held = task.fixed_set(cfg.scale.heldout_size, cfg.seed, "heldout")
-    x_held = x_held.contiguous(memory_format=cl)
+    x_held, y_held = heldout_set(task, cfg)
     x_probe, _ = task.fixed_set(cfg.task.probe_size, cfg.seed, "probe")
     x_probe = x_probe.contiguous(memory_format=cl)
     g_train = generator(cfg.seed, "train", device)
@@ -361,7 +379,7 @@ def run(cfg: RunConfig) -> Path | None:
     prober = _Prober(model, x_probe, cfg.scale.log_every)
     logs, checks = log_steps(cfg), set(check_steps(cfg))
     interventions = set(intervention_steps(cfg)) if cfg.interventions and running_stat_layers(model) else set()
-    chunk = 1000
+    chunk = EVAL_CHUNK
     first_bad = torch.zeros((), dtype=torch.long, device=device)  # first non-finite step, 0 if none
     diverged_at = None
 

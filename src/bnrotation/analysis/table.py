@@ -5,7 +5,7 @@
 Writes ``<out>/table.md`` and ``<out>/table.csv``: per row the mean over
 seeds, the seed spread (sample standard deviation, n - 1), the number of seeds
 it rests on, the published figure beside each measured one, and how many runs
-diverged.
+diverged. Also ``<out>/lag.md``, measured against predicted lag (:mod:`.lag`).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import pandas as pd
 
 from .. import records
 from ..rows import ROWS, SEEDS, row_order
-from . import metrics
+from . import lag, metrics
 from .results import BadRunError, Run, default_results_root, load_runs
 
 # (column key, header, published attribute, format)
@@ -145,8 +145,10 @@ def main(argv: list[str] | None = None) -> int:
     md = to_markdown(table, root)
     records.atomic_write_text(out / "table.md", md)
     records.atomic_write_text(out / "table.csv", table.to_csv(index=False))
+    lag.write_lag(runs, out, root)
     print(md)
-    print(f"wrote {out / 'table.md'} and {out / 'table.csv'} from {len(runs)} runs under {root}", file=sys.stderr)
+    print(f"wrote {out / 'table.md'}, {out / 'table.csv'} and {out / 'lag.md'} from {len(runs)} runs under {root}",
+          file=sys.stderr)
     return 0
 
 
