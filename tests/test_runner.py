@@ -71,6 +71,9 @@ def test_table_from_smoke_results(smoke_results, tmp_path, capsys):
     sgd = csv.set_index("row").loc["sgd"]
     assert sgd["rotation_per_100_deg_published"] == 0.46
     assert 0 <= sgd["acc_eval_mode_mean"] <= 1 and sgd["norm_growth_mean"] > 0
+    assert math.isnan(csv.set_index("row").loc["adam_groupnorm", "acc_reestimated_final_mean"])
+    lag = (tmp_path / "lag.md").read_text()  # make table writes the lag table too
+    assert "| Adam, lr 3e-3 (`adam`) | conv2 (bn2) |" in lag and "`adam_groupnorm`, `adam_layernorm`" in lag
 
 
 def test_finished_run_is_skipped_and_a_changed_config_refused(tmp_path, smoke_cfg):
@@ -123,3 +126,35 @@ def test_table_refuses_a_run_whose_momentum_contradicts_its_row(smoke_results, t
         load_runs(root)
     assert math.isnan(build_table(load_runs(smoke_results)).set_index("row").loc["adam_bn_m0.3",
                                                                                   "norm_growth_published"])
+
+
+@pytest.mark.parametrize("row", ["adam_groupnorm", "adam_layernorm"])
+def test_norms_without_running_statistics_log_them_as_absent(smoke_results, row):
+    out = records.run_dir(smoke_results, row, 0)
+    ch = pd.read_parquet(out / "channels.parquet")
+    for col in ("running_mean", "running_var", "lag_sigma", "predicted_lag_sigma"):
+        assert ch[col].isna().all(), col  # absent, not zero
+    later = ch[ch["step"] > 0]
+    for col in ("rotation_deg", "fresh_mean", "fresh_var", "drift_sigma_per_step", "weight_norm"):
+        assert later[col].notna().all(), col
+    checks = pd.read_parquet(out / "checks.parquet")
+    assert checks["acc_eval_mode"].notna().all()
+    assert (checks["acc_train_mode"] == checks["acc_eval_mode"]).all()  # GroupNorm has no train/eval difference
+    assert pd.read_parquet(out / "interventions.parquet").empty and not (out / "checkpoints").exists()
+    assert json.loads((out / "run.json").read_text())["norm_layers"]["gn1" if row == "adam_groupnorm" else "ln1"][
+        "num_groups"] == (8 if row == "adam_groupnorm" else 1)
+
+
+def test_adamp_row_reads_back_heo_et_als_defaults_and_a_change_is_refused(smoke_results, tmp_path):
+    import shutil
+    info = json.loads((records.run_dir(smoke_results, "adamp", 0) / "run.json").read_text())
+    assert info["optimizer"]["class"] == "ProjectedAdam" and info["projection"]["mode"] == ["adamp"]
+    assert {(g["delta"], g["wd_ratio"], g["weight_decay"]) for g in info["optimizer"]["param_groups"]} == \
+        {(0.1, 0.1, 0.0)}
+    assert "bn1.weight" not in info["projection"]["params"]  # one-dim parameters are never projected
+    root = tmp_path / "r"
+    shutil.copytree(records.run_dir(smoke_results, "adamp", 0), records.run_dir(root, "adamp", 0))
+    info["optimizer"]["param_groups"][0]["delta"] = 1.0
+    (records.run_dir(root, "adamp", 0) / "run.json").write_text(json.dumps(info))
+    with pytest.raises(Exception, match=r"delta 1\.0 in group 'conv', the row means 0\.1"):
+        load_runs(root)
