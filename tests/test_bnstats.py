@@ -82,25 +82,22 @@ def test_plain_cumulative_average_weighs_batches_not_samples():
 
 def test_with_dropout_ours_is_deterministic_and_update_bns_is_not():
     batches = _uneven_batches()
-    runs = []
-    for seed in (0, 1):
+
+    def buffers_after(estimate, seed: int) -> dict[str, torch.Tensor]:
         net = _net(dropout=0.5)
         torch.manual_seed(seed)
-        reestimate(net, batches)
-        runs.append(_buffers(net))
-    assert _same(*runs)
+        estimate(batches, net)
+        return _buffers(net)
+
+    ours = [buffers_after(lambda b, net: reestimate(net, b), seed) for seed in (0, 1)]
+    assert _same(*ours)
     # dropout stayed in evaluation mode, so ours equals update_bn on the network without it
     no_dropout = _net(dropout=0.5)
     no_dropout[3] = nn.Identity()
     update_bn(batches, no_dropout)
-    assert _same(runs[0], _buffers(no_dropout))
+    assert _same(ours[0], _buffers(no_dropout))
     # update_bn puts the whole network, dropout included, into training mode: its result depends on the RNG
-    theirs = []
-    for seed in (0, 1):
-        net = _net(dropout=0.5)
-        torch.manual_seed(seed)
-        update_bn(batches, net)
-        theirs.append(_buffers(net))
+    theirs = [buffers_after(update_bn, seed) for seed in (0, 1)]
     assert not torch.equal(theirs[0]["5.running_mean"], theirs[1]["5.running_mean"])
 
 
