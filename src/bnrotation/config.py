@@ -21,6 +21,7 @@ OPTIMIZERS = ("sgd", "adam", "adamw", "adam_projected", "adamp")
 SCHEDULES = ("constant", "cosine")
 NORMS = ("batch", "group", "layer")
 DEVICES = ("auto", "cpu", "cuda")
+AVERAGING_AT = ("interventions", "checks", "last")
 
 
 class ConfigError(ValueError):
@@ -153,6 +154,36 @@ class ScaleConfig:
 
 
 @dataclass
+class AveragingConfig:
+    """Weight averaging evaluated during a run (:mod:`bnrotation.averaging`, issue 4).
+
+    An EMA of the weights per decay in ``ema_decays`` (one update per
+    optimizer step, the first update copies), and a tail average of the
+    snapshots taken every ``tail_every`` steps within the last ``tail_steps``
+    steps (``tail_steps: 0`` turns it off). Each is evaluated under every
+    BatchNorm buffer policy at the steps ``at`` names: ``interventions`` (the
+    runner's intervention steps: every ``scale.intervene_every`` steps inside
+    the check window and the last step), ``checks`` (every check step; slow on
+    a CPU) or ``last`` (the last step only).
+    """
+
+    enabled: bool = True
+    ema_decays: list[float] = field(default_factory=lambda: [0.99, 0.999])
+    tail_steps: int = 1000
+    tail_every: int = 100
+    at: str = "interventions"  # interventions | checks | last
+
+    def __post_init__(self) -> None:
+        _require(all(isinstance(d, float) and 0.0 < d < 1.0 for d in self.ema_decays)
+                 and len(set(self.ema_decays)) == len(self.ema_decays),
+                 "averaging.ema_decays", "distinct floats in (0, 1)", list(self.ema_decays))
+        _require(self.tail_every >= 1, "averaging.tail_every", "an integer >= 1", self.tail_every)
+        _require(self.tail_steps >= 0 and self.tail_steps % self.tail_every == 0, "averaging.tail_steps",
+                 f"0 (off) or a positive multiple of averaging.tail_every={self.tail_every}", self.tail_steps)
+        _choice("averaging.at", self.at, AVERAGING_AT)
+
+
+@dataclass
 class RunConfig:
     """One run: a row of the table at one seed, at one scale."""
 
@@ -170,6 +201,7 @@ class RunConfig:
     optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
     schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
     scale: ScaleConfig = field(default_factory=ScaleConfig)
+    averaging: AveragingConfig = field(default_factory=AveragingConfig)
 
     def __post_init__(self) -> None:
         _require(isinstance(self.row, str) and self.row not in ("", "???") and "/" not in self.row,

@@ -29,6 +29,7 @@ from torch.nn.modules.batchnorm import _BatchNorm
 from tqdm.auto import tqdm
 
 from . import records
+from .averaging import RunAverages
 from .bnstats import (ReestimationReport, reestimate, running_stat_layers, running_stats, swapped_statistics,
                       top_k_channel_masks)
 from .checkpoints import checkpoint_path, save_checkpoint
@@ -63,6 +64,14 @@ def intervention_steps(cfg: RunConfig) -> list[int]:
     s = cfg.scale
     first = -(-s.check_start // s.intervene_every) * s.intervene_every
     return sorted(set(range(first, s.steps + 1, s.intervene_every)) | {s.steps})
+
+
+def averaging_steps(cfg: RunConfig) -> list[int]:
+    """Steps the averaged models are evaluated at (``averaging.at``); none when averaging is off."""
+    if not cfg.averaging.enabled:
+        return []
+    return {"interventions": intervention_steps(cfg), "checks": check_steps(cfg),
+            "last": [cfg.scale.steps]}[cfg.averaging.at]
 
 
 # ----------------------------------------------------------------------------- provenance
@@ -357,7 +366,7 @@ def run(cfg: RunConfig) -> Path | None:
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     started = time.time()
-    timings = {"train": 0.0, "probes": 0.0, "checks": 0.0, "interventions": 0.0}
+    timings = {"train": 0.0, "probes": 0.0, "checks": 0.0, "interventions": 0.0, "averaging": 0.0}
 
     task = NoisyTemplates.build(cfg.task, cfg.seed, device)
     model = build_model(cfg.model, cfg.task.num_classes, cfg.seed, device)
@@ -380,6 +389,10 @@ def run(cfg: RunConfig) -> Path | None:
     logs, checks = log_steps(cfg), set(check_steps(cfg))
     interventions = set(intervention_steps(cfg)) if cfg.interventions and running_stat_layers(model) else set()
     chunk = EVAL_CHUNK
+    # --- averaging (issue 4): EMA and tail average of the weights, under each BatchNorm buffer policy
+    averages = RunAverages(cfg.averaging, model) if cfg.averaging.enabled and running_stat_layers(model) else None
+    averaging_at = set(averaging_steps(cfg)) if averages is not None else set()
+    # ---
     first_bad = torch.zeros((), dtype=torch.long, device=device)  # first non-finite step, 0 if none
     diverged_at = None
 
@@ -399,8 +412,10 @@ def run(cfg: RunConfig) -> Path | None:
         optimizer.step()
         if schedule is not None:
             schedule.step()
+        if averages is not None:  # averaging (issue 4): one EMA update per optimizer step, no host sync
+            averages.after_step(model, step)
         first_bad = torch.where((first_bad == 0) & ~torch.isfinite(loss.detach()), step, first_bad)
-        if not (log_now or step in checks or step in interventions):
+        if not (log_now or step in checks or step in interventions or step in averaging_at):
             continue
         timings["train"] += time.perf_counter() - t_mark
         bad = int(first_bad)
@@ -425,9 +440,15 @@ def run(cfg: RunConfig) -> Path | None:
             df = run_interventions(model, reestimation_batches(task, cfg, device, step), x_held, y_held, chunk).table
             tables.add("interventions", step=np.full(len(df), step), **{c: df[c].to_numpy() for c in df})
         t3 = time.perf_counter()
+        if step in averaging_at:  # averaging (issue 4)
+            df = averages.evaluate(model, step, x_held, y_held, x_probe,
+                                   lambda: reestimation_batches(task, cfg, device, step), chunk)
+            tables.add("averaging", step=np.full(len(df), step), **{c: df[c].to_numpy() for c in df})
+        t4 = time.perf_counter()
         timings["probes"] += t1 - t0
         timings["checks"] += t2 - t1
         timings["interventions"] += t3 - t2
+        timings["averaging"] += t4 - t3
         t_mark = time.perf_counter()
     bar.close()
 

@@ -21,6 +21,7 @@ import pandas as pd
 from .. import records
 from ..rows import ROWS, SEEDS, row_order
 from . import lag, metrics
+from .averaging import write_averaging
 from .results import BadRunError, Run, default_results_root, load_runs
 
 # (column key, header, published attribute, format)
@@ -133,7 +134,8 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     root = Path(args.results) if args.results else default_results_root()
     try:
-        runs = load_runs(root, skip_bad=args.skip_bad, tables=("checks", "layers", "channels", "interventions"))
+        runs = load_runs(root, skip_bad=args.skip_bad,
+                         tables=("checks", "layers", "channels", "interventions", "averaging"))
     except (BadRunError, FileNotFoundError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
@@ -149,6 +151,9 @@ def main(argv: list[str] | None = None) -> int:
     print(md)
     print(f"wrote {out / 'table.md'}, {out / 'table.csv'} and {out / 'lag.md'} from {len(runs)} runs under {root}",
           file=sys.stderr)
+    averaging_md = write_averaging(runs, out, root)  # issue 4: averaged weights under each buffer policy
+    if averaging_md is not None:
+        print(f"wrote {averaging_md} and {averaging_md.with_suffix('.csv')}", file=sys.stderr)
     return 0
 
 
