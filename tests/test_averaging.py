@@ -312,10 +312,14 @@ def test_averaging_changes_nothing_in_the_training_run(averaging_run, tmp_path):
     assert pd.read_parquet(off / "averaging.parquet").empty
 
 
-def test_saved_checkpoints_average_like_the_runner_tail(averaging_run):
+def test_saved_checkpoints_of_a_run_are_averaged(averaging_run):
     _, out = averaging_run
-    ckpts = saved_checkpoints(out, last=1)
-    assert [c["step"] for c in ckpts] == [20]
+    ckpts = saved_checkpoints(out, last=2)
+    assert [c["step"] for c in ckpts] == [10, 20]  # the intervention steps, oldest first
+    avg, prov = average_checkpoints(build_model(ModelConfig(), TASK.num_classes, 0), ckpts, policy="copy")
+    for n, p in avg.named_parameters():
+        torch.testing.assert_close(p.detach(), (ckpts[0]["model"][n] + ckpts[1]["model"][n]) / 2)
+    assert prov.source == "buffers of constituent 1 of 2"
     with pytest.raises(FileNotFoundError, match="no saved checkpoints"):
         saved_checkpoints(out / "nowhere")
 

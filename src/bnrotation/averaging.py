@@ -259,7 +259,8 @@ class EMA:
     first update copies. The update is ``torch.optim.swa_utils``'s
     ``get_ema_multi_avg_fn`` (one fused ``_foreach_lerp_`` on the device) with
     a host-side update count, so it never synchronises with the device
-    (``AveragedModel`` reads its device-side count every update).
+    (``AveragedModel`` branches on its count tensor every update: a
+    synchronisation once that tensor is on the GPU).
     ``self.module`` holds the EMA weights and an EMA of the running means and
     variances, what ``AveragedModel(use_buffers=True)`` keeps (the ``average``
     policy); its integer buffers (``num_batches_tracked``) follow the live
@@ -320,7 +321,7 @@ class EMA:
         out = copy.deepcopy(self.module)
         if policy == "copy":
             with torch.no_grad():
-                for (name, b_avg), (_, b_live) in zip(out.named_buffers(), live.named_buffers(), strict=True):
+                for b_avg, b_live in zip(out.buffers(), live.buffers(), strict=True):
                     b_avg.copy_(b_live)
             return out, BufferProvenance("copy", "buffers of the live model", weights_fingerprint(live))
         if policy == "average":
@@ -393,8 +394,8 @@ def validate_inference_state(model: nn.Module, probe_x: torch.Tensor, provenance
     and, per BatchNorm layer, the stored-versus-fresh lag on ``probe_x``
     (:func:`probes.fresh_statistics`, which changes no buffer). A layer whose
     largest |lag| exceeds ``lag_tolerance_sigma`` is a problem; the default,
-    0.25 sigma, is the article's predicted Adam lag and several standard
-    errors of a 512-sample probe mean.
+    0.25 sigma, is the article's predicted lag under Adam and well above
+    the sampling error of a probe of a few hundred samples.
 
     Args:
         probe_x: (N, ...) inputs from the training distribution.
