@@ -87,6 +87,20 @@ def test_finished_run_is_skipped_and_a_changed_config_refused(tmp_path, smoke_cf
     assert run(smoke_cfg("experiment=sgd", "interventions=false", "force=true")) == out
 
 
+def test_a_key_added_to_the_schema_later_does_not_invalidate_a_finished_run(tmp_path, smoke_cfg):
+    import yaml
+    cfg = smoke_cfg("experiment=sgd", "interventions=false")
+    out = run(cfg)
+    saved = yaml.safe_load((out / "config.yaml").read_text())
+    del saved["averaging"], saved["model"]["channels_last"]  # as written before these keys existed
+    (out / "config.yaml").write_text(yaml.safe_dump(saved))
+    assert run(cfg) is None
+    saved["model"]["no_such_key"] = 1
+    (out / "config.yaml").write_text(yaml.safe_dump(saved))
+    with pytest.raises(RunExistsError, match="schema"):
+        run(cfg)
+
+
 def test_run_without_done_is_rerun_from_scratch(tmp_path, smoke_cfg):
     cfg = smoke_cfg("experiment=adam", "interventions=false")
     out = records.run_dir(cfg.results_root, cfg.row, cfg.seed)
