@@ -21,7 +21,9 @@ register_configs()
 
 @hydra.main(version_base="1.3", config_path="../conf", config_name="config")
 def main(cfg: DictConfig) -> None:
-    sys.exit(run_task(cfg, multirun=HydraConfig.get().mode == RunMode.MULTIRUN))
+    status = run_task(cfg, multirun=HydraConfig.get().mode == RunMode.MULTIRUN)
+    if status:  # never sys.exit(0): inside a multirun it would end the sweep after its first job
+        sys.exit(status)
 
 
 if __name__ == "__main__":

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import io
 import os
+import pickle
+import re
 from pathlib import Path
 
 import torch
@@ -19,6 +21,10 @@ from .records import atomic_write_bytes
 
 class UnsafeCheckpointError(ValueError):
     """A checkpoint holds objects that only arbitrary code could rebuild; it was not loaded."""
+
+
+class BadCheckpointError(ValueError):
+    """A checkpoint file is truncated, corrupt or not a torch checkpoint at all."""
 
 
 def checkpoint_path(run_dir: str | os.PathLike, step: int) -> Path:
@@ -38,15 +44,24 @@ def load_checkpoint(path: str | os.PathLike, map_location: str | torch.device = 
 
     Raises:
         FileNotFoundError: naming the file.
-        UnsafeCheckpointError: naming the file, if unpickling it would need arbitrary code.
+        UnsafeCheckpointError: naming the file and the object it would have to
+            rebuild, if unpickling it would need arbitrary code.
+        BadCheckpointError: naming the file, if it is truncated or not a checkpoint.
     """
     path = Path(path)
     if not path.exists():
         raise FileNotFoundError(f"{path}: no such checkpoint")
     try:
         return torch.load(path, map_location=map_location, weights_only=True)
-    except Exception as err:  # noqa: BLE001 - torch raises UnpicklingError or RuntimeError here
-        if "weights_only" in str(err) or "Unsupported global" in str(err):
-            raise UnsafeCheckpointError(f"{path}: refused, it needs arbitrary code to load "
-                                        f"(torch.load weights_only=True said: {str(err).splitlines()[0]})") from err
-        raise
+    except pickle.UnpicklingError as err:
+        if "Weights only load failed" not in str(err):
+            raise BadCheckpointError(f"{path}: unreadable checkpoint ({str(err).splitlines()[0]})") from err
+        found = re.search(r"Unsupported global: GLOBAL (\S+)", str(err))
+        what = found.group(1) if found else "an object that is not a tensor or a plain value"
+        raise UnsafeCheckpointError(
+            f"{path}: refused: loading it would run arbitrary code (it pickles {what}, not only tensors and "
+            "plain values); checkpoints are loaded with torch.load(weights_only=True). Load it with "
+            "weights_only=False yourself only if you trust where it came from") from None
+    except (RuntimeError, EOFError, KeyError, ValueError, OSError) as err:  # what torch raises for a damaged file
+        raise BadCheckpointError(f"{path}: unreadable checkpoint, truncated or not a torch file "
+                                 f"({type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''})") from err

@@ -5,6 +5,7 @@ Kept out of ``experiments/`` so that it can be tested without a subprocess.
 
 from __future__ import annotations
 
+import json
 import logging
 import sys
 import traceback
@@ -20,7 +21,8 @@ def run_task(cfg: DictConfig, multirun: bool = False) -> int:
     """Validate ``cfg``, train the run, and return an exit status.
 
     A bad config is reported as one line naming the key (exit 2), before any
-    work. In a multirun a crashing run is reported and the sweep goes on
+    work. A run that diverged (non-finite loss) is a finished run: reported as
+    ``diverged`` with its step, status 0. In a multirun a crashing run is reported and the sweep goes on
     (status 0, the run's folder has no ``DONE`` and will be rerun); in a
     single run the error is reported and the status is 1.
     """
@@ -46,6 +48,9 @@ def run_task(cfg: DictConfig, multirun: bool = False) -> int:
     if out is None:
         print(f"skip: {run_cfg.row} seed={run_cfg.seed} is finished with the same config "
               f"(force=true reruns it)", file=sys.stderr)
+    elif (step := json.loads((out / "run.json").read_text()).get("diverged_at_step")) is not None:
+        print(f"diverged: {run_cfg.row} seed={run_cfg.seed} at step {step} (non-finite loss); the rows "
+              f"logged before it are kept -> {out}", file=sys.stderr)
     else:
         print(f"done: {run_cfg.row} seed={run_cfg.seed} -> {out}", file=sys.stderr)
     return 0

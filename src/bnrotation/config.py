@@ -11,6 +11,7 @@ names the full key (``optimizer.lr``) and what is allowed.
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -22,6 +23,10 @@ SCHEDULES = ("constant", "cosine")
 NORMS = ("batch", "group", "layer")
 DEVICES = ("auto", "cpu", "cuda")
 AVERAGING_AT = ("interventions", "checks", "last")
+# A row name becomes a folder name: letters, digits, "_", ".", "+", "-", starting with a letter or digit
+# (so "..", "a/b" or "" cannot send a run outside runs/<row>/).
+ROW_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.+-]*")
+SEED_MAX = 2**63 - 1  # seeds are stored in an int64 parquet column
 
 
 class ConfigError(ValueError):
@@ -54,7 +59,8 @@ class TaskConfig:
     def __post_init__(self) -> None:
         _require(self.num_classes >= 2, "task.num_classes", "an integer >= 2", self.num_classes)
         _require(self.image_size >= 4, "task.image_size", "an integer >= 4", self.image_size)
-        _require(self.template_scale >= 0, "task.template_scale", "a float >= 0", self.template_scale)
+        _require(math.isfinite(self.template_scale) and self.template_scale >= 0, "task.template_scale",
+                 "a finite float >= 0", self.template_scale)
         for key in ("batch_size", "probe_size"):
             value = getattr(self, key)
             _require(value >= 2, f"task.{key}", "an integer >= 2 (BatchNorm needs two samples)", value)
@@ -76,7 +82,7 @@ class ModelConfig:
         _require(len(self.channels) == 3 and all(c >= 1 for c in self.channels),
                  "model.channels", "three positive integers", list(self.channels))
         _require(0.0 < self.bn_momentum <= 1.0, "model.bn_momentum", "a float in (0, 1]", self.bn_momentum)
-        _require(self.bn_eps > 0, "model.bn_eps", "a float > 0", self.bn_eps)
+        _require(math.isfinite(self.bn_eps) and self.bn_eps > 0, "model.bn_eps", "a finite float > 0", self.bn_eps)
         if self.norm == "group":
             _require(self.group_norm_groups >= 1 and all(c % self.group_norm_groups == 0 for c in self.channels),
                      "model.group_norm_groups", f"a divisor of every entry of model.channels {list(self.channels)}",
@@ -104,10 +110,10 @@ class OptimizerConfig:
         _require(0.0 <= self.momentum < 1.0, "optimizer.momentum", "a float in [0, 1)", self.momentum)
         _require(0.0 <= self.beta1 < 1.0, "optimizer.beta1", "a float in [0, 1)", self.beta1)
         _require(0.0 <= self.beta2 < 1.0, "optimizer.beta2", "a float in [0, 1)", self.beta2)
-        _require(self.eps > 0, "optimizer.eps", "a float > 0", self.eps)
+        _require(math.isfinite(self.eps) and self.eps > 0, "optimizer.eps", "a finite float > 0", self.eps)
         _require(math.isfinite(self.weight_decay) and self.weight_decay >= 0,
                  "optimizer.weight_decay", "a finite float >= 0", self.weight_decay)
-        _require(self.delta > 0, "optimizer.delta", "a float > 0", self.delta)
+        _require(self.delta > 0, "optimizer.delta", "a float > 0 (inf: always project)", self.delta)
         _require(0.0 <= self.wd_ratio <= 1.0, "optimizer.wd_ratio", "a float in [0, 1]", self.wd_ratio)
         if self.name == "adam_projected":
             _require(self.weight_decay == 0.0, "optimizer.weight_decay",
@@ -148,6 +154,9 @@ class ScaleConfig:
         for key in ("log_every", "check_every", "intervene_every", "reestimate_batches"):
             value = getattr(self, key)
             _require(value >= 1, f"scale.{key}", "an integer >= 1", value)
+        _require(self.steps % self.log_every == 0, "scale.log_every",
+                 f"a divisor of scale.steps={self.steps}, so that every probe interval is log_every steps",
+                 self.log_every)
         _require(0 <= self.check_start <= self.steps, "scale.check_start",
                  f"a step inside the run, 0..scale.steps={self.steps}", self.check_start)
         _require(self.heldout_size >= 2, "scale.heldout_size", "an integer >= 2", self.heldout_size)
@@ -204,9 +213,10 @@ class RunConfig:
     averaging: AveragingConfig = field(default_factory=AveragingConfig)
 
     def __post_init__(self) -> None:
-        _require(isinstance(self.row, str) and self.row not in ("", "???") and "/" not in self.row,
-                 "row", "a row name: pick one with experiment=<row> (see conf/experiment/)", self.row)
-        _require(self.seed >= 0, "seed", "an integer >= 0", self.seed)
+        _require(ROW_NAME.fullmatch(self.row) is not None,
+                 "row", "a row name of letters, digits, _ . + - (it names the results folder): "
+                 "pick one with experiment=<row> (see conf/experiment/)", self.row)
+        _require(0 <= self.seed <= SEED_MAX, "seed", f"an integer in 0..{SEED_MAX}", self.seed)
         _choice("device", self.device, DEVICES)
         _require(self.threads >= 0, "threads", "an integer >= 0 (0: torch's default)", self.threads)
 
@@ -230,13 +240,13 @@ def to_run_config(cfg: DictConfig | dict) -> RunConfig:
         cfg = OmegaConf.create(cfg)
     if OmegaConf.is_missing(cfg, "row") if "row" in cfg else True:
         raise ConfigError("row: expected a row name: pick one with experiment=<row> (see conf/experiment/)")
-    merged = OmegaConf.merge(OmegaConf.structured(RunConfig), cfg)
     try:
-        run = OmegaConf.to_object(merged)
+        run = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(RunConfig), cfg))
     except ConfigError:
         raise
-    except Exception as err:  # omegaconf's own errors name the key as full_key
-        raise ConfigError(str(err).splitlines()[0]) from err
+    except Exception as err:  # noqa: BLE001 - omegaconf's type errors; they carry the key as full_key
+        key = getattr(err, "full_key", None) or "config"
+        raise ConfigError(f"{key}: {str(err).splitlines()[0]}") from err
     assert isinstance(run, RunConfig)
     return run
 

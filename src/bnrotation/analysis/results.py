@@ -26,6 +26,7 @@ from ..rows import ROWS, RowSpec, row_order
 OPTIMIZER_CLASSES = {"sgd": "SGD", "adam": "Adam", "adamw": "AdamW", "adam_projected": "ProjectedAdam",
                      "adamp": "ProjectedAdam"}
 SCHEDULE_CLASSES = {"constant": None, "cosine": "CosineAnnealingLR"}
+SCALE_KEYS = ("steps", "log_every", "check_start")  # what the table's columns read from config.yaml
 
 
 class BadRunError(ValueError):
@@ -77,7 +78,7 @@ def read_table(path: Path, name: str) -> pd.DataFrame:
 
     Raises:
         BadRunError: naming the file, for a missing, unreadable or truncated
-            file, a newer schema, or a missing column.
+            file, a schema version that is missing or newer, or a missing column.
     """
     if not path.exists():
         raise BadRunError(f"{path}: table {name!r} is missing")
@@ -85,10 +86,13 @@ def read_table(path: Path, name: str) -> pd.DataFrame:
         table = pq.read_table(path)
     except Exception as err:  # noqa: BLE001 - pyarrow raises several kinds for a damaged file
         raise BadRunError(f"{path}: unreadable parquet ({type(err).__name__}: {err})") from err
-    meta = table.schema.metadata or {}
-    version = int(meta.get(b"bnrotation.schema_version", b"0"))
-    if version > records.SCHEMA_VERSION:
-        raise BadRunError(f"{path}: schema version {version} is newer than this suite's "
+    raw = (table.schema.metadata or {}).get(b"bnrotation.schema_version")
+    if raw is None:
+        raise BadRunError(f"{path}: no bnrotation.schema_version in its parquet metadata; "
+                          "not a table this suite wrote")
+    version = int(raw) if raw.isdigit() else None
+    if version is None or version > records.SCHEMA_VERSION:
+        raise BadRunError(f"{path}: schema version {raw.decode(errors='replace')!r}, this suite reads up to "
                           f"{records.SCHEMA_VERSION}; update the suite")
     df = table.to_pandas()
     missing = [c for c in records.TABLE_COLUMNS[name] if c not in df.columns]
@@ -156,8 +160,10 @@ def load_run(path: str | Path, tables: tuple[str, ...] = records.REQUIRED_TABLES
                           "rerun it (make sweep reruns it from scratch)")
     try:
         info = json.loads((path / "run.json").read_text())
-    except (OSError, json.JSONDecodeError) as err:
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
         raise BadRunError(f"{path / 'run.json'}: unreadable ({err})") from err
+    if not isinstance(info, dict):
+        raise BadRunError(f"{path / 'run.json'}: expected a JSON object, got {type(info).__name__}")
     version = info.get("schema_version")
     if not isinstance(version, int) or version > records.SCHEMA_VERSION:
         raise BadRunError(f"{path / 'run.json'}: schema version {version!r}, this suite reads up to "
@@ -169,8 +175,12 @@ def load_run(path: str | Path, tables: tuple[str, ...] = records.REQUIRED_TABLES
                           "which does not match the folder")
     try:
         config = yaml.safe_load((path / "config.yaml").read_text())
-    except (OSError, yaml.YAMLError) as err:
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as err:
         raise BadRunError(f"{path / 'config.yaml'}: unreadable ({err})") from err
+    scale = config.get("scale") if isinstance(config, dict) else None
+    if not isinstance(scale, dict) or not all(isinstance(scale.get(k), int) for k in SCALE_KEYS):
+        raise BadRunError(f"{path / 'config.yaml'}: expected integer keys scale.{{{','.join(SCALE_KEYS)}}} "
+                          "(the check window and probe interval)")
     if info["row"] in ROWS:
         problems = check_against_row(info, ROWS[info["row"]])
         if problems:
@@ -184,10 +194,12 @@ def load_run(path: str | Path, tables: tuple[str, ...] = records.REQUIRED_TABLES
 
 
 def load_runs(root: str | Path, skip_bad: bool = False,
-              tables: tuple[str, ...] = records.REQUIRED_TABLES) -> list[Run]:
+              tables: tuple[str, ...] = records.REQUIRED_TABLES, skipped: list[str] | None = None) -> list[Run]:
     """Every valid run under ``root``.
 
     Stray files in ``root/runs`` and folders not named ``seed=<s>`` are reported.
+    With ``skip_bad``, one line per problem is also appended to ``skipped``
+    (when given), so that the caller can print it beside the table.
 
     Raises:
         BadRunError: for the first bad run, unless ``skip_bad``; then every bad
@@ -212,4 +224,6 @@ def load_runs(root: str | Path, skip_bad: bool = False,
                           + "; pass --skip-bad to tabulate the other runs")
     for p in problems:
         print(f"warning: skipped: {p}", file=sys.stderr)
+    if skipped is not None:
+        skipped.extend(problems)
     return runs

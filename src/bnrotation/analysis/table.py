@@ -6,6 +6,10 @@ Writes ``<out>/table.md`` and ``<out>/table.csv``: per row the mean over
 seeds, the seed spread (sample standard deviation, n - 1), the number of seeds
 it rests on, the published figure beside each measured one, and how many runs
 diverged. Also ``<out>/lag.md``, measured against predicted lag (:mod:`.lag`).
+A diverged run (non-finite loss, ``status: diverged``) stopped early, so its
+partial measurements are not comparable: it is counted in the ``diverged``
+column and left out of every mean and spread, never averaged in. Both files
+carry the results' schema version (``schema_version``).
 """
 
 from __future__ import annotations
@@ -56,21 +60,28 @@ def _std(x: pd.Series) -> float:
 
 def build_table(runs: list[Run], seeds_expected: int = len(SEEDS)) -> pd.DataFrame:
     """One line per row: ``<col>_mean``, ``<col>_std``, ``<col>_published`` for each column, plus
-    ``n_seeds``, ``seeds_expected``, ``seeds``, ``diverged``, ``label``.
+    ``n_seeds``, ``seeds_expected``, ``seeds``, ``diverged``, ``diverged_seeds``, ``label``,
+    ``schema_version``.
 
-    "Checks below 90%" pools all checks of the row's runs (41 x seeds), as the
-    article does; its spread is that of the per-seed shares.
+    Means and spreads are over the runs that finished; ``n_seeds`` and ``seeds``
+    count those only, and runs that diverged are counted in ``diverged``
+    (their seeds in ``diverged_seeds``), never averaged in. "Checks below 90%"
+    pools all checks of the row's finished runs (41 x seeds), as the article
+    does; its spread is that of the per-seed shares.
     """
     per_run = pd.DataFrame([run_metrics(r) for r in runs])
     lines = []
     if per_run.empty:
         return pd.DataFrame()
     per_run["checks_below_90"] = per_run["checks_below"] / per_run["n_checks"].replace(0, np.nan)
-    for row, g in sorted(per_run.groupby("row"), key=lambda kv: row_order(kv[0])):
+    for row, runs_of_row in sorted(per_run.groupby("row"), key=lambda kv: row_order(kv[0])):
         spec = ROWS.get(row)
+        g = runs_of_row[~runs_of_row["diverged"].astype(bool)]  # finished runs only
+        diverged = runs_of_row[runs_of_row["diverged"].astype(bool)]
         line = {"row": row, "label": spec.label if spec else row, "n_seeds": len(g),
                 "seeds_expected": seeds_expected, "seeds": ",".join(map(str, sorted(g["seed"]))),
-                "diverged": int(g["diverged"].sum()), "wall_seconds_mean": float(g["wall_seconds"].mean())}
+                "diverged": len(diverged), "diverged_seeds": ",".join(map(str, sorted(diverged["seed"]))),
+                "schema_version": records.SCHEMA_VERSION, "wall_seconds_mean": float(g["wall_seconds"].mean())}
         for key, _, pub, _ in COLUMNS:
             values = g[key]
             line[f"{key}_mean"] = float(values.mean())
@@ -101,14 +112,16 @@ def _spread(std: float, fmt: str) -> str:
     return " ± " + fmt.format(std).rstrip("°×")
 
 
-def to_markdown(table: pd.DataFrame, root: Path) -> str:
-    """The table as markdown: ``measured ± spread [published]`` in each cell."""
+def to_markdown(table: pd.DataFrame, root: Path, skipped: list[str] = ()) -> str:
+    """The table as markdown: ``measured ± spread [published]`` in each cell; ``skipped``
+    (bad runs left out with ``--skip-bad``) listed under it."""
     heads = [h for _, h, _, _ in COLUMNS]
     out = [f"# The rotation study's table, measured\n",
            f"Rebuilt by `make table` from the runs under `{root}` (schema version {records.SCHEMA_VERSION}). "
            "Each cell: mean over seeds ± sample standard deviation over seeds, and [the published figure]. "
            "Steps of the check window as in each run's config (full scale: 2,000 to 6,000, 41 checks). "
-           "\"Checks below 90%\" pools every check of the row's runs, as the article does.\n",
+           "\"Checks below 90%\" pools every check of the row's runs, as the article does. "
+           "Runs that diverged (non-finite loss) are counted under Diverged and left out of every mean.\n",
            "| Row | Seeds | " + " | ".join(heads) + " | Diverged |",
            "|---|---|" + "---:|" * len(heads) + "---:|"]
     for _, r in table.iterrows():
@@ -120,7 +133,10 @@ def to_markdown(table: pd.DataFrame, root: Path) -> str:
             if not math.isnan(r[f"{key}_published"]):
                 cell += f" [{_fmt(r[f'{key}_published'], fmt)}]"
             cells.append(cell)
-        out.append(f"| {r['label']} (`{r['row']}`) | {seeds} | " + " | ".join(cells) + f" | {r['diverged']} |")
+        diverged = f"{r['diverged']} (seeds {r['diverged_seeds']})" if r["diverged"] else "0"
+        out.append(f"| {r['label']} (`{r['row']}`) | {seeds} | " + " | ".join(cells) + f" | {diverged} |")
+    if skipped:
+        out += ["", f"Left out with --skip-bad ({len(skipped)}):", ""] + [f"- {p}" for p in skipped]
     return "\n".join(out) + "\n"
 
 
@@ -133,9 +149,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--skip-bad", action="store_true", help="report bad runs and tabulate the others")
     args = p.parse_args(argv)
     root = Path(args.results) if args.results else default_results_root()
+    skipped: list[str] = []
     try:
         runs = load_runs(root, skip_bad=args.skip_bad,
-                         tables=("checks", "layers", "channels", "interventions", "averaging"))
+                         tables=("checks", "layers", "channels", "interventions", "averaging"), skipped=skipped)
     except (BadRunError, FileNotFoundError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
@@ -144,13 +161,13 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     table = build_table(runs, args.seeds)
     out = Path(args.out)
-    md = to_markdown(table, root)
+    md = to_markdown(table, root, skipped)
     records.atomic_write_text(out / "table.md", md)
     records.atomic_write_text(out / "table.csv", table.to_csv(index=False))
     lag.write_lag(runs, out, root)
     print(md)
-    print(f"wrote {out / 'table.md'}, {out / 'table.csv'} and {out / 'lag.md'} from {len(runs)} runs under {root}",
-          file=sys.stderr)
+    print(f"wrote {out / 'table.md'}, {out / 'table.csv'} and {out / 'lag.md'} from {len(runs)} runs under {root}"
+          + (f", leaving out {len(skipped)} bad entries (listed above)" if skipped else ""), file=sys.stderr)
     averaging_md = write_averaging(runs, out, root)  # issue 4: averaged weights under each buffer policy
     if averaging_md is not None:
         print(f"wrote {averaging_md} and {averaging_md.with_suffix('.csv')}", file=sys.stderr)
