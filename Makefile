@@ -6,6 +6,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 SCALE ?= full
 FORCE ?= 0
+SKIP_BAD ?= 0
 ROW ?= adam
 SEED ?= 0
 ARGS ?=
@@ -34,7 +35,7 @@ launcher := $(if $(filter-out 1,$(JOBS)),hydra/launcher=joblib hydra.launcher.n_
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "} {printf "  make %-10s %s\n", $$1, $$2}'
-	@echo "  variables: SCALE=full|quick|smoke ROW= SEED= ARGS='<hydra overrides>' FORCE=1 RESULTS=<root> JOBS=<n>"
+	@echo "  variables: SCALE=full|quick|smoke ROW= SEED= ARGS='<hydra overrides>' FORCE=1 RESULTS=<root> JOBS=<n> SKIP_BAD=1"
 	@echo "             RUN=<run folder> (default <results>/runs/ROW/seed=SEED) STEP=<n>|last|worst (diagnose)"
 
 $(VENV)/.installed: pyproject.toml
@@ -58,8 +59,8 @@ row: $(VENV)/.installed ## one row at one seed: make row ROW=adam SEED=1 [ARGS='
 	$(PY) experiments/train.py experiment=$(ROW) seed=$(SEED) scale=$(SCALE) force=$(force_flag) \
 		$(results_override) $(ARGS)
 
-table: $(VENV)/.installed ## results/table.md and .csv from the parquet results (RESULTS=<root>)
-	$(PY) -m bnrotation.analysis.table $(results_flag) --out $(OUT)
+table: $(VENV)/.installed ## results/table.md and .csv from the parquet results (RESULTS=<root>; SKIP_BAD=1 leaves bad runs out)
+	$(PY) -m bnrotation.analysis.table $(results_flag) --out $(OUT) $(if $(filter 1 true yes,$(SKIP_BAD)),--skip-bad,)
 
 diagnose: $(VENV)/.installed ## stale statistics and fixes of one run: make diagnose RUN=<run folder> [STEP=<n>|last|worst]
 	$(PY) experiments/diagnose.py run=$(RUN) $(if $(STEP),step=$(STEP),)

@@ -236,16 +236,19 @@ def to_run_config(cfg: DictConfig | dict) -> RunConfig:
     Raises:
         ConfigError: naming the first key that is missing or out of range.
     """
-    if isinstance(cfg, dict):
-        cfg = OmegaConf.create(cfg)
-    if OmegaConf.is_missing(cfg, "row") if "row" in cfg else True:
-        raise ConfigError("row: expected a row name: pick one with experiment=<row> (see conf/experiment/)")
+    key = "config"
     try:
+        if isinstance(cfg, dict):
+            cfg = OmegaConf.create(cfg)
+        key = "row"
+        if "row" not in cfg or OmegaConf.is_missing(cfg, "row"):
+            raise ConfigError("row: expected a row name: pick one with experiment=<row> (see conf/experiment/)")
+        key = "config"
         run = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(RunConfig), cfg))
     except ConfigError:
         raise
-    except Exception as err:  # noqa: BLE001 - omegaconf's type errors; they carry the key as full_key
-        key = getattr(err, "full_key", None) or "config"
+    except Exception as err:  # noqa: BLE001 - omegaconf's type and syntax errors; most carry the key as full_key
+        key = getattr(err, "full_key", None) or key
         raise ConfigError(f"{key}: {str(err).splitlines()[0]}") from err
     assert isinstance(run, RunConfig)
     return run

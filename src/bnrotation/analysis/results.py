@@ -221,7 +221,7 @@ def load_runs(root: str | Path, skip_bad: bool = False,
             problems.append(str(err))
     if problems and not skip_bad:
         raise BadRunError(problems[0] + (f" (and {len(problems) - 1} more problems)" if len(problems) > 1 else "")
-                          + "; pass --skip-bad to tabulate the other runs")
+                          + "; pass --skip-bad (make table SKIP_BAD=1) to tabulate the other runs")
     for p in problems:
         print(f"warning: skipped: {p}", file=sys.stderr)
     if skipped is not None:
