@@ -139,6 +139,25 @@ def test_killed_runs_are_never_read_as_complete_and_rerun_whole(tmp_path):
         assert_same_results(out, ref)
 
 
+def test_forced_rerun_killed_while_removing_the_old_run_is_rerun_not_skipped(tmp_path, monkeypatch):
+    """force=true replaces a finished run; a kill during the removal must not leave DONE behind
+    beside missing tables (the next sweep would skip the run forever)."""
+    out = run(tiny(tmp_path, "experiment=sgd", "interventions=false"))
+
+    def killed_half_way(path, *args, **kwargs):
+        for name in ("checks.parquet", "run.json"):  # some files go, then the process dies
+            (Path(path) / name).unlink()
+        raise KeyboardInterrupt("killed")
+
+    monkeypatch.setattr(runner.shutil, "rmtree", killed_half_way)
+    with pytest.raises(KeyboardInterrupt):
+        run(tiny(tmp_path, "experiment=sgd", "interventions=false", "force=true"))
+    monkeypatch.undo()
+    assert not (out / records.DONE).exists()
+    assert run(tiny(tmp_path, "experiment=sgd", "interventions=false")) == out  # rerun, not skipped
+    assert load_run(out).info["status"] == "done"
+
+
 def test_killed_sweep_resumes_without_redoing_or_duplicating(tmp_path):
     """`experiments/train.py -m` over three rows, SIGKILLed while the second run is under way, then rerun."""
     rows = ("sgd", "adam", "adam_bn_m0.3")

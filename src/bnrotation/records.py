@@ -41,8 +41,25 @@ def run_dir(results_root: str | os.PathLike, row: str, seed: int) -> Path:
     return Path(results_root) / "runs" / row / f"seed={seed}"
 
 
+def _fsync_dir(directory: Path) -> None:
+    """Make a rename in ``directory`` durable (POSIX; a no-op where a folder cannot be fsynced)."""
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    except OSError:
+        pass
+
+
 def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
-    """Write ``data`` to ``path`` through a temporary file in the same folder and a rename."""
+    """Write ``data`` to ``path`` through a temporary file in the same folder and a rename.
+
+    The file is fsynced before the rename and the folder after it, so that files
+    reach the disk in the order they are written (``DONE`` last) even if the
+    machine, not only the process, dies.
+    """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
@@ -56,6 +73,7 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+    _fsync_dir(path.parent)
 
 
 def atomic_write_text(path: str | os.PathLike, text: str) -> None:

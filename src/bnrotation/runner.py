@@ -149,6 +149,7 @@ def prepare_run_dir(cfg: RunConfig) -> Path | None:
       results): skip, unless ``force``.
     * ``DONE`` present, a different config: refuse, unless ``force``.
     * no ``DONE``: a crashed or killed run; removed and rerun from scratch.
+      A folder that is replaced loses its ``DONE`` before anything else.
 
     Raises:
         RunExistsError: naming the folder and the keys that differ.
@@ -169,6 +170,7 @@ def prepare_run_dir(cfg: RunConfig) -> Path | None:
         raise RunExistsError(f"{out} holds a finished run with a different config (keys {diff}); "
                              f"rerun with force=true to replace it, or give this variant its own row=<name>")
     if out.exists():
+        (out / records.DONE).unlink(missing_ok=True)  # first: a kill during the removal leaves a crashed run
         shutil.rmtree(out)
     out.mkdir(parents=True)
     return out
