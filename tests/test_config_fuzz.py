@@ -23,7 +23,8 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 from omegaconf import OmegaConf
 
 from bnrotation import records
-from bnrotation.config import DEVICES, NORMS, OPTIMIZERS, SCHEDULES, ConfigError, RunConfig, to_run_config
+from bnrotation.config import (AVERAGING_AT, DEVICES, NORMS, OPTIMIZERS, SCHEDULES, ConfigError, RunConfig,
+                               to_run_config)
 
 from conftest import ROOT, compose_cfg
 
@@ -62,6 +63,8 @@ ALLOWED = {
     "schedule.name": (lambda v: v in SCHEDULES, str),
     "model.norm": (lambda v: v in NORMS, str),
     "device": (lambda v: v in DEVICES, str),
+    "averaging.at": (lambda v: v in AVERAGING_AT, str),
+    "averaging.tail_steps": (lambda v: v >= 0 and v % BASE["averaging"]["tail_every"] == 0, int),
 }
 NUMERIC = {float: (int, float), int: (int,), str: (str,)}
 
@@ -69,8 +72,9 @@ wrong_type = st.one_of(st.none(), st.booleans(), st.text(max_size=6), st.lists(s
                        st.dictionaries(st.text(max_size=2), st.integers(), max_size=1))
 own_type = {
     float: st.one_of(st.floats(), st.integers(), st.sampled_from([0.0, 1.0, -0.0, 1e-300, 1e308])),
-    int: st.one_of(st.integers(), st.integers(-3, 30), st.sampled_from([2**63 - 1, 2**63, -(2**63)])),
-    str: st.one_of(st.text(max_size=12), st.sampled_from(OPTIMIZERS + SCHEDULES + NORMS + DEVICES + ("",))),
+    int: st.one_of(st.integers(), st.integers(-3, 30), st.sampled_from([2**63 - 1, 2**63, -(2**63), 0, 100, 300])),
+    str: st.one_of(st.text(max_size=12),
+                   st.sampled_from(OPTIMIZERS + SCHEDULES + NORMS + DEVICES + AVERAGING_AT + ("",))),
 }
 
 

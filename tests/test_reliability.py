@@ -11,7 +11,6 @@ import dataclasses
 import functools
 import json
 import os
-import pathlib
 import random
 import shutil
 import signal
@@ -21,7 +20,6 @@ import time
 from pathlib import Path
 
 import pandas as pd
-import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import torch
@@ -64,7 +62,8 @@ def assert_same_results(a: Path, b: Path) -> None:
                                       check_exact=True, obj=name)
     ia, ib = (json.loads((p / "run.json").read_text()) for p in (a, b))
     assert {k: v for k, v in ia.items() if k not in CLOCK_KEYS} == {k: v for k, v in ib.items() if k not in CLOCK_KEYS}
-    assert sorted(p.name for p in (a / "checkpoints").iterdir()) == sorted(p.name for p in (b / "checkpoints").iterdir())
+    names = sorted(p.name for p in (a / "checkpoints").iterdir())
+    assert names == sorted(p.name for p in (b / "checkpoints").iterdir())
     for ckpt in (a / "checkpoints").iterdir():
         sa, sb = load_checkpoint(ckpt)["model"], load_checkpoint(b / "checkpoints" / ckpt.name)["model"]
         assert all(torch.equal(sa[k], sb[k]) for k in sa), ckpt.name
@@ -187,7 +186,8 @@ def test_killed_sweep_resumes_without_redoing_or_duplicating(tmp_path):
 
     assert table_main(["--results", str(tmp_path), "--out", str(tmp_path / "table"), "--seeds", "1"]) == 0
     csv = pd.read_csv(tmp_path / "table" / "table.csv")
-    assert sorted(csv["row"]) == sorted(rows) and (csv["n_seeds"] == 1).all() and (csv["seeds"].astype(str) == "0").all()
+    assert sorted(csv["row"]) == sorted(rows)  # one line per row, each on its one run
+    assert (csv["n_seeds"] == 1).all() and (csv["seeds"].astype(str) == "0").all()
 
 
 # ----------------------------------------------------------------------------- 2. diverging runs
@@ -339,13 +339,13 @@ def test_same_row_and_seed_twice_on_cpu_gives_identical_results(tmp_path):
 
 # ----------------------------------------------------------------------------- 6. safe checkpoint loading
 class _Payload:
-    """Unpickling this runs code: it writes a file (``pathlib.Path.write_text``)."""
+    """Unpickling this runs code: it writes a file (``Path.write_text``)."""
 
     def __init__(self, marker: Path):
         self.marker = marker
 
     def __reduce__(self):
-        return pathlib.Path.write_text, (self.marker, "code ran")
+        return Path.write_text, (self.marker, "code ran")
 
 
 def test_checkpoint_that_needs_code_is_refused_and_the_code_never_runs(tmp_path):
