@@ -31,40 +31,43 @@ from conftest import ROOT, compose_cfg
 # The composed real config of one row at smoke scale, as plain data (what Hydra hands to_run_config).
 BASE = OmegaConf.to_container(compose_cfg(["experiment=adam", "scale=smoke"]))
 BASE.pop("hydra", None)
-SMOKE = BASE["scale"]
 
 
 def _finite(v) -> bool:
     return math.isfinite(v)
 
 
-# key: (allowed(value), the key's own type)
+def alone(allowed):
+    """A range that does not depend on other keys."""
+    return lambda value, other: allowed(value)
+
+
+# key: (allowed(value, other), the key's own type); other(key) is the value another key has in the same config.
 ALLOWED = {
-    "optimizer.lr": (lambda v: _finite(v) and v > 0, float),
-    "optimizer.momentum": (lambda v: 0 <= v < 1, float),
-    "optimizer.beta1": (lambda v: 0 <= v < 1, float),
-    "optimizer.beta2": (lambda v: 0 <= v < 1, float),
-    "optimizer.eps": (lambda v: _finite(v) and v > 0, float),
-    "optimizer.weight_decay": (lambda v: _finite(v) and v >= 0, float),
-    "model.bn_momentum": (lambda v: 0 < v <= 1, float),  # PyTorch's convention: the weight of the new batch
-    "model.bn_eps": (lambda v: _finite(v) and v > 0, float),
-    "task.template_scale": (lambda v: _finite(v) and v >= 0, float),
-    # Scale keys, with the smoke scale's other values: probes every log_every steps must tile the run,
-    # and the check window must lie inside it.
-    "scale.steps": (lambda v: v >= SMOKE["check_start"] and v % SMOKE["log_every"] == 0, int),
-    "scale.log_every": (lambda v: v >= 1 and SMOKE["steps"] % v == 0, int),
-    "scale.check_start": (lambda v: 0 <= v <= SMOKE["steps"], int),
-    "scale.check_every": (lambda v: v >= 1, int),
-    "scale.heldout_size": (lambda v: v >= 2, int),
-    "task.batch_size": (lambda v: v >= 2, int),  # BatchNorm needs two samples
-    "seed": (lambda v: 0 <= v < 2**63, int),  # stored in an int64 column
-    "threads": (lambda v: v >= 0, int),
-    "optimizer.name": (lambda v: v in OPTIMIZERS, str),
-    "schedule.name": (lambda v: v in SCHEDULES, str),
-    "model.norm": (lambda v: v in NORMS, str),
-    "device": (lambda v: v in DEVICES, str),
-    "averaging.at": (lambda v: v in AVERAGING_AT, str),
-    "averaging.tail_steps": (lambda v: v >= 0 and v % BASE["averaging"]["tail_every"] == 0, int),
+    "optimizer.lr": (alone(lambda v: _finite(v) and v > 0), float),
+    "optimizer.momentum": (alone(lambda v: 0 <= v < 1), float),
+    "optimizer.beta1": (alone(lambda v: 0 <= v < 1), float),
+    "optimizer.beta2": (alone(lambda v: 0 <= v < 1), float),
+    "optimizer.eps": (alone(lambda v: _finite(v) and v > 0), float),
+    "optimizer.weight_decay": (alone(lambda v: _finite(v) and v >= 0), float),
+    "model.bn_momentum": (alone(lambda v: 0 < v <= 1), float),  # PyTorch's convention: the weight of the batch
+    "model.bn_eps": (alone(lambda v: _finite(v) and v > 0), float),
+    "task.template_scale": (alone(lambda v: _finite(v) and v >= 0), float),
+    # Probes every log_every steps must tile the run, and the check window must lie inside it.
+    "scale.steps": (lambda v, o: v >= o("scale.check_start") and v % o("scale.log_every") == 0, int),
+    "scale.log_every": (lambda v, o: v >= 1 and o("scale.steps") % v == 0, int),
+    "scale.check_start": (lambda v, o: 0 <= v <= o("scale.steps"), int),
+    "scale.check_every": (alone(lambda v: v >= 1), int),
+    "scale.heldout_size": (alone(lambda v: v >= 2), int),
+    "task.batch_size": (alone(lambda v: v >= 2), int),  # BatchNorm needs two samples
+    "seed": (alone(lambda v: 0 <= v < 2**63), int),  # stored in an int64 column
+    "threads": (alone(lambda v: v >= 0), int),
+    "optimizer.name": (alone(lambda v: v in OPTIMIZERS), str),
+    "schedule.name": (alone(lambda v: v in SCHEDULES), str),
+    "model.norm": (alone(lambda v: v in NORMS), str),
+    "device": (alone(lambda v: v in DEVICES), str),
+    "averaging.at": (alone(lambda v: v in AVERAGING_AT), str),
+    "averaging.tail_steps": (lambda v, o: v >= 0 and v % o("averaging.tail_every") == 0, int),
 }
 NUMERIC = {float: (int, float), int: (int,), str: (str,)}
 
@@ -90,6 +93,10 @@ def get(run: RunConfig, key: str):
     return functools.reduce(getattr, key.split("."), run)
 
 
+def in_base(key: str):
+    return functools.reduce(lambda node, k: node[k], key.split("."), BASE)
+
+
 def is_own_type(value, kind) -> bool:
     return isinstance(value, NUMERIC[kind]) and not isinstance(value, bool)
 
@@ -107,10 +114,10 @@ def test_any_value_of_any_key_is_accepted_in_range_or_rejected_naming_the_key(da
         run = to_run_config(with_values({key: value}))
     except ConfigError as err:
         assert key in str(err), str(err)
-        assert not (is_own_type(value, kind) and allowed(value)), f"{key}={value!r} is allowed: {err}"
+        assert not (is_own_type(value, kind) and allowed(value, in_base)), f"{key}={value!r} is allowed: {err}"
         return
     got = get(run, key)
-    assert allowed(got), f"{key}={value!r} accepted as {got!r}"
+    assert allowed(got, in_base), f"{key}={value!r} accepted as {got!r}"
     if is_own_type(value, kind):
         assert got == value
 
@@ -124,7 +131,7 @@ def test_several_bad_values_at_once_name_one_of_them(values):
     except ConfigError as err:
         assert any(key in str(err) for key in values), str(err)
         return
-    assert all(ALLOWED[key][0](get(run, key)) for key in values)
+    assert all(ALLOWED[key][0](get(run, key), lambda other: get(run, other)) for key in values)
 
 
 ROW_NAMES = st.one_of(st.text(max_size=10), st.from_regex(r"[A-Za-z0-9_.+/ -]{0,8}", fullmatch=True),
