@@ -161,7 +161,7 @@ def test_killed_sweep_resumes_without_redoing_or_duplicating(tmp_path):
     """`experiments/train.py -m` over three rows, SIGKILLed while the second run is under way, then rerun."""
     rows = ("sgd", "adam", "adam_bn_m0.3")
     cmd = [sys.executable, str(ROOT / "experiments" / "train.py"), "-m", f"experiment={','.join(rows)}",
-           "scale=smoke", f"results_root={tmp_path}", "progress=false", *TINY]
+           "scale=smoke", f"results_root={tmp_path}", "progress=false", "threads=1", *TINY]
     dirs = [records.run_dir(tmp_path, row, 0) for row in rows]
     sweep = subprocess.Popen(cmd, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 120
