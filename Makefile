@@ -15,6 +15,7 @@ STEP ?=
 RUN ?= $(or $(RESULTS),results)/runs/$(ROW)/seed=$(SEED)
 OUT ?= results
 JOBS ?= 1
+BENCH_ARGS ?=
 
 # Rows and seeds of a sweep, per scale. `quick` shows the headline contrast on a laptop CPU.
 ROWS_full := sgd,adam_lr3e-4,adam_cosine,adamw,adam,adam_projected,adamp,adam_bn_m0.3,adam_groupnorm,adam_layernorm
@@ -37,6 +38,7 @@ help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "} {printf "  make %-10s %s\n", $$1, $$2}'
 	@echo "  variables: SCALE=full|quick|smoke ROW= SEED= ARGS='<hydra overrides>' FORCE=1 RESULTS=<root> JOBS=<n> SKIP_BAD=1"
 	@echo "             RUN=<run folder> (default <results>/runs/ROW/seed=SEED) STEP=<n>|last|worst (diagnose)"
+	@echo "             BENCH_ARGS='--steps 300 --rounds 2' (bench)"
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -64,6 +66,9 @@ table: $(VENV)/.installed ## results/table.md and .csv from the parquet results 
 
 diagnose: $(VENV)/.installed ## stale statistics and fixes of one run: make diagnose RUN=<run folder> [STEP=<n>|last|worst]
 	$(PY) experiments/diagnose.py run=$(RUN) $(if $(STEP),step=$(STEP),)
+
+bench: $(VENV)/.installed ## results/bench.md: runner vs the article's bare loop, probe costs, memory, sweep throughput
+	$(PY) bench/bench.py --venv $(VENV) --out $(OUT)/bench.md $(BENCH_ARGS)
 
 clean: ## remove .venv and your own (uncommitted) results; keeps results/reference
 	rm -rf $(VENV) results/runs results/hydra

@@ -199,7 +199,8 @@ class RunConfig:
     row: str = "???"
     seed: int = 0
     device: str = "auto"  # auto: CUDA when present, else CPU
-    threads: int = 0  # torch intra-op threads; 0 keeps torch's default
+    threads: int = 0  # torch intra-op threads; 0: SLURM_CPUS_PER_TASK under SLURM, else torch's default
+    deterministic: bool = False  # torch.use_deterministic_algorithms + cuDNN flags (GPU runs; recorded in run.json)
     results_root: str = "results"
     force: bool = False  # rerun even when a finished run with the same config exists
     progress: bool = True  # tqdm bar
@@ -227,7 +228,8 @@ def register_configs() -> None:
 
 
 # Keys that say where and how a run is executed, not what it computes.
-NON_SEMANTIC_KEYS = ("results_root", "force", "progress", "threads")
+# `deterministic` is one of them: it picks kernels (bitwise reproducible on a GPU, slower), not the experiment.
+NON_SEMANTIC_KEYS = ("results_root", "force", "progress", "threads", "deterministic")
 
 
 def to_run_config(cfg: DictConfig | dict) -> RunConfig:

@@ -34,7 +34,7 @@ from .analysis.results import BadRunError, load_run, read_table
 from .checkpoints import checkpoint_path, load_checkpoint
 from .config import ConfigError, RunConfig, to_run_config
 from .model import build_model
-from .runner import (EVAL_CHUNK, Interventions, heldout_set, reestimation_batches, resolve_device,
+from .runner import (Interventions, eval_chunk, heldout_set, reestimation_batches, resolve_device,
                      run_interventions, top_k_accuracy)
 from .task import NoisyTemplates
 
@@ -148,7 +148,7 @@ def refine_k(model: torch.nn.Module, result: Interventions, x: torch.Tensor, y: 
     lo = int(curve.index[curve.index < hi].max())
     while hi - lo > 1:
         mid = (lo + hi) // 2
-        acc = top_k_accuracy(model, result.fresh, result.lag_sigma, mid, x, y, EVAL_CHUNK)
+        acc = top_k_accuracy(model, result.fresh, result.lag_sigma, mid, x, y, eval_chunk(x.device, len(y)))
         lo, hi = (lo, mid) if acc >= threshold else (mid, hi)
     return hi
 
@@ -181,7 +181,7 @@ def diagnose_checkpoint(run_dir: str | Path, step: str | int, device: str = "aut
     model.load_state_dict(ckpt["model"])
     task = NoisyTemplates.build(cfg.task, cfg.seed, dev)
     x, y = heldout_set(task, cfg)
-    result = run_interventions(model, reestimation_batches(task, cfg, dev, n), x, y, EVAL_CHUNK)
+    result = run_interventions(model, reestimation_batches(task, cfg, dev, n), x, y, eval_chunk(dev, len(y)))
     file = run_dir / "interventions.parquet"
     logged_here = None
     if file.exists():

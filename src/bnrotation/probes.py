@@ -134,8 +134,10 @@ def accuracy(model: nn.Module, x: torch.Tensor, y: torch.Tensor, mode: str, chun
     was = {m: m.training for m in model.modules()}
     model.eval()
     try:
-        correct = sum(int((model(xc).argmax(1) == yc).sum()) for xc, yc in zip(x.split(chunk), y.split(chunk)))
+        correct = torch.zeros((), dtype=torch.long, device=y.device)  # counted on the device: one sync
+        for xc, yc in zip(x.split(chunk), y.split(chunk)):
+            correct += (model(xc).argmax(1) == yc).sum()
     finally:
         for m, f in was.items():
             m.training = f
-    return correct / len(y)
+    return int(correct) / len(y)

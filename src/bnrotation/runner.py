@@ -11,6 +11,7 @@ from __future__ import annotations
 import copy
 import datetime as dt
 import importlib.metadata
+import os
 import platform
 import shutil
 import subprocess
@@ -33,7 +34,7 @@ from .averaging import RunAverages
 from .bnstats import (ReestimationReport, reestimate, running_stat_layers, running_stats, swapped_statistics,
                       top_k_channel_masks)
 from .checkpoints import checkpoint_path, save_checkpoint
-from .config import RunConfig, semantic_dict
+from .config import NON_SEMANTIC_KEYS, RunConfig, semantic_dict
 from .model import ConvNet, build_model
 from .optim import build_optimizer, build_schedule
 from .probes import (accuracy, channel_cosines, channel_norms, cosine, drift_sigma_per_step, fresh_statistics,
@@ -157,12 +158,8 @@ def prepare_run_dir(cfg: RunConfig) -> Path | None:
     out = records.run_dir(cfg.results_root, cfg.row, cfg.seed)
     if (out / records.DONE).exists() and not cfg.force:
         old = yaml.safe_load((out / "config.yaml").read_text()) if (out / "config.yaml").exists() else {}
-        # Keys added to the schema since the run was made count as their defaults.
-        try:
-            old = semantic_dict(OmegaConf.merge(OmegaConf.structured(RunConfig), old or {}))
-        except Exception as err:  # noqa: BLE001 - a key the schema no longer has, or a wrong type
-            raise RunExistsError(f"{out} holds a finished run whose config.yaml does not fit this suite's schema "
-                                 f"({str(err).splitlines()[0]}); rerun with force=true to replace it") from err
+        for key in NON_SEMANTIC_KEYS:
+            old.pop(key, None)
         new = semantic_dict(cfg)
         if old == new:
             return None
@@ -185,6 +182,40 @@ def _diff_keys(a: dict, b: dict, prefix: str = "") -> list[str]:
         elif va != vb:
             keys.append(prefix + k)
     return keys
+
+
+def resolve_threads(threads: int) -> int:
+    """Set torch's intra-op threads for a run and return how many it uses.
+
+    ``threads > 0`` is taken as is. ``0`` means: what the launcher gave the
+    job, i.e. ``SLURM_CPUS_PER_TASK`` under SLURM, else torch's default, which
+    follows ``OMP_NUM_THREADS`` (joblib's workers get cores // n_jobs).
+    """
+    if threads == 0 and os.environ.get("SLURM_CPUS_PER_TASK", "").isdigit():
+        threads = int(os.environ["SLURM_CPUS_PER_TASK"])
+    if threads > 0:
+        torch.set_num_threads(threads)
+    return torch.get_num_threads()
+
+
+def set_determinism(on: bool, device: torch.device) -> dict:
+    """Switch deterministic kernels on or off for this process; returns the flags now in force.
+
+    ``on``: ``torch.use_deterministic_algorithms(True)`` (an op without a
+    deterministic kernel raises), cuDNN deterministic with autotuning off, and
+    on CUDA ``CUBLAS_WORKSPACE_CONFIG=:4096:8`` unless already set (cuBLAS
+    needs it to be deterministic). CPU kernels here are deterministic either
+    way; on a GPU the switch trades speed for bitwise-repeatable runs.
+    """
+    if on and device.type == "cuda":
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    torch.use_deterministic_algorithms(on)
+    torch.backends.cudnn.deterministic = on
+    torch.backends.cudnn.benchmark = False
+    return {"deterministic_algorithms": torch.are_deterministic_algorithms_enabled(),
+            "cudnn_deterministic": torch.backends.cudnn.deterministic,
+            "cudnn_benchmark": torch.backends.cudnn.benchmark,
+            "cublas_workspace_config": os.environ.get("CUBLAS_WORKSPACE_CONFIG")}
 
 
 def resolve_device(name: str) -> torch.device:
@@ -261,7 +292,18 @@ class _Prober:
 
 
 # ----------------------------------------------------------------------------- interventions
-EVAL_CHUNK = 1000  # held-out samples per evaluation-mode forward pass (accuracy does not depend on it)
+# Held-out samples per evaluation-mode forward pass on a CPU (checks and interventions): one training
+# batch's worth keeps the activations in cache, where 1,000 at a time does not (make bench measures it:
+# results/bench.md, "chunk size"). On a GPU the whole set goes in one pass.
+EVAL_CHUNK = 128
+
+
+def eval_chunk(device: torch.device, n: int) -> int:
+    """Samples per evaluation-mode forward pass: ``EVAL_CHUNK`` on a CPU, all ``n`` at once on a GPU.
+
+    Evaluation-mode outputs are per sample, so the accuracy does not depend on it.
+    """
+    return n if device.type == "cuda" else min(EVAL_CHUNK, n)
 
 
 def heldout_set(task: NoisyTemplates, cfg: RunConfig) -> tuple[torch.Tensor, torch.Tensor]:
@@ -327,7 +369,8 @@ class Interventions:
     reestimation: ReestimationReport
 
 
-def run_interventions(model: nn.Module, batches, x: torch.Tensor, y: torch.Tensor, chunk: int) -> Interventions:
+def run_interventions(model: nn.Module, batches, x: torch.Tensor, y: torch.Tensor, chunk: int,
+                      acc_stored: float | None = None) -> Interventions:
     """Evaluation-mode accuracy on (x, y) after each intervention on the running statistics.
 
     ``none`` (stored statistics), ``reestimate`` (every layer fresh), ``layer``
@@ -338,21 +381,28 @@ def run_interventions(model: nn.Module, batches, x: torch.Tensor, y: torch.Tenso
     is left unchanged. The runner and offline diagnosis
     (:mod:`bnrotation.diagnose`) both call this.
 
+    The two ends of the top-k curve are exact identities and are not evaluated
+    again (k = 0 swaps nothing, k = all swaps everything); ``acc_stored``, the
+    evaluation-mode accuracy already measured on (x, y) at this step (the
+    runner's check), is reused for ``none``.
+
     Raises:
         ValueError: if the model has no layer with running statistics, or ``batches`` is empty.
     """
     fresh_model = copy.deepcopy(model)
     report = reestimate(fresh_model, batches)
     stored, fresh = running_stats(model), running_stats(fresh_model)
-    rows = [("none", -1, "", accuracy(model, x, y, "eval", chunk)),
-            ("reestimate", -1, "", accuracy(fresh_model, x, y, "eval", chunk))]
+    acc_none = accuracy(model, x, y, "eval", chunk) if acc_stored is None else acc_stored
+    acc_fresh = accuracy(fresh_model, x, y, "eval", chunk)
+    rows = [("none", -1, "", acc_none), ("reestimate", -1, "", acc_fresh)]
     for name in fresh:
         with swapped_statistics(model, {name: fresh[name]}):
             rows.append(("layer", -1, name, accuracy(model, x, y, "eval", chunk)))
     lag = {n: lag_sigma(stored[n][0], fresh[n][0].double(), fresh[n][1].double()) for n in fresh}
     total = sum(v.numel() for v in lag.values())
     for k in top_k_grid(total):
-        rows.append(("top_k", k, "", top_k_accuracy(model, fresh, lag, k, x, y, chunk)))
+        acc = {0: acc_none, total: acc_fresh}.get(k)
+        rows.append(("top_k", k, "", acc if acc is not None else top_k_accuracy(model, fresh, lag, k, x, y, chunk)))
     table = pd.DataFrame(rows, columns=["intervention", "k", "layer", "acc_eval_mode"])
     return Interventions(table, stored, fresh, lag, report)
 
@@ -369,8 +419,8 @@ def run(cfg: RunConfig) -> Path | None:
     out = prepare_run_dir(cfg)
     if out is None:
         return None
-    if cfg.threads:
-        torch.set_num_threads(cfg.threads)
+    resolve_threads(cfg.threads)
+    determinism = set_determinism(cfg.deterministic, device)
     started = time.time()
     timings = {"train": 0.0, "probes": 0.0, "checks": 0.0, "interventions": 0.0, "averaging": 0.0}
 
@@ -386,7 +436,8 @@ def run(cfg: RunConfig) -> Path | None:
 
     built = describe_built(model, optimizer, schedule, device)
     info = {"schema_version": records.SCHEMA_VERSION, "row": cfg.row, "seed": cfg.seed, "status": "running",
-            "started_at": dt.datetime.fromtimestamp(started, dt.timezone.utc).isoformat(), **built}
+            "started_at": dt.datetime.fromtimestamp(started, dt.timezone.utc).isoformat(), **built,
+            "determinism": determinism}
     records.atomic_write_text(out / "config.yaml", config_yaml(cfg))
     records.write_json(out / "run.json", info)
 
@@ -394,7 +445,7 @@ def run(cfg: RunConfig) -> Path | None:
     prober = _Prober(model, x_probe, cfg.scale.log_every)
     logs, checks = log_steps(cfg), set(check_steps(cfg))
     interventions = set(intervention_steps(cfg)) if cfg.interventions and running_stat_layers(model) else set()
-    chunk = EVAL_CHUNK
+    chunk = eval_chunk(device, len(y_held))
     # --- averaging (issue 4): EMA and tail average of the weights, under each BatchNorm buffer policy
     averages = RunAverages(cfg.averaging, model) if cfg.averaging.enabled and running_stat_layers(model) else None
     averaging_at = set(averaging_steps(cfg)) if averages is not None else set()
@@ -443,7 +494,8 @@ def run(cfg: RunConfig) -> Path | None:
         if step in interventions:
             if cfg.save_checkpoints:
                 save_checkpoint(checkpoint_path(out, step), model, step=step, row=cfg.row, seed=cfg.seed)
-            df = run_interventions(model, reestimation_batches(task, cfg, device, step), x_held, y_held, chunk).table
+            df = run_interventions(model, reestimation_batches(task, cfg, device, step), x_held, y_held, chunk,
+                                   acc_stored=acc_eval if step in checks else None).table
             tables.add("interventions", step=np.full(len(df), step), **{c: df[c].to_numpy() for c in df})
         t3 = time.perf_counter()
         if step in averaging_at:  # averaging (issue 4)

@@ -1,0 +1,109 @@
+"""Launchers and execution settings: the Hydra launcher configs, a two-job submitit_local sweep, threads,
+the determinism switch."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
+
+from bnrotation import records
+from bnrotation.config import to_run_config
+from bnrotation.runner import resolve_threads, run
+
+from conftest import CONF, ROOT
+
+LAUNCHERS = {
+    "joblib": ("n_jobs",),
+    "submitit_local": ("timeout_min", "cpus_per_task", "gpus_per_node"),
+    "submitit_slurm": ("partition", "timeout_min", "gpus_per_task", "cpus_per_task", "array_parallelism", "mem_gb"),
+}
+
+
+def hydra_launcher(name: str, *overrides: str):
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        cfg = compose(config_name="config", overrides=["experiment=adam", f"hydra/launcher={name}", *overrides],
+                      return_hydra_config=True)
+    return cfg.hydra.launcher
+
+
+@pytest.mark.parametrize("name", sorted(LAUNCHERS))
+def test_launcher_configs_are_ours_and_document_their_keys(name):
+    launcher = hydra_launcher(name)
+    text = (CONF / "hydra" / "launcher" / f"{name}.yaml").read_text()
+    for key in LAUNCHERS[name]:
+        assert key in launcher, f"{name}: {key}"
+        line = next(line for line in text.splitlines() if line.startswith(f"{key}:"))
+        assert "#" in line, f"{name}.yaml: key {key} has no comment saying what it does"
+    assert launcher._target_.startswith("hydra_plugins.")
+
+
+def test_launcher_keys_are_validated_against_the_plugin_schema():
+    assert hydra_launcher("submitit_slurm", "hydra.launcher.partition=gpu").partition == "gpu"
+    with pytest.raises(Exception, match="partitoin"):
+        hydra_launcher("submitit_slurm", "hydra.launcher.partitoin=gpu")
+
+
+def test_two_job_sweep_through_submitit_local_lands_both_runs(tmp_path):
+    """`experiments/train.py -m ... hydra/launcher=submitit_local`: both runs write DONE, the sweep exits 0."""
+    cmd = [sys.executable, str(ROOT / "experiments" / "train.py"), "-m", "experiment=sgd,adam", "scale=smoke",
+           f"results_root={tmp_path}", "progress=false", "interventions=false", "threads=1",
+           "hydra/launcher=submitit_local", f"hydra.sweep.dir={tmp_path / 'hydra'}"]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    for row in ("sgd", "adam"):
+        out = records.run_dir(tmp_path, row, 0)
+        assert (out / records.DONE).exists(), f"{row}: no DONE\n{proc.stderr[-3000:]}"
+        info = json.loads((out / "run.json").read_text())
+        assert info["status"] == "done" and info["threads"] == 1
+    assert len(list((tmp_path / "hydra" / ".submitit").glob("*/*_result.pkl"))) == 2  # each job returned
+    assert "validated against ConfigStore schema" not in proc.stderr
+
+
+def test_threads_come_from_slurm_when_not_set(monkeypatch):
+    before = torch.get_num_threads()
+    try:
+        monkeypatch.setenv("SLURM_CPUS_PER_TASK", "3")
+        assert resolve_threads(0) == 3
+        assert resolve_threads(1) == 1  # an explicit value wins
+        monkeypatch.delenv("SLURM_CPUS_PER_TASK")
+        assert resolve_threads(0) == 1  # no launcher setting: left as it is
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_determinism_switch_is_applied_and_recorded(smoke_cfg):
+    try:
+        out = run(smoke_cfg("experiment=sgd", "interventions=false", "deterministic=true"))
+        info = json.loads((out / "run.json").read_text())
+        assert info["determinism"]["deterministic_algorithms"] is True
+        assert info["determinism"]["cudnn_deterministic"] is True
+        off = run(smoke_cfg("experiment=sgd", "interventions=false", "deterministic=false", "force=true"))
+        assert json.loads((off / "run.json").read_text())["determinism"]["deterministic_algorithms"] is False
+        assert not torch.are_deterministic_algorithms_enabled()
+    finally:
+        torch.use_deterministic_algorithms(False)
+
+
+def test_determinism_and_threads_do_not_make_a_finished_run_look_different(smoke_cfg):
+    """Execution settings are not part of what a run computes: a resumed sweep skips the run."""
+    assert run(smoke_cfg("experiment=sgd", "interventions=false")) is not None
+    assert run(smoke_cfg("experiment=sgd", "interventions=false", "deterministic=true", "threads=1")) is None
+    torch.use_deterministic_algorithms(False)
+
+
+def test_deterministic_key_is_typed():
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        cfg = compose(config_name="config", overrides=["experiment=adam", "deterministic=true"])
+    assert to_run_config(cfg).deterministic is True
+    assert OmegaConf.select(cfg, "deterministic") is True
+    with pytest.raises(Exception, match="deterministic"):
+        with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+            compose(config_name="config", overrides=["experiment=adam", "deterministic=maybe"])

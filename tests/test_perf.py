@@ -1,0 +1,110 @@
+"""The fast paths change no result: reused intervention evaluations, evaluation chunks; the bench's arithmetic."""
+
+from __future__ import annotations
+
+import copy
+import importlib.util
+import sys
+
+import pytest
+import torch
+
+from bnrotation.bnstats import reestimate, running_stat_layers, swapped_statistics
+from bnrotation.config import ModelConfig, TaskConfig
+from bnrotation.model import build_model
+from bnrotation.probes import accuracy
+from bnrotation.runner import eval_chunk, run_interventions
+from bnrotation.task import NoisyTemplates, generator
+
+from conftest import ROOT, compose_cfg
+
+
+@pytest.fixture(scope="module")
+def bench():
+    spec = importlib.util.spec_from_file_location("bench", ROOT / "bench" / "bench.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["bench"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def stale():
+    """A model whose stored statistics are wrong, labels its re-estimated twin gets all right, the batches."""
+    model = build_model(ModelConfig(), 10, seed=0)
+    task = NoisyTemplates.build(TaskConfig(), seed=0)
+    g = generator(0, "reestimate")
+    batches = [task.sample(32, g)[0].contiguous(memory_format=torch.channels_last) for _ in range(4)]
+    x, _ = task.fixed_set(256, 0, "heldout")
+    x = x.contiguous(memory_format=torch.channels_last)
+    twin = copy.deepcopy(model)
+    reestimate(twin, batches)
+    twin.eval()
+    with torch.no_grad():
+        y = twin(x).argmax(1)  # the re-estimated statistics score 100% by construction
+    with torch.no_grad():
+        model.bn2.running_mean += 3.0  # stale statistics in the middle layer
+    return model, batches, x, y
+
+
+def test_reused_intervention_evaluations_equal_recomputed_ones(stale):
+    model, batches, x, y = stale
+    df = run_interventions(model, batches, x, y, chunk=64)
+    acc = {(r.intervention, r.k, r.layer): r.acc_eval_mode for r in df.itertuples()}
+    total = sum(m.num_features for _, m in running_stat_layers(model))
+    stored = accuracy(model, x, y, "eval")
+    assert acc[("reestimate", -1, "")] == 1.0 and stored < 0.9  # the oracle separates the two
+    assert acc[("none", -1, "")] == stored
+    with swapped_statistics(model, {}):
+        assert acc[("top_k", 0, "")] == accuracy(model, x, y, "eval")
+    fresh_model = copy.deepcopy(model)
+    reestimate(fresh_model, batches)
+    fresh = {n: (m.running_mean, m.running_var) for n, m in running_stat_layers(fresh_model)}
+    with swapped_statistics(model, fresh):
+        assert acc[("top_k", total, "")] == accuracy(model, x, y, "eval") == 1.0
+    given = run_interventions(model, batches, x, y, chunk=64, acc_stored=stored)
+    assert given.equals(df)
+
+
+def test_evaluation_accuracy_in_training_batch_chunks_equals_one_pass(stale):
+    model, _, x, y = stale
+    assert accuracy(model, x, y, "eval", chunk=eval_chunk(torch.device("cpu"), len(y))) == \
+        accuracy(model, x, y, "eval", chunk=len(y))
+
+
+def test_eval_chunk_is_one_batch_on_cpu_and_everything_on_a_gpu():
+    assert eval_chunk(torch.device("cpu"), 4000) == 128
+    assert eval_chunk(torch.device("cpu"), 64) == 64
+    assert eval_chunk(torch.device("cuda"), 4000) == 4000
+
+
+def test_bench_extrapolates_per_step_and_per_event(bench):
+    full = bench.Schedule(6000, 61, 41, 9)
+    measured = bench.Schedule(300, 4, 3, 1)
+    t = {"wall": 20.0, "train": 3.0, "probes": 4.0, "checks": 6.0, "interventions": 5.0}
+    got = bench.extrapolate_runner(t, measured, full)
+    assert got == pytest.approx({"steps": 60.0, "probes": 61.0, "checks": 82.0, "interventions": 45.0,
+                                 "fixed": 2.0, "total": 250.0})
+    bare = bench.extrapolate_bare({"seconds": {"setup": 1.0, "train": 6.0, "checks": 3.0}, "checks": 3},
+                                  300, full)
+    assert bare["total"] == pytest.approx(120.0 + 41.0 + 1.0)
+
+
+def test_bench_schedule_of_the_full_run_and_its_reduced_run(bench):
+    from bnrotation.config import to_run_config
+    assert bench.Schedule.of(to_run_config(compose_cfg(["experiment=adam"]))) == bench.Schedule(6000, 61, 41, 9)
+    reduced = to_run_config(compose_cfg(["experiment=adam", *bench.reduced_overrides(300)]))
+    assert bench.Schedule.of(reduced) == bench.Schedule(300, 4, 3, 1)
+    assert reduced.scale.heldout_size == 4000 and reduced.scale.reestimate_batches == 200
+    with pytest.raises(SystemExit, match="100"):
+        bench.reduced_overrides(50)
+
+
+def test_bench_splits_cores_into_jobs_and_threads(bench):
+    assert bench.splits(2) == [(1, 2), (2, 1)]
+    assert bench.splits(4) == [(1, 4), (2, 2), (4, 1)]
+
+
+def test_bare_loop_runs_its_checks(bench):
+    out = bench.bare_loop(3, {2, 3}, heldout=32, device=torch.device("cpu"))
+    assert out["checks"] == 2 and all(v >= 0 for v in out["seconds"].values())
