@@ -403,7 +403,7 @@ def sweep_throughput(args, device: torch.device, tmp: Path) -> dict:
     rows = args.sweep_rows.split(",")
     seeds = list(range(args.sweep_seeds))
     results = []
-    for jobs, threads in splits(args.threads):
+    for jobs, threads in splits(args.cores):
         root = tmp / f"sweep-{jobs}x{threads}"
         launcher = [] if jobs == 1 else ["hydra/launcher=joblib", f"hydra.launcher.n_jobs={jobs}"]
         cmd = train_cmd([f"experiment={','.join(rows)}", f"seed={','.join(map(str, seeds))}",
@@ -504,7 +504,8 @@ def report(args, info: dict, load: dict, a: dict | None, b: dict | None, c: dict
               f"| CPU | {info['cpu']}, {info['cores']} cores available |",
               f"| memory | {gib(info['memory']) if info['memory'] else 'unknown'} |",
               f"| device | {info['device']} |",
-              f"| torch threads | {info['threads']} (MKLDNN {'on' if info['mkldnn'] else 'off'}) |",
+              f"| torch threads | {info['threads']} in (a)-(c), MKLDNN {'on' if info['mkldnn'] else 'off'}; (e) splits "
+              f"{args.cores} cores |",
               f"| versions | torch {info['torch']}, Python {info['python']} |",
               f"| OS | {info['os']} |",
               f"| other load | {'unknown' if busy is None else f'{busy:.2f} cores busy with other processes'}; "
@@ -593,7 +594,8 @@ def report(args, info: dict, load: dict, a: dict | None, b: dict | None, c: dict
                          f"{base / pj:.2f}x |{est}")
         if runner_total:
             lines += ["", f"Estimate: runs x the runner's extrapolated full `{ROW}` run from (a) (one job, "
-                      f"{args.threads} threads) x the split's time per run relative to one job at a time; rows "
+                      f"{args.threads} threads{'' if args.threads == args.cores else ', not the ' + str(args.cores) + ' of the first split: a rough estimate'}) "
+                      "x the split's time per run relative to one job at a time; rows "
                       "without running statistics (GroupNorm, LayerNorm) skip the interventions and cost less. "
                       "The issue's target: the article's 21 runs within 2.5 h on 2 cores."]
         lines.append("")
@@ -627,14 +629,15 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--sweep-steps", type=int, default=100, help="steps per job in (c) and (e) (default %(default)s)")
     p.add_argument("--sweep-rows", default="sgd,adam", help="rows of the sweep in (e) (default %(default)s)")
     p.add_argument("--sweep-seeds", type=int, default=2, help="seeds per row in (e) (default %(default)s)")
-    p.add_argument("--threads", type=int, default=0, help="torch threads; 0: every core available")
+    p.add_argument("--threads", type=int, default=0, help="torch threads in (a)-(c); 0: every core available")
+    p.add_argument("--cores", type=int, default=0, help="cores split into jobs x threads in (e); 0: every core")
     p.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
     p.add_argument("--venv", default=".venv", help="the Makefile's VENV, for the nested `make table`")
     p.add_argument("--skip", default="", help="sections to leave out, e.g. 'c,d,e'")
     p.add_argument("--bare-only", action="store_true", help=argparse.SUPPRESS)  # the child of (c)
     args = p.parse_args(argv)
-    args.threads = args.threads or (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
-                                    else os.cpu_count() or 1)
+    available = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    args.threads, args.cores = args.threads or available, args.cores or available
     if args.steps < 100 or args.sweep_steps < 100:
         p.error("--steps and --sweep-steps must be >= 100 (one check)")
     if args.rounds < 1 or args.reps < 1:

@@ -15,7 +15,7 @@ from omegaconf import OmegaConf
 
 from bnrotation import records
 from bnrotation.config import to_run_config
-from bnrotation.runner import resolve_threads, run
+from bnrotation.runner import resolve_threads, run, set_determinism
 
 from conftest import CONF, ROOT
 
@@ -53,7 +53,8 @@ def test_launcher_keys_are_validated_against_the_plugin_schema():
 def test_two_job_sweep_through_submitit_local_lands_both_runs(tmp_path):
     """`experiments/train.py -m ... hydra/launcher=submitit_local`: both runs write DONE, the sweep exits 0."""
     cmd = [sys.executable, str(ROOT / "experiments" / "train.py"), "-m", "experiment=sgd,adam", "scale=smoke",
-           f"results_root={tmp_path}", "progress=false", "interventions=false", "threads=1",
+           f"results_root={tmp_path}", "progress=false", "interventions=false", "averaging.enabled=false",
+           "save_checkpoints=false", "task.probe_size=32", "threads=1",
            "hydra/launcher=submitit_local", f"hydra.sweep.dir={tmp_path / 'hydra'}"]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")])}
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=240)
@@ -79,24 +80,19 @@ def test_threads_come_from_slurm_when_not_set(monkeypatch):
         torch.set_num_threads(before)
 
 
-def test_determinism_switch_is_applied_and_recorded(smoke_cfg):
+def test_determinism_switch_is_applied_recorded_and_not_part_of_what_a_run_computes(smoke_cfg):
+    cheap = ("experiment=sgd", "interventions=false", "averaging.enabled=false", "task.probe_size=32")
     try:
-        out = run(smoke_cfg("experiment=sgd", "interventions=false", "deterministic=true"))
+        out = run(smoke_cfg(*cheap, "deterministic=true"))
         info = json.loads((out / "run.json").read_text())
         assert info["determinism"]["deterministic_algorithms"] is True
-        assert info["determinism"]["cudnn_deterministic"] is True
-        off = run(smoke_cfg("experiment=sgd", "interventions=false", "deterministic=false", "force=true"))
-        assert json.loads((off / "run.json").read_text())["determinism"]["deterministic_algorithms"] is False
+        assert info["determinism"]["cudnn_deterministic"] is True and info["determinism"]["cudnn_benchmark"] is False
+        # an execution setting: a resumed sweep with other settings skips the finished run
+        assert run(smoke_cfg(*cheap, "deterministic=false", "threads=1")) is None
+        assert set_determinism(False, torch.device("cpu"))["deterministic_algorithms"] is False
         assert not torch.are_deterministic_algorithms_enabled()
     finally:
         torch.use_deterministic_algorithms(False)
-
-
-def test_determinism_and_threads_do_not_make_a_finished_run_look_different(smoke_cfg):
-    """Execution settings are not part of what a run computes: a resumed sweep skips the run."""
-    assert run(smoke_cfg("experiment=sgd", "interventions=false")) is not None
-    assert run(smoke_cfg("experiment=sgd", "interventions=false", "deterministic=true", "threads=1")) is None
-    torch.use_deterministic_algorithms(False)
 
 
 def test_deterministic_key_is_typed():

@@ -49,7 +49,7 @@ def stale():
 
 def test_reused_intervention_evaluations_equal_recomputed_ones(stale):
     model, batches, x, y = stale
-    df = run_interventions(model, batches, x, y, chunk=64)
+    df = run_interventions(model, batches, x, y, chunk=64).table
     acc = {(r.intervention, r.k, r.layer): r.acc_eval_mode for r in df.itertuples()}
     total = sum(m.num_features for _, m in running_stat_layers(model))
     stored = accuracy(model, x, y, "eval")
@@ -62,7 +62,7 @@ def test_reused_intervention_evaluations_equal_recomputed_ones(stale):
     fresh = {n: (m.running_mean, m.running_var) for n, m in running_stat_layers(fresh_model)}
     with swapped_statistics(model, fresh):
         assert acc[("top_k", total, "")] == accuracy(model, x, y, "eval") == 1.0
-    given = run_interventions(model, batches, x, y, chunk=64, acc_stored=stored)
+    given = run_interventions(model, batches, x, y, chunk=64, acc_stored=stored).table
     assert given.equals(df)
 
 
@@ -79,12 +79,13 @@ def test_eval_chunk_is_one_batch_on_cpu_and_everything_on_a_gpu():
 
 
 def test_bench_extrapolates_per_step_and_per_event(bench):
-    full = bench.Schedule(6000, 61, 41, 9)
-    measured = bench.Schedule(300, 4, 3, 1)
-    t = {"wall": 20.0, "train": 3.0, "probes": 4.0, "checks": 6.0, "interventions": 5.0}
+    full = bench.Schedule(6000, 61, 41, 9, averaging=9)
+    measured = bench.Schedule(300, 4, 3, 1, averaging=1)
+    t = {"wall": 22.0, "train": 3.0, "probes": 4.0, "checks": 6.0, "interventions": 5.0, "averaging": 1.0,
+         "unknown": 0.5}
     got = bench.extrapolate_runner(t, measured, full)
     assert got == pytest.approx({"steps": 60.0, "probes": 61.0, "checks": 82.0, "interventions": 45.0,
-                                 "fixed": 2.0, "total": 250.0})
+                                 "averaging": 9.0, "fixed": 3.0, "total": 260.0})
     bare = bench.extrapolate_bare({"seconds": {"setup": 1.0, "train": 6.0, "checks": 3.0}, "checks": 3},
                                   300, full)
     assert bare["total"] == pytest.approx(120.0 + 41.0 + 1.0)
@@ -92,9 +93,10 @@ def test_bench_extrapolates_per_step_and_per_event(bench):
 
 def test_bench_schedule_of_the_full_run_and_its_reduced_run(bench):
     from bnrotation.config import to_run_config
-    assert bench.Schedule.of(to_run_config(compose_cfg(["experiment=adam"]))) == bench.Schedule(6000, 61, 41, 9)
+    full = bench.Schedule.of(to_run_config(compose_cfg(["experiment=adam"])))
+    assert full == bench.Schedule(6000, 61, 41, 9, averaging=9)
     reduced = to_run_config(compose_cfg(["experiment=adam", *bench.reduced_overrides(300)]))
-    assert bench.Schedule.of(reduced) == bench.Schedule(300, 4, 3, 1)
+    assert bench.Schedule.of(reduced) == bench.Schedule(300, 4, 3, 1, averaging=1)
     assert reduced.scale.heldout_size == 4000 and reduced.scale.reestimate_batches == 200
     with pytest.raises(SystemExit, match="100"):
         bench.reduced_overrides(50)

@@ -34,7 +34,7 @@ from .averaging import RunAverages
 from .bnstats import (ReestimationReport, reestimate, running_stat_layers, running_stats, swapped_statistics,
                       top_k_channel_masks)
 from .checkpoints import checkpoint_path, save_checkpoint
-from .config import NON_SEMANTIC_KEYS, RunConfig, semantic_dict
+from .config import RunConfig, semantic_dict
 from .model import ConvNet, build_model
 from .optim import build_optimizer, build_schedule
 from .probes import (accuracy, channel_cosines, channel_norms, cosine, drift_sigma_per_step, fresh_statistics,
@@ -158,8 +158,12 @@ def prepare_run_dir(cfg: RunConfig) -> Path | None:
     out = records.run_dir(cfg.results_root, cfg.row, cfg.seed)
     if (out / records.DONE).exists() and not cfg.force:
         old = yaml.safe_load((out / "config.yaml").read_text()) if (out / "config.yaml").exists() else {}
-        for key in NON_SEMANTIC_KEYS:
-            old.pop(key, None)
+        # Keys added to the schema since the run was made count as their defaults.
+        try:
+            old = semantic_dict(OmegaConf.merge(OmegaConf.structured(RunConfig), old or {}))
+        except Exception as err:  # noqa: BLE001 - a key the schema no longer has, or a wrong type
+            raise RunExistsError(f"{out} holds a finished run whose config.yaml does not fit this suite's schema "
+                                 f"({str(err).splitlines()[0]}); rerun with force=true to replace it") from err
         new = semantic_dict(cfg)
         if old == new:
             return None
