@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+import json
 import os
 import platform
 import re
@@ -172,7 +173,6 @@ def bare_loop(steps: int, checks: set[int], heldout: int, device: torch.device, 
 # ----------------------------------------------------------------------------- (a) runner vs bare loop
 def runner_once(cfg: RunConfig) -> dict:
     """One runner run; its own timings (run.json ``timings_s``) and wall time, in seconds."""
-    import json
     t0 = time.perf_counter()
     out = run(cfg)
     wall = time.perf_counter() - t0

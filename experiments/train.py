@@ -7,7 +7,6 @@ Parses the config and calls bnrotation.runner.run; nothing else lives here.
 """
 
 import sys
-import warnings
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
@@ -18,9 +17,6 @@ from bnrotation.cli import run_task
 from bnrotation.config import register_configs
 
 register_configs()
-# conf/hydra/launcher/*.yaml carry the launcher plugins' names so that `hydra/launcher=joblib` picks them
-# up; Hydra then validates each against the plugin's schema of the same name, and says so on every run.
-warnings.filterwarnings("ignore", message=r"(?s).*hydra/launcher/.*validated against ConfigStore schema")
 
 
 @hydra.main(version_base="1.3", config_path="../conf", config_name="config")

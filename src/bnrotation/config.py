@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 import re
+import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -220,6 +221,12 @@ class RunConfig:
         _require(0 <= self.seed <= SEED_MAX, "seed", f"an integer in 0..{SEED_MAX}", self.seed)
         _choice("device", self.device, DEVICES)
         _require(self.threads >= 0, "threads", "an integer >= 0 (0: torch's default)", self.threads)
+
+
+# conf/hydra/launcher/*.yaml carry the launcher plugins' own names, so that `hydra/launcher=joblib` picks
+# them up; Hydra then validates each against the plugin's schema of that name and warns about it in every
+# process that composes a config (the launchers' workers too, which import this module first).
+warnings.filterwarnings("ignore", message=r"(?s).*hydra/launcher/.*validated against ConfigStore schema")
 
 
 def register_configs() -> None:
