@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 
+import pandas as pd
 import pytest
 import torch
 from hydra import compose, initialize_config_dir
@@ -15,7 +16,7 @@ from omegaconf import OmegaConf
 
 from bnrotation import records
 from bnrotation.config import to_run_config
-from bnrotation.runner import resolve_threads, run, set_determinism
+from bnrotation.runner import resolve_threads, run
 
 from conftest import CONF, ROOT
 
@@ -89,8 +90,13 @@ def test_determinism_switch_is_applied_recorded_and_not_part_of_what_a_run_compu
         assert info["determinism"]["deterministic_algorithms"] is True
         assert info["determinism"]["cudnn_deterministic"] is True and info["determinism"]["cudnn_benchmark"] is False
         # an execution setting: a resumed sweep with other settings skips the finished run
-        assert run(smoke_cfg(*cheap, "deterministic=false", "threads=1")) is None
-        assert set_determinism(False, torch.device("cpu"))["deterministic_algorithms"] is False
+        assert run(smoke_cfg(*cheap, "deterministic=false")) is None
+        # and on a CPU it changes no number
+        off = run(smoke_cfg(*cheap, "deterministic=false", "row=sgd_nondeterministic"))
+        assert json.loads((off / "run.json").read_text())["determinism"]["deterministic_algorithms"] is False
+        for table in ("checks", "channels"):
+            on_df, off_df = (pd.read_parquet(p / f"{table}.parquet").drop(columns="row") for p in (out, off))
+            pd.testing.assert_frame_equal(on_df, off_df, check_exact=True)
         assert not torch.are_deterministic_algorithms_enabled()
     finally:
         torch.use_deterministic_algorithms(False)

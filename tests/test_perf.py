@@ -110,3 +110,8 @@ def test_bench_splits_cores_into_jobs_and_threads(bench):
 def test_bare_loop_runs_its_checks(bench):
     out = bench.bare_loop(3, {2, 3}, heldout=32, device=torch.device("cpu"))
     assert out["checks"] == 2 and all(v >= 0 for v in out["seconds"].values())
+
+
+def test_bench_takes_each_parts_least_disturbed_round(bench):
+    rounds = [{"steps": 10.0, "checks": 5.0, "total": 15.0}, {"steps": 30.0, "checks": 2.0, "total": 32.0}]
+    assert bench.least_disturbed(rounds) == {"steps": 10.0, "checks": 2.0, "total": 12.0}
