@@ -385,21 +385,22 @@ def done_runs(root: Path) -> int:
 def analysis_times(args, tmp: Path, own_results: Path) -> list[dict]:
     """Wall seconds of each analysis target on the results present and on the bench's own runs."""
     roots = []
-    for candidate in (ROOT / "results", ROOT / "results" / "reference"):
+    candidates = [Path(args.results)] if args.results else [ROOT / "results", ROOT / "results" / "reference"]
+    for candidate in candidates:
         if done_runs(candidate):
-            roots.append(candidate)
+            roots.append((candidate, str(candidate)))
             break
     if done_runs(own_results):
-        roots.append(own_results)
+        roots.append((own_results, "the bench's own runs (e)"))
     out = []
     for target in make_targets():
-        for root in roots:
+        for root, where in roots:
             dest = tmp / f"analysis-{target}-{len(out)}"
             dest.mkdir(parents=True)
             cmd = ["make", "-s", "-o", f"{args.venv}/.installed", target, f"PY={sys.executable}",
                    f"RESULTS={root}", f"OUT={dest}"]
             c = child(cmd)
-            out.append({"target": target, "root": root, "runs": done_runs(root), **c})
+            out.append({"target": target, "where": where, "runs": done_runs(root), **c})
     progress("(d) analysis targets done")
     return out
 
@@ -579,8 +580,7 @@ def report(args, info: dict, load: dict, a: dict | None, b: dict | None, c: dict
         else:
             lines += ["| target | results | runs | seconds | exit |", "|---|---|---:|---:|---:|"]
             for t in d:
-                where = os.path.relpath(t["root"], ROOT) if str(t["root"]).startswith(str(ROOT)) else \
-                    "the bench's own runs (e)"
+                where = t["where"].removeprefix(str(ROOT) + os.sep)
                 lines.append(f"| `make {t['target']}` | {where} | {t['runs']} | {t['wall']:.1f} | {t['rc']} |")
             missing = [x for x in ("figures", "claims") if x not in make_targets()]
             if missing:
@@ -647,6 +647,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--cores", type=int, default=0, help="cores split into jobs x threads in (e); 0: every core")
     p.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
     p.add_argument("--venv", default=".venv", help="the Makefile's VENV, for the nested `make table`")
+    p.add_argument("--results", default="", help="results root timed in (d); default: results/, else "
+                   "results/reference/, whichever has finished runs")
     p.add_argument("--skip", default="", help="sections to leave out, e.g. 'c,d,e'")
     p.add_argument("--bare-only", action="store_true", help=argparse.SUPPRESS)  # the child of (c)
     args = p.parse_args(argv)
