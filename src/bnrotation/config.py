@@ -220,7 +220,7 @@ class RunConfig:
                  "pick one with experiment=<row> (see conf/experiment/)", self.row)
         _require(0 <= self.seed <= SEED_MAX, "seed", f"an integer in 0..{SEED_MAX}", self.seed)
         _choice("device", self.device, DEVICES)
-        _require(self.threads >= 0, "threads", "an integer >= 0 (0: torch's default)", self.threads)
+        _require(self.threads >= 0, "threads", "an integer >= 0 (0: the launcher's or torch's default)", self.threads)
 
 
 # conf/hydra/launcher/*.yaml carry the launcher plugins' own names, so that `hydra/launcher=joblib` picks
