@@ -607,9 +607,11 @@ def report(args, info: dict, load: dict, a: dict | None, b: dict | None, c: dict
             lines.append(f"| {s['jobs']} x {s['threads']} | {s['runs']} | {fmt_s(s['wall'])} | {fmt_s(pj)} | "
                          f"{base / pj:.2f}x |{est}")
         if runner_total:
+            mismatch = "" if args.threads == args.cores else \
+                f", not the {args.cores} of the first split: a rough estimate"
             lines += ["", f"Estimate: runs x the runner's extrapolated full `{ROW}` run from (a) (one job, "
-                      f"{args.threads} threads{'' if args.threads == args.cores else ', not the ' + str(args.cores) + ' of the first split: a rough estimate'}) "
-                      "x the split's time per run relative to one job at a time; rows "
+                      f"{args.threads} threads{mismatch}) x the split's time per run relative to one job at a "
+                      "time; rows "
                       "without running statistics (GroupNorm, LayerNorm) skip the interventions and cost less. "
                       "The issue's target: the article's 21 runs within 2.5 h on 2 cores."]
         lines.append("")
