@@ -38,7 +38,7 @@ help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "} {printf "  make %-10s %s\n", $$1, $$2}'
 	@echo "  variables: SCALE=full|quick|smoke ROW= SEED= ARGS='<hydra overrides>' FORCE=1 RESULTS=<root> JOBS=<n> SKIP_BAD=1"
 	@echo "             RUN=<run folder> (default <results>/runs/ROW/seed=SEED) STEP=<n>|last|worst (diagnose)"
-	@echo "             BENCH_ARGS='--steps 300 --rounds 2' (bench)"
+	@echo "             BENCH_ARGS='--steps 300 --rounds 3' (bench)"
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)

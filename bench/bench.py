@@ -1,6 +1,6 @@
 """`make bench`: what the suite's measurements cost, against the article's bare training loop.
 
-    python bench/bench.py [--steps 300] [--rounds 2] [--sweep-steps 100] [--out results/bench.md]
+    python bench/bench.py [--steps 300] [--rounds 3] [--sweep-steps 100] [--out results/bench.md]
 
 Writes a Markdown report (default ``results/bench.md``) with the machine, device,
 threads and torch version, and
@@ -640,7 +640,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", default=str(ROOT / "results" / "bench.md"), help="report path (default %(default)s)")
     p.add_argument("--steps", type=int, default=300, help="steps measured for (a), >= 100 (default %(default)s)")
-    p.add_argument("--rounds", type=int, default=2, help="interleaved runner/bare rounds (default %(default)s)")
+    p.add_argument("--rounds", type=int, default=3, help="interleaved runner/bare rounds (default %(default)s)")
     p.add_argument("--reps", type=int, default=3, help="calls per probe timing in (b) (default %(default)s)")
     p.add_argument("--sweep-steps", type=int, default=100, help="steps per job in (c) and (e) (default %(default)s)")
     p.add_argument("--sweep-rows", default="sgd,adam", help="rows of the sweep in (e) (default %(default)s)")
