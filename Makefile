@@ -31,7 +31,7 @@ results_flag := $(if $(RESULTS),--results $(RESULTS),)
 results_override := $(if $(RESULTS),results_root=$(RESULTS),)
 launcher := $(if $(filter-out 1,$(JOBS)),hydra/launcher=joblib hydra.launcher.n_jobs=$(JOBS) threads=$$(( $$(nproc) / $(JOBS) > 0 ? $$(nproc) / $(JOBS) : 1 )),)
 
-.PHONY: help install test sweep reproduce row table diagnose figures claims bench clean
+.PHONY: help install test sweep reproduce row table diagnose figures claims notebooks bench clean
 .DEFAULT_GOAL := help
 
 help: ## list the targets
@@ -55,7 +55,7 @@ sweep: $(VENV)/.installed ## every row x seed at SCALE (resumable; FORCE=1 rerun
 	$(PY) experiments/train.py -m experiment=$(ROWS) seed=$(SEEDS) scale=$(SCALE) force=$(force_flag) \
 		$(results_override) $(launcher) $(ARGS)
 
-reproduce: sweep table ## the whole study at SCALE, then the table
+reproduce: sweep table figures claims ## the whole study at SCALE, then the table, figures and claims
 
 row: $(VENV)/.installed ## one row at one seed: make row ROW=adam SEED=1 [ARGS='optimizer.lr=0.001 row=adam_lr1e-3']
 	$(PY) experiments/train.py experiment=$(ROW) seed=$(SEED) scale=$(SCALE) force=$(force_flag) \
@@ -69,6 +69,16 @@ diagnose: $(VENV)/.installed ## stale statistics and fixes of one run: make diag
 
 bench: $(VENV)/.installed ## results/bench.md: runner vs the article's bare loop, probe costs, memory, sweep throughput
 	$(PY) bench/bench.py --venv $(VENV) --out $(OUT)/bench.md $(BENCH_ARGS)
+
+figures: $(VENV)/.installed ## results/figures/*.png, *.pdf and README.md from the parquet results (RESULTS=<root>)
+	$(PY) -m bnrotation.analysis.figures $(results_flag) --out $(OUT)/figures
+
+claims: $(VENV)/.installed ## results/claims.md: every claim of the article, PASS/FAIL/NOT RUN (RESULTS=<root>)
+	$(PY) -m bnrotation.analysis.claims $(results_flag) --out $(OUT)
+
+notebooks: $(VENV)/.installed ## run every notebooks/*.py as a script against the results (RESULTS=<root>)
+	@for nb in notebooks/*.py; do echo "$$nb"; \
+		BNROTATION_RESULTS=$(RESULTS) MPLBACKEND=Agg $(PY) $$nb > /dev/null || exit 1; done
 
 clean: ## remove .venv and your own (uncommitted) results; keeps results/reference
 	rm -rf $(VENV) results/runs results/hydra

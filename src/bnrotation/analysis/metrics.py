@@ -10,6 +10,8 @@ import math
 
 import pandas as pd
 
+from .. import records
+from ..rows import ROWS
 from .results import Run
 
 LAST_CONV = "conv3"
@@ -22,15 +24,34 @@ def check_window(run: Run) -> tuple[int, int]:
     return int(scale["check_start"]), int(scale["steps"])
 
 
+def in_window(run: Run, df: pd.DataFrame, first_step: int | None = None) -> pd.DataFrame:
+    """The lines of one of ``run``'s tables whose ``step`` lies in the check window (inclusive).
+
+    For quantities over an interval (rotation, drift) the line at step t is the
+    interval ending at t, so "intervals that end inside the check window" are
+    exactly these lines; ``first_step`` overrides the window's first step.
+    """
+    first, last = check_window(run)
+    first = first if first_step is None else first_step
+    return df[(df["step"] >= first) & (df["step"] <= last)]
+
+
+def rotation_per_100_series(run: Run, layer: str = LAST_CONV) -> pd.Series:
+    """Per logged step t > 0, the median over ``layer``'s channels of the channel rotation over the
+    interval ending at t, scaled to 100 steps (degrees per 100 steps). Index: step."""
+    ch = run.tables["channels"]
+    interval = int(run.config["scale"]["log_every"])
+    sel = ch[(ch["layer"] == layer) & (ch["step"] >= 1)]
+    return sel.groupby("step")["rotation_deg"].median() * 100.0 / interval
+
+
 def rotation_per_100_deg(run: Run, layer: str = LAST_CONV) -> float:
     """Column "Rotation per 100 steps": per interval, the median over ``layer``'s channels of the
     channel rotation, scaled to 100 steps; averaged over the intervals ending inside the check window."""
-    ch = run.tables["channels"]
+    series = rotation_per_100_series(run, layer)
     first, last = check_window(run)
-    interval = int(run.config["scale"]["log_every"])
-    sel = ch[(ch["layer"] == layer) & (ch["step"] >= max(first, 1)) & (ch["step"] <= last)]
-    per_interval = sel.groupby("step")["rotation_deg"].median()
-    return float(per_interval.mean() * 100.0 / interval) if len(per_interval) else math.nan
+    inside = series[(series.index >= max(first, 1)) & (series.index <= last)]
+    return float(inside.mean()) if len(inside) else math.nan
 
 
 def norm_growth(run: Run, layer: str = LAST_CONV) -> float:
@@ -41,9 +62,7 @@ def norm_growth(run: Run, layer: str = LAST_CONV) -> float:
 
 
 def _window_checks(run: Run) -> pd.DataFrame:
-    checks = run.tables["checks"]
-    first, last = check_window(run)
-    return checks[(checks["step"] >= first) & (checks["step"] <= last)]
+    return in_window(run, run.tables["checks"])
 
 
 def acc_eval_mode(run: Run) -> float:
@@ -69,3 +88,79 @@ def final_reestimated_acc(run: Run) -> float:
         return math.nan
     sel = iv[iv["intervention"] == "reestimate"]
     return float(sel.loc[sel["step"].idxmax(), "acc_eval_mode"]) if len(sel) else math.nan
+
+
+def channel_median(run: Run, column: str, layer: str = MIDDLE_CONV, absolute: bool = False) -> float:
+    """A per-channel quantity of ``layer`` summarised as the article does: per logged step inside the
+    check window, the median over the layer's channels (of ``|column|`` if ``absolute``); then the mean
+    over those steps. Units are the column's (``drift_sigma_per_step``: sigma per step; ``lag_sigma``,
+    ``predicted_lag_sigma``: sigma; ``abs_mean_over_std``: a ratio). NaN if nothing is logged there.
+
+    Raises:
+        KeyError: naming ``column`` if the channels table lacks it.
+    """
+    ch = run.tables["channels"]
+    if column not in ch.columns:
+        raise KeyError(f"{run.path}: channels table has no column {column!r}")
+    sel = in_window(run, ch[ch["layer"] == layer], first_step=max(check_window(run)[0], 1))
+    values = sel[column].abs() if absolute else sel[column]
+    per_step = values.groupby(sel["step"]).median()
+    return float(per_step.mean()) if per_step.notna().any() else math.nan
+
+
+def layer_mean(run: Run, column: str, layer: str = LAST_CONV) -> float:
+    """Mean of a ``layers`` column (``update_cos``, ``grad_cos``) over ``layer``'s logged steps inside the
+    check window. The cosine at step t is that of the step t update (or gradient) with w(t)."""
+    lay = run.tables["layers"]
+    sel = in_window(run, lay[lay["layer"] == layer])
+    return float(sel[column].mean()) if sel[column].notna().any() else math.nan
+
+
+def layer_max_abs(run: Run, column: str, layer: str = LAST_CONV) -> float:
+    """Largest ``|column|`` of ``layer`` over its logged steps inside the check window."""
+    lay = run.tables["layers"]
+    sel = in_window(run, lay[lay["layer"] == layer])
+    return float(sel[column].abs().max()) if sel[column].notna().any() else math.nan
+
+
+def interventions(run: Run, kind: str) -> pd.DataFrame:
+    """The run's ``interventions`` lines of one kind (``none``, ``reestimate``, ``layer``, ``top_k``);
+    empty when the run has none (no running statistics, or interventions off)."""
+    iv = run.tables.get("interventions")
+    if iv is None or iv.empty:
+        return pd.DataFrame(columns=list(records.TABLE_COLUMNS["interventions"]))
+    return iv[iv["intervention"] == kind]
+
+
+def failing_steps(run: Run, threshold: float = 0.90) -> list[int]:
+    """Intervention steps inside the check window whose evaluation-mode accuracy with the stored
+    running statistics is below ``threshold`` (the "failing checkpoints" of the article)."""
+    stored = in_window(run, interventions(run, "none"))
+    return sorted(int(s) for s in stored.loc[stored["acc_eval_mode"] < threshold, "step"])
+
+
+def tidy(runs: list[Run], name: str) -> pd.DataFrame:
+    """One long table for all ``runs``: their ``name`` tables stacked (each line already carries its
+    row and seed), plus ``label`` (the row's label) and ``in_window`` (step inside the run's check
+    window). Empty, with the table's columns, when no run has that table."""
+    frames = []
+    for r in runs:
+        df = r.tables.get(name)
+        if df is None or df.empty:
+            continue
+        first, last = check_window(r)
+        frames.append(df.assign(label=ROWS[r.row].label if r.row in ROWS else r.row,
+                                in_window=(df["step"] >= first) & (df["step"] <= last)))
+    if not frames:
+        return pd.DataFrame(columns=[*records.TABLE_COLUMNS[name], "label", "in_window"])
+    return pd.concat(frames, ignore_index=True)
+
+
+def averaging_variant(line: pd.Series) -> str:
+    """The weights an ``averaging`` line evaluates: 'live weights', 'EMA, decay 0.999' or
+    'tail average, 1000 steps' (from its ``average``, ``decay`` and ``window_steps``)."""
+    if line["average"] == "ema":
+        return f"EMA, decay {line['decay']:g}"
+    if line["average"] == "tail":
+        return f"tail average, {int(line['window_steps'])} steps"
+    return "live weights"

@@ -1,0 +1,593 @@
+"""``make figures``: every figure of the write-up, from the parquet results (no torch).
+
+    python -m bnrotation.analysis.figures --results results/reference --out results/figures
+
+Writes ``<out>/<name>.png`` (for reading) and ``<out>/<name>.pdf`` (vector, for
+write-ups) for each figure, and ``<out>/README.md``, which shows every figure
+with its caption. Every caption states n (runs, seeds, checks or channels the
+figure rests on). A figure whose data is missing (say, the averaging table
+before the averaging runs exist) is listed in the README as not drawn, with the
+reason. One style for all: seaborn ``whitegrid``, one colour per row of the
+study, the same in every figure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import matplotlib
+import matplotlib.pyplot as plt
+import numpy as np
+import pandas as pd
+import seaborn as sns
+
+from .. import records
+from ..rows import ROWS, row_order
+from . import metrics, theory
+from .results import BadRunError, Run, default_results_root, load_runs
+from .table import run_metrics
+
+TABLES = ("checks", "layers", "channels", "interventions", "averaging")
+FAIL_BELOW = 0.90  # a check "fails" below 90% evaluation-mode accuracy (the table's column)
+PUBLISHED_MIDDLE_DRIFT = {"adam": 0.0074, "sgd": 0.0010}  # article, sigma per step (PROTOCOL.md)
+MIDDLE_LAYER_LIFT = 0.82  # article: the middle layer alone lifts failing checks to 82-100%
+
+
+class Skip(Exception):
+    """A figure cannot be drawn from these results; the message says why."""
+
+
+@dataclass
+class Data:
+    """What every figure draws from: the runs, one line of table metrics per run, and row colours."""
+
+    root: Path
+    runs: list[Run]
+    per_run: pd.DataFrame  # one line per run: row, seed, label and the table's columns
+    palette: dict[str, tuple]
+
+    @property
+    def rows(self) -> list[str]:
+        return sorted(self.per_run["row"].unique(), key=row_order)
+
+    def label(self, row: str) -> str:
+        return ROWS[row].label if row in ROWS else row
+
+    def table(self, name: str) -> pd.DataFrame:
+        return metrics.tidy(self.runs, name)
+
+
+@dataclass
+class Drawn:
+    """One figure's outcome: its file stem, title and caption, or the reason it was not drawn."""
+
+    name: str
+    title: str
+    caption: str = ""
+    skipped: str = ""
+
+
+def apply_style() -> None:
+    """The one style of every figure (seaborn whitegrid, paper context, readable fonts)."""
+    sns.set_theme(context="paper", style="whitegrid", font_scale=1.15,
+                  rc={"figure.dpi": 110, "savefig.dpi": 150, "axes.titlesize": "medium",
+                      "legend.frameon": False, "pdf.fonttype": 42, "svg.fonttype": "none"})
+
+
+# tab10 positions: related rows get far-apart hues (Adam red, its window test pink, AdamW orange, ...).
+ROW_COLOURS = {"sgd": 0, "adam_lr3e-4": 9, "adam_cosine": 2, "adamw": 1, "adam": 3, "adam_projected": 4,
+               "adam_bn_m0.3": 6, "adam_groupnorm": 8, "adam_layernorm": 5, "adamp": 7}
+
+
+def row_palette(rows: list[str]) -> dict[str, tuple]:
+    """A fixed colour per row, so a row keeps its colour whichever rows are present; rows without a
+    fixed colour get further ones, in registry order."""
+    base = sns.color_palette("tab10", 10)
+    pal = {r: base[i] for r, i in ROW_COLOURS.items()}
+    extra = [r for r in sorted(rows, key=row_order) if r not in pal]
+    pal.update(zip(extra, sns.color_palette("husl", max(len(extra), 1))))
+    return pal
+
+
+def load_data(root: Path, runs: list[Run]) -> Data:
+    per_run = pd.DataFrame([run_metrics(r) for r in runs])
+    per_run["label"] = [ROWS[r].label if r in ROWS else r for r in per_run["row"]]
+    return Data(root, runs, per_run, row_palette(list(per_run["row"].unique())))
+
+
+def runs_text(per_run: pd.DataFrame) -> str:
+    """'n = 21 runs (7 rows × 3 seeds)', or the seeds per row when they differ."""
+    counts = per_run.groupby("row")["seed"].nunique()
+    n_runs, n_rows = len(per_run), len(counts)
+    if counts.nunique() == 1:
+        seeds = int(counts.iloc[0])
+        return f"n = {n_runs} run{'s' * (n_runs != 1)} ({n_rows} row{'s' * (n_rows != 1)} × {seeds} " \
+               f"seed{'s' * (seeds != 1)})"
+    per = ", ".join(f"{r} {int(counts[r])}" for r in sorted(counts.index, key=row_order))
+    return f"n = {n_runs} runs (seeds per row: {per})"
+
+
+def _facets(n: int, wrap: int = 4, size: tuple[float, float] = (3.4, 2.7), sharey: bool = True,
+            sharex: bool = True):
+    cols = min(n, wrap)
+    rows = math.ceil(n / cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(size[0] * cols, size[1] * rows), squeeze=False,
+                             sharex=sharex, sharey=sharey)
+    flat = list(axes.flat)
+    for ax in flat[n:]:
+        ax.set_visible(False)
+    return fig, flat[:n]
+
+
+def _wrap(text: str, width: int = 30) -> str:
+    import textwrap
+    return "\n".join(textwrap.wrap(text, width))
+
+
+def _outer_labels(axes: list, xlabel: str, ylabel: str) -> None:
+    """Axis labels on the outer facets only; tick labels back on a facet with no facet below it."""
+    for ax in axes:
+        spec = ax.get_subplotspec()
+        below = [b for b in axes if b.get_subplotspec().colspan == spec.colspan
+                 and b.get_subplotspec().rowspan.start > spec.rowspan.start]
+        ax.set_xlabel(xlabel if not below else "")
+        if not below:
+            ax.xaxis.set_tick_params(labelbottom=True)
+        ax.set_ylabel(ylabel if spec.is_first_col() else "")
+
+
+def _pct(ax, axis: str = "y") -> None:
+    fmt = matplotlib.ticker.PercentFormatter(1.0, decimals=0)
+    (ax.yaxis if axis == "y" else ax.xaxis).set_major_formatter(fmt)
+
+
+def _legend_right(fig, handles, labels, title: str | None = None) -> None:
+    fig.legend(handles, labels, loc="center left", bbox_to_anchor=(1.0, 0.5), title=title)
+
+
+# ----------------------------------------------------------------------------- 1, 2: one point per run
+def _accuracy_scatter(d: Data, x: str, published_attr: str, xlabel: str, log: bool) -> plt.Figure:
+    fig, ax = plt.subplots(figsize=(7.2, 4.6))
+    handles, labels = [], []
+    for row in d.rows:
+        g = d.per_run[d.per_run["row"] == row]
+        color = d.palette[row]
+        h = ax.scatter(g[x], g["acc_eval_mode"], s=42, color=color, edgecolor="white", linewidth=0.6, zorder=3)
+        handles.append(h)
+        labels.append(d.label(row))
+        spec = ROWS.get(row)
+        pub = getattr(spec.published, published_attr) if spec and spec.published else math.nan
+        if spec and spec.published and not math.isnan(pub):
+            ax.scatter([pub], [spec.published.acc_eval_mode], s=110, facecolor="none", edgecolor=color,
+                       linewidth=1.8, zorder=2)
+    if log:
+        ax.set_xscale("log")
+        ax.xaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}"))
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel("evaluation-mode accuracy\n(mean of the checks)")
+    ax.set_ylim(0, 1.04)
+    _pct(ax)
+    ax.axhline(0.1, color="0.6", lw=0.8, ls=":", zorder=1)
+    ax.text(ax.get_xlim()[0], 0.1, " chance", va="bottom", ha="left", fontsize="small", color="0.45")
+    from matplotlib.lines import Line2D
+    handles += [Line2D([], [], ls="", marker="o", color="0.3", markersize=6),
+                Line2D([], [], ls="", marker="o", markerfacecolor="none", markeredgecolor="0.3",
+                       markersize=9, markeredgewidth=1.6)]
+    labels += ["one run (filled)", "published row mean (hollow)"]
+    ax.legend(handles, labels, loc="center left", bbox_to_anchor=(1.01, 0.5))
+    return fig
+
+
+def fig_accuracy_vs_rotation(d: Data) -> tuple[plt.Figure, str]:
+    fig = _accuracy_scatter(d, "rotation_per_100_deg", "rotation_deg_per_100",
+                            "rotation of the last conv layer per 100 steps (degrees, log scale)", log=True)
+    return fig, (f"Evaluation-mode accuracy against rotation, one filled point per run ({runs_text(d.per_run)}), "
+                 "coloured by row; hollow markers are the article's row means (3 seeds each). Accuracy: mean of "
+                 "the checks in the check window; rotation: per 100-step interval ending in that window, the "
+                 "median over the last conv layer's channels of the angle each channel turned, averaged over "
+                 "the intervals. The article's central figure: accuracy falls with rotation.")
+
+
+def fig_accuracy_vs_norm_growth(d: Data) -> tuple[plt.Figure, str]:
+    fig = _accuracy_scatter(d, "norm_growth", "norm_growth",
+                            "norm growth of the last conv layer, ‖W(end)‖ / ‖W(0)‖ (×)", log=False)
+    return fig, (f"Evaluation-mode accuracy against norm growth, one filled point per run ({runs_text(d.per_run)}), "
+                 "coloured by row; hollow markers are the article's row means. The relation the article rejects: "
+                 "the row with the radial part projected out grows less than Adam and does worse.")
+
+
+# ----------------------------------------------------------------------------- 3: accuracy over steps
+def _band(ax, steps, mean, lo, hi, color, label, ls="-"):
+    ax.plot(steps, mean, color=color, lw=1.6, ls=ls, label=label)
+    ax.fill_between(steps, lo, hi, color=color, alpha=0.2, lw=0)
+
+
+def fig_accuracy_over_steps(d: Data) -> tuple[plt.Figure, str]:
+    checks = d.table("checks")
+    rows = d.rows
+    fig, axes = _facets(len(rows))
+    modes = (("acc_train_mode", "training mode (held-out set's own batch statistics)", "0.25", "--"),
+             ("acc_eval_mode", "evaluation mode (running statistics)", None, "-"))
+    n_checks = []
+    for ax, row in zip(axes, rows):
+        g = checks[checks["row"] == row]
+        n_checks.append(len(g))
+        for col, label, color, ls in modes:
+            s = g.groupby("step")[col].agg(["mean", "min", "max"])
+            _band(ax, s.index, s["mean"], s["min"], s["max"], color or d.palette[row], label, ls)
+        ax.set_title(_wrap(d.label(row), 34))
+        ax.set_ylim(0, 1.04)
+        _pct(ax)
+        ax.axhline(0.1, color="0.6", lw=0.8, ls=":")
+    _outer_labels(axes, "step", "accuracy on the held-out set")
+    from matplotlib.lines import Line2D
+    handles = [Line2D([], [], color="0.25", ls="--", lw=1.6), Line2D([], [], color="0.45", ls="-", lw=1.6)]
+    fig.legend(handles, [m[1] for m in modes], loc="lower center", bbox_to_anchor=(0.5, 1.0), ncol=2)
+    fig.tight_layout()
+    return fig, (f"Training- and evaluation-mode accuracy on the held-out set at every check, per row; line: mean "
+                 f"over seeds, band: lowest to highest seed ({runs_text(d.per_run)}; {sum(n_checks)} checks). "
+                 "Evaluation mode in the row's colour, training mode dashed grey; dotted: chance (10%).")
+
+
+# ----------------------------------------------------------------------------- 4: rotation over steps
+def _rotation_frame(d: Data) -> pd.DataFrame:
+    frames = []
+    for r in d.runs:
+        s = metrics.rotation_per_100_series(r)
+        frames.append(pd.DataFrame({"row": r.row, "seed": r.seed, "step": s.index, "rotation": s.to_numpy()}))
+    return pd.concat(frames, ignore_index=True)
+
+
+def theory_by_row(d: Data) -> dict[str, tuple[theory.Prediction, pd.DataFrame]]:
+    """Per row, the equilibrium prediction at the row's configured learning rate, and its net rotation
+    per 100 steps at every check step's logged learning rate (``step``, ``net_deg_per_100``)."""
+    out = {}
+    checks = d.table("checks")
+    for r in d.runs:
+        if r.row in out:
+            continue
+        opt = r.config["optimizer"]
+        pred = theory.predict(opt)
+        lr = checks[checks["row"] == r.row].groupby("step")["lr"].mean()
+        net = [theory.predict(opt, lr=v).net_deg_per_100 for v in lr]
+        out[r.row] = (pred, pd.DataFrame({"step": lr.index, "net_deg_per_100": net}))
+    return out
+
+
+def fig_rotation_over_steps(d: Data) -> tuple[plt.Figure, str]:
+    rot = _rotation_frame(d)
+    checks = d.table("checks")
+    preds = theory_by_row(d)
+    rows = d.rows
+    fig, axes = _facets(len(rows), size=(3.6, 2.8), sharey=True)
+    first, last = metrics.check_window(d.runs[0])
+    for ax, row in zip(axes, rows):
+        g = rot[rot["row"] == row].groupby("step")["rotation"].agg(["mean", "min", "max"])
+        g = g[g["mean"] > 0]
+        _band(ax, g.index, g["mean"], g["min"], g["max"], d.palette[row], "measured")
+        ax.set_yscale("log")
+        ax.axvspan(first, last, color="0.9", zorder=0, lw=0)
+        pred, series = preds[row]
+        if pred.applies:
+            ax.plot(series["step"], series["net_deg_per_100"], color="black", ls="--", lw=1.2)
+        else:
+            ax.text(0.03, 0.04, "no weight decay: no prediction", transform=ax.transAxes, ha="left",
+                    va="bottom", fontsize="x-small", color="0.35")
+        lr = checks[checks["row"] == row].groupby("step")["lr"].mean()
+        twin = ax.twinx()
+        twin.plot(lr.index, lr.to_numpy(), color="0.35", ls=":", lw=1.4)
+        twin.set_ylim(0, max(float(lr.max()) * 1.15, 1e-12) if len(lr) else 1)
+        twin.grid(False)
+        twin.tick_params(labelsize="x-small", colors="0.35")
+        twin.yaxis.get_offset_text().set_fontsize("x-small")
+        twin.set_ylabel("learning rate", fontsize="x-small", color="0.35")
+        ax.set_title(_wrap(d.label(row), 34))
+        ax.yaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}"))
+    _outer_labels(axes, "step", "rotation per 100 steps (°)")
+    from matplotlib.lines import Line2D
+    from matplotlib.patches import Patch
+    handles = [Line2D([], [], color="0.4", lw=1.6), Line2D([], [], color="black", ls="--", lw=1.2),
+               Line2D([], [], color="0.35", ls=":", lw=1.4), Patch(color="0.9")]
+    labels = ["measured (mean over seeds; band: seed range)",
+              "equilibrium prediction, net angle per 100 steps (Kosson et al. 2024 / Wan et al. 2021)",
+              "learning rate at the checks (right axis)", "check window"]
+    fig.legend(handles, labels, loc="lower center", bbox_to_anchor=(0.5, 1.0), ncol=2)
+    fig.tight_layout()
+    applies = [f"{row}: {p.net_deg_per_100:.2f}° net ({p.path_deg_per_100:.1f}° summed over the steps)"
+               for row, (p, _) in preds.items() if p.applies]
+    return fig, (f"Rotation of the last conv layer per 100 steps over training, per row ({runs_text(d.per_run)}): "
+                 "per interval the median over channels of the angle turned, scaled to 100 steps; line: mean over "
+                 "seeds, band: seed range; log scale. Dotted, right axis: the learning rate logged at the checks. "
+                 "Dashed: the rotational-equilibrium prediction where one applies (weight decay > 0: SGD with "
+                 "momentum, sqrt(2ηλ/(1+α)) rad per step, Wan et al. 2021; AdamW, sqrt(2ηλ(1−β1)/(1+β1)), Kosson "
+                 "et al. 2024), converted to the net angle over 100 steps of a momentum-averaged random walk "
+                 "(k(100, 0.9) ≈ 41.5 steps' worth, see theory.py)"
+                 + (f": {'; '.join(applies)}." if applies else ". No row here has weight decay, so none applies.")
+                 + " Rows without weight decay have no equilibrium and no prediction.")
+
+
+# ----------------------------------------------------------------------------- 5: lag, measured vs predicted
+def fig_lag_measured_vs_predicted(d: Data) -> tuple[plt.Figure, str]:
+    ch = d.table("channels")
+    ch = ch[(ch["layer"] == metrics.MIDDLE_CONV) & ch["in_window"] & (ch["step"] > 0)]
+    ch = ch.assign(measured=ch["lag_sigma"].abs())
+    ch = ch[(ch["measured"] > 0) & (ch["predicted_lag_sigma"] > 0)]
+    rows = [r for r in d.rows if (ch["row"] == r).any()]
+    if not rows:
+        raise Skip("no run has running statistics and a logged lag in the middle layer")
+    fig, axes = _facets(len(rows), size=(3.1, 3.0))
+    lo = float(min(ch["measured"].quantile(0.001), ch["predicted_lag_sigma"].quantile(0.001)))
+    hi = float(max(ch["measured"].max(), ch["predicted_lag_sigma"].max()))
+    lo, hi = max(lo, 1e-5), hi * 1.5
+    n_points = []
+    for ax, row in zip(axes, rows):
+        g = ch[ch["row"] == row]
+        n_points.append(len(g))
+        ax.scatter(g["predicted_lag_sigma"], g["measured"], s=4, alpha=0.25, color=d.palette[row], lw=0,
+                   rasterized=True)
+        ax.plot([lo, hi], [lo, hi], color="0.3", lw=1, ls="--")
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_xlim(lo, hi)
+        ax.set_ylim(lo, hi)
+        ratio = g["measured"].median() / g["predicted_lag_sigma"].median()
+        ax.text(0.04, 0.96, f"medians: {g['measured'].median():.2g}σ measured,\n"
+                            f"{g['predicted_lag_sigma'].median():.2g}σ predicted (×{ratio:.2g})",
+                transform=ax.transAxes, va="top", fontsize="x-small")
+        ax.set_title(_wrap(d.label(row), 30))
+    _outer_labels(axes, "predicted lag, drift·(1−m)/m (σ)", "measured |lag| (σ)")
+    fig.tight_layout()
+    return fig, (f"Measured against predicted running-mean lag per channel of the middle layer (conv2 → bn2), "
+                 f"log-log, per row; one point per channel, logged step in the check window and seed "
+                 f"({runs_text(d.per_run[d.per_run['row'].isin(rows)])}; {sum(n_points):,} points, "
+                 f"{min(n_points):,}–{max(n_points):,} per row). Measured: |running mean − fresh mean| / fresh std "
+                 "on the probe set; predicted: the article's formula, drift per step × (1 − m)/m with the row's "
+                 "BatchNorm momentum m. Dashed: equality.")
+
+
+# ----------------------------------------------------------------------------- 6, 7: interventions at failing checks
+def failing_interventions(d: Data) -> pd.DataFrame:
+    """Every intervention line at the failing checks (stored statistics below 90%) of every run."""
+    frames = []
+    for r in d.runs:
+        steps = metrics.failing_steps(r, FAIL_BELOW)
+        iv = r.tables.get("interventions")
+        if steps and iv is not None:
+            frames.append(iv[iv["step"].isin(steps)])
+    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+
+
+def fig_single_layer(d: Data) -> tuple[plt.Figure, str]:
+    iv = failing_interventions(d)
+    if iv.empty:
+        raise Skip(f"no failing check (evaluation-mode accuracy below {FAIL_BELOW:.0%} with the stored "
+                   "statistics at an intervention step) in these runs")
+    layers = sorted(iv.loc[iv["intervention"] == "layer", "layer"].unique())
+    order = ["stored"] + [f"{name} fresh" for name in layers] + ["all fresh"]
+    iv = iv.assign(what=np.select([iv["intervention"] == "none", iv["intervention"] == "reestimate",
+                                   iv["intervention"] == "layer"],
+                                  ["stored", "all fresh", iv["layer"] + " fresh"], default=""))
+    iv = iv[iv["what"] != ""]
+    rows = [r for r in d.rows if (iv["row"] == r).any()]
+    fig, axes = _facets(len(rows), size=(3.6, 3.0))
+    xs = {w: i for i, w in enumerate(order)}
+    counts = []
+    for ax, row in zip(axes, rows):
+        g = iv[iv["row"] == row]
+        wide = g.pivot_table(index=["seed", "step"], columns="what", values="acc_eval_mode").reindex(columns=order)
+        counts.append(f"{row} {len(wide)}")
+        for _, line in wide.iterrows():
+            ax.plot(range(len(order)), line.to_numpy(), color=d.palette[row], alpha=0.35, lw=1, marker="o",
+                    markersize=3)
+        ax.plot(range(len(order)), wide.mean().to_numpy(), color="black", lw=0, marker="_", markersize=16,
+                markeredgewidth=2)
+        ax.axhline(MIDDLE_LAYER_LIFT, color="0.3", ls="--", lw=1)
+        ax.set_xticks(range(len(order)), order, rotation=35, ha="right")
+        ax.set_ylim(0, 1.04)
+        _pct(ax)
+        ax.set_title(_wrap(f"{d.label(row)} ({len(wide)} failing)", 34))
+    _outer_labels(axes, "", "evaluation-mode accuracy")
+    fig.tight_layout()
+    return fig, (f"Evaluation-mode accuracy at the failing checks (below {FAIL_BELOW:.0%} with the stored running "
+                 "statistics, at the intervention steps) after giving fresh (re-estimated) statistics to one "
+                 "BatchNorm layer at a time, the stored ones elsewhere; \"all fresh\": every layer re-estimated. "
+                 f"One line per failing check (seed × step), black bar: mean. Failing checks per row: "
+                 f"{', '.join(counts)}. Dashed: 82%, the lowest accuracy the article reports for the middle layer "
+                 "(bn2) alone.")
+
+
+def fig_top_k(d: Data) -> tuple[plt.Figure, str]:
+    iv = failing_interventions(d)
+    if iv.empty:
+        raise Skip(f"no failing check (evaluation-mode accuracy below {FAIL_BELOW:.0%}) in these runs")
+    top = iv[iv["intervention"] == "top_k"]
+    fig, ax = plt.subplots(figsize=(7.4, 4.4))
+    counts = []
+    total = int(top["k"].max())
+    for row in [r for r in d.rows if (top["row"] == r).any()]:
+        g = top[top["row"] == row]
+        n = g.groupby(["seed", "step"]).ngroups
+        counts.append(f"{row} {n}")
+        s = g.groupby("k")["acc_eval_mode"].agg(["mean", "min", "max"])
+        _band(ax, s.index.to_numpy(), s["mean"], s["min"], s["max"], d.palette[row], f"{d.label(row)} ({n})")
+        ax.scatter(s.index, s["mean"], color=d.palette[row], s=12, zorder=3)
+    ax.set_xscale("symlog", base=2, linthresh=1)
+    ax.xaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}"))
+    ax.set_xlim(0, total * 1.1)
+    ax.set_ylim(0, 1.04)
+    _pct(ax)
+    ax.set_xlabel(f"channels given fresh statistics, largest |lag| first (of {total} in all layers)")
+    ax.set_ylabel("evaluation-mode accuracy")
+    ax.legend(title="row (failing checks)", loc="center left", bbox_to_anchor=(1.01, 0.5))
+    return fig, (f"Evaluation-mode accuracy against the number k of channels given fresh statistics, channels "
+                 f"ranked by |running-mean lag| across all BatchNorm layers (k = 0: stored statistics; k = {total}: "
+                 f"all re-estimated), at the failing checks (below {FAIL_BELOW:.0%} with stored statistics); line: "
+                 f"mean, band: range over failing checks. Failing checks per row: {', '.join(counts)}. "
+                 "An open question of the article: how few channels carry the damage.")
+
+
+# ----------------------------------------------------------------------------- 8: drift per channel
+def fig_drift(d: Data) -> tuple[plt.Figure, str]:
+    ch = d.table("channels")
+    ch = ch[(ch["layer"] == metrics.MIDDLE_CONV) & ch["in_window"] & (ch["drift_sigma_per_step"] > 0)]
+    if ch.empty:
+        raise Skip("no drift logged in the middle layer inside the check window")
+    rows = [r for r in d.rows if (ch["row"] == r).any()]
+    fig, ax = plt.subplots(figsize=(7.6, 0.55 * len(rows) + 1.6))
+    sns.boxplot(data=ch, x="drift_sigma_per_step", y="label", order=[d.label(r) for r in rows], hue="label",
+                hue_order=[d.label(r) for r in rows], palette={d.label(r): d.palette[r] for r in rows},
+                log_scale=True, whis=(5, 95), fliersize=0, width=0.6, ax=ax, legend=False)
+    for row, value in PUBLISHED_MIDDLE_DRIFT.items():
+        ax.axvline(value, color=d.palette.get(row, "0.3"), ls="--", lw=1.2)
+        ax.text(value, -0.7, f"article median,\n{row}: {value}", ha="center", va="bottom", fontsize="x-small")
+    marks = list(PUBLISHED_MIDDLE_DRIFT.values())
+    ax.set_xlim(min(float(ch["drift_sigma_per_step"].quantile(0.002)), *marks) / 1.5,
+                max(float(ch["drift_sigma_per_step"].quantile(0.998)), *marks) * 1.5)
+    ax.set_xlabel("drift of the fresh mean, middle layer (σ per step, log scale)")
+    ax.set_ylabel("")
+    n = ch.groupby("row").size()
+    return fig, (f"Drift per channel of the middle layer (conv2 → bn2): |fresh mean(t) − fresh mean(t − Δ)| / "
+                 f"(fresh std · Δ) on the fixed probe set, one value per channel, logged interval ending in the "
+                 f"check window, and seed ({runs_text(d.per_run[d.per_run['row'].isin(rows)])}; "
+                 f"{int(n.min()):,}–{int(n.max()):,} values per row). Box: quartiles and median; whiskers: 5th "
+                 "to 95th percentile. Dashed: the article's medians under Adam (0.0074) and SGD (0.0010).")
+
+
+# ----------------------------------------------------------------------------- 9: weight averaging
+POLICY_ORDER = ("none", "copy", "average", "mixture", "refresh")
+
+
+def fig_averaging(d: Data) -> tuple[plt.Figure, str]:
+    av = d.table("averaging")
+    if av.empty:
+        raise Skip("no averaging results (the averaging table is absent or empty in every run)")
+    av = av[av["in_window"]] if av["in_window"].any() else av
+    av = av.assign(variant=av.apply(metrics.averaging_variant, axis=1))
+    rows = [r for r in d.rows if (av["row"] == r).any()]
+    policies = [p for p in POLICY_ORDER if p in set(av["policy"])] + sorted(set(av["policy"]) - set(POLICY_ORDER))
+    variants = sorted(av["variant"].unique(), key=lambda v: (not v.startswith("live"), v))
+    fig, axes = _facets(len(rows), size=(3.8, 3.0))
+    colors = dict(zip(variants, sns.color_palette("dark", len(variants))))
+    for ax, row in zip(axes, rows):
+        g = av[av["row"] == row]
+        sns.pointplot(data=g, x="policy", y="acc_eval_mode", hue="variant", order=policies, hue_order=variants,
+                      palette=colors, errorbar=("pi", 100), dodge=0.45, markersize=4, linestyle="none",
+                      err_kws={"linewidth": 1.2}, ax=ax, legend=False)
+        ax.set_ylim(0, 1.04)
+        _pct(ax)
+        ax.set_title(_wrap(d.label(row), 34))
+        ax.tick_params(axis="x", rotation=25)
+    _outer_labels(axes, "BatchNorm statistics policy", "evaluation-mode accuracy")
+    from matplotlib.lines import Line2D
+    handles = [Line2D([], [], ls="", marker="o", color=colors[v]) for v in variants]
+    fig.legend(handles, variants, loc="lower center", bbox_to_anchor=(0.5, 1.0), ncol=min(len(variants), 4))
+    fig.tight_layout()
+    n = av.groupby(["row", "seed"]).ngroups
+    steps = av.groupby("row")["step"].nunique()
+    return fig, (f"Weight averaging and BatchNorm statistics: evaluation-mode accuracy of the live weights, an "
+                 f"exponential moving average (EMA) of the weights and a tail average, under each policy for the "
+                 f"BatchNorm buffers (none: the live network's stored statistics; copy, average, mixture: buffers "
+                 f"carried over or averaged; refresh: re-estimated for the averaged weights). Point: mean over "
+                 f"seeds and evaluated steps, bar: their range. n = {n} runs, "
+                 f"{int(steps.min())}–{int(steps.max())} evaluated steps per row.")
+
+
+FIGURES: tuple[tuple[str, str, Callable[[Data], tuple[plt.Figure, str]]], ...] = (
+    ("01_accuracy_vs_rotation", "Evaluation-mode accuracy against rotation", fig_accuracy_vs_rotation),
+    ("02_accuracy_vs_norm_growth", "Evaluation-mode accuracy against norm growth", fig_accuracy_vs_norm_growth),
+    ("03_accuracy_over_steps", "Training- and evaluation-mode accuracy over steps", fig_accuracy_over_steps),
+    ("04_rotation_over_steps", "Rotation over steps, with the learning rate and the equilibrium prediction",
+     fig_rotation_over_steps),
+    ("05_lag_measured_vs_predicted", "Running-mean lag per channel, measured against predicted",
+     fig_lag_measured_vs_predicted),
+    ("06_single_layer_fresh_statistics", "Fresh statistics for one layer at a time, at the failing checks",
+     fig_single_layer),
+    ("07_top_k_channels", "Accuracy against the number of top-lag channels given fresh statistics", fig_top_k),
+    ("08_drift_per_channel", "Drift per channel of the middle layer", fig_drift),
+    ("09_averaging", "Weight averaging (EMA, tail average) and BatchNorm statistics policies", fig_averaging),
+)
+
+
+def save(fig: plt.Figure, out: Path, name: str) -> None:
+    """``<out>/<name>.png`` and ``.pdf``, written atomically, without time stamps (same bytes for same data)."""
+    import io
+    for ext, meta in (("png", {"Software": None}), ("pdf", {"CreationDate": None, "Producer": None})):
+        buf = io.BytesIO()
+        fig.savefig(buf, format=ext, bbox_inches="tight", metadata=meta)
+        records.atomic_write_bytes(out / f"{name}.{ext}", buf.getvalue())
+
+
+def make_figures(root: Path, runs: list[Run], out: Path, only: tuple[str, ...] = ()) -> list[Drawn]:
+    """Draw every figure (or those named in ``only``) into ``out`` and write ``out/README.md``.
+
+    Returns:
+        One :class:`Drawn` per figure, drawn or skipped with its reason.
+    """
+    apply_style()
+    d = load_data(root, runs)
+    done = []
+    for name, title, draw in FIGURES:
+        if only and name not in only:
+            continue
+        try:
+            fig, caption = draw(d)
+        except Skip as why:
+            done.append(Drawn(name, title, skipped=str(why)))
+            for ext in ("png", "pdf"):
+                (out / f"{name}.{ext}").unlink(missing_ok=True)  # no stale figure beside a "not drawn" entry
+            continue
+        save(fig, out, name)
+        plt.close(fig)
+        done.append(Drawn(name, title, caption))
+    records.atomic_write_text(out / "README.md", index_markdown(done, root))
+    return done
+
+
+def index_markdown(done: list[Drawn], root: Path) -> str:
+    """``README.md`` of the figures folder: every figure, its caption, and the figures not drawn."""
+    out = ["# Figures\n",
+           f"Regenerated by `make figures` from the runs under `{root}` (parquet only). Each figure is a PNG "
+           "(shown here) and a vector PDF beside it, for write-ups.\n"]
+    for i, f in enumerate(done, 1):
+        out.append(f"## {i}. {f.title}\n")
+        if f.skipped:
+            out.append(f"Not drawn: {f.skipped}.\n")
+            continue
+        out.append(f"![{f.title}]({f.name}.png)\n")
+        out.append(f"{f.caption} ([PDF]({f.name}.pdf))\n")
+    return "\n".join(out)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--results", default=None,
+                   help="results root holding runs/ (default: results if it has runs, else results/reference)")
+    p.add_argument("--out", default="results/figures", help="folder for the figures and their README.md")
+    p.add_argument("--only", nargs="*", default=(), help="names of the figures to draw (default: all)")
+    p.add_argument("--skip-bad", action="store_true", help="report bad runs and draw from the others")
+    args = p.parse_args(argv)
+    matplotlib.use("Agg")  # files only, no window
+    root = Path(args.results) if args.results else default_results_root()
+    out = Path(args.out)
+    try:
+        runs = load_runs(root, skip_bad=args.skip_bad, tables=TABLES)
+    except (BadRunError, FileNotFoundError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    if not runs:
+        print(f"error: no finished runs under {root}/runs", file=sys.stderr)
+        return 2
+    done = make_figures(root, runs, out, tuple(args.only))
+    for f in done:
+        print(f"{'skipped' if f.skipped else 'wrote  '} {out / f.name}" + (f" ({f.skipped})" if f.skipped else ""),
+              file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
