@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import math
 import sys
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -439,9 +440,11 @@ def fig_drift(d: Data) -> tuple[plt.Figure, str]:
         raise Skip("no drift logged in the middle layer inside the check window")
     rows = [r for r in d.rows if (ch["row"] == r).any()]
     fig, ax = plt.subplots(figsize=(7.6, 0.55 * len(rows) + 1.6))
-    sns.boxplot(data=ch, x="drift_sigma_per_step", y="label", order=[d.label(r) for r in rows], hue="label",
-                hue_order=[d.label(r) for r in rows], palette={d.label(r): d.palette[r] for r in rows},
-                log_scale=True, whis=(5, 95), fliersize=0, width=0.6, ax=ax, legend=False)
+    with warnings.catch_warnings():  # seaborn 0.13.2 passes matplotlib 3.11's deprecated `vert`
+        warnings.simplefilter("ignore", matplotlib.MatplotlibDeprecationWarning)
+        sns.boxplot(data=ch, x="drift_sigma_per_step", y="label", order=[d.label(r) for r in rows], hue="label",
+                    hue_order=[d.label(r) for r in rows], palette={d.label(r): d.palette[r] for r in rows},
+                    log_scale=True, whis=(5, 95), fliersize=0, width=0.6, ax=ax, legend=False)
     for row, value in PUBLISHED_MIDDLE_DRIFT.items():
         ax.axvline(value, color=d.palette.get(row, "0.3"), ls="--", lw=1.2)
         ax.text(value, -0.7, f"article median,\n{row}: {value}", ha="center", va="bottom", fontsize="x-small")

@@ -1,0 +1,421 @@
+"""Figures, claims, theory and notebooks: closed forms, simulations, and runs against real smoke results.
+
+Two kinds of results feed these tests. A synthetic results set, written here
+with the real schema (``records.write_table``) and values chosen so that every
+summary has a closed form (the article's published numbers, constant in time),
+checks each quantity and verdict exactly. A real smoke-scale results set, from
+the runner itself at a toy size, checks that ``make figures``, ``make claims``
+and the notebooks run on what the runner writes.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+import yaml
+
+from bnrotation import records
+from bnrotation.analysis import claims, figures, metrics, theory
+from bnrotation.analysis.results import OPTIMIZER_CLASSES, load_runs
+from bnrotation.rows import ROWS
+
+ROOT = Path(__file__).resolve().parents[1]
+SRC = ROOT / "src"
+LAYERS = {"conv1": ("bn1", 4), "conv2": ("bn2", 6), "conv3": ("bn3", 6)}  # toy widths: 16 channels
+SCALE = {"name": "synthetic", "steps": 6000, "log_every": 100, "check_start": 2000, "check_every": 100,
+         "heldout_size": 4000, "reestimate_batches": 2, "intervene_every": 500}
+SPREAD = np.linspace(0.5, 1.5, 6)  # per-channel factors: median 1 over 6 channels
+
+
+# ----------------------------------------------------------------------------- a synthetic results set
+def _run_json(row: str, seed: int) -> dict:
+    spec = ROWS[row]
+    modes = {"adam_projected": ["always", "never"], "adamp": ["adamp"]}.get(spec.optimizer, [])
+    norm = ({"class": "BatchNorm2d", "momentum": spec.bn_momentum} if spec.norm == "batch"
+            else {"class": "GroupNorm", "num_groups": {"group": 8, "layer": 1}[spec.norm]})
+    return {"schema_version": records.SCHEMA_VERSION, "row": row, "seed": seed, "status": "done",
+            "optimizer": {"class": OPTIMIZER_CLASSES[spec.optimizer],
+                          "param_groups": [{"name": "conv", "lr": spec.lr, "weight_decay": spec.weight_decay}]},
+            "projection": {"mode": modes},
+            "schedule": {"class": "CosineAnnealingLR"} if spec.schedule == "cosine" else None,
+            "norm_layers": {bn: dict(norm) for bn, _ in LAYERS.values()}, "wall_seconds": 1.0}
+
+
+def write_run(root: Path, row: str, seed: int, *, rotation: float, norm_growth: float, acc_eval: float,
+              acc_train: float = 1.0, update_cos: float = 0.01, grad_cos: float = 1e-6, drift: float = 0.001,
+              abs_mean: float = 1.7, stale_channel_sigma: float = 0.0, lifted: float = 0.9, reestimated: float = 1.0,
+              averaging: pd.DataFrame | None = None, scale: dict = SCALE, rotation_before_window: float | None = None):
+    """One finished run whose every summary is known in closed form.
+
+    Every logged step has the same values: channel c of a layer turns ``rotation * SPREAD[c]`` degrees per
+    ``log_every`` steps (median ``rotation``), drifts ``drift * SPREAD[c]`` sigma per step, lags by the formula's
+    prediction with alternating sign; evaluation-mode accuracy is ``acc_eval`` at every check.
+    """
+    spec = ROWS[row]
+    m = spec.bn_momentum
+    out = records.run_dir(root, row, seed)
+    out.mkdir(parents=True, exist_ok=True)
+    cfg = {"row": row, "seed": seed, "scale": dict(scale),
+           "optimizer": {"name": spec.optimizer, "lr": spec.lr, "weight_decay": spec.weight_decay,
+                         "momentum": 0.9, "beta1": 0.9},
+           "model": {"channels": [c for _, c in LAYERS.values()]}}
+    (out / "config.yaml").write_text(yaml.safe_dump(cfg))
+    (out / "run.json").write_text(json.dumps(_run_json(row, seed)))
+    steps = list(range(0, scale["steps"] + 1, scale["log_every"]))
+    checks = list(range(scale["check_start"], scale["steps"] + 1, scale["check_every"]))
+    base = dict(row=row, seed=seed)
+    records.write_table(pd.DataFrame([dict(base, step=s, lr=spec.lr, loss=0.1, acc_train_mode=acc_train,
+                                           acc_eval_mode=acc_eval) for s in checks]), out / "checks.parquet", "checks")
+    layers, channels = [], []
+    for s in steps:
+        for layer, (bn, width) in LAYERS.items():
+            w = 1.0 + (norm_growth - 1.0) * s / scale["steps"]
+            layers.append(dict(base, step=s, layer=layer, weight_norm=w, update_cos=update_cos if s else math.nan,
+                               grad_cos=grad_cos if s else math.nan))
+            rot = rotation if rotation_before_window is None or s >= scale["check_start"] else rotation_before_window
+            for c in range(width):
+                f = SPREAD[c] if width == 6 else 1.0
+                d = drift * f
+                pred = d * (1 - m) / m
+                lag = pred * (-1) ** c
+                if stale_channel_sigma and layer == "conv2" and c == width - 1:
+                    lag = stale_channel_sigma
+                channels.append(dict(base, step=s, layer=layer, norm_layer=bn, channel=c,
+                                     rotation_deg=rot * f if s else math.nan, weight_norm=w / 2,
+                                     running_mean=0.0, running_var=1.0, fresh_mean=0.0, fresh_var=1.0,
+                                     lag_sigma=lag if s else 0.0, drift_sigma_per_step=d if s else math.nan,
+                                     predicted_lag_sigma=pred if s else math.nan, abs_mean_over_std=abs_mean * f))
+    records.write_table(pd.DataFrame(layers), out / "layers.parquet", "layers")
+    records.write_table(pd.DataFrame(channels), out / "channels.parquet", "channels")
+    iv = []
+    for s in sorted(set(range(scale["check_start"], scale["steps"] + 1, scale["intervene_every"])) | {scale["steps"]}):
+        iv += [dict(base, step=s, intervention="none", k=-1, layer="", acc_eval_mode=acc_eval),
+               dict(base, step=s, intervention="reestimate", k=-1, layer="", acc_eval_mode=reestimated)]
+        iv += [dict(base, step=s, intervention="layer", k=-1, layer=bn,
+                    acc_eval_mode=lifted if bn == "bn2" else acc_eval) for bn, _ in LAYERS.values()]
+        for k in (0, 1, 2, 4, 8, 16):  # half the gain at k = 2, all of it at k = 8
+            iv.append(dict(base, step=s, intervention="top_k", k=k, layer="",
+                           acc_eval_mode=acc_eval + (reestimated - acc_eval) * min(1.0, {0: 0, 1: .2, 2: .5, 4: .8}
+                                                                                       .get(k, 1.0))))
+    records.write_table(pd.DataFrame(iv), out / "interventions.parquet", "interventions")
+    if averaging is not None:
+        records.write_table(averaging.assign(row=row, seed=seed), out / "averaging.parquet", "averaging")
+    records.mark_done(out)
+
+
+PUBLISHED_LIKE = {  # row: cosine of the update, middle-layer drift; the rest comes from the published table
+    "sgd": (0.005, 0.0010), "adam_lr3e-4": (0.01, 0.001), "adam_cosine": (0.02, 0.003), "adamw": (0.03, 0.005),
+    "adam": (0.04, 0.0074), "adam_projected": (0.0, 0.02), "adam_bn_m0.3": (0.04, 0.0074)}
+
+
+def write_replication(root: Path, seeds=(0, 1, 2), rows=tuple(PUBLISHED_LIKE), **overrides) -> Path:
+    """A results set that replicates the article: each row at its published figures, ±2% across seeds."""
+    for row in rows:
+        pub = ROWS[row].published
+        cos, drift = PUBLISHED_LIKE[row]
+        for seed in seeds:
+            f = 1 + 0.02 * (seed - 1)
+            kw = dict(rotation=pub.rotation_deg_per_100 * f,
+                      norm_growth=(pub.norm_growth if not math.isnan(pub.norm_growth) else 5.0) * f,
+                      acc_eval=min(pub.acc_eval_mode * f, 1.0), update_cos=cos * f, drift=drift * f,
+                      stale_channel_sigma=2.0 if row == "adam" else 0.0)
+            kw.update(overrides.get(row, {}))
+            write_run(root, row, seed, **kw)
+    return root
+
+
+@pytest.fixture(scope="module")
+def replication(tmp_path_factory) -> Path:
+    return write_replication(tmp_path_factory.mktemp("replication"))
+
+
+def _load(root: Path):
+    return load_runs(root, tables=claims.TABLES)
+
+
+# ----------------------------------------------------------------------------- metrics: closed forms
+def test_per_channel_summaries_have_their_closed_forms(tmp_path):
+    write_run(tmp_path, "adam", 0, rotation=7.0, norm_growth=3.0, acc_eval=0.6, update_cos=0.04, drift=0.0074,
+              rotation_before_window=50.0)
+    half = dict(SCALE, log_every=50)
+    write_run(tmp_path, "sgd", 0, rotation=0.2, norm_growth=1.1, acc_eval=0.99, scale=half)
+    runs = {r.row: r for r in _load(tmp_path)}
+    adam, sgd = runs["adam"], runs["sgd"]
+    assert metrics.rotation_per_100_deg(adam) == pytest.approx(7.0)  # the 50° intervals before the window are out
+    assert metrics.rotation_per_100_series(adam).loc[1000] == pytest.approx(50.0)
+    assert metrics.rotation_per_100_deg(sgd) == pytest.approx(0.4)  # 0.2° per 50 steps
+    assert metrics.norm_growth(adam) == pytest.approx(3.0)
+    assert metrics.channel_median(adam, "drift_sigma_per_step") == pytest.approx(0.0074)
+    assert metrics.channel_median(adam, "predicted_lag_sigma") == pytest.approx(0.0074 * 0.97 / 0.03)
+    assert metrics.channel_median(adam, "lag_sigma", absolute=True) == pytest.approx(0.0074 * 0.97 / 0.03)
+    # signed lags +0.5, -0.7, +0.9, -1.1, +1.3, -1.5 (x the prediction): median (-0.7 + 0.5) / 2
+    assert metrics.channel_median(adam, "lag_sigma") == pytest.approx(-0.1 * 0.0074 * 0.97 / 0.03)
+    assert metrics.layer_mean(adam, "update_cos") == pytest.approx(0.04)
+    assert metrics.failing_steps(adam) == list(range(2000, 6001, 500))
+    assert metrics.failing_steps(sgd) == []
+    with pytest.raises(KeyError, match="no column 'nope'"):
+        metrics.channel_median(adam, "nope")
+    stacked = metrics.tidy([adam, sgd], "checks")
+    assert set(stacked["row"]) == {"adam", "sgd"} and stacked["in_window"].all()
+    assert metrics.tidy([adam], "averaging").empty
+
+
+# ----------------------------------------------------------------------------- theory
+def test_equilibrium_formulas_and_where_they_do_not_apply():
+    assert theory.adamw_angular_update(3e-3, 0.05, 0.9) == pytest.approx(math.sqrt(2 * 1.5e-4 * 0.1 / 1.9))
+    assert theory.sgdm_angular_update(0.05, 5e-4, 0.9) == pytest.approx(math.sqrt(2 * 2.5e-5 / 1.9))
+    assert theory.adamw_equilibrium_norm(3e-3, 0.05, 576) == pytest.approx(math.sqrt(3e-3 * 576 / 0.1))
+    p = theory.predict({"name": "adamw", "lr": 3e-3, "weight_decay": 0.05, "beta1": 0.9, "momentum": 0.9})
+    assert p.applies and p.equilibrium_steps == pytest.approx(1 / (2 * 1.5e-4))
+    assert p.path_deg_per_100 == pytest.approx(100 * math.degrees(p.per_step_rad))
+    assert p.net_deg_per_100 == pytest.approx(theory.random_walk_factor(100, 0.9) * math.degrees(p.per_step_rad))
+    for opt in ({"name": "sgd", "lr": 0.05, "weight_decay": 0.0, "momentum": 0.9},
+                {"name": "adam", "lr": 3e-3, "weight_decay": 0.0, "beta1": 0.9}):
+        none = theory.predict(opt)
+        assert not none.applies and "no weight decay" in none.reason and math.isnan(none.net_deg_per_100)
+    assert not theory.predict({"name": "adam", "lr": 3e-3, "weight_decay": 0.01}).applies  # coupled L2: no formula
+    with pytest.raises(ValueError, match="no rotational equilibrium"):
+        theory.adamw_angular_update(3e-3, 0.0, 0.9)
+    with pytest.raises(ValueError, match="momentum"):
+        theory.sgdm_angular_update(0.1, 0.1, 1.0)
+
+
+def test_random_walk_factor_closed_form_and_monte_carlo():
+    assert theory.random_walk_factor(1, 0.9) == pytest.approx(1.0)
+    assert theory.random_walk_factor(100, 0.0) == pytest.approx(10.0)
+    assert theory.random_walk_factor(100, 0.9) == pytest.approx(41.47, abs=0.01)
+    rng = np.random.default_rng(0)
+    beta, n, chains = 0.9, 100, 4000
+    g = rng.normal(size=(chains, 300 + n))
+    ema = np.zeros(chains)
+    steps = []
+    for t in range(g.shape[1]):  # an EMA of white noise, as Adam's first moment
+        ema = beta * ema + (1 - beta) * g[:, t]
+        if t >= 300:
+            steps.append(ema.copy())
+    steps = np.array(steps)  # (n, chains)
+    ratio = np.sqrt((steps.sum(0) ** 2).mean() / (steps ** 2).mean())
+    assert ratio == pytest.approx(theory.random_walk_factor(n, beta), rel=0.05)
+    with pytest.raises(ValueError):
+        theory.random_walk_factor(0, 0.9)
+
+
+def _simulate(optimizer: str, lr: float, wd: float, beta: float = 0.9, dim: int = 300, channels: int = 8,
+              steps: int = 6000, seed: int = 0) -> tuple[float, float]:
+    """Scale-invariant weights under pure gradient noise: the gradient is orthogonal to w and scales as 1/||w||.
+    Returns (RMS angle per step, RMS net angle per 100 steps), radians, over the second half."""
+    rng = np.random.default_rng(seed)
+    w = rng.normal(size=(channels, dim))
+    w /= np.linalg.norm(w, axis=1, keepdims=True)  # unit norm; 1/(2 lr wd) = 1,000 steps to equilibrium
+    m, v = np.zeros_like(w), np.zeros_like(w)
+    per_step, snapshots = [], []
+
+    def angle(a, b):
+        a = a / np.linalg.norm(a, axis=1, keepdims=True)
+        b = b / np.linalg.norm(b, axis=1, keepdims=True)
+        return 2 * np.arctan2(np.linalg.norm(a - b, axis=1), np.linalg.norm(a + b, axis=1))
+
+    for t in range(1, steps + 1):
+        xi = rng.normal(size=w.shape)
+        n2 = (w * w).sum(1, keepdims=True)
+        g = (xi - (xi * w).sum(1, keepdims=True) / n2 * w) / np.sqrt(n2)
+        before = w
+        if optimizer == "sgd":  # torch.optim.SGD: L2 in the gradient, heavy ball, no dampening
+            m = beta * m + g + wd * w
+            w = w - lr * m
+        else:  # torch.optim.AdamW
+            m = beta * m + (1 - beta) * g
+            v = 0.999 * v + 0.001 * g * g
+            w = w * (1 - lr * wd) - lr * (m / (1 - beta ** t)) / (np.sqrt(v / (1 - 0.999 ** t)) + 1e-8)
+        if t > steps // 2:
+            per_step.append(angle(before, w))
+            if t % 100 == 0:
+                snapshots.append(w)
+    net = [angle(a, b) for a, b in zip(snapshots, snapshots[1:])]
+    return float(np.sqrt(np.mean(np.square(per_step)))), float(np.sqrt(np.mean(np.square(net))))
+
+
+def test_equilibrium_angular_update_matches_a_simulated_random_walk():
+    """The two papers' formulas from first principles: scale-invariant weights, white-noise gradients."""
+    sgd = theory.predict({"name": "sgd", "lr": 0.05, "weight_decay": 0.01, "momentum": 0.9})
+    step, _ = _simulate("sgd", 0.05, 0.01)
+    assert step == pytest.approx(sgd.per_step_rad, rel=0.05)
+    adamw = theory.predict({"name": "adamw", "lr": 0.01, "weight_decay": 0.05, "beta1": 0.9})
+    step, net = _simulate("adamw", 0.01, 0.05)
+    assert step == pytest.approx(adamw.per_step_rad, rel=0.08)
+    assert net == pytest.approx(math.radians(adamw.net_deg_per_100), rel=0.08)
+    assert net < 0.5 * math.radians(adamw.path_deg_per_100)  # the net angle is far below the summed one
+
+
+# ----------------------------------------------------------------------------- claims: statistics and verdicts
+def test_spearman_critical_values_match_the_exact_tables():
+    assert claims.spearman_critical(5) == pytest.approx(0.9)
+    assert claims.spearman_critical(6) == pytest.approx(0.8286, abs=1e-4)
+    assert claims.spearman_critical(7) == pytest.approx(0.7143, abs=1e-4)
+    assert math.isinf(claims.spearman_critical(3))  # three items can never be significant at 5%
+    with pytest.raises(ValueError):
+        claims.spearman_critical(9)
+
+
+def test_tolerances_follow_the_seed_spread():
+    a, b = claims.Stat((0.5, 0.6, 0.7)), claims.Stat((0.1, 0.2, 0.3))
+    assert a.sd == pytest.approx(0.1) and claims.above(a, b)[0] and not claims.above(b, a)[0]
+    close = claims.Stat((0.25, 0.35, 0.45))
+    assert not claims.above(close, b)[0]  # 0.15 apart, 2 SE = 0.163
+    ok, how = claims.above(claims.Stat((0.3,)), claims.Stat((0.2,)))
+    assert ok and "sign alone" in how
+
+
+def test_a_replication_that_matches_the_article_passes(replication, tmp_path):
+    md, checks = claims.build_report(replication, _load(replication))
+    verdict = {c.name: c.verdict for c in checks}
+    expected_pass = ["rotation_orders_accuracy", "norm_growth_does_not_order_accuracy",
+                     "projected_grows_less_than_adam", "projected_does_worse_than_adam",
+                     "projected_rotates_faster_than_adam", "training_mode_stays_at_100",
+                     "evaluation_mode_falls_below_training_mode", "update_cosine_adam", "update_cosine_sgd",
+                     "update_cosine_adam_above_sgd", "gradient_cosine_is_zero", "drift_middle_adam",
+                     "drift_middle_sgd", "drift_adam_above_sgd", "predicted_lag_middle_adam",
+                     "predicted_lag_middle_sgd", "lag_formula_predicts_measured_lag",
+                     "stale_middle_channel_at_failing_check", "abs_mean_over_std_middle",
+                     "reestimation_restores_every_final_checkpoint", "middle_layer_alone_lifts_failing_checks",
+                     "window_test_rotation_almost_unchanged", "window_test_recovers_most_accuracy",
+                     "cosine_decay_recovers", "small_learning_rate_matches_sgd", "adamw_between_adam_and_sgd"]
+    assert {n: verdict[n] for n in expected_pass} == {n: "PASS" for n in expected_pass}
+    cells = claims.table_checks(claims.collect(replication, _load(replication)))
+    for row, title, c in cells:
+        if title != "Checks below 90%":  # constant accuracy per run: all or none of its checks are below 90%
+            assert c.verdict == "PASS", (row, title, c.measured, c.tolerance)
+    assert "NOT RUN: no run has an averaging table" in md and "NOT RUN: no runs of `adam_groupnorm`" in md
+    assert "| `adam` | 27 | 8 (50%) | 8–8 | 16 |" in md  # 9 failing checks x 3 seeds; 90% of the gain first at k = 8
+    assert "`adamw` | sqrt(2 lr wd (1 - beta1) / (1 + beta1))" in md
+
+
+def test_a_broken_replication_fails_the_claims_it_breaks(tmp_path):
+    """Projected Adam as accurate as SGD and an evaluation mode that never falls break named claims."""
+    root = write_replication(tmp_path, **{"adam_projected": {"acc_eval": 0.99}, "adam": {"acc_train": 0.6}})
+    _, checks = claims.build_report(root, _load(root))
+    verdict = {c.name: c.verdict for c in checks}
+    assert verdict["projected_does_worse_than_adam"] == "FAIL"
+    assert verdict["training_mode_stays_at_100"] == "FAIL"
+    assert verdict["evaluation_mode_falls_below_training_mode"] == "FAIL"
+    assert verdict["rotation_orders_accuracy"] == "FAIL"  # the fastest-turning row is now among the best
+
+
+def test_missing_rows_and_single_seeds_are_not_run(tmp_path, capsys):
+    write_replication(tmp_path, seeds=(0,), rows=("sgd", "adam"))
+    assert claims.main(["--results", str(tmp_path), "--out", str(tmp_path / "out")]) == 0
+    md = (tmp_path / "out" / "claims.md").read_text()
+    _, checks = claims.build_report(tmp_path, _load(tmp_path))
+    verdict = {c.name: c.verdict for c in checks}
+    assert verdict["window_test_recovers_most_accuracy"] == "NOT RUN"
+    assert verdict["rotation_orders_accuracy"] == "NOT RUN"  # 2 of 6 rows
+    assert verdict["update_cosine_adam"] == "NOT RUN"  # one seed: no spread, no tolerance
+    assert verdict["update_cosine_adam_above_sgd"] == "PASS"  # an order needs no spread: the sign alone, said so
+    assert "sign alone" in md and "missing runs of `adam_bn_m0.3`" in md
+    assert claims.main(["--results", str(tmp_path / "nowhere")]) == 2
+
+
+def test_channels_to_recover_and_recovery_share():
+    top = pd.DataFrame({"k": [0, 1, 2, 4, 8], "acc_eval_mode": [0.1, 0.3, 0.8, 0.95, 1.0]})
+    assert claims.channels_to_recover(top) == (4, 8)  # 0.1 + 0.9 * 0.9 = 0.91 is first reached at k = 4
+    assert claims.channels_to_recover(top, share=0.5) == (2, 8)
+    res = claims.Results(Path("."), [], pd.DataFrame({"row": ["sgd", "adam", "x", "sgd", "adam", "x"],
+                                                      "seed": [0, 0, 0, 1, 1, 1],
+                                                      "acc_eval_mode": [1.0, 0.6, 0.9, 1.0, 0.5, 0.5]}))
+    assert claims.recovery(res, "x").values == pytest.approx((0.75, 0.0))  # paired by seed
+
+
+# ----------------------------------------------------------------------------- figures
+def test_figures_state_n_and_skip_what_has_no_data(replication, tmp_path):
+    out = tmp_path / "figures"
+    done = figures.make_figures(replication, _load(replication), out,
+                                only=("01_accuracy_vs_rotation", "06_single_layer_fresh_statistics", "09_averaging"))
+    drawn = {d.name: d for d in done}
+    assert drawn["09_averaging"].skipped.startswith("no averaging results")
+    for name in ("01_accuracy_vs_rotation", "06_single_layer_fresh_statistics"):
+        assert (out / f"{name}.png").stat().st_size > 10_000 and (out / f"{name}.pdf").exists()
+    assert "n = 21 runs (7 rows × 3 seeds)" in drawn["01_accuracy_vs_rotation"].caption
+    assert "Failing checks per row: adamw 27, adam 27, adam_projected 27." in \
+        drawn["06_single_layer_fresh_statistics"].caption
+    readme = (out / "README.md").read_text()
+    assert "![Evaluation-mode accuracy against rotation](01_accuracy_vs_rotation.png)" in readme
+    assert "Not drawn: no averaging results" in readme and not (out / "09_averaging.png").exists()
+
+
+def test_averaging_figure_and_finding_from_an_averaging_table(tmp_path):
+    av = pd.DataFrame([dict(step=s, average=a, decay=d, window_steps=w, policy=p, acc_eval_mode=acc)
+                       for s in (4000, 6000)
+                       for a, d, w, p, acc in (("live", math.nan, 0, "none", 0.6), ("ema", 0.999, 0, "copy", 0.4),
+                                               ("ema", 0.999, 0, "refresh", 1.0),
+                                               ("tail", math.nan, 1000, "refresh", 0.99))])
+    write_replication(tmp_path, seeds=(0, 1), rows=("sgd", "adam"), adam={"averaging": av}, sgd={"averaging": av})
+    runs = _load(tmp_path)
+    done = figures.make_figures(tmp_path, runs, tmp_path / "fig", only=("09_averaging",))
+    assert not done[0].skipped and (tmp_path / "fig" / "09_averaging.png").exists()
+    md, _ = claims.build_report(tmp_path, runs)
+    assert "| `adam` | EMA, decay 0.999 | copy | 40.0% | 40.0%–40.0% | 4 |" in md
+    assert "| `adam` | tail average, 1000 steps | refresh | 99.0%" in md
+
+
+# ----------------------------------------------------------------------------- real smoke results, notebooks
+@pytest.fixture(scope="module")
+def smoke_root(tmp_path_factory) -> Path:
+    """The runner itself at a toy size: sgd and adamw (the row with an equilibrium prediction), seed 0."""
+    from conftest import run_cfg
+
+    from bnrotation.runner import run
+    root = tmp_path_factory.mktemp("smoke")
+    toy = ["task.probe_size=32", "task.batch_size=16", "scale.heldout_size=32", "scale.steps=12",
+           "scale.log_every=4", "scale.check_start=4", "scale.check_every=4", "scale.intervene_every=4",
+           "scale.reestimate_batches=1"]
+    for row, seed in (("sgd", 0), ("adamw", 0)):
+        assert run(run_cfg([f"experiment={row}", f"seed={seed}", *toy], root)) is not None
+    return root
+
+
+def test_make_figures_and_claims_run_on_the_runners_output(smoke_root, tmp_path):
+    """Every figure is drawn from the runner's output by the notebook test below; here the command line."""
+    assert figures.main(["--results", str(smoke_root), "--out", str(tmp_path / "figures"),
+                         "--only", "04_rotation_over_steps", "09_averaging"]) == 0
+    readme = (tmp_path / "figures" / "README.md").read_text()
+    assert readme.count("## ") == 2 and "(04_rotation_over_steps.pdf)" in readme
+    assert "adamw: " in readme and "° net (" in readme  # AdamW's equilibrium prediction, in the caption
+    assert claims.main(["--results", str(smoke_root), "--out", str(tmp_path)]) == 0
+    md = (tmp_path / "claims.md").read_text()
+    assert "Seeds per row: `sgd` 0, `adamw` 0." in md
+    assert "| `adamw` | sqrt(2 lr wd (1 - beta1) / (1 + beta1))" in md
+
+
+NO_TORCH = """
+import runpy, sys
+import bnrotation.analysis.claims, bnrotation.analysis.figures, bnrotation.analysis.metrics
+import bnrotation.analysis.results, bnrotation.analysis.table, bnrotation.analysis.theory
+for path in sys.argv[1:]:
+    runpy.run_path(path, run_name="__main__")
+bad = sorted(m for m in sys.modules if m == "torch" or m.startswith("torch."))
+sys.exit(f"analysis imported {bad}" if bad else 0)
+"""
+
+
+def test_notebooks_run_against_smoke_results_and_analysis_never_imports_torch(smoke_root):
+    """Every notebook runs as a plain script on the runner's output, drawing every figure; and neither the
+    analysis modules nor the notebooks import torch (one interpreter, to keep the test fast)."""
+    import jupytext
+    notebooks = sorted((ROOT / "notebooks").glob("*.py"))
+    assert notebooks
+    for nb in notebooks:
+        assert len(jupytext.read(nb).cells) > 5, nb  # a percent-format notebook, not a bare script
+    env = dict(os.environ, PYTHONPATH=str(SRC), BNROTATION_RESULTS=str(smoke_root), MPLBACKEND="Agg")
+    done = subprocess.run([sys.executable, "-c", NO_TORCH, *map(str, notebooks)], env=env, capture_output=True,
+                          text=True, timeout=300, cwd=ROOT)
+    assert done.returncode == 0, f"{done.stdout[-2000:]}\n{done.stderr[-4000:]}"
+    assert f"2 runs under {smoke_root}" in done.stdout
+    assert "not drawn: no averaging results" in done.stdout  # the one figure the smoke runs cannot feed
