@@ -32,7 +32,7 @@ import argparse
 import itertools
 import math
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
@@ -42,7 +42,7 @@ import pandas as pd
 from .. import records
 from ..rows import PUBLISHED_ROWS, ROWS, row_order
 from . import metrics, theory
-from .results import BadRunError, Run, default_results_root, load_runs
+from .results import Run, add_results_arguments, runs_for_command
 from .table import run_metrics
 
 TABLES = ("checks", "layers", "channels", "interventions", "averaging")
@@ -158,7 +158,6 @@ class Results:
     root: Path
     runs: list[Run]
     per_run: pd.DataFrame
-    notes: list[str] = field(default_factory=list)
 
     def has(self, *rows: str) -> bool:
         return all((self.per_run["row"] == r).any() for r in rows)
@@ -707,20 +706,13 @@ def build_report(root: Path, runs: list[Run]) -> tuple[str, list[Check]]:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--results", default=None,
-                   help="results root holding runs/ (default: results if it has runs, else results/reference)")
+    add_results_arguments(p)
     p.add_argument("--out", default="results", help="folder for claims.md")
-    p.add_argument("--skip-bad", action="store_true", help="report bad runs and check the others")
     args = p.parse_args(argv)
-    root = Path(args.results) if args.results else default_results_root()
-    try:
-        runs = load_runs(root, skip_bad=args.skip_bad, tables=TABLES)
-    except (BadRunError, FileNotFoundError) as err:
-        print(f"error: {err}", file=sys.stderr)
+    found = runs_for_command(args.results, args.skip_bad, TABLES)
+    if found is None:
         return 2
-    if not runs:
-        print(f"error: no finished runs under {root}/runs", file=sys.stderr)
-        return 2
+    root, runs = found
     md, checks = build_report(root, runs)
     out = Path(args.out)
     records.atomic_write_text(out / "claims.md", md)

@@ -30,7 +30,7 @@ import seaborn as sns
 from .. import records
 from ..rows import ROWS, row_order
 from . import metrics, theory
-from .results import BadRunError, Run, default_results_root, load_runs
+from .results import Run, add_results_arguments, runs_for_command
 from .table import run_metrics
 
 TABLES = ("checks", "layers", "channels", "interventions", "averaging")
@@ -568,23 +568,16 @@ def index_markdown(done: list[Drawn], root: Path) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--results", default=None,
-                   help="results root holding runs/ (default: results if it has runs, else results/reference)")
+    add_results_arguments(p)
     p.add_argument("--out", default="results/figures", help="folder for the figures and their README.md")
     p.add_argument("--only", nargs="*", default=(), help="names of the figures to draw (default: all)")
-    p.add_argument("--skip-bad", action="store_true", help="report bad runs and draw from the others")
     args = p.parse_args(argv)
     matplotlib.use("Agg")  # files only, no window
-    root = Path(args.results) if args.results else default_results_root()
+    found = runs_for_command(args.results, args.skip_bad, TABLES)
+    if found is None:
+        return 2
+    root, runs = found
     out = Path(args.out)
-    try:
-        runs = load_runs(root, skip_bad=args.skip_bad, tables=TABLES)
-    except (BadRunError, FileNotFoundError) as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
-    if not runs:
-        print(f"error: no finished runs under {root}/runs", file=sys.stderr)
-        return 2
     done = make_figures(root, runs, out, tuple(args.only))
     for f in done:
         print(f"{'skipped' if f.skipped else 'wrote  '} {out / f.name}" + (f" ({f.skipped})" if f.skipped else ""),

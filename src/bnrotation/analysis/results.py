@@ -227,3 +227,31 @@ def load_runs(root: str | Path, skip_bad: bool = False,
     if skipped is not None:
         skipped.extend(problems)
     return runs
+
+
+def add_results_arguments(parser) -> None:
+    """``--results`` and ``--skip-bad``, the options every analysis command shares."""
+    parser.add_argument("--results", default=None,
+                        help="results root holding runs/ (default: results if it has runs, else results/reference)")
+    parser.add_argument("--skip-bad", action="store_true", help="report bad runs and use the others")
+
+
+def runs_for_command(results: str | None, skip_bad: bool, tables: tuple[str, ...],
+                     skipped: list[str] | None = None) -> tuple[Path, list[Run]] | None:
+    """The results root (``results``, else :func:`default_results_root`) and its runs, for a command line;
+    with ``skip_bad``, what was left out is appended to ``skipped`` (see :func:`load_runs`).
+
+    Returns:
+        None, after printing the reason on stderr, when the root has no ``runs`` folder, a bad run
+        (unless ``skip_bad``) or no finished run.
+    """
+    root = Path(results) if results else default_results_root()
+    try:
+        runs = load_runs(root, skip_bad=skip_bad, tables=tables, skipped=skipped)
+    except (BadRunError, FileNotFoundError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return None
+    if not runs:
+        print(f"error: no finished runs under {root}/runs", file=sys.stderr)
+        return None
+    return root, runs

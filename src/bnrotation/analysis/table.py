@@ -26,7 +26,7 @@ from .. import records
 from ..rows import ROWS, SEEDS, row_order
 from . import lag, metrics
 from .averaging import write_averaging
-from .results import BadRunError, Run, default_results_root, load_runs
+from .results import Run, add_results_arguments, runs_for_command
 
 # (column key, header, published attribute, format)
 COLUMNS = (
@@ -142,23 +142,16 @@ def to_markdown(table: pd.DataFrame, root: Path, skipped: list[str] = ()) -> str
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--results", default=None,
-                   help="results root holding runs/ (default: results if it has runs, else results/reference)")
+    add_results_arguments(p)
     p.add_argument("--out", default="results", help="folder for table.md and table.csv")
     p.add_argument("--seeds", type=int, default=len(SEEDS), help="seeds each row should have")
-    p.add_argument("--skip-bad", action="store_true", help="report bad runs and tabulate the others")
     args = p.parse_args(argv)
-    root = Path(args.results) if args.results else default_results_root()
     skipped: list[str] = []
-    try:
-        runs = load_runs(root, skip_bad=args.skip_bad,
-                         tables=("checks", "layers", "channels", "interventions", "averaging"), skipped=skipped)
-    except (BadRunError, FileNotFoundError) as err:
-        print(f"error: {err}", file=sys.stderr)
+    found = runs_for_command(args.results, args.skip_bad,
+                             ("checks", "layers", "channels", "interventions", "averaging"), skipped)
+    if found is None:
         return 2
-    if not runs:
-        print(f"error: no finished runs under {root}/runs", file=sys.stderr)
-        return 2
+    root, runs = found
     table = build_table(runs, args.seeds)
     out = Path(args.out)
     md = to_markdown(table, root, skipped)
