@@ -454,7 +454,7 @@ def middle_layer_check(res: Results) -> Check:
         steps = metrics.failing_steps(r, FAIL_BELOW)
         none = metrics.interventions(r, "none").set_index("step")["acc_eval_mode"]
         layer = metrics.interventions(r, "layer")
-        mid = layer[layer["layer"] == "bn2"].set_index("step")["acc_eval_mode"]
+        mid = layer[layer["layer"] == metrics.MIDDLE_NORM].set_index("step")["acc_eval_mode"]
         stored += [float(none[s]) for s in steps]
         lifted += [float(mid[s]) for s in steps if s in mid.index]
     if not lifted:

@@ -16,6 +16,7 @@ from .results import Run
 
 LAST_CONV = "conv3"
 MIDDLE_CONV = "conv2"
+MIDDLE_NORM = "bn2"  # the norm layer behind MIDDLE_CONV (interventions name norm layers)
 
 
 def check_window(run: Run) -> tuple[int, int]:
