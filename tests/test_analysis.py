@@ -297,7 +297,7 @@ def test_a_replication_that_matches_the_article_passes(replication, tmp_path):
         if title != "Checks below 90%":  # constant accuracy per run: all or none of its checks are below 90%
             assert c.verdict == "PASS", (row, title, c.measured, c.tolerance)
     assert "NOT RUN: no run has an averaging table" in md and "NOT RUN: no runs of `adam_groupnorm`" in md
-    assert "| `adam` | 27 | 8 (50%) | 8–8 | 16 |" in md  # 9 failing checks x 3 seeds; 90% of the gain first at k = 8
+    assert "| `adam` | 27 | 4 (25%) | 4–4 | 0 | 16 |" in md  # 9 failing checks x 3 seeds; 90% first reached at k = 4
     assert "`adamw` | sqrt(2 lr wd (1 - beta1) / (1 + beta1))" in md
 
 
@@ -326,10 +326,13 @@ def test_missing_rows_and_single_seeds_are_not_run(tmp_path, capsys):
     assert claims.main(["--results", str(tmp_path / "nowhere")]) == 2
 
 
-def test_channels_to_recover_and_recovery_share():
-    top = pd.DataFrame({"k": [0, 1, 2, 4, 8], "acc_eval_mode": [0.1, 0.3, 0.8, 0.95, 1.0]})
-    assert claims.channels_to_recover(top) == (4, 8)  # 0.1 + 0.9 * 0.9 = 0.91 is first reached at k = 4
-    assert claims.channels_to_recover(top, share=0.5) == (2, 8)
+def test_failing_checks_and_recovery_share(tmp_path):
+    write_run(tmp_path, "adam", 0, rotation=7.0, norm_growth=3.0, acc_eval=0.6, lifted=0.85)
+    write_run(tmp_path, "sgd", 0, rotation=0.5, norm_growth=1.1, acc_eval=0.95)
+    failing = metrics.failing_checks(_load(tmp_path))
+    assert list(failing["row"].unique()) == ["adam"] and len(failing) == 9  # steps 2,000, 2,500, ..., 6,000
+    assert failing["stored"].tolist() == [0.6] * 9 and failing["bn2"].tolist() == [0.85] * 9
+    assert failing["k_needed"].tolist() == [4] * 9  # 0.6 + 0.4 * 0.8 = 0.92 is the first k past 90%
     res = claims.Results(Path("."), [], pd.DataFrame({"row": ["sgd", "adam", "x", "sgd", "adam", "x"],
                                                       "seed": [0, 0, 0, 1, 1, 1],
                                                       "acc_eval_mode": [1.0, 0.6, 0.9, 1.0, 0.5, 0.5]}))
@@ -360,16 +363,16 @@ def test_figures_state_n_and_skip_what_has_no_data(replication, tmp_path):
 def test_averaging_figure_and_finding_from_an_averaging_table(tmp_path):
     av = pd.DataFrame([dict(step=s, average=a, decay=d, window_steps=w, policy=p, acc_eval_mode=acc)
                        for s in (4000, 6000)
-                       for a, d, w, p, acc in (("live", math.nan, 0, "none", 0.6), ("ema", 0.999, 0, "copy", 0.4),
-                                               ("ema", 0.999, 0, "refresh", 1.0),
+                       for a, d, w, p, acc in (("live", math.nan, -1, "none", 0.6), ("ema", 0.999, -1, "copy", 0.4),
+                                               ("ema", 0.999, -1, "refresh", 1.0),
                                                ("tail", math.nan, 1000, "refresh", 0.99))])
     write_replication(tmp_path, seeds=(0, 1), rows=("sgd", "adam"), adam={"averaging": av}, sgd={"averaging": av})
     runs = _load(tmp_path)
     done = figures.make_figures(tmp_path, runs, tmp_path / "fig", only=("09_averaging",))
     assert not done[0].skipped and (tmp_path / "fig" / "09_averaging.png").exists()
     md, _ = claims.build_report(tmp_path, runs)
-    assert "| `adam` | EMA, decay 0.999 | copy | 40.0% | 40.0%–40.0% | 4 |" in md
-    assert "| `adam` | tail average, 1000 steps | refresh | 99.0%" in md
+    assert ("- `adam` (n = 2 seeds): Live 60.0% (none); EMA 0.999 from 40.0% (copy) to 100.0% (refresh); "
+            "Tail 1000 steps 99.0% (refresh).") in md
 
 
 # ----------------------------------------------------------------------------- real smoke results, notebooks

@@ -41,7 +41,8 @@ import pandas as pd
 
 from .. import records
 from ..rows import PUBLISHED_ROWS, ROWS, row_order
-from . import metrics, theory
+from . import averaging, interventions, lag, metrics, theory
+from .metrics import averaged_model
 from .results import Run, add_results_arguments, runs_for_command
 from .table import run_metrics
 
@@ -171,15 +172,24 @@ class Results:
 
 
 def per_run_values(run: Run) -> dict:
-    """Every per-run quantity the claims use: the table's columns and the probes' summaries."""
+    """Every per-run quantity the claims use: the table's columns (:func:`table.run_metrics`), the middle
+    layer's lag summary as ``lag.md`` has it (:func:`lag.run_lags`), and the probes' other summaries."""
     values = run_metrics(run)
+    lags = lag.run_lags(run)
+    mid = lags[lags["layer"] == metrics.MIDDLE_CONV] if len(lags) else lags
+
+    def middle(column: str) -> float:
+        return float(mid[column].iloc[0]) if len(mid) else math.nan
+
     values.update(
         update_cos=metrics.layer_mean(run, "update_cos"),
         grad_cos=metrics.layer_mean(run, "grad_cos"),
         grad_cos_max_abs=max(metrics.layer_max_abs(run, "grad_cos", layer) for layer in ("conv1", "conv2", "conv3")),
-        drift_mid=metrics.channel_median(run, "drift_sigma_per_step"),
-        predicted_lag_mid=metrics.channel_median(run, "predicted_lag_sigma"),
-        lag_mid=metrics.channel_median(run, "lag_sigma", absolute=True),
+        drift_mid=middle("median_drift_sigma_per_step"),
+        predicted_lag_mid=middle("median_predicted_lag_sigma"),
+        lag_mid=middle("median_abs_lag_sigma"),
+        lag_ratio_mid=middle("measured_over_predicted"),
+        lag_spearman_mid=middle("spearman"),
         abs_mean_over_std_mid=metrics.channel_median(run, "abs_mean_over_std"),
     )
     below, n = values["checks_below"], values["n_checks"]
@@ -389,15 +399,15 @@ def lag_formula_check(res: Results) -> Check:
              "typical lag of a middle-layer channel under Adam.")
     if not res.has(ADAM):
         return not_run(name, claim, "0.24σ", (ADAM,), res)
-    g = res.per_run[res.per_run["row"] == ADAM].sort_values("seed")
-    ratio = Stat(tuple(g["lag_mid"] / g["predicted_lag_mid"]), tuple(g["seed"]))
+    ratio, rho = res.stat(ADAM, "lag_ratio_mid"), res.stat(ADAM, "lag_spearman_mid")
     measured, predicted = res.stat(ADAM, "lag_mid"), res.stat(ADAM, "predicted_lag_mid")
     ok = 1 / MODEL_FACTOR <= ratio.mean <= MODEL_FACTOR
     return Check(name, claim, "predicted 0.24σ (the article gives no measured median)",
                  f"median |lag| measured {describe(measured, 'sigma')}, predicted {describe(predicted, 'sigma')}; "
-                 f"ratio {describe(ratio, 'plain')}",
+                 f"ratio {describe(ratio, 'plain')}; Spearman ρ over (step, channel) pairs {describe(rho, 'plain')}",
                  f"measured/predicted within a factor of {MODEL_FACTOR:g}, fixed a priori: the formula is a "
                  "steady-state approximation (constant drift), not a fit", PASS if ok else FAIL,
+                 "medians over the middle layer's (step, channel) pairs in the check window, as in `lag.md`; "
                  "figure 5 shows the comparison channel by channel")
 
 
@@ -449,14 +459,9 @@ def middle_layer_check(res: Results) -> Check:
              "between 82% and 100%.")
     if not res.has(ADAM):
         return not_run(name, claim, "10% → 82–100%", (ADAM,), res)
-    stored, lifted = [], []
-    for r in res.runs_of(ADAM):
-        steps = metrics.failing_steps(r, FAIL_BELOW)
-        none = metrics.interventions(r, "none").set_index("step")["acc_eval_mode"]
-        layer = metrics.interventions(r, "layer")
-        mid = layer[layer["layer"] == metrics.MIDDLE_NORM].set_index("step")["acc_eval_mode"]
-        stored += [float(none[s]) for s in steps]
-        lifted += [float(mid[s]) for s in steps if s in mid.index]
+    failing = metrics.failing_checks(res.runs_of(ADAM))
+    stored = list(failing["stored"]) if len(failing) else []
+    lifted = list(failing[metrics.MIDDLE_NORM].dropna()) if metrics.MIDDLE_NORM in failing else []
     if not lifted:
         return Check(name, claim, "10% → 82–100%", "no failing check in the `adam` runs", "–", NOT_RUN)
     share = float(np.mean(np.array(lifted) >= 0.82))
@@ -587,65 +592,46 @@ def theory_lines(res: Results) -> list[str]:
 
 
 # ----------------------------------------------------------------------------- findings on open questions
-def channels_to_recover(top: pd.DataFrame, share: float = 0.9) -> tuple[int, int]:
-    """For one failing check's ``top_k`` lines: the smallest k whose accuracy reaches
-    stored + ``share`` · (all fresh − stored), and the total number of channels."""
-    top = top.sort_values("k")
-    stored = float(top.loc[top["k"] == 0, "acc_eval_mode"].iloc[0])
-    total = int(top["k"].max())
-    full = float(top.loc[top["k"] == total, "acc_eval_mode"].iloc[0])
-    target = stored + share * (full - stored)
-    reach = top[top["acc_eval_mode"] >= target - 1e-12]
-    return int(reach["k"].min()), total
-
-
 def finding_channels(res: Results) -> list[str]:
     lines = ["### How many channels carry the damage\n"]
-    rows = []
-    for row in sorted(res.per_run["row"].unique(), key=row_order):
-        ks, total = [], 0
-        for r in res.runs_of(row):
-            top = metrics.interventions(r, "top_k")
-            for step in metrics.failing_steps(r, FAIL_BELOW):
-                k, total = channels_to_recover(top[top["step"] == step])
-                ks.append(k)
-        if ks:
-            rows.append(f"| `{row}` | {len(ks)} | {int(np.median(ks))} ({np.median(ks) / total:.0%}) | "
-                        f"{min(ks)}–{max(ks)} | {total} |")
-    if not rows:
+    failing = metrics.failing_checks(res.runs)
+    if failing.empty:
         return lines + ["NOT RUN: no failing check (evaluation-mode accuracy below 90% at an intervention step) "
                         "in these runs, so no damage to locate.\n"]
-    lines += ["At each failing check, channels of all BatchNorm layers are ranked by |running-mean lag| and only "
-              "the top k get fresh statistics (figure 7). Below: the smallest k on the grid 0, 1, 2, 4, … that wins "
-              "back 90% of what re-estimating every channel wins back.\n",
-              "| Row | Failing checks | Median k (share of channels) | Range of k | Channels in all |",
-              "|---|---:|---:|---:|---:|", *rows, ""]
-    return lines
+    lines += ["At each failing check, the channels of all BatchNorm layers are ranked by |running-mean lag| and "
+              "only the top k get fresh statistics (figure 7). Below: the smallest k on the grid 0, 1, 2, 4, … "
+              f"that lifts evaluation-mode accuracy to {interventions.RECOVERY_THRESHOLD:.0%} "
+              "(`interventions.smallest_k`, as `make diagnose` reports it), and how often even all channels do "
+              "not.\n",
+              "| Row | Failing checks | Median k (share of all channels) | Range of k | Not reached | Channels |",
+              "|---|---:|---:|---:|---:|---:|"]
+    for row, g in sorted(failing.groupby("row"), key=lambda kv: row_order(kv[0])):
+        k, total = g["k_needed"].dropna(), int(g["channels"].max())
+        med = f"{int(k.median())} ({k.median() / total:.0%})" if len(k) else "–"
+        span = f"{int(k.min())}–{int(k.max())}" if len(k) else "–"
+        lines.append(f"| `{row}` | {len(g)} | {med} | {span} | {int(g['k_needed'].isna().sum())} | {total} |")
+    return lines + [""]
 
 
 def finding_averaging(res: Results) -> list[str]:
     lines = ["### Weight averaging (EMA, tail average) and the running statistics\n"]
-    av = metrics.tidy(res.runs, "averaging")
-    if av.empty:
+    table = averaging.build_averaging_table(res.runs)
+    if table.empty:
         return lines + ["NOT RUN: no run has an averaging table yet (the `averaging` parquet is absent or empty).\n"]
-    av = av[av["in_window"]] if av["in_window"].any() else av
-    av = av.assign(variant=av.apply(metrics.averaging_variant, axis=1))
-    table = av.groupby(["row", "variant", "policy"])["acc_eval_mode"].agg(["mean", "min", "max", "count"])
-    lines += ["Evaluation-mode accuracy, mean over seeds and evaluated steps in the check window (range), per "
-              "weights (live, EMA, tail average) and BatchNorm buffer policy (figure 9).\n",
-              "| Row | Weights | Policy | Accuracy | Range | n |", "|---|---|---|---:|---:|---:|"]
-    for (row, variant, policy), v in sorted(table.iterrows(), key=lambda kv: (row_order(kv[0][0]), kv[0][1:])):
-        lines.append(f"| `{row}` | {variant} | {policy} | {fmt(v['mean'], 'pct')} | "
-                     f"{fmt(v['min'], 'pct')}–{fmt(v['max'], 'pct')} | {int(v['count'])} |")
-    lines.append("")
-    for row, g in sorted(table["mean"].groupby(level="row"), key=lambda kv: row_order(kv[0])):
+    lines += ["Evaluation-mode accuracy of the live weights, of an exponential moving average (EMA) of the weights "
+              "and of a tail average, under each policy for the BatchNorm buffers, per run the mean over its "
+              "evaluations in the check window, then over seeds (the full table with spreads: `averaging.md`, "
+              "written by `make table`; figure 9). Per row, each averaged model from its worst to its best "
+              "buffer policy:\n"]
+    for row, g in sorted(table.groupby("row"), key=lambda kv: row_order(kv[0])):
         parts = []
-        for variant, h in g.groupby(level="variant"):
-            h = h.droplevel(["row", "variant"])
-            lo, hi = h.idxmin(), h.idxmax()
-            parts.append(f"{variant} {fmt(h[lo], 'pct')} ({lo})" if lo == hi else
-                         f"{variant} from {fmt(h[lo], 'pct')} ({lo}) to {fmt(h[hi], 'pct')} ({hi})")
-        lines.append(f"- `{row}`: " + "; ".join(parts) + ".")
+        g = g.assign(model=[averaged_model(r) for _, r in g.iterrows()])
+        for model, h in g.groupby("model", sort=False):
+            lo, hi = h.loc[h["acc_eval_mode_mean"].idxmin()], h.loc[h["acc_eval_mode_mean"].idxmax()]
+            parts.append(f"{model} {fmt(lo['acc_eval_mode_mean'], 'pct')} ({lo['policy']})" if len(h) == 1 else
+                         f"{model} from {fmt(lo['acc_eval_mode_mean'], 'pct')} ({lo['policy']}) to "
+                         f"{fmt(hi['acc_eval_mode_mean'], 'pct')} ({hi['policy']})")
+        lines.append(f"- `{row}` (n = {int(g['n_seeds'].max())} seeds): " + "; ".join(parts) + ".")
     return lines + [""]
 
 

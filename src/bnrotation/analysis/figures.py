@@ -29,7 +29,7 @@ import seaborn as sns
 
 from .. import records
 from ..rows import ROWS, row_order
-from . import metrics, theory
+from . import averaging, metrics, theory
 from .results import Run, add_results_arguments, runs_for_command
 from .table import run_metrics
 
@@ -358,8 +358,8 @@ def fig_lag_measured_vs_predicted(d: Data) -> tuple[plt.Figure, str]:
 
 
 # ----------------------------------------------------------------------------- 6, 7: interventions at failing checks
-def failing_interventions(d: Data) -> pd.DataFrame:
-    """Every intervention line at the failing checks (stored statistics below 90%) of every run."""
+def failing_lines(d: Data) -> pd.DataFrame:
+    """Every ``interventions`` line at the failing checks (stored statistics below 90%) of every run."""
     frames = []
     for r in d.runs:
         steps = metrics.failing_steps(r, FAIL_BELOW)
@@ -370,34 +370,30 @@ def failing_interventions(d: Data) -> pd.DataFrame:
 
 
 def fig_single_layer(d: Data) -> tuple[plt.Figure, str]:
-    iv = failing_interventions(d)
-    if iv.empty:
+    wide = metrics.failing_checks(d.runs, FAIL_BELOW)
+    if wide.empty:
         raise Skip(f"no failing check (evaluation-mode accuracy below {FAIL_BELOW:.0%} with the stored "
                    "statistics at an intervention step) in these runs")
-    layers = sorted(iv.loc[iv["intervention"] == "layer", "layer"].unique())
+    layers = sorted(c for c in wide.columns if c not in ("step", "stored", "reestimated", "k_needed", "channels",
+                                                         "row", "seed"))
+    columns = ["stored", *layers, "reestimated"]
     order = ["stored"] + [f"{name} fresh" for name in layers] + ["all fresh"]
-    iv = iv.assign(what=np.select([iv["intervention"] == "none", iv["intervention"] == "reestimate",
-                                   iv["intervention"] == "layer"],
-                                  ["stored", "all fresh", iv["layer"] + " fresh"], default=""))
-    iv = iv[iv["what"] != ""]
-    rows = [r for r in d.rows if (iv["row"] == r).any()]
+    rows = [r for r in d.rows if (wide["row"] == r).any()]
     fig, axes = _facets(len(rows), size=(3.6, 3.0))
-    xs = {w: i for i, w in enumerate(order)}
     counts = []
     for ax, row in zip(axes, rows):
-        g = iv[iv["row"] == row]
-        wide = g.pivot_table(index=["seed", "step"], columns="what", values="acc_eval_mode").reindex(columns=order)
-        counts.append(f"{row} {len(wide)}")
-        for _, line in wide.iterrows():
+        g = wide.loc[wide["row"] == row, columns]
+        counts.append(f"{row} {len(g)}")
+        for _, line in g.iterrows():
             ax.plot(range(len(order)), line.to_numpy(), color=d.palette[row], alpha=0.35, lw=1, marker="o",
                     markersize=3)
-        ax.plot(range(len(order)), wide.mean().to_numpy(), color="black", lw=0, marker="_", markersize=16,
+        ax.plot(range(len(order)), g.mean().to_numpy(), color="black", lw=0, marker="_", markersize=16,
                 markeredgewidth=2)
         ax.axhline(MIDDLE_LAYER_LIFT, color="0.3", ls="--", lw=1)
         ax.set_xticks(range(len(order)), order, rotation=35, ha="right")
         ax.set_ylim(0, 1.04)
         _pct(ax)
-        ax.set_title(_wrap(f"{d.label(row)} ({len(wide)} failing)", 34))
+        ax.set_title(_wrap(f"{d.label(row)} ({len(g)} failing)", 34))
     _outer_labels(axes, "", "evaluation-mode accuracy")
     fig.tight_layout()
     return fig, (f"Evaluation-mode accuracy at the failing checks (below {FAIL_BELOW:.0%} with the stored running "
@@ -409,7 +405,7 @@ def fig_single_layer(d: Data) -> tuple[plt.Figure, str]:
 
 
 def fig_top_k(d: Data) -> tuple[plt.Figure, str]:
-    iv = failing_interventions(d)
+    iv = failing_lines(d)
     if iv.empty:
         raise Skip(f"no failing check (evaluation-mode accuracy below {FAIL_BELOW:.0%}) in these runs")
     top = iv[iv["intervention"] == "top_k"]
@@ -468,42 +464,44 @@ def fig_drift(d: Data) -> tuple[plt.Figure, str]:
 
 
 # ----------------------------------------------------------------------------- 9: weight averaging
-POLICY_ORDER = ("none", "copy", "average", "mixture", "refresh")
-
-
 def fig_averaging(d: Data) -> tuple[plt.Figure, str]:
-    av = d.table("averaging")
-    if av.empty:
+    frames = [averaging.run_values(r).assign(row=r.row, seed=r.seed) for r in d.runs]
+    frames = [f for f in frames if not f.empty]
+    if not frames:
         raise Skip("no averaging results (the averaging table is absent or empty in every run)")
-    av = av[av["in_window"]] if av["in_window"].any() else av
-    av = av.assign(variant=av.apply(metrics.averaging_variant, axis=1))
+    av = pd.concat(frames, ignore_index=True)
+    av = av.assign(model=[metrics.averaged_model(line) for _, line in av.iterrows()])
     rows = [r for r in d.rows if (av["row"] == r).any()]
-    policies = [p for p in POLICY_ORDER if p in set(av["policy"])] + sorted(set(av["policy"]) - set(POLICY_ORDER))
-    variants = sorted(av["variant"].unique(), key=lambda v: (not v.startswith("live"), v))
+    present = set(av["policy"])
+    policies = [p for p in averaging.POLICY_ORDER if p in present] + sorted(present - set(averaging.POLICY_ORDER))
+    kinds = av.drop_duplicates("model")
+    order = {a: i for i, a in enumerate(averaging.AVERAGE_ORDER)}
+    models = [m for _, _, _, m in sorted(zip(kinds["average"].map(order).fillna(len(order)),
+                                            kinds["decay"].fillna(0.0), kinds["window_steps"], kinds["model"]))]
     fig, axes = _facets(len(rows), size=(3.8, 3.0))
-    colors = dict(zip(variants, sns.color_palette("dark", len(variants))))
+    colors = dict(zip(models, sns.color_palette("dark", len(models))))
     for ax, row in zip(axes, rows):
-        g = av[av["row"] == row]
-        sns.pointplot(data=g, x="policy", y="acc_eval_mode", hue="variant", order=policies, hue_order=variants,
-                      palette=colors, errorbar=("pi", 100), dodge=0.45, markersize=4, linestyle="none",
-                      err_kws={"linewidth": 1.2}, ax=ax, legend=False)
+        sns.pointplot(data=av[av["row"] == row], x="policy", y="acc_eval_mode", hue="model", order=policies,
+                      hue_order=models, palette=colors, errorbar=("pi", 100), dodge=0.5, markersize=4,
+                      linestyle="none", err_kws={"linewidth": 1.2}, ax=ax, legend=False)
         ax.set_ylim(0, 1.04)
         _pct(ax)
         ax.set_title(_wrap(d.label(row), 34))
         ax.tick_params(axis="x", rotation=25)
-    _outer_labels(axes, "BatchNorm statistics policy", "evaluation-mode accuracy")
+    _outer_labels(axes, "BatchNorm buffer policy", "evaluation-mode accuracy")
     from matplotlib.lines import Line2D
-    handles = [Line2D([], [], ls="", marker="o", color=colors[v]) for v in variants]
-    fig.legend(handles, variants, loc="lower center", bbox_to_anchor=(0.5, 1.0), ncol=min(len(variants), 4))
+    handles = [Line2D([], [], ls="", marker="o", color=colors[m]) for m in models]
+    fig.legend(handles, models, loc="lower center", bbox_to_anchor=(0.5, 1.0), ncol=min(len(models), 4))
     fig.tight_layout()
-    n = av.groupby(["row", "seed"]).ngroups
-    steps = av.groupby("row")["step"].nunique()
-    return fig, (f"Weight averaging and BatchNorm statistics: evaluation-mode accuracy of the live weights, an "
-                 f"exponential moving average (EMA) of the weights and a tail average, under each policy for the "
-                 f"BatchNorm buffers (none: the live network's stored statistics; copy, average, mixture: buffers "
-                 f"carried over or averaged; refresh: re-estimated for the averaged weights). Point: mean over "
-                 f"seeds and evaluated steps, bar: their range. n = {n} runs, "
-                 f"{span(steps)} evaluated steps per row.")
+    steps = av.groupby("row")["steps"].max()
+    return fig, (f"Weight averaging and BatchNorm statistics, per row: evaluation-mode accuracy of the live weights, "
+                 f"exponential moving averages (EMA) of the weights and the tail average, under each policy for the "
+                 f"BatchNorm buffers (none: the live model's own; copy: one constituent's; average: the mean of the "
+                 f"buffers; mixture: their law-of-total-variance mixture; refresh: re-estimated on the averaged "
+                 f"weights). Point: mean over seeds of each run's mean over its evaluations in the check window "
+                 f"({span(steps)} per run); bar: range over seeds "
+                 f"({runs_text(d.per_run[d.per_run['row'].isin(rows)])}). The same numbers, with spreads: "
+                 f"averaging.md (make table).")
 
 
 FIGURES: tuple[tuple[str, str, Callable[[Data], tuple[plt.Figure, str]]], ...] = (

@@ -12,6 +12,7 @@ import pandas as pd
 
 from .. import records
 from ..rows import ROWS
+from .interventions import per_step
 from .results import Run
 
 LAST_CONV = "conv3"
@@ -92,10 +93,9 @@ def final_reestimated_acc(run: Run) -> float:
 
 
 def channel_median(run: Run, column: str, layer: str = MIDDLE_CONV, absolute: bool = False) -> float:
-    """A per-channel quantity of ``layer`` summarised as the article does: per logged step inside the
-    check window, the median over the layer's channels (of ``|column|`` if ``absolute``); then the mean
-    over those steps. Units are the column's (``drift_sigma_per_step``: sigma per step; ``lag_sigma``,
-    ``predicted_lag_sigma``: sigma; ``abs_mean_over_std``: a ratio). NaN if nothing is logged there.
+    """Median of a per-channel quantity of ``layer`` (of ``|column|`` if ``absolute``) over its (step, channel)
+    pairs inside the check window, the convention of ``lag.md`` (:mod:`.lag`). Units are the column's
+    (``abs_mean_over_std``: a ratio). NaN if nothing finite is logged there.
 
     Raises:
         KeyError: naming ``column`` if the channels table lacks it.
@@ -103,10 +103,9 @@ def channel_median(run: Run, column: str, layer: str = MIDDLE_CONV, absolute: bo
     ch = run.tables["channels"]
     if column not in ch.columns:
         raise KeyError(f"{run.path}: channels table has no column {column!r}")
-    sel = in_window(run, ch[ch["layer"] == layer], first_step=max(check_window(run)[0], 1))
-    values = sel[column].abs() if absolute else sel[column]
-    per_step = values.groupby(sel["step"]).median()
-    return float(per_step.mean()) if per_step.notna().any() else math.nan
+    sel = in_window(run, ch[ch["layer"] == layer])[column]
+    sel = sel.abs() if absolute else sel
+    return float(sel.median()) if sel.notna().any() else math.nan
 
 
 def layer_mean(run: Run, column: str, layer: str = LAST_CONV) -> float:
@@ -124,19 +123,13 @@ def layer_max_abs(run: Run, column: str, layer: str = LAST_CONV) -> float:
     return float(sel[column].abs().max()) if sel[column].notna().any() else math.nan
 
 
-def interventions(run: Run, kind: str) -> pd.DataFrame:
-    """The run's ``interventions`` lines of one kind (``none``, ``reestimate``, ``layer``, ``top_k``);
-    empty when the run has none (no running statistics, or interventions off)."""
-    iv = run.tables.get("interventions")
-    if iv is None or iv.empty:
-        return pd.DataFrame(columns=list(records.TABLE_COLUMNS["interventions"]))
-    return iv[iv["intervention"] == kind]
-
-
 def failing_steps(run: Run, threshold: float = 0.90) -> list[int]:
     """Intervention steps inside the check window whose evaluation-mode accuracy with the stored
     running statistics is below ``threshold`` (the "failing checkpoints" of the article)."""
-    stored = in_window(run, interventions(run, "none"))
+    iv = run.tables.get("interventions")
+    if iv is None or iv.empty:
+        return []
+    stored = in_window(run, iv[iv["intervention"] == "none"])
     return sorted(int(s) for s in stored.loc[stored["acc_eval_mode"] < threshold, "step"])
 
 
@@ -157,11 +150,22 @@ def tidy(runs: list[Run], name: str) -> pd.DataFrame:
     return pd.concat(frames, ignore_index=True)
 
 
-def averaging_variant(line: pd.Series) -> str:
-    """The weights an ``averaging`` line evaluates: 'live weights', 'EMA, decay 0.999' or
-    'tail average, 1000 steps' (from its ``average``, ``decay`` and ``window_steps``)."""
-    if line["average"] == "ema":
-        return f"EMA, decay {line['decay']:g}"
-    if line["average"] == "tail":
-        return f"tail average, {int(line['window_steps'])} steps"
-    return "live weights"
+
+def failing_checks(runs: list[Run], threshold: float = 0.90) -> pd.DataFrame:
+    """Every run's interventions at its failing checks (:func:`failing_steps`), one line per check as
+    :func:`interventions.per_step` gives it (``stored``, ``reestimated``, one column per norm layer alone
+    fresh, ``k_needed``, ``channels``), with ``row`` and ``seed``. Empty when no check fails."""
+    frames = []
+    for r in runs:
+        steps = failing_steps(r, threshold)
+        if steps:
+            iv = r.tables["interventions"]
+            frames.append(per_step(iv[iv["step"].isin(steps)]).assign(row=r.row, seed=r.seed))
+    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+
+
+def averaged_model(line: pd.Series) -> str:
+    """The averaged model of an ``averaging`` line, without its buffer policy: 'Live', 'EMA 0.999',
+    'Tail 1000 steps' (:func:`averaging.column_label`)."""
+    from .averaging import column_label  # averaging imports this module
+    return column_label(line["average"], line["decay"], line["window_steps"], "").strip()
