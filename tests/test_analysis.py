@@ -326,6 +326,16 @@ def test_missing_rows_and_single_seeds_are_not_run(tmp_path, capsys):
     assert claims.main(["--results", str(tmp_path / "nowhere")]) == 2
 
 
+def test_norms_without_running_statistics_finding(tmp_path):
+    write_run(tmp_path, "adam", 0, rotation=7.7, norm_growth=6.0, acc_eval=0.6)
+    write_run(tmp_path, "adam_groupnorm", 0, rotation=7.0, norm_growth=5.0, acc_eval=0.99, acc_train=0.995)
+    md, _ = claims.build_report(tmp_path, _load(tmp_path))
+    assert "| `adam_groupnorm` | 7.00° (n = 1 seed) | 99.5% (n = 1 seed) | 99.0% (n = 1 seed) |" in md
+    assert "- `adam`: training mode minus evaluation mode, 40.0 points." in md
+    assert "- `adam_groupnorm`: training mode minus evaluation mode, 0.5 points." in md
+    assert "NOT RUN: no runs of" not in md
+
+
 def test_failing_checks_and_recovery_share(tmp_path):
     write_run(tmp_path, "adam", 0, rotation=7.0, norm_growth=3.0, acc_eval=0.6, lifted=0.85)
     write_run(tmp_path, "sgd", 0, rotation=0.5, norm_growth=1.1, acc_eval=0.95)
