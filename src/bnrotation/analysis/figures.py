@@ -23,20 +23,18 @@ from pathlib import Path
 
 import matplotlib
 import matplotlib.pyplot as plt
-import numpy as np
 import pandas as pd
 import seaborn as sns
 
 from .. import records
 from ..rows import ROWS, row_order
 from . import averaging, metrics, theory
+from .claims import ARTICLE_MIDDLE_DRIFT, ARTICLE_MIDDLE_LIFT
+from .metrics import FAIL_BELOW
 from .results import Run, add_results_arguments, runs_for_command
 from .table import run_metrics
 
 TABLES = ("checks", "layers", "channels", "interventions", "averaging")
-FAIL_BELOW = 0.90  # a check "fails" below 90% evaluation-mode accuracy (the table's column)
-PUBLISHED_MIDDLE_DRIFT = {"adam": 0.0074, "sgd": 0.0010}  # article, sigma per step (PROTOCOL.md)
-MIDDLE_LAYER_LIFT = 0.82  # article: the middle layer alone lifts failing checks to 82-100%
 
 
 class Skip(Exception):
@@ -389,7 +387,7 @@ def fig_single_layer(d: Data) -> tuple[plt.Figure, str]:
                     markersize=3)
         ax.plot(range(len(order)), g.mean().to_numpy(), color="black", lw=0, marker="_", markersize=16,
                 markeredgewidth=2)
-        ax.axhline(MIDDLE_LAYER_LIFT, color="0.3", ls="--", lw=1)
+        ax.axhline(ARTICLE_MIDDLE_LIFT, color="0.3", ls="--", lw=1)
         ax.set_xticks(range(len(order)), order, rotation=35, ha="right")
         ax.set_ylim(0, 1.04)
         _pct(ax)
@@ -447,10 +445,10 @@ def fig_drift(d: Data) -> tuple[plt.Figure, str]:
         sns.boxplot(data=ch, x="drift_sigma_per_step", y="label", order=[d.label(r) for r in rows], hue="label",
                     hue_order=[d.label(r) for r in rows], palette={d.label(r): d.palette[r] for r in rows},
                     log_scale=True, whis=(5, 95), fliersize=0, width=0.6, ax=ax, legend=False)
-    for row, value in PUBLISHED_MIDDLE_DRIFT.items():
+    for row, value in ARTICLE_MIDDLE_DRIFT.items():
         ax.axvline(value, color=d.palette.get(row, "0.3"), ls="--", lw=1.2)
         ax.text(value, -0.7, f"article median,\n{row}: {value}", ha="center", va="bottom", fontsize="x-small")
-    marks = list(PUBLISHED_MIDDLE_DRIFT.values())
+    marks = list(ARTICLE_MIDDLE_DRIFT.values())
     ax.set_xlim(min(float(ch["drift_sigma_per_step"].quantile(0.002)), *marks) / 1.5,
                 max(float(ch["drift_sigma_per_step"].quantile(0.998)), *marks) * 1.5)
     ax.set_xlabel("drift of the fresh mean, middle layer (σ per step, log scale)")

@@ -15,6 +15,7 @@ from ..rows import ROWS
 from .interventions import per_step
 from .results import Run
 
+FAIL_BELOW = 0.90  # a check fails below 90% evaluation-mode accuracy (the table's "Checks below 90%")
 LAST_CONV = "conv3"
 MIDDLE_CONV = "conv2"
 MIDDLE_NORM = "bn2"  # the norm layer behind MIDDLE_CONV (interventions name norm layers)
@@ -123,7 +124,7 @@ def layer_max_abs(run: Run, column: str, layer: str = LAST_CONV) -> float:
     return float(sel[column].abs().max()) if sel[column].notna().any() else math.nan
 
 
-def failing_steps(run: Run, threshold: float = 0.90) -> list[int]:
+def failing_steps(run: Run, threshold: float = FAIL_BELOW) -> list[int]:
     """Intervention steps inside the check window whose evaluation-mode accuracy with the stored
     running statistics is below ``threshold`` (the "failing checkpoints" of the article)."""
     iv = run.tables.get("interventions")
@@ -151,7 +152,7 @@ def tidy(runs: list[Run], name: str) -> pd.DataFrame:
 
 
 
-def failing_checks(runs: list[Run], threshold: float = 0.90) -> pd.DataFrame:
+def failing_checks(runs: list[Run], threshold: float = FAIL_BELOW) -> pd.DataFrame:
     """Every run's interventions at its failing checks (:func:`failing_steps`), one line per check as
     :func:`interventions.per_step` gives it (``stored``, ``reestimated``, one column per norm layer alone
     fresh, ``k_needed``, ``channels``), with ``row`` and ``seed``. Empty when no check fails."""
