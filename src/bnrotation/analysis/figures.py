@@ -78,16 +78,17 @@ def apply_style() -> None:
                       "legend.frameon": False, "pdf.fonttype": 42, "svg.fonttype": "none"})
 
 
-# tab10 positions: related rows get far-apart hues (Adam red, its window test pink, AdamW orange, ...).
-ROW_COLOURS = {"sgd": 0, "adam_lr3e-4": 9, "adam_cosine": 2, "adamw": 1, "adam": 3, "adam_projected": 4,
-               "adam_bn_m0.3": 6, "adam_groupnorm": 8, "adam_layernorm": 5, "adamp": 7}
+# One colour per row (tab10 hues; grey left for training mode): related rows far apart (Adam red, its window
+# test pink, AdamW orange, projected Adam purple, official AdamP indigo).
+ROW_COLOURS = {"sgd": "#1f77b4", "adam_lr3e-4": "#17becf", "adam_cosine": "#2ca02c", "adamw": "#ff7f0e",
+               "adam": "#d62728", "adam_projected": "#9467bd", "adam_bn_m0.3": "#e377c2",
+               "adam_groupnorm": "#bcbd22", "adam_layernorm": "#8c564b", "adamp": "#393b79"}
 
 
 def row_palette(rows: list[str]) -> dict[str, tuple]:
     """A fixed colour per row, so a row keeps its colour whichever rows are present; rows without a
     fixed colour get further ones, in registry order."""
-    base = sns.color_palette("tab10", 10)
-    pal = {r: base[i] for r, i in ROW_COLOURS.items()}
+    pal = {r: matplotlib.colors.to_rgb(c) for r, c in ROW_COLOURS.items()}
     extra = [r for r in sorted(rows, key=row_order) if r not in pal]
     pal.update(zip(extra, sns.color_palette("husl", max(len(extra), 1))))
     return pal
@@ -388,6 +389,8 @@ def fig_single_layer(d: Data) -> tuple[plt.Figure, str]:
         ax.plot(range(len(order)), g.mean().to_numpy(), color="black", lw=0, marker="_", markersize=16,
                 markeredgewidth=2)
         ax.axhline(ARTICLE_MIDDLE_LIFT, color="0.3", ls="--", lw=1)
+        ax.text(len(order) - 1, ARTICLE_MIDDLE_LIFT + 0.015, "82%: article, bn2 alone", ha="right", va="bottom",
+                fontsize="x-small", color="0.3")
         ax.set_xticks(range(len(order)), order, rotation=35, ha="right")
         ax.set_ylim(0, 1.04)
         _pct(ax)
