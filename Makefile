@@ -29,6 +29,7 @@ SEEDS ?= $(SEEDS_$(SCALE))
 force_flag := $(if $(filter 1 true yes,$(FORCE)),true,false)
 results_flag := $(if $(RESULTS),--results $(RESULTS),)
 results_override := $(if $(RESULTS),results_root=$(RESULTS),)
+skip_flag := $(if $(filter 1 true yes,$(SKIP_BAD)),--skip-bad,)
 launcher := $(if $(filter-out 1,$(JOBS)),hydra/launcher=joblib hydra.launcher.n_jobs=$(JOBS) threads=$$(( $$(nproc) / $(JOBS) > 0 ? $$(nproc) / $(JOBS) : 1 )),)
 
 .PHONY: help install test sweep reproduce row table diagnose figures claims notebooks bench clean
@@ -62,7 +63,7 @@ row: $(VENV)/.installed ## one row at one seed: make row ROW=adam SEED=1 [ARGS='
 		$(results_override) $(ARGS)
 
 table: $(VENV)/.installed ## results/table.md and .csv from the parquet results (RESULTS=<root>; SKIP_BAD=1 leaves bad runs out)
-	$(PY) -m bnrotation.analysis.table $(results_flag) --out $(OUT) $(if $(filter 1 true yes,$(SKIP_BAD)),--skip-bad,)
+	$(PY) -m bnrotation.analysis.table $(results_flag) --out $(OUT) $(skip_flag)
 
 diagnose: $(VENV)/.installed ## stale statistics and fixes of one run: make diagnose RUN=<run folder> [STEP=<n>|last|worst]
 	$(PY) experiments/diagnose.py run=$(RUN) $(if $(STEP),step=$(STEP),)
@@ -71,10 +72,10 @@ bench: $(VENV)/.installed ## results/bench.md: runner vs the article's bare loop
 	$(PY) bench/bench.py --venv $(VENV) --out $(OUT)/bench.md $(BENCH_ARGS)
 
 figures: $(VENV)/.installed ## results/figures/*.png, *.pdf and README.md from the parquet results (RESULTS=<root>)
-	$(PY) -m bnrotation.analysis.figures $(results_flag) --out $(OUT)/figures
+	$(PY) -m bnrotation.analysis.figures $(results_flag) --out $(OUT)/figures $(skip_flag)
 
 claims: $(VENV)/.installed ## results/claims.md: every claim of the article, PASS/FAIL/NOT RUN (RESULTS=<root>)
-	$(PY) -m bnrotation.analysis.claims $(results_flag) --out $(OUT)
+	$(PY) -m bnrotation.analysis.claims $(results_flag) --out $(OUT) $(skip_flag)
 
 notebooks: $(VENV)/.installed ## run every notebooks/*.py as a script against the results (RESULTS=<root>)
 	@for nb in notebooks/*.py; do echo "$$nb"; \
