@@ -68,7 +68,7 @@ def write_run(root: Path, row: str, seed: int, *, rotation: float, norm_growth: 
     cfg = {"row": row, "seed": seed, "scale": dict(scale),
            "optimizer": {"name": spec.optimizer, "lr": spec.lr, "weight_decay": spec.weight_decay,
                          "momentum": 0.9, "beta1": 0.9},
-           "model": {"channels": [c for _, c in LAYERS.values()]}}
+           "model": {"channels": [c for _, c in LAYERS.values()]}, "task": {"probe_size": 512}}
     (out / "config.yaml").write_text(yaml.safe_dump(cfg))
     (out / "run.json").write_text(json.dumps(_run_json(row, seed)))
     steps = list(range(0, scale["steps"] + 1, scale["log_every"]))

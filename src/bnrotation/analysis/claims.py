@@ -433,13 +433,16 @@ def max_lag_check(res: Results) -> Check:
     worst = [v for r in res.runs_of(ADAM) for v in middle_lag_at_failing(r)]
     if not worst:
         return Check(name, claim, "2σ", "no failing check in the `adam` runs", "–", NOT_RUN)
-    med = float(np.median(worst))
-    ok = 2.0 / MODEL_FACTOR <= med <= 2.0 * MODEL_FACTOR
+    top = max(worst)
+    ok = 2.0 / MODEL_FACTOR <= top <= 2.0 * MODEL_FACTOR
     return Check(name, claim, "2σ (one checkpoint)",
-                 f"largest middle-layer |lag| per failing check: median {med:.2g}σ, range "
-                 f"{min(worst):.2g}–{max(worst):.2g}σ over {len(worst)} failing checks (`adam`)",
-                 f"median within a factor of {MODEL_FACTOR:g} of 2σ (the article reports one checkpoint)",
-                 PASS if ok else FAIL)
+                 f"largest middle-layer |lag| at any failing check: {top:.2g}σ; per failing check from "
+                 f"{min(worst):.2g}σ to {top:.2g}σ, median {float(np.median(worst)):.2g}σ, over {len(worst)} failing "
+                 "checks (`adam`)",
+                 f"the largest within a factor of {MODEL_FACTOR:g} of 2σ: the article shows one checkpoint, so the "
+                 "claim is that such a channel exists, not that it is typical",
+                 PASS if ok else FAIL, "lag against fresh statistics of the probe set "
+                 f"({res.runs_of(ADAM)[0].config['task']['probe_size']} training samples)")
 
 
 def reestimation_check(res: Results) -> Check:
@@ -634,7 +637,8 @@ def finding_averaging(res: Results) -> list[str]:
             parts.append(f"{model} {fmt(lo['acc_eval_mode_mean'], 'pct')} ({lo['policy']})" if len(h) == 1 else
                          f"{model} from {fmt(lo['acc_eval_mode_mean'], 'pct')} ({lo['policy']}) to "
                          f"{fmt(hi['acc_eval_mode_mean'], 'pct')} ({hi['policy']})")
-        lines.append(f"- `{row}` (n = {int(g['n_seeds'].max())} seeds): " + "; ".join(parts) + ".")
+        n = int(g["n_seeds"].max())
+        lines.append(f"- `{row}` (n = {n} seed{'s' * (n != 1)}): " + "; ".join(parts) + ".")
     return lines + [""]
 
 

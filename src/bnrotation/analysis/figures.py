@@ -152,8 +152,12 @@ def _pct(ax, axis: str = "y") -> None:
     (ax.yaxis if axis == "y" else ax.xaxis).set_major_formatter(fmt)
 
 
-def _legend_right(fig, handles, labels, title: str | None = None) -> None:
-    fig.legend(handles, labels, loc="center left", bbox_to_anchor=(1.0, 0.5), title=title)
+def _log_axis(axis, which: str) -> None:
+    """A log-scale axis labelled 0.5, 1, 2, 5, 10, ... (plain numbers, no minor labels)."""
+    getattr(axis.axes, f"set_{which}scale")("log")
+    axis.set_major_locator(matplotlib.ticker.LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+    axis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}"))
+    axis.set_minor_formatter(matplotlib.ticker.NullFormatter())
 
 
 # ----------------------------------------------------------------------------- 1, 2: one point per run
@@ -172,8 +176,10 @@ def _accuracy_scatter(d: Data, x: str, published_attr: str, xlabel: str, log: bo
             ax.scatter([pub], [spec.published.acc_eval_mode], s=110, facecolor="none", edgecolor=color,
                        linewidth=1.8, zorder=2)
     if log:
-        ax.set_xscale("log")
-        ax.xaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}"))
+        _log_axis(ax.xaxis, "x")
+        values = d.per_run[x].dropna()
+        ax.set_xlim(min(0.3, values.min() / 1.3) if len(values) else 0.3,
+                    max(40.0, values.max() * 1.3) if len(values) else 40.0)  # the published rows all fit
     ax.set_xlabel(xlabel)
     ax.set_ylabel("evaluation-mode accuracy\n(mean of the checks)")
     ax.set_ylim(0, 1.04)
@@ -233,7 +239,8 @@ def fig_accuracy_over_steps(d: Data) -> tuple[plt.Figure, str]:
     _outer_labels(axes, "step", "accuracy on the held-out set")
     from matplotlib.lines import Line2D
     handles = [Line2D([], [], color="0.25", ls="--", lw=1.6), Line2D([], [], color="0.45", ls="-", lw=1.6)]
-    fig.legend(handles, [m[1] for m in modes], loc="lower center", bbox_to_anchor=(0.5, 1.0), ncol=2)
+    fig.legend(handles, [m[1] for m in modes], loc="lower center", bbox_to_anchor=(0.5, 1.0),
+               ncol=1 if len(rows) < 3 else 2)
     fig.tight_layout()
     return fig, (f"Training- and evaluation-mode accuracy on the held-out set at every check, per row; line: mean "
                  f"over seeds, band: lowest to highest seed ({runs_text(d.per_run)}; {sum(n_checks)} checks). "
@@ -276,14 +283,11 @@ def fig_rotation_over_steps(d: Data) -> tuple[plt.Figure, str]:
         g = rot[rot["row"] == row].groupby("step")["rotation"].agg(["mean", "min", "max"])
         g = g[g["mean"] > 0]
         _band(ax, g.index, g["mean"], g["min"], g["max"], d.palette[row], "measured")
-        ax.set_yscale("log")
+        _log_axis(ax.yaxis, "y")
         ax.axvspan(first, last, color="0.9", zorder=0, lw=0)
         pred, series = preds[row]
         if pred.applies:
             ax.plot(series["step"], series["net_deg_per_100"], color="black", ls="--", lw=1.2)
-        else:
-            ax.text(0.03, 0.04, "no weight decay: no prediction", transform=ax.transAxes, ha="left",
-                    va="bottom", fontsize="x-small", color="0.35")
         lr = checks[checks["row"] == row].groupby("step")["lr"].mean()
         twin = ax.twinx()
         twin.plot(lr.index, lr.to_numpy(), color="0.35", ls=":", lw=1.4)
@@ -293,16 +297,15 @@ def fig_rotation_over_steps(d: Data) -> tuple[plt.Figure, str]:
         twin.yaxis.get_offset_text().set_fontsize("x-small")
         twin.set_ylabel("learning rate", fontsize="x-small", color="0.35")
         ax.set_title(_wrap(d.label(row), 34))
-        ax.yaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}"))
     _outer_labels(axes, "step", "rotation per 100 steps (°)")
     from matplotlib.lines import Line2D
     from matplotlib.patches import Patch
     handles = [Line2D([], [], color="0.4", lw=1.6), Line2D([], [], color="black", ls="--", lw=1.2),
                Line2D([], [], color="0.35", ls=":", lw=1.4), Patch(color="0.9")]
     labels = ["measured (mean over seeds; band: seed range)",
-              "equilibrium prediction, net angle per 100 steps (Kosson et al. 2024 / Wan et al. 2021)",
+              "equilibrium prediction, net angle per 100 steps\n(rows with weight decay only)",
               "learning rate at the checks (right axis)", "check window"]
-    fig.legend(handles, labels, loc="lower center", bbox_to_anchor=(0.5, 1.0), ncol=2)
+    fig.legend(handles, labels, loc="lower center", bbox_to_anchor=(0.5, 1.0), ncol=1 if len(rows) < 3 else 2)
     fig.tight_layout()
     applies = [f"{row}: {p.net_deg_per_100:.2f}° net ({p.path_deg_per_100:.1f}° summed over the steps)"
                for row, (p, _) in preds.items() if p.applies]
