@@ -366,7 +366,7 @@ def dips_to_chance_check(res: Results) -> Check:
     return Check(name, claim, "lowest check 10% (chance)",
                  f"lowest check {fmt(float(lowest['acc_eval_mode']), 'pct')} (seed {lowest['seed']}, step "
                  f"{lowest['step']}); lowest per seed {', '.join(fmt(float(v), 'pct') for v in per_run)} "
-                 f"({len(checks)} checks of {len(per_run)} runs)",
+                 f"({len(checks)} checks of {len(per_run)} run{'s' * (len(per_run) != 1)})",
                  "the lowest check within 5 points of chance (≤ 15%)", PASS if ok else FAIL)
 
 
