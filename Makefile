@@ -58,7 +58,7 @@ sweep: $(VENV)/.installed ## every row x seed at SCALE (resumable; FORCE=1 rerun
 
 reproduce: sweep table figures claims ## the whole study at SCALE, then the table, figures and claims
 
-row: $(VENV)/.installed ## one row at one seed: make row ROW=adam SEED=1 [ARGS='optimizer.lr=0.001 row=adam_lr1e-3']
+row: $(VENV)/.installed ## one row at one seed, SCALE=full unless given (a run: 12-25 min on 2 cores): make row ROW=adam SEED=1 [SCALE=smoke] [ARGS='optimizer.lr=0.001 row=adam_lr1e-3']
 	$(PY) experiments/train.py experiment=$(ROW) seed=$(SEED) scale=$(SCALE) force=$(force_flag) \
 		$(results_override) $(ARGS)
 

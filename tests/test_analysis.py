@@ -23,8 +23,8 @@ import pytest
 import yaml
 
 from bnrotation import records
-from bnrotation.analysis import claims, figures, metrics, theory
-from bnrotation.analysis.results import OPTIMIZER_CLASSES, load_runs
+from bnrotation.analysis import claims, figures, metrics, table, theory
+from bnrotation.analysis.results import OPTIMIZER_CLASSES, BadRunError, load_runs, protocol_scale
 from bnrotation.rows import ROWS
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -324,6 +324,39 @@ def test_missing_rows_and_single_seeds_are_not_run(tmp_path, capsys):
     assert verdict["update_cosine_adam_above_sgd"] == "PASS"  # an order needs no spread: the sign alone, said so
     assert "sign alone" in md and "missing runs of `adam_bn_m0.3`" in md
     assert claims.main(["--results", str(tmp_path / "nowhere")]) == 2
+
+
+def test_the_protocol_scale_is_the_full_config():
+    full = yaml.safe_load((ROOT / "conf" / "scale" / "full.yaml").read_text())
+    assert protocol_scale() == {k: full[k] for k in protocol_scale()}
+
+
+def test_runs_below_the_article_scale_get_no_verdict(tmp_path):
+    """A replication at a shorter scale would pass and fail claims by accident: every verdict is withheld,
+    the one it would have had is said, and the table marks its published figures as for orientation."""
+    quick = dict(SCALE, name="quick", steps=2000, check_start=1000, heldout_size=2000)
+    root = tmp_path / "quick"
+    for row in ("sgd", "adam"):
+        pub = ROWS[row].published
+        for seed in (0, 1, 2):
+            write_run(root, row, seed, rotation=pub.rotation_deg_per_100, norm_growth=pub.norm_growth,
+                      acc_eval=pub.acc_eval_mode, scale=quick)
+    md, checks = claims.build_report(root, _load(root))
+    assert {c.verdict for c in checks} == {"NOT RUN"}
+    assert any("it would read PASS" in c.note for c in checks)
+    assert "**Not the article's scale.**" in md and "2,000 steps" in md and "6,000 steps" in md
+    assert table.main(["--results", str(root), "--out", str(tmp_path / "out")]) == 0
+    assert "**Not the article's scale.**" in (tmp_path / "out" / "table.md").read_text()
+    assert set(pd.read_csv(tmp_path / "out" / "table.csv")["scale"]) == {"quick"}
+
+
+def test_a_results_root_that_mixes_scales_is_refused(tmp_path, capsys):
+    write_run(tmp_path, "adam", 0, rotation=7.7, norm_growth=6.0, acc_eval=0.6)
+    write_run(tmp_path, "adam", 1, rotation=7.7, norm_growth=6.0, acc_eval=0.6, scale=dict(SCALE, steps=3000))
+    with pytest.raises(BadRunError, match=r"adam/seed=0 and .*adam/seed=1 ran different scales"):
+        _load(tmp_path)
+    assert table.main(["--results", str(tmp_path), "--out", str(tmp_path / "out")]) == 2
+    assert "keep one scale per results root" in capsys.readouterr().err
 
 
 def test_norms_without_running_statistics_finding(tmp_path):

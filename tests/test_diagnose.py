@@ -73,6 +73,17 @@ def test_logged_report_names_the_worst_step_and_each_layer(adam_smoke_run):
     for layer in ("bn1", "bn2", "bn3"):
         assert f"fresh {layer} only" in report
     assert report.count("\n| 10 |") == 1 and report.count("\n| 20 |") == 1
+    assert f"python experiments/diagnose.py run={adam_smoke_run} step={worst}" in report
+
+
+def test_logged_report_says_when_the_checkpoint_is_missing(adam_smoke_run, tmp_path, capsys):
+    """A committed run has no checkpoints: the report must not suggest a command that cannot work."""
+    bare = tmp_path / "runs" / "adam" / "seed=0"
+    shutil.copytree(adam_smoke_run, bare, ignore=shutil.ignore_patterns("checkpoints"))
+    report = logged.logged_report(load_run(bare, tables=("checks", "interventions")))
+    assert "experiments/diagnose.py" not in report and "which this run folder lacks" in report
+    assert main([f"run={tmp_path / 'nowhere'}"]) == 2
+    assert "no such run folder" in capsys.readouterr().err
 
 
 def _table(step: int, stored: float, reest: float, layers: dict[str, float], curve: dict[int, float]):

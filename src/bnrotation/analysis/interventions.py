@@ -126,7 +126,11 @@ def logged_report(run: Run, threshold: float = RECOVERY_THRESHOLD) -> str:
     out += ["", f"Worst intervention step: {worst} (lowest accuracy with the stored statistics)"
             + _worst_check_note(run)]
     out += describe_step(iv[iv["step"] == worst], threshold)
-    out.append(f"  {'exact k from the checkpoint':<28}python experiments/diagnose.py run={run.path} step={worst}")
+    if (run.path / "checkpoints" / f"step={worst}.pt").exists():
+        out.append(f"  {'exact k from the checkpoint':<28}python experiments/diagnose.py run={run.path} step={worst}")
+    else:
+        out.append(f"  {'exact k from the checkpoint':<28}needs checkpoints/step={worst}.pt, which this run folder "
+                   "lacks (checkpoints are not committed: rerun the row to make them)")
     return "\n".join(out) + "\n"
 
 

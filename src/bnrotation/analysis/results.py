@@ -27,6 +27,8 @@ OPTIMIZER_CLASSES = {"sgd": "SGD", "adam": "Adam", "adamw": "AdamW", "adam_proje
                      "adamp": "ProjectedAdam"}
 SCHEDULE_CLASSES = {"constant": None, "cosine": "CosineAnnealingLR"}
 SCALE_KEYS = ("steps", "log_every", "check_start")  # what the table's columns read from config.yaml
+# What the published figures depend on: a run whose scale differs in any of these is not the article's protocol.
+PROTOCOL_KEYS = ("steps", "log_every", "check_start", "check_every", "heldout_size")
 
 
 class BadRunError(ValueError):
@@ -53,6 +55,71 @@ class Run:
     @property
     def diverged(self) -> bool:
         return self.info.get("status") == "diverged"
+
+    @property
+    def scale(self) -> dict:
+        """The run's ``scale`` settings that the published figures depend on (:data:`PROTOCOL_KEYS`), and its name."""
+        scale = self.config["scale"]
+        return {"name": scale.get("name", "?"), **{k: scale.get(k) for k in PROTOCOL_KEYS}}
+
+
+def protocol_scale() -> dict:
+    """The article's protocol (PROTOCOL.md; ``conf/scale/full.yaml``): :data:`PROTOCOL_KEYS` of the full scale."""
+    from ..config import ScaleConfig  # its defaults are the full scale; hydra and omegaconf only, no torch
+
+    full = ScaleConfig()
+    return {"name": full.name, **{k: getattr(full, k) for k in PROTOCOL_KEYS}}
+
+
+def at_protocol_scale(runs: list[Run]) -> bool:
+    """Whether every run ran the article's steps, check window and held-out size, so that the published
+    figures can be compared with the measured ones."""
+    want = {k: v for k, v in protocol_scale().items() if k != "name"}
+    return all({k: r.scale[k] for k in PROTOCOL_KEYS} == want for r in runs)
+
+
+def describe_scale(scale: dict) -> str:
+    """``scale full: 6,000 steps, checks every 100 steps from step 2,000 (41 checks) on 4,000 held-out samples``."""
+    try:
+        n_checks = (scale["steps"] - scale["check_start"]) // scale["check_every"] + 1
+        checks = f"{n_checks:,} check{'s' * (n_checks != 1)}"
+        return (f"scale {scale['name']}: {scale['steps']:,} steps, checks every {scale['check_every']:,} steps from "
+                f"step {scale['check_start']:,} ({checks}) on {scale['heldout_size']:,} held-out samples")
+    except (TypeError, KeyError, ZeroDivisionError):
+        return f"scale {scale.get('name', '?')}: " + ", ".join(f"{k} {scale.get(k)}" for k in PROTOCOL_KEYS)
+
+
+def scale_note(runs: list[Run]) -> str:
+    """One sentence for a report's header: the runs' scale, and a warning when it is not the article's."""
+    if not runs:
+        return ""
+    here = describe_scale(runs[0].scale)
+    if at_protocol_scale(runs):
+        return f"The runs are at the article's protocol ({here})."
+    return (f"**Not the article's scale.** These runs are at {here}; the article's figures are for "
+            f"{describe_scale(protocol_scale())}. The published figures are shown for orientation only, "
+            "and no claim gets a verdict against them.")
+
+
+def count(n: int, noun: str) -> str:
+    """``1 run``, ``2 runs``."""
+    return f"{n:,} {noun}{'s' * (n != 1)}"
+
+
+def check_one_scale(runs: list[Run]) -> None:
+    """Refuse a results root whose runs differ in scale: a mean over seeds of different lengths means nothing.
+
+    Raises:
+        BadRunError: naming one run of each of the first two scales found.
+    """
+    first = {}
+    for r in runs:
+        key = tuple(r.scale[k] for k in PROTOCOL_KEYS)
+        first.setdefault(key, r)
+        if len(first) > 1:
+            a, b = first.values()
+            raise BadRunError(f"{a.path} and {b.path} ran different scales ({describe_scale(a.scale)}; "
+                              f"{describe_scale(b.scale)}); keep one scale per results root (results_root=...)")
 
 
 def find_run_dirs(root: str | Path) -> list[Path]:
@@ -155,6 +222,8 @@ def load_run(path: str | Path, tables: tuple[str, ...] = records.REQUIRED_TABLES
         BadRunError: naming the folder and what is wrong.
     """
     path = Path(path)
+    if not path.is_dir():
+        raise BadRunError(f"{path}: no such run folder (expected <results root>/runs/<row>/seed=<s>)")
     if not (path / records.DONE).exists():
         raise BadRunError(f"{path}: no DONE marker (the run crashed, was killed, or is still running); "
                           "rerun it (make sweep reruns it from scratch)")
@@ -220,8 +289,11 @@ def load_runs(root: str | Path, skip_bad: bool = False,
         except BadRunError as err:
             problems.append(str(err))
     if problems and not skip_bad:
-        raise BadRunError(problems[0] + (f" (and {len(problems) - 1} more problems)" if len(problems) > 1 else "")
-                          + "; pass --skip-bad (make table SKIP_BAD=1) to tabulate the other runs")
+        more = problems[1:]
+        also = (f" (also: {more[0]}" + (f"; and {len(more) - 1} more" if len(more) > 1 else "") + ")") if more else ""
+        raise BadRunError(problems[0] + also + "; pass --skip-bad (make table SKIP_BAD=1) to tabulate the other "
+                          "runs and list every problem")
+    check_one_scale(runs)
     for p in problems:
         print(f"warning: skipped: {p}", file=sys.stderr)
     if skipped is not None:

@@ -26,7 +26,7 @@ from .. import records
 from ..rows import ROWS, SEEDS, row_order
 from . import lag, metrics
 from .averaging import write_averaging
-from .results import Run, add_results_arguments, runs_for_command
+from .results import Run, add_results_arguments, count, runs_for_command, scale_note
 
 # (column key, header, published attribute, format)
 COLUMNS = (
@@ -51,6 +51,7 @@ def run_metrics(run: Run) -> dict:
         "checks_below": below, "n_checks": n_checks,
         "acc_reestimated_final": metrics.final_reestimated_acc(run),
         "wall_seconds": run.info.get("wall_seconds"),
+        "scale": run.scale["name"],
     }
 
 
@@ -60,8 +61,8 @@ def _std(x: pd.Series) -> float:
 
 def build_table(runs: list[Run], seeds_expected: int = len(SEEDS)) -> pd.DataFrame:
     """One line per row: ``<col>_mean``, ``<col>_std``, ``<col>_published`` for each column, plus
-    ``n_seeds``, ``seeds_expected``, ``seeds``, ``diverged``, ``diverged_seeds``, ``label``,
-    ``schema_version``.
+    ``n_seeds``, ``seeds_expected``, ``seeds``, ``diverged``, ``diverged_seeds``, ``label``, ``scale`` (the
+    runs' scale name), ``wall_seconds_mean`` (mean wall time of a finished run, seconds), ``schema_version``.
 
     Means and spreads are over the runs that finished; ``n_seeds`` and ``seeds``
     count those only, and runs that diverged are counted in ``diverged``
@@ -81,6 +82,7 @@ def build_table(runs: list[Run], seeds_expected: int = len(SEEDS)) -> pd.DataFra
         line = {"row": row, "label": spec.label if spec else row, "n_seeds": len(g),
                 "seeds_expected": seeds_expected, "seeds": ",".join(map(str, sorted(g["seed"]))),
                 "diverged": len(diverged), "diverged_seeds": ",".join(map(str, sorted(diverged["seed"]))),
+                "scale": runs_of_row["scale"].iloc[0],
                 "schema_version": records.SCHEMA_VERSION, "wall_seconds_mean": float(g["wall_seconds"].mean())}
         for key, _, pub, _ in COLUMNS:
             values = g[key]
@@ -112,14 +114,15 @@ def _spread(std: float, fmt: str) -> str:
     return " ± " + fmt.format(std).rstrip("°×")
 
 
-def to_markdown(table: pd.DataFrame, root: Path, skipped: list[str] = ()) -> str:
-    """The table as markdown: ``measured ± spread [published]`` in each cell; ``skipped``
-    (bad runs left out with ``--skip-bad``) listed under it."""
+def to_markdown(table: pd.DataFrame, root: Path, skipped: list[str] = (), scale: str = "") -> str:
+    """The table as markdown: ``measured ± spread [published]`` in each cell; ``scale`` (one sentence on the
+    runs' scale, :func:`.results.scale_note`) in the header; ``skipped`` (bad runs left out with ``--skip-bad``)
+    listed under it."""
     heads = [h for _, h, _, _ in COLUMNS]
     out = [f"# The rotation study's table, measured\n",
            f"Rebuilt by `make table` from the runs under `{root}` (schema version {records.SCHEMA_VERSION}). "
            "Each cell: mean over seeds ± sample standard deviation over seeds, and [the published figure]. "
-           "Steps of the check window as in each run's config (full scale: 2,000 to 6,000, 41 checks). "
+           + (scale + " " if scale else "") +
            "\"Checks below 90%\" pools every check of the row's runs, as the article does. "
            "Runs that diverged (non-finite loss) are counted under Diverged and left out of every mean.\n",
            "| Row | Seeds | " + " | ".join(heads) + " | Diverged |",
@@ -154,12 +157,12 @@ def main(argv: list[str] | None = None) -> int:
     root, runs = found
     table = build_table(runs, args.seeds)
     out = Path(args.out)
-    md = to_markdown(table, root, skipped)
+    md = to_markdown(table, root, skipped, scale_note(runs))
     records.atomic_write_text(out / "table.md", md)
     records.atomic_write_text(out / "table.csv", table.to_csv(index=False))
     lag.write_lag(runs, out, root)
     print(md)
-    print(f"wrote {out / 'table.md'}, {out / 'table.csv'} and {out / 'lag.md'} from {len(runs)} runs under {root}"
+    print(f"wrote {out / 'table.md'}, {out / 'table.csv'} and {out / 'lag.md'} from {count(len(runs), 'run')} under {root}"
           + (f", leaving out {len(skipped)} bad entries (listed above)" if skipped else ""), file=sys.stderr)
     averaging_md = write_averaging(runs, out, root)  # issue 4: averaged weights under each buffer policy
     if averaging_md is not None:
