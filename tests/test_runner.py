@@ -65,6 +65,7 @@ def test_table_from_smoke_results(smoke_results, tmp_path, capsys):
     for row in EXPERIMENTS:
         assert f"`{row}`" in md
     assert "1 of 3 (fewer seeds than asked)" in md
+    assert "| Minutes per run |" in md and "**Not the article's scale.**" in md  # smoke: orientation only
     csv = pd.read_csv(tmp_path / "table.csv")
     assert set(csv["row"]) == set(EXPERIMENTS)
     assert (csv["n_seeds"] == 1).all()

@@ -124,9 +124,11 @@ def to_markdown(table: pd.DataFrame, root: Path, skipped: list[str] = (), scale:
            "Each cell: mean over seeds ± sample standard deviation over seeds, and [the published figure]. "
            + (scale + " " if scale else "") +
            "\"Checks below 90%\" pools every check of the row's runs, as the article does. "
-           "Runs that diverged (non-finite loss) are counted under Diverged and left out of every mean.\n",
-           "| Row | Seeds | " + " | ".join(heads) + " | Diverged |",
-           "|---|---|" + "---:|" * len(heads) + "---:|"]
+           "Runs that diverged (non-finite loss) are counted under Diverged and left out of every mean. "
+           "Minutes per run: mean wall time of the row's finished runs, as `run.json` records it (it depends on "
+           "the machine and on what else ran beside it).\n",
+           "| Row | Seeds | " + " | ".join(heads) + " | Diverged | Minutes per run |",
+           "|---|---|" + "---:|" * len(heads) + "---:|---:|"]
     for _, r in table.iterrows():
         seeds = f"{r['n_seeds']} of {r['seeds_expected']}" + (" (fewer seeds than asked)"
                                                                if r["n_seeds"] < r["seeds_expected"] else "")
@@ -137,7 +139,9 @@ def to_markdown(table: pd.DataFrame, root: Path, skipped: list[str] = (), scale:
                 cell += f" [{_fmt(r[f'{key}_published'], fmt)}]"
             cells.append(cell)
         diverged = f"{r['diverged']} (seeds {r['diverged_seeds']})" if r["diverged"] else "0"
-        out.append(f"| {r['label']} (`{r['row']}`) | {seeds} | " + " | ".join(cells) + f" | {diverged} |")
+        wall = r.get("wall_seconds_mean", math.nan)
+        minutes = "–" if wall is None or math.isnan(wall) else f"{wall / 60:.0f}"
+        out.append(f"| {r['label']} (`{r['row']}`) | {seeds} | " + " | ".join(cells) + f" | {diverged} | {minutes} |")
     if skipped:
         out += ["", f"Left out with --skip-bad ({len(skipped)}):", ""] + [f"- {p}" for p in skipped]
     return "\n".join(out) + "\n"
