@@ -24,7 +24,7 @@ import yaml
 
 from bnrotation import records
 from bnrotation.analysis import claims, figures, metrics, table, theory
-from bnrotation.analysis.results import OPTIMIZER_CLASSES, BadRunError, load_runs, protocol_scale
+from bnrotation.analysis.results import OPTIMIZER_CLASSES, BadRunError, load_run, load_runs, protocol_scale
 from bnrotation.rows import ROWS
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -150,8 +150,9 @@ def test_per_channel_summaries_have_their_closed_forms(tmp_path):
               rotation_before_window=50.0)
     half = dict(SCALE, log_every=50)
     write_run(tmp_path, "sgd", 0, rotation=0.2, norm_growth=1.1, acc_eval=0.99, scale=half)
-    runs = {r.row: r for r in _load(tmp_path)}
-    adam, sgd = runs["adam"], runs["sgd"]
+    adam, sgd = (load_run(records.run_dir(tmp_path, row, 0), claims.TABLES) for row in ("adam", "sgd"))
+    with pytest.raises(BadRunError, match="ran different scales \\(scale.log_every 50 against 100\\)"):
+        _load(tmp_path)  # one results root holds one scale
     assert metrics.rotation_per_100_deg(adam) == pytest.approx(7.0)  # the 50° intervals before the window are out
     assert metrics.rotation_per_100_series(adam).loc[1000] == pytest.approx(50.0)
     assert metrics.rotation_per_100_deg(sgd) == pytest.approx(0.4)  # 0.2° per 50 steps

@@ -118,8 +118,10 @@ def check_one_scale(runs: list[Run]) -> None:
         first.setdefault(key, r)
         if len(first) > 1:
             a, b = first.values()
-            raise BadRunError(f"{a.path} and {b.path} ran different scales ({describe_scale(a.scale)}; "
-                              f"{describe_scale(b.scale)}); keep one scale per results root (results_root=...)")
+            differ = ", ".join(f"scale.{k} {a.scale[k]} against {b.scale[k]}" for k in PROTOCOL_KEYS
+                               if a.scale[k] != b.scale[k])
+            raise BadRunError(f"{a.path} and {b.path} ran different scales ({differ}); keep one scale per "
+                              "results root (results_root=...)")
 
 
 def find_run_dirs(root: str | Path) -> list[Path]:
