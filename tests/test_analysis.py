@@ -293,6 +293,8 @@ def test_a_replication_that_matches_the_article_passes(replication, tmp_path):
                      "window_test_rotation_almost_unchanged", "window_test_recovers_most_accuracy",
                      "cosine_decay_recovers", "small_learning_rate_matches_sgd", "adamw_between_adam_and_sgd"]
     assert {n: verdict[n] for n in expected_pass} == {n: "PASS" for n in expected_pass}
+    grad = next(c for c in checks if c.name == "gradient_cosine_is_zero")
+    assert "ε/σ² = 1.0e-05" in grad.note  # the synthetic runs' fresh variance is 1, BatchNorm's default ε 1e-5
     cells = claims.table_checks(claims.collect(replication, _load(replication)))
     for row, title, c in cells:
         if title != "Checks below 90%":  # constant accuracy per run: all or none of its checks are below 90%
