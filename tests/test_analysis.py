@@ -315,6 +315,16 @@ def test_a_broken_replication_fails_the_claims_it_breaks(tmp_path):
     assert verdict["rotation_orders_accuracy"] == "FAIL"  # the fastest-turning row is now among the best
 
 
+def test_the_window_test_compares_rotation_on_the_seeds_both_rows_ran(tmp_path):
+    """The window row at seed 0 only against Adam at seeds 0-2: the same seed means the same training batches,
+    so seed 0 is compared with seed 0 (here equal, 0%), not with a mean over other seeds (+69%)."""
+    for seed, rot in ((0, 7.7), (1, 3.0), (2, 3.0)):
+        write_run(tmp_path, "adam", seed, rotation=rot, norm_growth=6.0, acc_eval=0.6)
+    write_run(tmp_path, "adam_bn_m0.3", 0, rotation=7.7, norm_growth=6.0, acc_eval=0.93)
+    check = claims.window_rotation_check(claims.collect(tmp_path, _load(tmp_path)))
+    assert check.verdict == "PASS" and "+0% (on the seeds both rows ran: 0)" in check.measured
+
+
 def test_missing_rows_and_single_seeds_are_not_run(tmp_path, capsys):
     write_replication(tmp_path, seeds=(0,), rows=("sgd", "adam"))
     assert claims.main(["--results", str(tmp_path), "--out", str(tmp_path / "out")]) == 0
