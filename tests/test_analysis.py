@@ -24,7 +24,7 @@ import yaml
 
 from bnrotation import records
 from bnrotation.analysis import claims, figures, metrics, table, theory
-from bnrotation.analysis.results import OPTIMIZER_CLASSES, BadRunError, load_run, load_runs, protocol_scale
+from bnrotation.analysis.results import OPTIMIZER_CLASSES, BadRunError, Run, load_run, load_runs, protocol_scale
 from bnrotation.rows import ROWS
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -484,3 +484,12 @@ def test_notebooks_run_against_smoke_results_and_analysis_never_imports_torch(sm
     assert done.returncode == 0, f"{done.stdout[-2000:]}\n{done.stderr[-4000:]}"
     assert f"2 runs under {smoke_root}" in done.stdout
     assert "Weight averaging and BatchNorm statistics" in done.stdout and "Rotation of the last conv" in done.stdout
+
+
+def test_drift_note_extrapolates_the_interval_at_the_measured_exponent():
+    Stat, note_for = claims.Stat, claims._drift_interval_note
+    run = Run(Path("runs/adam/seed=0"), {"row": "adam", "seed": 0}, {"scale": {"log_every": 100}}, {})
+    # drift ∝ Δ^-1/2 and the published drift 4× the measured one: 4 = (100 / Δ)^(1/2) at Δ = 100 / 16
+    note = note_for(Stat((0.001, 0.003)), Stat((-0.5, -0.5)), 0.008, run)
+    assert "Δ^-0.50 (mean over 2 seeds" in note and "corresponds to Δ ≈ 6 steps" in note
+    assert note_for(Stat((0.002,)), Stat((0.0,)), 0.008, run) == ""  # steady drift: no interval fits

@@ -10,7 +10,8 @@ import pandas as pd
 import pytest
 from scipy.stats import spearmanr
 
-from bnrotation.analysis.lag import lag_table, run_lags, spearman, to_markdown, write_lag
+from bnrotation.analysis.lag import (drift_exponent, drift_markdown, drift_over_intervals, drift_scaling_table,
+                                     lag_table, run_lags, spearman, to_markdown, write_lag)
 from bnrotation.analysis.results import Run
 
 CONFIG = {"scale": {"check_start": 2000, "steps": 2200, "log_every": 100}}
@@ -90,3 +91,63 @@ def test_write_lag_with_only_norms_without_statistics(tmp_path):
     md = write_lag([_run("adam_layernorm", 0, _channels(norm="layer"))], tmp_path, Path("results"))
     assert (tmp_path / "lag.md").read_text() == md
     assert "No run logged a running-mean lag." in md and "`adam_layernorm`" in md
+
+
+# ----------------------------------------------------------------------------- drift against the interval
+def _fresh(means: np.ndarray, steps: np.ndarray, std: float = 2.0) -> Run:
+    """A run whose conv2 fresh means are ``means`` (steps x channels) at ``steps``, fresh std ``std``."""
+    n_steps, n_channels = means.shape
+    ch = pd.DataFrame({"row": "adam", "seed": 0, "step": np.repeat(steps, n_channels), "layer": "conv2",
+                       "norm_layer": "bn2", "channel": np.tile(np.arange(n_channels), n_steps),
+                       "fresh_mean": means.ravel(), "fresh_var": std ** 2, "lag_sigma": 0.1,
+                       "predicted_lag_sigma": 0.1, "drift_sigma_per_step": 0.001})
+    config = {"scale": {"check_start": int(steps[len(steps) // 2]), "steps": int(steps[-1]), "log_every": 100}}
+    return Run(Path("runs/adam/seed=0"), {"row": "adam", "seed": 0}, config, {"channels": ch})
+
+
+def test_drift_over_one_interval_is_the_logged_drift_and_a_steady_drift_has_exponent_zero():
+    steps = np.arange(0, 4100, 100)
+    rates = np.array([0.001, 0.002, 0.003, 0.004])  # σ per step, steady
+    run = _fresh(2.0 * steps[:, None] * rates[None, :] * np.array([1, -1, 1, -1]), steps)
+    drift = drift_over_intervals(run)
+    assert list(drift.index) == [100, 200, 400, 800, 1600]
+    assert drift.to_numpy() == pytest.approx(np.full(5, np.median(rates)))
+    assert drift_exponent(drift) == pytest.approx(0.0, abs=1e-9)
+
+
+def test_a_random_walk_has_exponent_minus_one_half():
+    rng = np.random.default_rng(0)
+    steps = np.arange(0, 200_100, 100)  # a long walk, so the medians settle
+    walk = np.cumsum(rng.normal(size=(len(steps), 64)), axis=0)
+    drift = drift_over_intervals(_fresh(walk, steps, std=1.0), multiples=(1, 2, 4, 8))
+    assert drift_exponent(drift) == pytest.approx(-0.5, abs=0.05)
+    # at one interval: |N(0, 1)| / 100 has median 0.6745 / 100
+    assert drift[100] == pytest.approx(0.6745 / 100, rel=0.05)
+
+
+def test_a_missing_log_step_drops_its_pairs_instead_of_spanning_the_gap():
+    steps = np.arange(0, 2100, 100)
+    means = np.zeros((len(steps), 2))
+    means[steps >= 1500] = 50.0  # one jump of 25σ between steps 1400 and 1500
+    run = _fresh(means, steps)
+    with_gap = _fresh(np.delete(means, 14, axis=0), np.delete(steps, 14))  # step 1400 missing
+    assert drift_over_intervals(run, multiples=(1,))[100] == 0.0  # the median pair does not straddle the jump
+    spans = drift_over_intervals(with_gap, multiples=(1, 2))
+    assert spans[100] == 0.0 and spans[200] == 0.0  # 1300→1500 is not read as a 100-step interval
+
+
+def test_no_fresh_statistics_gives_no_drift_and_the_section_is_left_out():
+    run = _run("adam_groupnorm", 0, _channels(norm="group"))  # no fresh_mean column; lag is NaN
+    assert drift_over_intervals(run).empty
+    assert drift_scaling_table([run]).empty and drift_markdown(drift_scaling_table([run])) == []
+    assert math.isnan(drift_exponent(pd.Series([0.1], index=[100])))
+
+
+def test_drift_section_of_lag_md(tmp_path):
+    steps = np.arange(0, 4100, 100)
+    run = _fresh(2.0 * steps[:, None] * np.array([[0.001, 0.002, 0.003]]), steps)
+    md = write_lag([run], tmp_path, tmp_path)
+    assert "## Drift of the middle layer against the interval Δ" in md
+    line = next(ln for ln in md.splitlines() if ln.startswith("| Adam") and "0.00200" in ln)
+    assert line.count("0.00200") == 5
+    assert [abs(float(c)) for c in line.strip("| ").split(" | ")[-2:]] == [0.0, 0.0]  # both exponents

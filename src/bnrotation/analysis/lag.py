@@ -12,6 +12,13 @@ their ratio, and Spearman's rank correlation between the two over the
 (step, channel) pairs. Each is computed per run, then averaged over seeds
 with the sample standard deviation as spread. Rows whose norm keeps no running
 statistics (GroupNorm, LayerNorm) log no lag and are listed, not tabulated.
+
+PROTOCOL.md defines drift over an interval Δ without fixing Δ; the runner
+uses the log interval. :func:`drift_over_intervals` recomputes the middle
+layer's drift from the logged fresh statistics at multiples of that interval,
+and :func:`drift_exponent` fits how it scales: a mean that moves at a steady
+rate gives the same drift at every Δ (exponent 0), a random walk gives drift
+falling as Δ^-1/2 (net displacement grows as √Δ).
 """
 
 from __future__ import annotations
@@ -24,7 +31,7 @@ import pandas as pd
 
 from .. import records
 from ..rows import ROWS, row_order
-from .metrics import check_window
+from .metrics import MIDDLE_CONV, check_window
 from .results import Run
 
 # (column key, header, format)
@@ -35,6 +42,7 @@ COLUMNS = (
     ("measured_over_predicted", "Measured / predicted", "{:.2f}"),
     ("spearman", "Spearman ρ", "{:.2f}"),
 )
+INTERVAL_MULTIPLES = (1, 2, 4, 8, 16)  # drift over Δ = k log intervals (100 to 1,600 steps at full scale)
 
 
 def spearman(a: pd.Series, b: pd.Series) -> float:
@@ -68,6 +76,77 @@ def run_lags(run: Run) -> pd.DataFrame:
     return pd.DataFrame(lines)
 
 
+def _over_seeds(g: pd.DataFrame, keys: list) -> dict:
+    """``<key>_mean`` and ``<key>_std`` (sample sd; NaN with one finite value) over the lines of ``g``."""
+    return {f"{key}{part}": value for key in keys for part, value in (
+        ("_mean", float(g[key].mean())),
+        ("_std", float(g[key].std(ddof=1)) if g[key].notna().sum() > 1 else math.nan))}
+
+
+def drift_over_intervals(run: Run, layer: str = MIDDLE_CONV,
+                         multiples: tuple[int, ...] = INTERVAL_MULTIPLES) -> pd.Series:
+    """Median drift of ``layer``'s fresh means over Δ = k log intervals, for each k in ``multiples``.
+
+    Drift at a (step t, channel) pair is |fresh_mean(t) − fresh_mean(t − Δ)| / (fresh_std(t) · Δ), in σ
+    per step (PROTOCOL.md, "Drift"), over the pairs whose interval ends inside the check window and
+    starts at a logged step. At k = 1 this is the ``drift_sigma_per_step`` the runner logs. Index: Δ in
+    steps; values NaN where no pair has both ends logged. Empty for a run without fresh statistics in
+    ``layer`` (no running statistics) or with fewer than two log steps.
+    """
+    ch = run.tables["channels"]
+    if not {"fresh_mean", "fresh_var"} <= set(ch.columns):
+        return pd.Series(dtype=float)
+    ch = ch[(ch["layer"] == layer) & np.isfinite(ch["fresh_mean"]) & np.isfinite(ch["fresh_var"])]
+    mean = ch.pivot(index="step", columns="channel", values="fresh_mean").sort_index()
+    if len(mean) < 2 or not np.isfinite(ch["lag_sigma"]).any():
+        return pd.Series(dtype=float)
+    std = np.sqrt(ch.pivot(index="step", columns="channel", values="fresh_var").sort_index())
+    steps = mean.index.to_numpy()
+    interval = int(np.diff(steps).min())
+    grid = range(int(steps[0]), int(steps[-1]) + 1, interval)  # a step off the grid (a last partial interval)
+    mean, std = mean.reindex(grid), std.reindex(grid)          # is left out; a missing one leaves its pairs out
+    first, last = check_window(run)
+    ends = (mean.index >= first) & (mean.index <= last)
+    out = {}
+    for k in multiples:
+        drift = (mean.diff(k).abs() / (std * interval * k))[ends]
+        values = drift.to_numpy().ravel()
+        values = values[np.isfinite(values)]
+        out[interval * k] = float(np.median(values)) if len(values) else math.nan
+    return pd.Series(out, name="median_drift_sigma_per_step").rename_axis("interval_steps")
+
+
+def drift_exponent(drift: pd.Series) -> float:
+    """Least-squares slope of log(median drift) on log(Δ) over the finite, positive entries of ``drift``
+    (as returned by :func:`drift_over_intervals`): 0 for a steady drift, −1/2 for a random walk. NaN
+    with fewer than two usable intervals."""
+    d = drift[np.isfinite(drift) & (drift > 0)]
+    if len(d) < 2:
+        return math.nan
+    return float(np.polyfit(np.log(d.index.to_numpy(dtype=float)), np.log(d.to_numpy()), 1)[0])
+
+
+def drift_scaling_table(runs: list[Run]) -> pd.DataFrame:
+    """Per row, the middle layer's median drift at each Δ (``<Δ>_mean``, ``<Δ>_std`` over seeds), the
+    exponent over all Δ and over the first doubling (``exponent_*``, ``first_doubling_*``), ``n_seeds``."""
+    lines = []
+    for run in runs:
+        drift = drift_over_intervals(run)
+        if drift.empty:
+            continue
+        lines.append({"row": run.row, "seed": run.seed, **{int(k): v for k, v in drift.items()},
+                      "exponent": drift_exponent(drift), "first_doubling": drift_exponent(drift.iloc[:2])})
+    if not lines:
+        return pd.DataFrame()
+    per_run = pd.DataFrame(lines)
+    keys = [c for c in per_run.columns if c not in ("row", "seed")]
+    out = []
+    for row, g in sorted(per_run.groupby("row"), key=lambda kv: row_order(kv[0])):
+        out.append({"row": row, "label": ROWS[row].label if row in ROWS else row, "n_seeds": len(g)}
+                   | _over_seeds(g, keys))
+    return pd.DataFrame(out)
+
+
 def lag_table(runs: list[Run]) -> tuple[pd.DataFrame, list[str]]:
     """Per row and layer: ``<col>_mean`` and ``<col>_std`` over seeds for each column, ``n_seeds``,
     ``n_per_seed`` (pairs; a range if seeds differ). Also the rows that logged no lag."""
@@ -83,10 +162,7 @@ def lag_table(runs: list[Run]) -> tuple[pd.DataFrame, list[str]]:
         line = {"row": row, "label": ROWS[row].label if row in ROWS else row, "layer": layer,
                 "norm_layer": g["norm_layer"].iloc[0], "n_seeds": len(g),
                 "n_per_seed": str(n_lo) if n_lo == n_hi else f"{n_lo}–{n_hi}"}
-        for key, _, _ in COLUMNS:
-            line[f"{key}_mean"] = float(g[key].mean())
-            line[f"{key}_std"] = float(g[key].std(ddof=1)) if g[key].notna().sum() > 1 else math.nan
-        lines.append(line)
+        lines.append(line | _over_seeds(g, [key for key, _, _ in COLUMNS]))
     return pd.DataFrame(lines), without
 
 
@@ -96,7 +172,27 @@ def _cell(mean: float, std: float, fmt: str) -> str:
     return fmt.format(mean) + ("" if math.isnan(std) else " ± " + fmt.format(std))
 
 
-def to_markdown(table: pd.DataFrame, without: list[str], root: Path) -> str:
+def drift_markdown(scaling: pd.DataFrame) -> list[str]:
+    """The "drift against the interval" section of ``lag.md`` (no lines when no run logged drift)."""
+    if scaling.empty:
+        return []
+    intervals = sorted(int(c[:-5]) for c in scaling.columns if c.endswith("_mean") and c[:-5].isdigit())
+    out = [f"\n## Drift of the middle layer against the interval Δ\n",
+           f"Median drift of `{MIDDLE_CONV}`'s fresh means, |fresh mean(t) − fresh mean(t − Δ)| / (fresh std · Δ) "
+           "in σ per step, over the (step, channel) pairs whose interval ends inside the check window, recomputed "
+           "from the logged fresh statistics at multiples of the log interval (the table above uses the first). "
+           "Exponent: least-squares slope of log drift on log Δ; 0 if the mean moves at a steady rate, −0.5 if it "
+           "wanders like a random walk. Each cell: mean over seeds ± sample standard deviation.\n",
+           "| Row | Seeds | " + " | ".join(f"Δ = {d:,}" for d in intervals) + " | Exponent, first doubling | "
+           "Exponent, all Δ |", "|---|---:|" + "---:|" * (len(intervals) + 2)]
+    for _, r in scaling.iterrows():
+        cells = [_cell(r[f"{d}_mean"], r[f"{d}_std"], "{:.5f}") for d in intervals]
+        cells += [_cell(r[f"{k}_mean"], r[f"{k}_std"], "{:.2f}") for k in ("first_doubling", "exponent")]
+        out.append(f"| {r['label']} (`{r['row']}`) | {r['n_seeds']} | " + " | ".join(cells) + " |")
+    return out
+
+
+def to_markdown(table: pd.DataFrame, without: list[str], root: Path, scaling: pd.DataFrame | None = None) -> str:
     """``results/lag.md``: one line per row and layer, ``mean ± spread`` in each cell."""
     out = ["# The lag formula, channel by channel\n",
            f"Rebuilt by `make table` from the runs under `{root}` (schema version {records.SCHEMA_VERSION}). "
@@ -116,12 +212,14 @@ def to_markdown(table: pd.DataFrame, without: list[str], root: Path) -> str:
         out.append("No run logged a running-mean lag.")
     if without:
         out.append("\nNo running statistics, so no lag to measure: " + ", ".join(f"`{w}`" for w in without) + ".")
+    if scaling is not None:
+        out += drift_markdown(scaling)
     return "\n".join(out) + "\n"
 
 
 def write_lag(runs: list[Run], out: Path, root: Path) -> str:
     """Write ``<out>/lag.md`` atomically and return its text."""
     table, without = lag_table(runs)
-    md = to_markdown(table, without, root)
+    md = to_markdown(table, without, root, drift_scaling_table(runs))
     records.atomic_write_text(Path(out) / "lag.md", md)
     return md
