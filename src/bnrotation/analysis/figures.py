@@ -28,7 +28,7 @@ import seaborn as sns
 
 from .. import records
 from ..rows import ROWS, row_order
-from . import averaging, metrics, theory
+from . import averaging, lag, metrics, theory
 from .claims import ARTICLE_MIDDLE_DRIFT, ARTICLE_MIDDLE_LIFT
 from .metrics import FAIL_BELOW
 from .results import Run, add_results_arguments, runs_for_command, scale_note
@@ -462,11 +462,15 @@ def fig_drift(d: Data) -> tuple[plt.Figure, str]:
     ax.set_xlabel("drift of the fresh mean, middle layer (σ per step, log scale)")
     ax.set_ylabel("")
     n = ch.groupby("row").size()
+    interval = pd.Series([int(r.config["scale"]["log_every"]) for r in d.runs])
     return fig, (f"Drift per channel of the middle layer (conv2 → bn2): |fresh mean(t) − fresh mean(t − Δ)| / "
                  f"(fresh std · Δ) on the fixed probe set, one value per channel, logged interval ending in the "
                  f"check window, and seed ({runs_text(d.per_run[d.per_run['row'].isin(rows)])}; "
                  f"{span(n)} values per row). Box: quartiles and median; whiskers: 5th "
-                 "to 95th percentile. Dashed: the article's medians under Adam (0.0074) and SGD (0.0010).")
+                 "to 95th percentile. Dashed: the article's medians under Adam (0.0074) and SGD (0.0010), whose Δ "
+                 f"the article does not give; here Δ is the log interval, {span(interval)} steps. Drift falls as Δ "
+                 "grows: `lag.md` tabulates it up to "
+                 f"{lag.INTERVAL_MULTIPLES[-1]} intervals.")
 
 
 # ----------------------------------------------------------------------------- 9: weight averaging
