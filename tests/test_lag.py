@@ -94,14 +94,16 @@ def test_write_lag_with_only_norms_without_statistics(tmp_path):
 
 
 # ----------------------------------------------------------------------------- drift against the interval
-def _fresh(means: np.ndarray, steps: np.ndarray, std: float = 2.0) -> Run:
-    """A run whose conv2 fresh means are ``means`` (steps x channels) at ``steps``, fresh std ``std``."""
+def _fresh(means: np.ndarray, steps: np.ndarray, std: float = 2.0, window: tuple[int, int] | None = None) -> Run:
+    """A run whose conv2 fresh means are ``means`` (steps x channels) at ``steps``, fresh std ``std``; the check
+    window is ``window``, by default the second half of ``steps``."""
     n_steps, n_channels = means.shape
     ch = pd.DataFrame({"row": "adam", "seed": 0, "step": np.repeat(steps, n_channels), "layer": "conv2",
                        "norm_layer": "bn2", "channel": np.tile(np.arange(n_channels), n_steps),
                        "fresh_mean": means.ravel(), "fresh_var": std ** 2, "lag_sigma": 0.1,
                        "predicted_lag_sigma": 0.1, "drift_sigma_per_step": 0.001})
-    config = {"scale": {"check_start": int(steps[len(steps) // 2]), "steps": int(steps[-1]), "log_every": 100}}
+    first, last = window or (int(steps[len(steps) // 2]), int(steps[-1]))
+    config = {"scale": {"check_start": first, "steps": last, "log_every": 100}}
     return Run(Path("runs/adam/seed=0"), {"row": "adam", "seed": 0}, config, {"channels": ch})
 
 
@@ -127,13 +129,11 @@ def test_a_random_walk_has_exponent_minus_one_half():
 
 def test_a_missing_log_step_drops_its_pairs_instead_of_spanning_the_gap():
     steps = np.arange(0, 2100, 100)
-    means = np.zeros((len(steps), 2))
-    means[steps >= 1500] = 50.0  # one jump of 25σ between steps 1400 and 1500
-    run = _fresh(means, steps)
-    with_gap = _fresh(np.delete(means, 14, axis=0), np.delete(steps, 14))  # step 1400 missing
-    assert drift_over_intervals(run, multiples=(1,))[100] == 0.0  # the median pair does not straddle the jump
-    spans = drift_over_intervals(with_gap, multiples=(1, 2))
-    assert spans[100] == 0.0 and spans[200] == 0.0  # 1300→1500 is not read as a 100-step interval
+    gap = np.delete(steps, 14)  # step 1400 missing; only the interval ending at 1500 is in the window
+    run = _fresh(2.0 * 0.003 * gap[:, None], gap, window=(1500, 1500))  # steady 0.003σ per step
+    drift = drift_over_intervals(run, multiples=(1, 2, 3))
+    assert math.isnan(drift[100])  # 1300→1500 is not read as a 100-step interval (that would give 0.006)
+    assert drift[200] == pytest.approx(0.003) and drift[300] == pytest.approx(0.003)  # not 0.0045 or 0.004
 
 
 def test_no_fresh_statistics_gives_no_drift_and_the_section_is_left_out():

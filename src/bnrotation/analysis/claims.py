@@ -192,7 +192,7 @@ def per_run_values(run: Run) -> dict:
         grad_cos=metrics.layer_mean(run, "grad_cos"),
         grad_cos_max_abs=max(metrics.layer_max_abs(run, "grad_cos", layer) for layer in ("conv1", "conv2", "conv3")),
         drift_mid=middle("median_drift_sigma_per_step"),
-        drift_exponent_mid=lag.drift_exponent(lag.drift_over_intervals(run).iloc[:2]),
+        drift_exponent_mid=lag.drift_exponent(lag.drift_over_intervals(run, multiples=lag.INTERVAL_MULTIPLES[:2])),
         predicted_lag_mid=middle("median_predicted_lag_sigma"),
         lag_mid=middle("median_abs_lag_sigma"),
         lag_ratio_mid=middle("measured_over_predicted"),

@@ -177,7 +177,7 @@ def drift_markdown(scaling: pd.DataFrame) -> list[str]:
     if scaling.empty:
         return []
     intervals = sorted(int(c[:-5]) for c in scaling.columns if c.endswith("_mean") and c[:-5].isdigit())
-    out = [f"\n## Drift of the middle layer against the interval Δ\n",
+    out = ["\n## Drift of the middle layer against the interval Δ\n",
            f"Median drift of `{MIDDLE_CONV}`'s fresh means, |fresh mean(t) − fresh mean(t − Δ)| / (fresh std · Δ) "
            "in σ per step, over the (step, channel) pairs whose interval ends inside the check window, recomputed "
            "from the logged fresh statistics at multiples of the log interval (the table above uses the first). "
