@@ -13,7 +13,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig
 
-from bnrotation.cli import run_task
+from bnrotation.cli import record_outcome, run_task
 from bnrotation.config import register_configs
 
 register_configs()
@@ -21,9 +21,13 @@ register_configs()
 
 @hydra.main(version_base="1.3", config_path="../conf", config_name="config")
 def main(cfg: DictConfig) -> None:
-    status = run_task(cfg, multirun=HydraConfig.get().mode == RunMode.MULTIRUN)
-    if status:  # never sys.exit(0): in a multirun it ends the sweep, and submitit/joblib workers lose the job
-        sys.exit(status)
+    outcome = run_task(cfg)
+    hc = HydraConfig.get()
+    if hc.mode == RunMode.MULTIRUN:
+        # A job never exits: the sweep runs every job, then cli.SweepSummary reports and sets the exit status.
+        record_outcome(outcome, hc.runtime.output_dir)
+    elif outcome.exit_code:
+        sys.exit(outcome.exit_code)
 
 
 if __name__ == "__main__":

@@ -31,7 +31,7 @@ from bnrotation.analysis import metrics
 from bnrotation.analysis.results import BadRunError, has_runs, load_run, load_runs, read_table
 from bnrotation.analysis.table import build_table, main as table_main
 from bnrotation.checkpoints import UnsafeCheckpointError, load_checkpoint, save_checkpoint
-from bnrotation.config import RunConfig, to_run_config
+from bnrotation.config import ConfigError, RunConfig, to_run_config
 from bnrotation.runner import run
 
 from conftest import CONF, ROOT, compose_cfg, run_cfg
@@ -234,9 +234,9 @@ def test_diverged_run_ends_at_its_step_keeps_its_rows_and_is_not_averaged(tmp_pa
 def test_a_diverging_config_in_a_sweep_is_reported_and_the_sweep_goes_on(tmp_path, capsys):
     """What each Hydra multirun job does (cli.run_task): lr 1e30 makes SGD's loss non-finite."""
     common = ["scale=smoke", f"results_root={tmp_path}", "progress=false", "interventions=false", *TINY]
-    assert cli.run_task(compose_cfg(["experiment=sgd", "optimizer.lr=1e30", "row=sgd_lr1e30", *common]),
-                        multirun=True) == 0
-    assert cli.run_task(compose_cfg(["experiment=sgd", *common]), multirun=True) == 0
+    diverged = cli.run_task(compose_cfg(["experiment=sgd", "optimizer.lr=1e30", "row=sgd_lr1e30", *common]))
+    assert (diverged.status, diverged.exit_code, diverged.failed) == ("diverged", 0, False)
+    assert cli.run_task(compose_cfg(["experiment=sgd", *common])).status == "done"
     err = capsys.readouterr().err
     assert "diverged: sgd_lr1e30 seed=0 at step" in err and "done: sgd seed=0" in err
     table = build_table(load_runs(tmp_path)).set_index("row")
@@ -392,7 +392,14 @@ def test_momentum_patched_into_a_file_that_is_never_loaded_is_flagged_by_the_tab
             "experiment=adam_bn_m0.3", "scale=smoke", f"results_root={root}", "progress=false",
             "interventions=false", *TINY]))
     assert cfg.row == "adam_bn_m0.3" and cfg.model.bn_momentum == 0.03  # the edit never reached the run
-    run(cfg)
+    with pytest.raises(ConfigError, match=r"^model.bn_momentum: 0.03 changes what row 'adam_bn_m0.3' means"):
+        run(cfg)  # today the runner refuses it before any step
+    assert not root.exists()
+    # A run made by a suite without that check (simulated) is still refused by the table, from run.json.
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(runner, "check_row", lambda cfg: None)
+        mp.setattr(runner, "check_against_row", lambda built, spec: [])
+        run(cfg)
     run(tiny(root, "experiment=adam", "interventions=false"))
     capsys.readouterr()
 
@@ -410,7 +417,12 @@ def test_momentum_in_the_config_but_not_in_the_built_layers_is_flagged(tmp_path,
     import bnrotation.model as model_module
     monkeypatch.setattr(model_module, "make_norm",
                         lambda cfg, channels: torch.nn.BatchNorm2d(channels, eps=cfg.bn_eps))
-    out = run(tiny(tmp_path, "experiment=adam_bn_m0.3", "interventions=false"))
+    cfg = tiny(tmp_path, "experiment=adam_bn_m0.3", "interventions=false")
+    assert cfg.model.bn_momentum == 0.3
+    with pytest.raises(ConfigError, match=r"bn2 ran with BatchNorm momentum 0\.1, the row means 0\.3"):
+        run(cfg)  # the runner reads the built layers back before the first step
+    monkeypatch.setattr(runner, "check_against_row", lambda built, spec: [])  # a suite without that check
+    out = run(cfg)
     assert yaml.safe_load((out / "config.yaml").read_text())["model"]["bn_momentum"] == 0.3
     with pytest.raises(BadRunError, match=r"bn2 ran with BatchNorm momentum 0\.1, the row means 0\.3"):
         load_run(out)

@@ -1,6 +1,13 @@
-"""What the Hydra entry points do with a composed config: validate, run, report.
+"""What the Hydra entry points do with a composed config: validate, run, report; and the sweep's summary.
 
 Kept out of ``experiments/`` so that it can be tested without a subprocess.
+
+A single run exits with its own status. In a multirun (``-m``) every job
+runs to its end whatever the others do, records its :class:`Outcome` in its
+Hydra job folder (``outcome.json``), and :class:`SweepSummary`, a Hydra
+callback that runs in the launching process once every job has returned,
+prints one line per run that did not finish and exits non-zero if any
+failed: a sweep that lost a run never exits 0.
 """
 
 from __future__ import annotations
@@ -9,48 +16,128 @@ import json
 import logging
 import sys
 import traceback
+from dataclasses import asdict, dataclass
+from pathlib import Path
 
+from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
-from .config import ConfigError, to_run_config
+from .config import ConfigError, check_row, to_run_config
 
 log = logging.getLogger("bnrotation")
+OUTCOME_FILE = "outcome.json"
+
+# Outcomes that leave the sweep incomplete: the sweep's exit status is non-zero when any job ends so.
+FAILED = ("failed", "bad config", "refused", "interrupted")
 
 
-def run_task(cfg: DictConfig, multirun: bool = False) -> int:
-    """Validate ``cfg``, train the run, and return an exit status.
+@dataclass
+class Outcome:
+    """How one job ended.
 
-    A bad config is reported as one line naming the key (exit 2), before any
-    work. A run that diverged (non-finite loss) is a finished run: reported as
-    ``diverged`` with its step, status 0. In a multirun a crashing run is reported and the sweep goes on
-    (status 0, the run's folder has no ``DONE`` and will be rerun); in a
-    single run the error is reported and the status is 1.
+    Attributes:
+        status: ``done``, ``skipped`` (finished before, same config),
+            ``diverged`` (non-finite loss: a finished run), ``failed`` (an
+            exception), ``bad config`` (rejected before any work),
+            ``refused`` (a finished run with another config is in the way),
+            ``interrupted`` (stopped by a signal; resumable).
+        exit_code: the process exit status a single run ends with.
+        run: ``<row> seed=<s>`` (``?`` when the config did not validate).
+        message: one line for the summary.
+    """
+
+    status: str
+    exit_code: int
+    run: str = "?"
+    message: str = ""
+
+    @property
+    def failed(self) -> bool:
+        return self.status in FAILED
+
+
+def run_task(cfg: DictConfig) -> Outcome:
+    """Validate ``cfg``, train the run, report it on stderr and return its :class:`Outcome`.
+
+    A bad config (a key the schema lacks, a value out of range, a row name
+    whose definition the config contradicts) is reported as one line naming
+    the key, exit status 2, before any work. A run that diverged (non-finite
+    loss) is a finished run: ``diverged``, status 0. A crash is reported with
+    its exception, status 1; its folder has no ``DONE`` and the next sweep
+    reruns it.
     """
     try:
         run_cfg = to_run_config(cfg)
+        check_row(run_cfg)
     except ConfigError as err:
         print(f"error: bad config: {err}", file=sys.stderr)
-        return 2
+        return Outcome("bad config", 2, message=str(err))
+    where = f"{run_cfg.row} seed={run_cfg.seed}"
     from .runner import RunExistsError, run  # torch is imported only once the config is valid
 
     try:
         out = run(run_cfg)
+    except ConfigError as err:  # what the built objects say contradicts the row (runner.run)
+        print(f"error: bad config: {err}", file=sys.stderr)
+        return Outcome("bad config", 2, where, str(err))
     except RunExistsError as err:
         print(f"error: {err}", file=sys.stderr)
-        return 0 if multirun else 2
+        return Outcome("refused", 2, where, str(err))
     except Exception as err:  # noqa: BLE001 - a sweep must outlive one crashing run
-        where = f"{run_cfg.row} seed={run_cfg.seed}"
         print(f"error: run {where} failed: {type(err).__name__}: {err}", file=sys.stderr)
         log.debug("".join(traceback.format_exception(err)))
-        if not multirun:
-            return 1
-        return 0
+        return Outcome("failed", 1, where, f"{type(err).__name__}: {err}")
     if out is None:
-        print(f"skip: {run_cfg.row} seed={run_cfg.seed} is finished with the same config "
-              f"(force=true reruns it)", file=sys.stderr)
-    elif (step := json.loads((out / "run.json").read_text()).get("diverged_at_step")) is not None:
-        print(f"diverged: {run_cfg.row} seed={run_cfg.seed} at step {step} (non-finite loss); the rows "
-              f"logged before it are kept -> {out}", file=sys.stderr)
-    else:
-        print(f"done: {run_cfg.row} seed={run_cfg.seed} -> {out}", file=sys.stderr)
-    return 0
+        print(f"skip: {where} is finished with the same config (force=true reruns it)", file=sys.stderr)
+        return Outcome("skipped", 0, where)
+    if (step := json.loads((out / "run.json").read_text()).get("diverged_at_step")) is not None:
+        print(f"diverged: {where} at step {step} (non-finite loss); the rows logged before it are kept -> {out}",
+              file=sys.stderr)
+        return Outcome("diverged", 0, where, f"non-finite loss at step {step}")
+    print(f"done: {where} -> {out}", file=sys.stderr)
+    return Outcome("done", 0, where, str(out))
+
+
+def record_outcome(outcome: Outcome, job_dir: str | Path) -> None:
+    """Write ``outcome.json`` into a multirun job's Hydra folder, for :class:`SweepSummary`."""
+    from .records import write_json  # no torch
+
+    write_json(Path(job_dir) / OUTCOME_FILE, asdict(outcome))
+
+
+def summarise_sweep(sweep_dir: str | Path) -> tuple[str, bool]:
+    """The summary of a finished multirun from its jobs' ``outcome.json``; and whether any job failed.
+
+    A job folder without an outcome (its process died before it could write
+    one) counts as failed.
+    """
+    sweep_dir = Path(sweep_dir)
+    jobs = sorted((p for p in sweep_dir.iterdir() if p.is_dir() and p.name.isdigit()), key=lambda p: int(p.name)) \
+        if sweep_dir.is_dir() else []
+    outcomes = []
+    for job in jobs:
+        try:
+            outcomes.append(Outcome(**json.loads((job / OUTCOME_FILE).read_text())))
+        except (OSError, ValueError, TypeError):
+            outcomes.append(Outcome("failed", 1, f"job {job.name}", f"no {OUTCOME_FILE}: the job's process died "
+                                                                    f"(see {job})"))
+    counts = {s: sum(o.status == s for o in outcomes) for s in dict.fromkeys(o.status for o in outcomes)}
+    bad = [o for o in outcomes if o.failed]
+    head = (f"sweep: {len(outcomes)} run{'s' * (len(outcomes) != 1)}: "
+            + ", ".join(f"{n} {s}" for s, n in counts.items()) if outcomes else "sweep: no job ran")
+    lines = [head] + [f"  {o.status}: {o.run}: {o.message}" for o in bad]
+    if bad:
+        lines.append(f"sweep FAILED: {len(bad)} of {len(outcomes)} runs did not finish; rerun the same command "
+                     "to retry them (finished runs are skipped)")
+    return "\n".join(lines), bool(bad) or not outcomes
+
+
+class SweepSummary(Callback):
+    """Hydra callback (``hydra.callbacks.sweep_summary``): after a multirun, one line per run that did not
+    finish, and exit status 1 if any did not (a failed sweep never exits 0)."""
+
+    def on_multirun_end(self, config: DictConfig, **kwargs) -> None:
+        text, failed = summarise_sweep(config.hydra.sweep.dir)
+        print(text, file=sys.stderr)
+        if failed:
+            sys.exit(1)

@@ -10,6 +10,7 @@ names the full key (``optimizer.lr``) and what is allowed.
 
 from __future__ import annotations
 
+import difflib
 import math
 import re
 import warnings
@@ -239,16 +240,51 @@ def register_configs() -> None:
 NON_SEMANTIC_KEYS = ("results_root", "force", "progress", "threads", "deterministic")
 
 
+def unknown_keys(given: Any, schema: Any, prefix: str = "") -> list[str]:
+    """Dotted keys present in ``given`` (a plain nested dict) that ``schema`` (the schema as a plain dict)
+    lacks; mappings are compared key by key, recursively."""
+    if not isinstance(given, dict) or not isinstance(schema, dict):
+        return []
+    out = []
+    for key, value in given.items():
+        if key not in schema:
+            out.append(f"{prefix}{key}")
+        else:
+            out += unknown_keys(value, schema[key], f"{prefix}{key}.")
+    return out
+
+
+def _reject_unknown_keys(cfg: DictConfig) -> None:
+    """Hydra lets ``+key=value`` append a key even in struct mode, and the structured merge drops it without a
+    word; every key must be one of the schema's."""
+    schema = OmegaConf.to_container(OmegaConf.structured(RunConfig))
+    given = {k: v for k, v in OmegaConf.to_container(cfg, resolve=False).items() if k != "hydra"}
+    unknown = unknown_keys(given, schema)
+    if unknown:
+        key = unknown[0]
+        parent, _, leaf = key.rpartition(".")
+        siblings = schema
+        for part in parent.split(".") if parent else []:
+            siblings = siblings[part]
+        close = difflib.get_close_matches(leaf, list(siblings), n=1)
+        hint = f" (did you mean {parent + '.' if parent else ''}{close[0]}?)" if close else ""
+        more = f"; also {', '.join(unknown[1:])}" if len(unknown) > 1 else ""
+        raise ConfigError(f"{key}: not a key of the config{hint}{more}; keys are listed in "
+                          "bnrotation/config.py and conf/")
+
+
 def to_run_config(cfg: DictConfig | dict) -> RunConfig:
     """Turn a composed config into a validated :class:`RunConfig`.
 
     Raises:
-        ConfigError: naming the first key that is missing or out of range.
+        ConfigError: naming the first key that is not in the schema (also one
+            appended with ``+key=value``), missing, or out of range.
     """
     key = "config"
     try:
         if isinstance(cfg, dict):
             cfg = OmegaConf.create(cfg)
+        _reject_unknown_keys(cfg)
         key = "row"
         if "row" not in cfg or OmegaConf.is_missing(cfg, "row"):
             raise ConfigError("row: expected a row name: pick one with experiment=<row> (see conf/experiment/)")
@@ -261,6 +297,36 @@ def to_run_config(cfg: DictConfig | dict) -> RunConfig:
         raise ConfigError(f"{key}: {str(err).splitlines()[0]}") from err
     assert isinstance(run, RunConfig)
     return run
+
+
+def check_row(cfg: RunConfig) -> None:
+    """Refuse a config that keeps a registered row's name but changes what the row means.
+
+    A row name names a results folder and a definition (:data:`bnrotation.rows.ROWS`): optimizer, learning
+    rate, schedule, weight decay, norm, BatchNorm momentum and the optimizer settings the row fixes. A
+    variant (``optimizer.lr=0.001`` on ``experiment=adam``) needs a row name of its own, else its results
+    would be filed, and refused by ``make table``, as the row's. Unregistered row names are not checked.
+
+    Raises:
+        ConfigError: naming the first key that contradicts the row and saying to pass ``row=<name>``.
+    """
+    from .rows import ROWS  # no torch
+
+    spec = ROWS.get(cfg.row)
+    if spec is None:
+        return
+    wanted = {"optimizer.name": spec.optimizer, "optimizer.lr": spec.lr, "schedule.name": spec.schedule,
+              "optimizer.weight_decay": spec.weight_decay, "model.norm": spec.norm,
+              **{f"optimizer.{k}": v for k, v in spec.extra.items()}}
+    if spec.norm == "batch":
+        wanted["model.bn_momentum"] = spec.bn_momentum
+    for key, want in wanted.items():
+        got = OmegaConf.select(OmegaConf.structured(cfg), key)
+        same = math.isclose(got, want, rel_tol=1e-9) if isinstance(want, float) else got == want
+        if not same:
+            raise ConfigError(f"{key}: {got!r} changes what row {cfg.row!r} means ({key}={want!r}); give the "
+                              f"variant a row name of its own, e.g. row={cfg.row}_variant, so that its results "
+                              "are filed apart")
 
 
 def semantic_dict(cfg: RunConfig | DictConfig) -> dict:

@@ -34,9 +34,11 @@ from .averaging import RunAverages
 from .bnstats import (ReestimationReport, reestimate, running_stat_layers, running_stats, swapped_statistics,
                       top_k_channel_masks)
 from .checkpoints import checkpoint_path, save_checkpoint
-from .config import RunConfig, semantic_dict
+from .analysis.results import check_against_row
+from .config import ConfigError, RunConfig, check_row, semantic_dict
 from .model import ConvNet, build_model
 from .optim import build_optimizer, build_schedule
+from .rows import ROWS
 from .probes import (accuracy, channel_cosines, channel_norms, cosine, drift_sigma_per_step, fresh_statistics,
                      lag_sigma, predicted_lag_sigma, rotation_deg)
 from .task import NoisyTemplates, generator
@@ -226,7 +228,7 @@ def resolve_device(name: str) -> torch.device:
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if name == "cuda" and not torch.cuda.is_available():
-        raise RuntimeError("device=cuda, but torch sees no CUDA device; use device=cpu or device=auto")
+        raise ConfigError("device: expected auto or cpu on this machine, got 'cuda': torch sees no CUDA device")
     return torch.device(name)
 
 
@@ -416,15 +418,12 @@ def run(cfg: RunConfig) -> Path | None:
     """Train one run and write its folder; returns the folder, or None if it was skipped.
 
     Raises:
+        ConfigError: the config keeps a registered row's name but changes what the row means.
         RunExistsError: a finished run with another config is in the way.
-        RuntimeError: ``device=cuda`` without CUDA.
+        ConfigError: also for ``device=cuda`` without CUDA.
     """
+    check_row(cfg)
     device = resolve_device(cfg.device)
-    out = prepare_run_dir(cfg)
-    if out is None:
-        return None
-    resolve_threads(cfg.threads)
-    determinism = set_determinism(cfg.deterministic, device)
     started = time.time()
     timings = {"train": 0.0, "probes": 0.0, "checks": 0.0, "interventions": 0.0, "averaging": 0.0}
 
@@ -432,13 +431,22 @@ def run(cfg: RunConfig) -> Path | None:
     model = build_model(cfg.model, cfg.task.num_classes, cfg.seed, device)
     optimizer = build_optimizer(cfg.optimizer, model)
     schedule = build_schedule(cfg.schedule, optimizer, cfg.scale.steps)
+    built = describe_built(model, optimizer, schedule, device)
+    if cfg.row in ROWS and (problems := check_against_row(built, ROWS[cfg.row])):
+        # what make table would refuse after the run is refused before it (the row's meaning, read back)
+        raise ConfigError(f"row: what this config builds contradicts row {cfg.row!r}: {'; '.join(problems)}; "
+                          f"give the variant a row name of its own (row=<name>)")
+    out = prepare_run_dir(cfg)
+    if out is None:
+        return None
+    resolve_threads(cfg.threads)
+    determinism = set_determinism(cfg.deterministic, device)
     cl = torch.channels_last if cfg.model.channels_last else torch.contiguous_format
     x_held, y_held = heldout_set(task, cfg)
     x_probe, _ = task.fixed_set(cfg.task.probe_size, cfg.seed, "probe")
     x_probe = x_probe.contiguous(memory_format=cl)
     g_train = generator(cfg.seed, "train", device)
-
-    built = describe_built(model, optimizer, schedule, device)
+    built["threads"] = torch.get_num_threads()
     info = {"schema_version": records.SCHEMA_VERSION, "row": cfg.row, "seed": cfg.seed, "status": "running",
             "started_at": dt.datetime.fromtimestamp(started, dt.timezone.utc).isoformat(), **built,
             "determinism": determinism}

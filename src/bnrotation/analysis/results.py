@@ -131,15 +131,31 @@ def find_run_dirs(root: str | Path) -> list[Path]:
 
 
 def has_runs(root: str | Path) -> bool:
+    """Whether ``root`` holds at least one finished run (a ``DONE`` marker)."""
     return any((p / records.DONE).exists() for p in find_run_dirs(root))
 
 
-def default_results_root(candidates: tuple[str, ...] = ("results", "results/reference")) -> Path:
-    """The first of ``results`` (your own runs) and ``results/reference`` (committed) that holds a run."""
-    for c in candidates:
-        if has_runs(c):
-            return Path(c)
-    return Path(candidates[-1])
+REFERENCE_ROOT = Path("results/reference")  # the committed reference runs
+OWN_ROOT = Path("results")  # where `make sweep` writes by default
+
+
+def default_results_root() -> Path:
+    """The results root an analysis command reads when none is given: ``results`` if it holds any run folder
+    (finished or not: a crashed run there is reported, never replaced by the reference runs), else the
+    committed ``results/reference``."""
+    return OWN_ROOT if find_run_dirs(OWN_ROOT) else REFERENCE_ROOT
+
+
+def describe_root(root: str | Path, asked: bool) -> str:
+    """One line naming the results root a command reads, and why that one."""
+    root = Path(root)
+    if asked:
+        why = "as asked"
+    elif root == REFERENCE_ROOT:
+        why = f"the committed reference runs: no run under {OWN_ROOT}/runs; RESULTS=<root> reads another"
+    else:
+        why = f"your own runs; RESULTS={REFERENCE_ROOT} reads the committed reference runs"
+    return f"reading {root} ({why})"
 
 
 def read_table(path: Path, name: str) -> pd.DataFrame:
@@ -312,7 +328,8 @@ def add_results_arguments(parser) -> None:
 
 def runs_for_command(results: str | None, skip_bad: bool, tables: tuple[str, ...],
                      skipped: list[str] | None = None) -> tuple[Path, list[Run]] | None:
-    """The results root (``results``, else :func:`default_results_root`) and its runs, for a command line;
+    """The results root (``results``, else :func:`default_results_root`) and its runs, for a command line,
+    after printing a first line that names the root (:func:`describe_root`);
     with ``skip_bad``, what was left out is appended to ``skipped`` (see :func:`load_runs`).
 
     Returns:
@@ -320,6 +337,7 @@ def runs_for_command(results: str | None, skip_bad: bool, tables: tuple[str, ...
         (unless ``skip_bad``) or no finished run.
     """
     root = Path(results) if results else default_results_root()
+    print(describe_root(root, asked=bool(results)), file=sys.stderr)
     try:
         runs = load_runs(root, skip_bad=skip_bad, tables=tables, skipped=skipped)
     except (BadRunError, FileNotFoundError) as err:

@@ -1,0 +1,145 @@
+"""Never a false reproduction (issue 12, points 1-3): a sweep that lost a run fails and names it, the analysis
+never swaps the reference results in for the user's own, a key the schema lacks stops the run even with ``+``,
+and a variant that keeps a row's name is refused before it trains."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from bnrotation import cli, records
+from bnrotation.analysis import results as results_mod
+from bnrotation.analysis.table import main as table_main
+from bnrotation.config import ConfigError, check_row, to_run_config
+from bnrotation.runner import run
+
+from conftest import ROOT, compose_cfg
+
+TINY = ["scale=smoke", "task.image_size=8", "task.batch_size=16", "task.probe_size=16", "scale.heldout_size=32",
+        "model.channels=[4,8,8]", "progress=false", "interventions=false", "averaging.enabled=false",
+        "save_checkpoints=false", "threads=1"]
+ENV = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")])}
+
+
+def train(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(ROOT / "experiments" / "train.py"), *args], cwd=cwd, env=ENV,
+                          capture_output=True, text=True, timeout=240)
+
+
+# ----------------------------------------------------------------------------- 1. a failed sweep fails
+def test_a_sweep_that_lost_a_run_exits_non_zero_naming_it(tmp_path):
+    """``adam``'s folder cannot be made (a file stands where runs/adam/ would be); ``sgd`` finishes."""
+    (tmp_path / "runs").mkdir()
+    (tmp_path / "runs" / "adam").write_text("in the way")
+    proc = train("-m", "experiment=sgd,adam", f"results_root={tmp_path}", f"hydra.sweep.dir={tmp_path / 'hydra'}",
+                 *TINY)
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    assert (records.run_dir(tmp_path, "sgd", 0) / records.DONE).exists()  # the sweep went on after the failure
+    lines = proc.stderr.splitlines()
+    summary = lines.index(next(line for line in lines if line.startswith("sweep: 2 runs")))
+    assert "1 done" in lines[summary] and "1 failed" in lines[summary]
+    assert lines[summary + 1].startswith("  failed: adam seed=0: ")
+    assert lines[-1].startswith("sweep FAILED: 1 of 2 runs did not finish")
+
+
+def test_a_sweep_whose_runs_all_finish_exits_zero(tmp_path):
+    proc = train("-m", "experiment=sgd", "seed=0,1", f"results_root={tmp_path}",
+                 f"hydra.sweep.dir={tmp_path / 'hydra'}", *TINY)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "sweep: 2 runs: 2 done" in proc.stderr and "FAILED" not in proc.stderr
+
+
+def test_a_job_without_an_outcome_counts_as_failed(tmp_path):
+    cli.record_outcome(cli.Outcome("done", 0, "sgd seed=0"), tmp_path / "0")
+    (tmp_path / "1").mkdir()  # a job whose process died before it wrote its outcome
+    cli.record_outcome(cli.Outcome("skipped", 0, "sgd seed=2"), tmp_path / "2")
+    text, failed = cli.summarise_sweep(tmp_path)
+    assert failed and "3 runs: 2 done" not in text
+    assert "  failed: job 1: no outcome.json" in text
+    assert cli.summarise_sweep(tmp_path / "nothing")[1]  # a sweep that ran no job did not succeed either
+
+
+def test_make_reproduce_stops_before_analysing_when_the_sweep_fails(tmp_path):
+    """The Makefile's `reproduce` runs the sweep first; its exit status stops make before table/figures/claims."""
+    (tmp_path / "runs").mkdir()
+    (tmp_path / "runs" / "adam").write_text("in the way")
+    out = tmp_path / "out"
+    proc = subprocess.run(["make", "-s", "reproduce", "SCALE=smoke", "ROWS=adam", f"RESULTS={tmp_path}",
+                           f"OUT={out}", f"PY={sys.executable}", f"ARGS={' '.join(TINY[1:])}"],
+                          cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=240)
+    assert proc.returncode != 0
+    assert "sweep FAILED" in proc.stderr
+    assert not out.exists()  # no table, figures or claims were written
+
+
+def test_the_analysis_reads_your_crashed_runs_not_the_reference_ones(tmp_path, monkeypatch, capsys):
+    """Asked for nothing, with a crashed run under results/: the table names that run and stops; it never
+    falls back to results/reference (whose runs the test also puts there)."""
+    monkeypatch.chdir(tmp_path)
+    good = run(to_run_config(compose_cfg(["experiment=sgd", "results_root=results/reference", *TINY])))
+    crashed = records.run_dir("results", "adam", 0)
+    crashed.mkdir(parents=True)
+    assert table_main(["--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert err[0].startswith("reading results (your own runs")
+    assert any(str(crashed) in line and "no DONE marker" in line for line in err)
+    assert not (tmp_path / "out").exists()
+    # with nothing of your own, the committed reference runs, and the first line says so
+    crashed.rmdir()
+    (tmp_path / "results" / "runs" / "adam").rmdir()
+    (tmp_path / "results" / "runs").rmdir()
+    assert results_mod.default_results_root() == results_mod.REFERENCE_ROOT
+    assert table_main(["--out", str(tmp_path / "out")]) == 0
+    err = capsys.readouterr().err.splitlines()
+    assert err[0].startswith("reading results/reference (the committed reference runs")
+    assert good == records.run_dir("results/reference", "sgd", 0)
+    assert "from the runs under `results/reference`" in (tmp_path / "out" / "table.md").read_text()
+
+
+# ----------------------------------------------------------------------------- 2. appended keys stop the run
+@pytest.mark.parametrize("override, key, hint", [("+optimizer.lrr=0.1", "optimizer.lrr", "optimizer.lr"),
+                                                 ("+model.bn_mom=0.3", "model.bn_mom", "model.bn_momentum"),
+                                                 ("+seeed=3", "seeed", "seed"),
+                                                 ("+scale.stepz=10", "scale.stepz", "scale.steps")])
+def test_an_appended_key_the_schema_lacks_is_rejected_naming_it(override, key, hint):
+    with pytest.raises(ConfigError, match=rf"^{key}: not a key of the config \(did you mean {hint}\?\)"):
+        to_run_config(compose_cfg(["experiment=adam", override]))
+
+
+def test_an_appended_key_stops_the_command_before_any_work(tmp_path):
+    proc = train("experiment=adam", f"results_root={tmp_path}", "+optimizer.lrr=0.1", *TINY)
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines()[-1].startswith("error: bad config: optimizer.lrr: not a key")
+    assert not (tmp_path / "runs").exists()
+
+
+# ----------------------------------------------------------------------------- 3. variants need a row name
+@pytest.mark.parametrize("override, key", [("optimizer.lr=0.001", "optimizer.lr"),
+                                           ("model.bn_momentum=0.1", "model.bn_momentum"),
+                                           ("schedule=cosine", "schedule.name"),
+                                           ("optimizer=sgd", "optimizer.name"),
+                                           ("optimizer.weight_decay=0.01", "optimizer.weight_decay")])
+def test_a_variant_that_keeps_the_row_name_is_refused_naming_the_key(override, key, tmp_path):
+    cfg = to_run_config(compose_cfg(["experiment=adam", override, f"results_root={tmp_path}", *TINY]))
+    with pytest.raises(ConfigError, match=rf"^{key}: .* changes what row 'adam' means.*row="):
+        check_row(cfg)
+    with pytest.raises(ConfigError, match=rf"^{key}: "):
+        run(cfg)  # the runner refuses too, before it makes the run's folder
+    assert not (tmp_path / "runs").exists()
+    check_row(to_run_config(compose_cfg(["experiment=adam", override, "row=adam_variant"])))  # its own name: fine
+
+
+def test_adamp_delta_is_part_of_the_row(tmp_path):
+    with pytest.raises(ConfigError, match=r"^optimizer.delta: "):
+        check_row(to_run_config(compose_cfg(["experiment=adamp", "optimizer.delta=0.5"])))
+
+
+def test_a_variant_stops_the_command_with_status_2(tmp_path):
+    proc = train("experiment=adam", "optimizer.lr=0.001", "force=true", f"results_root={tmp_path}", *TINY)
+    assert proc.returncode == 2
+    assert "error: bad config: optimizer.lr: 0.001 changes what row 'adam' means" in proc.stderr
+    assert not (tmp_path / "runs").exists()
