@@ -58,9 +58,12 @@ from bnrotation.checkpoints import checkpoint_path, save_checkpoint  # noqa: E40
 from bnrotation.config import RunConfig, register_configs, to_run_config  # noqa: E402
 from bnrotation.model import build_model  # noqa: E402
 from bnrotation.probes import accuracy, channel_cosines, cosine, fresh_statistics, rotation_deg  # noqa: E402
-from bnrotation.runner import (_Prober, _Tables, averaging_steps, check_steps, intervention_steps,  # noqa: E402
-                               log_steps,
-                               eval_chunk, reestimation_batches, resolve_device, run, run_interventions)
+from bnrotation.interventions import run_interventions  # noqa: E402
+from bnrotation.monitor import StalenessMonitor  # noqa: E402
+from bnrotation.probes import eval_chunk  # noqa: E402
+from bnrotation.runner import (averaging_steps, check_steps, intervention_steps, log_steps,  # noqa: E402
+                               resolve_device, run)
+from bnrotation.task import reestimation_batches  # noqa: E402
 from bnrotation.task import NoisyTemplates  # noqa: E402
 
 ROW = "adam"  # the row the ratio is measured on: Adam, lr 3e-3, as in the article's snippet
@@ -281,8 +284,9 @@ def probe_costs(args, device: torch.device, tmp: Path, a: dict | None) -> dict:
     x, y = task.sample(cfg.task.batch_size, torch.Generator(device).manual_seed(0))
     F.cross_entropy(model(x.contiguous(memory_format=cl)), y).backward()  # gradients for the gradient cosine
     before = {n: c.weight.detach().clone() * 0.99 for n, c, _, _ in model.blocks()}
-    prober = _Prober(model, x_probe, cfg.scale.log_every)
-    prober(_Tables(cfg.row, cfg.seed), 0, None)
+    monitor = StalenessMonitor(model, x_probe, warn=False, modes=False, running_statistics_only=False)
+    monitor.measure(0)
+    log_step = iter(range(100, 10 ** 9, 100))
 
     def cosines():
         for name, conv, _, _ in model.blocks():
@@ -301,7 +305,7 @@ def probe_costs(args, device: torch.device, tmp: Path, a: dict | None) -> dict:
         ("rotation, 3 conv layers", full.logs, timed(rotations, reps, sync)),
         ("update and gradient cosines, 3 conv layers", full.logs, timed(cosines, reps, sync)),
         ("log point, all of the above and its table rows", full.logs,
-         timed(lambda: prober(_Tables(cfg.row, cfg.seed), 100, before), reps, sync)),
+         timed(lambda: monitor.measure(next(log_step), before), reps, sync)),
         (f"accuracy, evaluation mode (chunks of {chunk})", full.checks,
          timed(lambda: accuracy(model, x_held, y_held, "eval", chunk), reps, sync)),
         ("accuracy, training mode (one pass, batch statistics)", full.checks,

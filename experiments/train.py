@@ -24,8 +24,11 @@ def main(cfg: DictConfig) -> None:
     outcome = run_task(cfg)
     hc = HydraConfig.get()
     if hc.mode == RunMode.MULTIRUN:
-        # A job never exits: the sweep runs every job, then cli.SweepSummary reports and sets the exit status.
+        # A job does not exit: the sweep runs every job, then cli.SweepSummary reports and sets the exit status;
+        # but a stop signal (Ctrl-C, preemption) stops the sweep too, once the run has saved its state.
         record_outcome(outcome, hc.runtime.output_dir)
+        if outcome.status == "interrupted":
+            sys.exit(outcome.exit_code)
     elif outcome.exit_code:
         sys.exit(outcome.exit_code)
 

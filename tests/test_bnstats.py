@@ -16,7 +16,7 @@ from bnrotation.bnstats import (reestimate, running_stat_layers, running_stats, 
                                 top_k_channel_masks, weights_fingerprint)
 from bnrotation.config import ModelConfig
 from bnrotation.model import build_model
-from bnrotation.runner import run_interventions, top_k_grid
+from bnrotation.interventions import run_interventions, top_k_grid
 
 
 # ----------------------------------------------------------------------------- helpers

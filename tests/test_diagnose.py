@@ -14,7 +14,8 @@ from bnrotation.analysis import interventions as logged
 from bnrotation.analysis.results import load_run
 from bnrotation.checkpoints import checkpoint_path, load_checkpoint
 from bnrotation.diagnose import diagnose_checkpoint, format_checkpoint_report, main, refine_k
-from bnrotation.runner import EVAL_CHUNK, top_k_accuracy
+from bnrotation.interventions import top_k_accuracy
+from bnrotation.probes import EVAL_CHUNK
 
 from conftest import ROOT
 
@@ -48,7 +49,7 @@ def test_the_lag_summary_is_the_stored_buffers_against_the_fresh_ones(diagnosis,
 
 def test_bisection_finds_a_k_where_the_accuracy_crosses_the_threshold(diagnosis, adam_smoke_run):
     """The refined k reaches the threshold and k - 1 does not; the k = all point always reaches it."""
-    from bnrotation.runner import heldout_set
+    from bnrotation.task import heldout_set
     from bnrotation.task import NoisyTemplates
     from bnrotation.model import build_model
     cfg = diagnosis.cfg

@@ -13,7 +13,8 @@ from bnrotation.bnstats import reestimate, running_stat_layers, swapped_statisti
 from bnrotation.config import ModelConfig, TaskConfig
 from bnrotation.model import build_model
 from bnrotation.probes import accuracy
-from bnrotation.runner import eval_chunk, run_interventions
+from bnrotation.interventions import run_interventions
+from bnrotation.probes import eval_chunk
 from bnrotation.task import NoisyTemplates, generator
 
 from conftest import ROOT, compose_cfg

@@ -507,12 +507,15 @@ class RunAverages:
             self.snapshots.append((step, {k: v.detach().clone() for k, v in model.state_dict().items()}))
 
     def evaluate(self, model: nn.Module, step: int, x: torch.Tensor, y: torch.Tensor, probe_x: torch.Tensor,
-                 batches: Callable[[], Iterable], chunk: int = 1000) -> pd.DataFrame:
+                 batches: Sequence, chunk: int = 1000, live_accuracy: float | None = None,
+                 live_fresh: Mapping[str, tuple[torch.Tensor, torch.Tensor]] | None = None) -> pd.DataFrame:
         """Evaluation-mode accuracy on (x, y) of the live model, each EMA and the tail average, per policy.
 
         Args:
-            batches: returns a fresh iterable of re-estimation batches (the
-                same batches each call) for every ``refresh``.
+            batches: the re-estimation batches of this step, used by every ``refresh``.
+            live_accuracy, live_fresh: the live model's evaluation-mode accuracy on (x, y) and its fresh
+                statistics on ``probe_x`` when already measured at this step (the runner's check and
+                monitor); computed here otherwise.
 
         Returns:
             DataFrame with :attr:`COLUMNS`: ``average`` live | ema | tail;
@@ -523,23 +526,47 @@ class RunAverages:
         """
         rows = []
 
-        def add(average: str, decay: float, window: int, policy: str, n: int, m: nn.Module, fresh: dict) -> None:
+        def add(average: str, decay: float, window: int, policy: str, n: int, m: nn.Module, fresh: Mapping,
+                acc: float | None = None) -> None:
             lag = validate_inference_state(m, probe_x, fresh=fresh).lag_median_abs_sigma
-            rows.append((average, decay, window, policy, n, accuracy(m, x, y, "eval", chunk), lag))
+            rows.append((average, decay, window, policy, n, accuracy(m, x, y, "eval", chunk) if acc is None else acc,
+                         lag))
 
-        add("live", math.nan, -1, "none", 1, model, fresh_statistics(model, probe_x))
+        add("live", math.nan, -1, "none", 1, model,
+            fresh_statistics(model, probe_x) if live_fresh is None else live_fresh, live_accuracy)
         for ema in self.emas:
             fresh = fresh_statistics(ema.module, probe_x)  # the same weights under every policy
             for policy in EMA_POLICIES:
-                m, _ = ema.averaged(policy, model, batches() if policy == "refresh" else None)
+                m, _ = ema.averaged(policy, model, batches if policy == "refresh" else None)
                 add("ema", ema.decay, -1, policy, ema.updates, m, fresh)
         states = [s for t, s in self.snapshots if t > step - self.cfg.tail_steps]
         fresh = None
         for policy in POLICIES if states else ():
-            m, _ = average_checkpoints(model, states, policy=policy, batches=batches() if policy == "refresh" else None)
+            m, _ = average_checkpoints(model, states, policy=policy, batches=batches if policy == "refresh" else None)
             fresh = fresh_statistics(m, probe_x) if fresh is None else fresh
             add("tail", math.nan, self.cfg.tail_steps, policy, len(states), m, fresh)
         df = pd.DataFrame(rows, columns=list(self.COLUMNS))
         df["constituents"] = df["constituents"].astype(np.int64)
         df["window_steps"] = df["window_steps"].astype(np.int64)
         return df
+
+    def state_dict(self) -> dict:
+        """Everything :meth:`load_state_dict` needs to continue exactly: each EMA's weights, buffers and update
+        count, and the tail snapshots (for a resumable run)."""
+        return {"emas": [{"decay": e.decay, "updates": e.updates, "module": e.module.state_dict()} for e in self.emas],
+                "snapshots": [{"step": t, "state": s} for t, s in self.snapshots]}
+
+    def load_state_dict(self, state: Mapping) -> None:
+        """Restore :meth:`state_dict`'s output.
+
+        Raises:
+            ValueError: if the EMA decays differ from this object's.
+        """
+        decays = [e["decay"] for e in state["emas"]]
+        if decays != [e.decay for e in self.emas]:
+            raise ValueError(f"saved EMA decays {decays} differ from {[e.decay for e in self.emas]}")
+        for ema, saved in zip(self.emas, state["emas"]):
+            ema.module.load_state_dict(saved["module"])
+            ema.updates = int(saved["updates"])
+        self.snapshots.clear()
+        self.snapshots.extend((int(s["step"]), dict(s["state"])) for s in state["snapshots"])

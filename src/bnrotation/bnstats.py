@@ -40,8 +40,16 @@ def norm_layers(model: nn.Module) -> list[tuple[str, nn.Module]]:
     return [(n, m) for n, m in model.named_modules() if isinstance(m, kinds)]
 
 
+def frozen_layers(model: nn.Module) -> list[tuple[str, _BatchNorm]]:
+    """BatchNorm layers frozen in evaluation mode: ``training`` False while the model is in training mode
+    (fine-tuning with frozen BatchNorm: they normalise with their running statistics in training too)."""
+    if not model.training:
+        return []
+    return [(n, m) for n, m in model.named_modules() if isinstance(m, _BatchNorm) and not m.training]
+
+
 @contextmanager
-def batch_statistics(model: nn.Module) -> Iterator[nn.Module]:
+def batch_statistics(model: nn.Module, keep_frozen: bool = False) -> Iterator[nn.Module]:
     """Normalise with batch statistics and leave every buffer exactly as it was.
 
     Inside the block the model is in evaluation mode except its BatchNorm
@@ -51,9 +59,15 @@ def batch_statistics(model: nn.Module) -> Iterator[nn.Module]:
     other stochastic layers stay in evaluation mode. This is the suite's
     "training-mode" measurement; the article's snippet used ``net.train()``,
     which moves the running statistics towards the measured batch.
+
+    Args:
+        keep_frozen: layers frozen in evaluation mode (:func:`frozen_layers`)
+            keep normalising with their running statistics, as they do in
+            the model's own training steps.
     """
     flags = {m: m.training for m in model.modules()}
-    tracking = {m: m.track_running_stats for m in model.modules() if isinstance(m, _BatchNorm)}
+    frozen = {m for _, m in frozen_layers(model)} if keep_frozen else set()
+    tracking = {m: m.track_running_stats for m in model.modules() if isinstance(m, _BatchNorm) and m not in frozen}
     try:
         model.eval()
         for m in tracking:

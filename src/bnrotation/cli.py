@@ -28,7 +28,7 @@ log = logging.getLogger("bnrotation")
 OUTCOME_FILE = "outcome.json"
 
 # Outcomes that leave the sweep incomplete: the sweep's exit status is non-zero when any job ends so.
-FAILED = ("failed", "bad config", "refused", "interrupted")
+FAILED = ("failed", "bad config", "refused", "busy", "interrupted")
 
 
 @dataclass
@@ -40,7 +40,8 @@ class Outcome:
             ``diverged`` (non-finite loss: a finished run), ``failed`` (an
             exception), ``bad config`` (rejected before any work),
             ``refused`` (a finished run with another config is in the way),
-            ``interrupted`` (stopped by a signal; resumable).
+            ``busy`` (another process is training this run now),
+            ``interrupted`` (stopped by a signal at a step boundary; the next sweep resumes it).
         exit_code: the process exit status a single run ends with.
         run: ``<row> seed=<s>`` (``?`` when the config did not validate).
         message: one line for the summary.
@@ -73,7 +74,7 @@ def run_task(cfg: DictConfig) -> Outcome:
         print(f"error: bad config: {err}", file=sys.stderr)
         return Outcome("bad config", 2, message=str(err))
     where = f"{run_cfg.row} seed={run_cfg.seed}"
-    from .runner import RunExistsError, run  # torch is imported only once the config is valid
+    from .runner import RunBusyError, RunExistsError, RunInterrupted, run  # torch only once the config is valid
 
     try:
         out = run(run_cfg)
@@ -83,6 +84,12 @@ def run_task(cfg: DictConfig) -> Outcome:
     except RunExistsError as err:
         print(f"error: {err}", file=sys.stderr)
         return Outcome("refused", 2, where, str(err))
+    except RunBusyError as err:
+        print(f"busy: {err}", file=sys.stderr)
+        return Outcome("busy", 3, where, str(err))
+    except RunInterrupted as err:
+        print(f"interrupted: {where} {err}; the next sweep resumes it", file=sys.stderr)
+        return Outcome("interrupted", 128 + err.signum, where, str(err))
     except Exception as err:  # noqa: BLE001 - a sweep must outlive one crashing run
         print(f"error: run {where} failed: {type(err).__name__}: {err}", file=sys.stderr)
         log.debug("".join(traceback.format_exception(err)))

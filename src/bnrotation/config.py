@@ -150,6 +150,10 @@ class ScaleConfig:
     heldout_size: int = 4000
     reestimate_batches: int = 200
     intervene_every: int = 500
+    # Dense windows: the fresh and running statistics of every norm layer at every step from each start to
+    # start + dense_length inclusive (the `dense` table), to measure drift at intervals below log_every.
+    dense_windows: list[int] = field(default_factory=list)
+    dense_length: int = 128
 
     def __post_init__(self) -> None:
         _require(self.steps >= 1, "scale.steps", "an integer >= 1", self.steps)
@@ -162,6 +166,11 @@ class ScaleConfig:
         _require(0 <= self.check_start <= self.steps, "scale.check_start",
                  f"a step inside the run, 0..scale.steps={self.steps}", self.check_start)
         _require(self.heldout_size >= 2, "scale.heldout_size", "an integer >= 2", self.heldout_size)
+        _require(self.dense_length >= 1, "scale.dense_length", "an integer >= 1", self.dense_length)
+        _require(all(0 <= w and w + self.dense_length <= self.steps for w in self.dense_windows)
+                 and len(set(self.dense_windows)) == len(self.dense_windows), "scale.dense_windows",
+                 f"distinct start steps w with 0 <= w and w + scale.dense_length <= scale.steps={self.steps}",
+                 list(self.dense_windows))
 
 
 @dataclass

@@ -6,8 +6,8 @@
 With ``step`` (a step number, ``last`` or ``worst``) the network is rebuilt
 from the run's ``config.yaml``, the checkpoint ``checkpoints/step=<n>.pt`` is
 loaded (weights only, :func:`checkpoints.load_checkpoint`), and the run's own
-interventions are rerun on it (:func:`runner.run_interventions`, with the same
-re-estimation batches, :func:`runner.reestimation_batches`, and the same
+interventions are rerun on it (:func:`interventions.run_interventions`, with the same
+re-estimation batches, :func:`task.reestimation_batches`, and the same
 held-out set): the report gives per BatchNorm layer the lag of the stored
 running mean behind the fresh (re-estimated) one, ``(stored - fresh) /
 fresh_std`` in sigma (median |lag| and the worst channel), the evaluation-mode
@@ -34,9 +34,10 @@ from .analysis.results import BadRunError, load_run, read_table
 from .checkpoints import checkpoint_path, load_checkpoint
 from .config import ConfigError, RunConfig, to_run_config
 from .model import build_model
-from .runner import (Interventions, eval_chunk, heldout_set, reestimation_batches, resolve_device,
-                     run_interventions, top_k_accuracy)
-from .task import NoisyTemplates
+from .interventions import Interventions, run_interventions, top_k_accuracy
+from .probes import eval_chunk
+from .runner import resolve_device
+from .task import NoisyTemplates, heldout_set, reestimation_batches
 
 KEYS = {"run": "run folder, runs/<row>/seed=<s> (required)",
         "step": "a checkpoint step, last or worst; without it: the logged interventions",

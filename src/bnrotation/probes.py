@@ -61,7 +61,57 @@ def channel_cosines(u: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     return (u * w).sum(1) / (u.norm(dim=1) * w.norm(dim=1))
 
 
+def channel_dims(z: torch.Tensor) -> tuple[int, ...]:
+    """The dims a normalisation layer's statistics reduce over, for an input (N, C, *spatial): all but dim 1.
+
+    Raises:
+        ValueError: for an input of fewer than 2 dims, which has no channel dim.
+    """
+    if z.dim() < 2:
+        raise ValueError(f"a normalisation layer's input needs shape (N, C, ...), got {tuple(z.shape)}")
+    return (0, *range(2, z.dim()))
+
+
+def input_moments(z: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per channel mean and unbiased variance of one layer input (N, C, *): two (C,) float64 tensors.
+
+    Computed by ``torch.var_mean`` in the input's dtype: on a CPU, float32 reductions accumulate in
+    float64 (ATen's accumulate type), so the result matches a float64 computation to about 1e-7
+    relative without copying the activations to float64.
+    """
+    var, mean = torch.var_mean(z.detach(), dim=channel_dims(z), correction=1)
+    return mean.double(), var.double()
+
+
 @torch.no_grad()
+def batch_statistics_pass(model: nn.Module, x: torch.Tensor, layers: list[tuple[str, nn.Module]] | None = None,
+                          keep_frozen: bool = False) -> tuple[torch.Tensor, dict[str, tuple[torch.Tensor, torch.Tensor]]]:
+    """One forward pass with batch statistics (:func:`bnstats.batch_statistics`): the output, and the mean and
+    variance of each normalisation layer's *input* on ``x`` (:func:`input_moments`).
+
+    No buffer changes. Each layer's moments are reduced inside its forward pre-hook, so no activation is kept.
+
+    Args:
+        x: (N, ...) inputs.
+        layers: ``[(name, module)]`` whose inputs to measure; default every norm layer (:func:`bnstats.norm_layers`).
+        keep_frozen: passed to :func:`bnstats.batch_statistics`.
+
+    Returns:
+        The model's output on ``x``, and ``{layer name: (mean (C,), var (C,))}`` in float64.
+    """
+    layers = norm_layers(model) if layers is None else layers
+    moments: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
+    hooks = [m.register_forward_pre_hook(lambda mod, inp, name=name: moments.__setitem__(name, input_moments(inp[0])))
+             for name, m in layers]
+    try:
+        with batch_statistics(model, keep_frozen=keep_frozen):
+            out = model(x)
+    finally:
+        for h in hooks:
+            h.remove()
+    return out, moments
+
+
 def fresh_statistics(model: nn.Module, x: torch.Tensor) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
     """Per channel mean and variance of each norm layer's *input* under the current weights.
 
@@ -69,28 +119,16 @@ def fresh_statistics(model: nn.Module, x: torch.Tensor) -> dict[str, tuple[torch
     set ``x`` in one pass, inside :func:`bnstats.batch_statistics`, so no
     buffer changes. The variance is the unbiased one, because that is what
     PyTorch's ``running_var`` estimates. This is what the running statistics
-    estimate (PROTOCOL.md, "Fresh statistics").
+    estimate (PROTOCOL.md, "Fresh statistics"). Any input shape (N, C, *)
+    works: BatchNorm1d on (N, C) or (N, C, L), 2d, 3d.
 
     Args:
-        x: (N, 3, S, S) probe inputs.
+        x: (N, ...) probe inputs.
 
     Returns:
         ``{norm layer name: (mean (C,), var (C,))}`` in float64.
     """
-    captured: dict[str, torch.Tensor] = {}
-    hooks = [m.register_forward_pre_hook(lambda mod, inp, name=name: captured.__setitem__(name, inp[0]))
-             for name, m in norm_layers(model)]
-    try:
-        with batch_statistics(model):
-            model(x)
-    finally:
-        for h in hooks:
-            h.remove()
-    out = {}
-    for name, z in captured.items():  # z: (N, C, H, W)
-        z = z.double()
-        out[name] = (z.mean(dim=(0, 2, 3)), z.var(dim=(0, 2, 3), unbiased=True))
-    return out
+    return batch_statistics_pass(model, x)[1]
 
 
 def lag_sigma(running_mean: torch.Tensor, fresh_mean: torch.Tensor, fresh_var: torch.Tensor) -> torch.Tensor:
@@ -111,6 +149,20 @@ def predicted_lag_sigma(drift: torch.Tensor, momentum: float) -> torch.Tensor:
     PyTorch's running average with momentum m (the article's lag formula).
     """
     return drift * (1.0 - momentum) / momentum
+
+
+# Held-out samples per evaluation-mode forward pass on a CPU (checks and interventions): one training
+# batch's worth keeps the activations in cache, where 1,000 at a time does not (make bench measures it:
+# results/bench.md, "chunk size"). On a GPU the whole set goes in one pass.
+EVAL_CHUNK = 128
+
+
+def eval_chunk(device: torch.device, n: int) -> int:
+    """Samples per evaluation-mode forward pass: ``EVAL_CHUNK`` on a CPU, all ``n`` at once on a GPU.
+
+    Evaluation-mode outputs are per sample, so the accuracy does not depend on it.
+    """
+    return n if device.type == "cuda" else min(EVAL_CHUNK, n)
 
 
 @torch.no_grad()

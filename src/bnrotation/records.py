@@ -15,6 +15,7 @@ import os
 import tempfile
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -32,6 +33,9 @@ TABLE_COLUMNS = {
     "interventions": ("row", "seed", "step", "intervention", "k", "layer", "acc_eval_mode"),
     # average: live | ema | tail; decay: EMA decay (NaN otherwise); policy: none | copy | average | mixture | refresh
     "averaging": ("row", "seed", "step", "average", "decay", "window_steps", "policy", "acc_eval_mode"),
+    # the fresh and running statistics of every norm layer at every step of the dense windows (scale.dense_windows)
+    "dense": ("row", "seed", "step", "norm_layer", "channel", "fresh_mean", "fresh_var", "running_mean",
+              "running_var"),
 }
 REQUIRED_TABLES = ("checks", "layers", "channels")
 
@@ -106,3 +110,38 @@ def write_table(df: pd.DataFrame, path: str | os.PathLike, name: str) -> None:
 def mark_done(directory: str | os.PathLike) -> None:
     """Write the ``DONE`` marker; call it after every other file is in place."""
     atomic_write_text(Path(directory) / DONE, "")
+
+
+class TableBuffer:
+    """A run's long-format tables (:data:`TABLE_COLUMNS`), kept in memory until the run ends; every line
+    carries the run's ``row`` and ``seed``."""
+
+    def __init__(self, row: str, seed: int):
+        self.row, self.seed = row, seed
+        self.frames: dict[str, list[pd.DataFrame]] = {k: [] for k in TABLE_COLUMNS}
+
+    def add(self, table: str, df: pd.DataFrame) -> None:
+        """Append the lines of ``df`` to ``table``, with ``row`` and ``seed`` in front."""
+        self.frames[table].append(df.assign(row=self.row, seed=np.int64(self.seed))[
+            ["row", "seed", *[c for c in df.columns if c not in ("row", "seed")]]])
+
+    def frame(self, table: str) -> pd.DataFrame:
+        """All lines of ``table`` so far (an empty frame with its required columns when there are none)."""
+        frames = self.frames[table]
+        if not frames:
+            return pd.DataFrame({c: pd.Series(dtype="float64") for c in TABLE_COLUMNS[table]})
+        return pd.concat(frames, ignore_index=True)
+
+    def to_bytes(self) -> dict[str, bytes]:
+        """Each table as parquet bytes (for a resumable state)."""
+        out = {}
+        for name in TABLE_COLUMNS:
+            sink = pa.BufferOutputStream()
+            pq.write_table(pa.Table.from_pandas(self.frame(name), preserve_index=False), sink)
+            out[name] = sink.getvalue().to_pybytes()
+        return out
+
+    def load_bytes(self, tables: dict[str, bytes]) -> None:
+        """Replace the tables by :meth:`to_bytes`' output."""
+        self.frames = {name: [pq.read_table(pa.BufferReader(tables[name])).to_pandas()] if name in tables else []
+                       for name in TABLE_COLUMNS}

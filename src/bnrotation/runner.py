@@ -1,53 +1,80 @@
-"""The training loop: steps, probes at log points, accuracy checks, interventions, records.
+"""The training loop: steps, the monitor at log points, accuracy checks, interventions, averaging, records.
 
 One call of :func:`run` trains one row at one seed and writes
-``<results_root>/runs/<row>/seed=<s>/`` (see :mod:`records`). The training
-step itself does no host synchronisation: the loss is only read at check
-steps, and divergence is tracked on the device and read at log points.
+``<results_root>/runs/<row>/seed=<s>/`` (see :mod:`records`). What is
+measured at a log point comes from :class:`monitor.StalenessMonitor`, the same
+monitor a user attaches to their own model; the runner only decides when.
+
+The training step itself does no host synchronisation: the loss is read only
+at check steps, and divergence is tracked on the device and read at the steps
+that measure something.
+
+A run holds a lock on its folder while it trains (:class:`RunLock`), so one
+process trains a run at a time. On SIGTERM, SIGINT or submitit's preemption
+signal it stops at the next step boundary and saves a resumable state
+(``resume.pt``, written atomically); the next sweep resumes it from there,
+with results identical to an uninterrupted run on the same machine.
 """
 
 from __future__ import annotations
 
-import copy
 import datetime as dt
-import importlib.metadata
+import fcntl
+import io
 import os
 import platform
 import shutil
-import subprocess
+import signal
 import time
-from dataclasses import dataclass
+from contextlib import contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import torch
-import torch.nn as nn
 import torch.nn.functional as F
 import yaml
 from omegaconf import OmegaConf
-from torch.nn.modules.batchnorm import _BatchNorm
 from tqdm.auto import tqdm
 
 from . import records
-from .averaging import RunAverages
-from .bnstats import (ReestimationReport, reestimate, running_stat_layers, running_stats, swapped_statistics,
-                      top_k_channel_masks)
-from .checkpoints import checkpoint_path, save_checkpoint
 from .analysis.results import check_against_row
+from .averaging import RunAverages
+from .bnstats import running_stat_layers
+from .checkpoints import checkpoint_path, save_checkpoint
 from .config import ConfigError, RunConfig, check_row, semantic_dict
-from .model import ConvNet, build_model
+from .interventions import run_interventions
+from .model import build_model
+from .monitor import StalenessMonitor
 from .optim import build_optimizer, build_schedule
+from .probes import accuracy, batch_statistics_pass, eval_chunk
+from .provenance import describe_built
 from .rows import ROWS
-from .probes import (accuracy, channel_cosines, channel_norms, cosine, drift_sigma_per_step, fresh_statistics,
-                     lag_sigma, predicted_lag_sigma, rotation_deg)
-from .task import NoisyTemplates, generator
+from .task import NoisyTemplates, generator, heldout_set, memory_format, probe_set, reestimation_batches
 
-PACKAGES = ("torch", "numpy", "pandas", "pyarrow", "hydra-core", "omegaconf", "bnrotation")
+RESUME_FILE = "resume.pt"
+STOP_SIGNALS = ("SIGTERM", "SIGINT", "SIGUSR2")  # SIGUSR2: submitit's default preemption / time-out signal
 
 
 class RunExistsError(RuntimeError):
     """A finished run with a different config sits where this run would write."""
+
+
+class RunBusyError(RuntimeError):
+    """Another process holds the run's lock: it is training that run now."""
+
+
+class RunInterrupted(Exception):
+    """The run stopped on a signal at a step boundary and saved a resumable state.
+
+    Attributes:
+        signum: the signal; step: the last completed step; path: the saved state.
+    """
+
+    def __init__(self, signum: int, step: int, path: Path):
+        self.signum, self.step, self.path = signum, step, path
+        super().__init__(f"stopped by {signal.Signals(signum).name} after step {step}; resumable state in {path}")
 
 
 # ----------------------------------------------------------------------------- schedule of a run
@@ -77,67 +104,9 @@ def averaging_steps(cfg: RunConfig) -> list[int]:
             "last": [cfg.scale.steps]}[cfg.averaging.at]
 
 
-# ----------------------------------------------------------------------------- provenance
-def _git_state() -> dict:
-    root = Path(__file__).resolve().parents[2]
-    try:
-        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True,
-                                timeout=10).stdout.strip() or None
-        dirty = bool(subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
-                                    capture_output=True, text=True, timeout=10).stdout.strip())
-    except (OSError, subprocess.SubprocessError):
-        commit, dirty = None, None
-    return {"commit": commit, "dirty": dirty}
-
-
-def _versions() -> dict:
-    out = {"python": platform.python_version()}
-    for name in PACKAGES:
-        try:
-            out[name] = importlib.metadata.version(name)
-        except importlib.metadata.PackageNotFoundError:
-            out[name] = None
-    return out
-
-
-def describe_built(model: ConvNet, optimizer: torch.optim.Optimizer, schedule, device: torch.device) -> dict:
-    """What actually runs, read back from the built objects (not from the config)."""
-    names = {id(p): n for n, p in model.named_parameters()}
-    groups = []
-    for g in optimizer.param_groups:
-        settings = {k: (list(v) if isinstance(v, tuple) else v) for k, v in g.items()
-                    if k not in ("params", "param_names")}
-        settings["lr"] = g.get("initial_lr", g["lr"])
-        settings["params"] = [names[id(p)] for p in g["params"]]
-        groups.append(settings)
-    dims = {n: p.dim() for n, p in model.named_parameters()}
-    # ProjectedAdam never projects a parameter of fewer than 2 dims (norm affine, biases)
-    projected = [n for g in groups if g.get("projection") in ("always", "adamp") for n in g["params"] if dims[n] >= 2]
-    norms = {}
-    for name, m in model.named_modules():
-        if isinstance(m, _BatchNorm):
-            norms[name] = {"class": type(m).__name__, "momentum": m.momentum, "eps": m.eps,
-                           "track_running_stats": m.track_running_stats}
-        elif isinstance(m, torch.nn.GroupNorm):
-            norms[name] = {"class": type(m).__name__, "num_groups": m.num_groups, "eps": m.eps}
-    weight = model.conv1.weight
-    return {
-        "optimizer": {"class": type(optimizer).__name__, "param_groups": groups},
-        "projection": {"on": bool(projected), "params": projected,
-                       "mode": sorted({g.get("projection") for g in groups if g.get("projection")})},
-        "schedule": None if schedule is None else {"class": type(schedule).__name__,
-                                                    **{k: v for k, v in vars(schedule).items()
-                                                       if k in ("T_max", "eta_min")}},
-        "norm_layers": norms,
-        "device": str(device),
-        "dtype": str(weight.dtype).replace("torch.", ""),
-        "memory_format": "channels_last" if weight.is_contiguous(memory_format=torch.channels_last)
-        and not weight.is_contiguous() else "contiguous",
-        "threads": torch.get_num_threads(),
-        "versions": _versions(),
-        "git": _git_state(),
-        "host": platform.node(),
-    }
+def dense_steps(cfg: RunConfig) -> set[int]:
+    """Every step from each start in ``scale.dense_windows`` to start + ``scale.dense_length`` inclusive."""
+    return {w + i for w in cfg.scale.dense_windows for i in range(cfg.scale.dense_length + 1)}
 
 
 # ----------------------------------------------------------------------------- the run folder
@@ -145,38 +114,50 @@ def config_yaml(cfg: RunConfig) -> str:
     return OmegaConf.to_yaml(OmegaConf.structured(cfg))
 
 
-def prepare_run_dir(cfg: RunConfig) -> Path | None:
-    """Decide what to do with the run's folder; returns it, or None to skip.
+def _saved_config(out: Path) -> dict:
+    """The semantic config of the run in ``out`` (keys added to the schema since count as their defaults).
+
+    Raises:
+        RunExistsError: when its config.yaml no longer fits the schema.
+    """
+    old = yaml.safe_load((out / "config.yaml").read_text()) if (out / "config.yaml").exists() else {}
+    try:
+        return semantic_dict(OmegaConf.merge(OmegaConf.structured(RunConfig), old or {}))
+    except Exception as err:  # noqa: BLE001 - a key the schema no longer has, or a wrong type
+        raise RunExistsError(f"{out} holds a run whose config.yaml does not fit this suite's schema "
+                             f"({str(err).splitlines()[0]}); rerun with force=true to replace it") from err
+
+
+def prepare_run_dir(cfg: RunConfig) -> tuple[Path | None, bool]:
+    """Decide what to do with the run's folder: ``(folder, resume)``, or ``(None, False)`` to skip.
 
     * ``DONE`` present and the same config (up to keys that do not change
       results): skip, unless ``force``.
     * ``DONE`` present, a different config: refuse, unless ``force``.
-    * no ``DONE``: a crashed or killed run; removed and rerun from scratch.
+    * no ``DONE``, a resumable state (``resume.pt``) and the same config: resume, unless ``force``.
+    * otherwise: a crashed or killed run; removed and rerun from scratch.
       A folder that is replaced loses its ``DONE`` before anything else.
+
+    Call it while holding the run's :class:`RunLock`.
 
     Raises:
         RunExistsError: naming the folder and the keys that differ.
     """
     out = records.run_dir(cfg.results_root, cfg.row, cfg.seed)
     if (out / records.DONE).exists() and not cfg.force:
-        old = yaml.safe_load((out / "config.yaml").read_text()) if (out / "config.yaml").exists() else {}
-        # Keys added to the schema since the run was made count as their defaults.
-        try:
-            old = semantic_dict(OmegaConf.merge(OmegaConf.structured(RunConfig), old or {}))
-        except Exception as err:  # noqa: BLE001 - a key the schema no longer has, or a wrong type
-            raise RunExistsError(f"{out} holds a finished run whose config.yaml does not fit this suite's schema "
-                                 f"({str(err).splitlines()[0]}); rerun with force=true to replace it") from err
-        new = semantic_dict(cfg)
+        old, new = _saved_config(out), semantic_dict(cfg)
         if old == new:
-            return None
-        diff = sorted(_diff_keys(old, new))
-        raise RunExistsError(f"{out} holds a finished run with a different config (keys {diff}); "
-                             f"rerun with force=true to replace it, or give this variant its own row=<name>")
+            return None, False
+        raise RunExistsError(f"{out} holds a finished run with a different config (keys "
+                             f"{sorted(_diff_keys(old, new))}); rerun with force=true to replace it, or give this "
+                             "variant its own row=<name>")
+    if (out / RESUME_FILE).exists() and not cfg.force and _saved_config(out) == semantic_dict(cfg):
+        return out, True
     if out.exists():
         (out / records.DONE).unlink(missing_ok=True)  # first: a kill during the removal leaves a crashed run
         shutil.rmtree(out)
     out.mkdir(parents=True)
-    return out
+    return out, False
 
 
 def _diff_keys(a: dict, b: dict, prefix: str = "") -> list[str]:
@@ -190,6 +171,43 @@ def _diff_keys(a: dict, b: dict, prefix: str = "") -> list[str]:
     return keys
 
 
+class RunLock:
+    """An exclusive lock on one run, ``<results root>/locks/<row>/seed=<s>.lock`` (``fcntl.flock``), outside the
+    run's folder, which a rerun removes and makes anew.
+
+    The kernel releases it when the holding process dies, however it dies, so a
+    stale lock never blocks a rerun. A second process that asks for a held lock
+    is refused at once (:class:`RunBusyError`) with the holder's pid and host.
+    """
+
+    def __init__(self, results_root: str | Path, row: str, seed: int):
+        self.run_dir = records.run_dir(results_root, row, seed)
+        self.path = Path(results_root) / "locks" / row / f"seed={seed}.lock"
+        self.fd: int | None = None
+
+    def __enter__(self) -> "RunLock":
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 200, 0).decode(errors="replace").strip() or "another process"
+            os.close(fd)
+            raise RunBusyError(f"{self.run_dir} is being trained by {holder}; not started here "
+                               "(rerun the sweep once it has finished)") from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"pid {os.getpid()} on {platform.node()} since "
+                      f"{dt.datetime.now(dt.timezone.utc).isoformat(timespec='seconds')}".encode(), 0)
+        self.fd = fd
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.fd is not None:
+            os.close(self.fd)  # releases the lock
+            self.fd = None
+
+
+# ----------------------------------------------------------------------------- where and how it runs
 def resolve_threads(threads: int) -> int:
     """Set torch's intra-op threads for a run and return how many it uses.
 
@@ -225,6 +243,11 @@ def set_determinism(on: bool, device: torch.device) -> dict:
 
 
 def resolve_device(name: str) -> torch.device:
+    """``auto``: CUDA when torch sees a GPU, else the CPU.
+
+    Raises:
+        ConfigError: for ``cuda`` on a machine where torch sees no GPU.
+    """
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if name == "cuda" and not torch.cuda.is_available():
@@ -232,185 +255,76 @@ def resolve_device(name: str) -> torch.device:
     return torch.device(name)
 
 
-# ----------------------------------------------------------------------------- probes at a log point
-class _Tables:
-    """Rows of each long-format table, kept as column dicts until the run ends."""
-
-    def __init__(self, row: str, seed: int):
-        self.row, self.seed = row, seed
-        self.frames: dict[str, list[pd.DataFrame]] = {k: [] for k in records.TABLE_COLUMNS}
-
-    def add(self, table: str, **cols) -> None:
-        n = max((len(v) for v in cols.values() if isinstance(v, (list, np.ndarray))), default=1)
-        df = pd.DataFrame({"row": [self.row] * n, "seed": np.full(n, self.seed, dtype=np.int64), **cols})
-        self.frames[table].append(df)
-
-    def frame(self, table: str) -> pd.DataFrame:
-        frames = self.frames[table]
-        if not frames:
-            return pd.DataFrame({c: pd.Series(dtype="float64") for c in records.TABLE_COLUMNS[table]})
-        return pd.concat(frames, ignore_index=True)
-
-
-class _Prober:
-    """Computes the ``layers`` and ``channels`` rows at each log point."""
-
-    def __init__(self, model: ConvNet, probe_x: torch.Tensor, interval: int):
-        self.model, self.probe_x, self.interval = model, probe_x, interval
-        self.prev_w: dict[str, torch.Tensor] = {}
-        self.prev_fresh: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
-
-    def __call__(self, tables: _Tables, step: int, w_before_step: dict[str, torch.Tensor] | None) -> None:
-        fresh = fresh_statistics(self.model, self.probe_x)
-        for conv_name, conv, norm_name, norm in self.model.blocks():
-            w = conv.weight.detach()
-            c = w.shape[0]
-            nan = torch.full((c,), float("nan"), dtype=torch.float64)
-            wb = None if w_before_step is None else w_before_step[conv_name]
-            grad = conv.weight.grad
-            tables.add("layers", step=[step], layer=[conv_name],
-                       weight_norm=[float(w.double().norm())],
-                       update_cos=[cosine(w - wb, wb) if wb is not None else float("nan")],
-                       grad_cos=[cosine(grad, wb) if wb is not None and grad is not None else float("nan")])
-            f_mean, f_var = (t.cpu() for t in fresh[norm_name])
-            has_running = isinstance(norm, _BatchNorm) and norm.running_mean is not None
-            r_mean = norm.running_mean.detach().double().cpu() if has_running else nan
-            r_var = norm.running_var.detach().double().cpu() if has_running else nan
-            prev = self.prev_fresh.get(norm_name)
-            drift = drift_sigma_per_step(f_mean, prev[0], f_var, self.interval) if prev is not None else nan
-            momentum = norm.momentum if has_running and norm.momentum is not None else float("nan")
-            tables.add(
-                "channels", step=np.full(c, step), layer=[conv_name] * c, norm_layer=[norm_name] * c,
-                channel=np.arange(c),
-                rotation_deg=(rotation_deg(self.prev_w[conv_name], w).cpu() if conv_name in self.prev_w
-                              else nan).numpy(),
-                weight_norm=channel_norms(w).cpu().numpy(),
-                update_cos=(channel_cosines(w - wb, wb).cpu() if wb is not None else nan).numpy(),
-                running_mean=r_mean.numpy(), running_var=r_var.numpy(),
-                fresh_mean=f_mean.numpy(), fresh_var=f_var.numpy(),
-                lag_sigma=lag_sigma(r_mean, f_mean, f_var).numpy(),
-                drift_sigma_per_step=drift.numpy(),
-                predicted_lag_sigma=predicted_lag_sigma(drift, momentum).numpy(),
-                abs_mean_over_std=(f_mean.abs() / f_var.sqrt()).numpy(),
-            )
-            self.prev_w[conv_name] = w.clone()
-        self.prev_fresh = {k: (m.cpu(), v.cpu()) for k, (m, v) in fresh.items()}
+@contextmanager
+def stop_signals():
+    """Catch SIGTERM, SIGINT and SIGUSR2 for the duration of a run: each sets a flag the loop reads at the
+    next step boundary. Yields ``{"signum": int | None, "previous": handler}``; the previous handlers are
+    restored on exit. Outside the main thread (joblib's threads) nothing is caught."""
+    caught: dict = {"signum": None, "previous": None}
+    names = [n for n in STOP_SIGNALS if hasattr(signal, n)]
+    try:
+        previous = {n: signal.getsignal(getattr(signal, n)) for n in names}
+        for n in names:
+            signal.signal(getattr(signal, n), lambda signum, frame: caught.update(
+                signum=signum, previous=previous[signal.Signals(signum).name]))
+    except ValueError:  # not the main thread
+        previous = {}
+    try:
+        yield caught
+    finally:
+        for n, handler in previous.items():
+            signal.signal(getattr(signal, n), handler)
 
 
-# ----------------------------------------------------------------------------- interventions
-# Held-out samples per evaluation-mode forward pass on a CPU (checks and interventions): one training
-# batch's worth keeps the activations in cache, where 1,000 at a time does not (make bench measures it:
-# results/bench.md, "chunk size"). On a GPU the whole set goes in one pass.
-EVAL_CHUNK = 128
-
-
-def eval_chunk(device: torch.device, n: int) -> int:
-    """Samples per evaluation-mode forward pass: ``EVAL_CHUNK`` on a CPU, all ``n`` at once on a GPU.
-
-    Evaluation-mode outputs are per sample, so the accuracy does not depend on it.
-    """
-    return n if device.type == "cuda" else min(EVAL_CHUNK, n)
-
-
-def heldout_set(task: NoisyTemplates, cfg: RunConfig) -> tuple[torch.Tensor, torch.Tensor]:
-    """The run's held-out set, ``x`` (heldout_size, 3, S, S) in the model's memory format, ``y`` (heldout_size,)."""
-    x, y = task.fixed_set(cfg.scale.heldout_size, cfg.seed, "heldout")
-    return x.contiguous(memory_format=torch.channels_last if cfg.model.channels_last else torch.contiguous_format), y
-
-
-def reestimation_batches(task: NoisyTemplates, cfg: RunConfig, device: torch.device, step: int):
-    """``scale.reestimate_batches`` fresh training batches from the run's own ``reestimate`` stream.
-
-    The stream is reseeded from (seed, step) and drawn on the CPU, then moved
-    to ``device``, so the batches at a step are the same in the runner and in
-    offline diagnosis on any device, and the training stream is never touched.
-
-    Yields:
-        (batch_size, 3, S, S) float32 inputs on ``device``.
-    """
-    g = generator(cfg.seed * 1_000_003 + step, "reestimate")
-    cpu_task = NoisyTemplates(task.cfg, task.templates.cpu())
-    memory_format = torch.channels_last if cfg.model.channels_last else torch.contiguous_format
-    for _ in range(cfg.scale.reestimate_batches):
-        x, _y = cpu_task.sample(cfg.task.batch_size, g)
-        yield x.to(device).contiguous(memory_format=memory_format)
-
-
-def top_k_grid(total: int) -> list[int]:
-    """0, 1, 2, 4, ... up to ``total`` channels (``total`` itself included)."""
-    ks = [0] + [2 ** i for i in range(total.bit_length()) if 2 ** i < total]
-    return ks + [total]
-
-
-def top_k_accuracy(model: nn.Module, fresh: dict[str, tuple[torch.Tensor, torch.Tensor]],
-                   lag: dict[str, torch.Tensor], k: int, x: torch.Tensor, y: torch.Tensor, chunk: int) -> float:
-    """Evaluation-mode accuracy with fresh statistics in the ``k`` channels of largest |lag| network-wide.
-
-    Args:
-        fresh: ``{norm layer: (mean (C,), var (C,))}``; lag: ``{norm layer: (C,)}`` in sigma.
-    """
-    with swapped_statistics(model, fresh, channels=top_k_channel_masks(lag, k)):
-        return accuracy(model, x, y, "eval", chunk)
-
-
+# ----------------------------------------------------------------------------- one run's state
 @dataclass
-class Interventions:
-    """What :func:`run_interventions` measured at one checkpoint.
+class RunState:
+    """Everything the loop changes as it goes, and what a resumable state saves."""
 
-    Attributes:
-        table: one line per intervention: ``intervention`` (none | reestimate |
-            layer | top_k), ``k`` (-1 where it does not apply), ``layer`` (""
-            where it does not apply), ``acc_eval_mode`` (fraction).
-        stored, fresh: ``{norm layer: (running_mean (C,), running_var (C,))}``,
-            the checkpoint's statistics and the re-estimated ones.
-        lag_sigma: ``{norm layer: (C,)}`` float64, ``(stored - fresh) mean /
-            fresh std``, the ranking of the top-k curve.
-        reestimation: provenance of the re-estimation pass.
-    """
+    model: torch.nn.Module
+    optimizer: torch.optim.Optimizer
+    schedule: torch.optim.lr_scheduler.LRScheduler | None
+    g_train: torch.Generator
+    monitor: StalenessMonitor
+    tables: records.TableBuffer
+    averages: RunAverages | None
+    first_bad: torch.Tensor  # () long on the device: the first step with a non-finite loss, 0 if none
+    step: int = 0  # the last completed step
+    timings: dict = field(default_factory=lambda: dict.fromkeys(
+        ("train", "probes", "checks", "interventions", "averaging", "dense"), 0.0))
+    resumes: list = field(default_factory=list)
 
-    table: pd.DataFrame
-    stored: dict[str, tuple[torch.Tensor, torch.Tensor]]
-    fresh: dict[str, tuple[torch.Tensor, torch.Tensor]]
-    lag_sigma: dict[str, torch.Tensor]
-    reestimation: ReestimationReport
+    def save(self, path: Path) -> None:
+        """Write the resumable state atomically (a plain dict of tensors, bytes and numbers: it loads with
+        ``torch.load(weights_only=True)``)."""
+        state = {
+            "step": self.step, "model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
+            "schedule": self.schedule.state_dict() if self.schedule is not None else None,
+            "g_train": self.g_train.get_state(), "torch_rng": torch.get_rng_state(),
+            "monitor": self.monitor.state_dict(), "tables": self.tables.to_bytes(),
+            "averages": self.averages.state_dict() if self.averages is not None else None,
+            "first_bad": self.first_bad.cpu(), "timings": dict(self.timings), "resumes": list(self.resumes),
+        }
+        buf = io.BytesIO()
+        torch.save(state, buf)
+        records.atomic_write_bytes(path, buf.getvalue())
 
-
-def run_interventions(model: nn.Module, batches, x: torch.Tensor, y: torch.Tensor, chunk: int,
-                      acc_stored: float | None = None) -> Interventions:
-    """Evaluation-mode accuracy on (x, y) after each intervention on the running statistics.
-
-    ``none`` (stored statistics), ``reestimate`` (every layer fresh), ``layer``
-    (one layer fresh, the stored ones elsewhere) and ``top_k`` (the k channels
-    of largest |lag| across the network fresh, k on :func:`top_k_grid`; k = 0
-    is the stored model and k = all the re-estimated one). Fresh statistics
-    come from one :func:`bnstats.reestimate` pass on a copy; the model itself
-    is left unchanged. The runner and offline diagnosis
-    (:mod:`bnrotation.diagnose`) both call this.
-
-    The two ends of the top-k curve are exact identities and are not evaluated
-    again (k = 0 swaps nothing, k = all swaps everything); ``acc_stored``, the
-    evaluation-mode accuracy already measured on (x, y) at this step (the
-    runner's check), is reused for ``none``.
-
-    Raises:
-        ValueError: if the model has no layer with running statistics, or ``batches`` is empty.
-    """
-    fresh_model = copy.deepcopy(model)
-    report = reestimate(fresh_model, batches)
-    stored, fresh = running_stats(model), running_stats(fresh_model)
-    acc_none = accuracy(model, x, y, "eval", chunk) if acc_stored is None else acc_stored
-    acc_fresh = accuracy(fresh_model, x, y, "eval", chunk)
-    rows = [("none", -1, "", acc_none), ("reestimate", -1, "", acc_fresh)]
-    for name in fresh:
-        with swapped_statistics(model, {name: fresh[name]}):
-            rows.append(("layer", -1, name, accuracy(model, x, y, "eval", chunk)))
-    lag = {n: lag_sigma(stored[n][0], fresh[n][0].double(), fresh[n][1].double()) for n in fresh}
-    total = sum(v.numel() for v in lag.values())
-    for k in top_k_grid(total):
-        acc = {0: acc_none, total: acc_fresh}.get(k)
-        rows.append(("top_k", k, "", acc if acc is not None else top_k_accuracy(model, fresh, lag, k, x, y, chunk)))
-    table = pd.DataFrame(rows, columns=["intervention", "k", "layer", "acc_eval_mode"])
-    return Interventions(table, stored, fresh, lag, report)
+    def load(self, path: Path) -> None:
+        """Restore :meth:`save`'s state (onto the run's device)."""
+        state = torch.load(path, map_location=self.first_bad.device, weights_only=True)
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        if self.schedule is not None:
+            self.schedule.load_state_dict(state["schedule"])
+        self.g_train.set_state(state["g_train"].to(self.g_train.device) if self.g_train.device.type == "cpu"
+                               else state["g_train"])
+        torch.set_rng_state(state["torch_rng"].cpu())
+        self.monitor.load_state_dict(state["monitor"])
+        self.tables.load_bytes(state["tables"])
+        if self.averages is not None:
+            self.averages.load_state_dict(state["averages"])
+        self.first_bad = state["first_bad"].to(self.first_bad.device)
+        self.step, self.timings, self.resumes = int(state["step"]), dict(state["timings"]), list(state["resumes"])
 
 
 # ----------------------------------------------------------------------------- the run
@@ -418,16 +332,14 @@ def run(cfg: RunConfig) -> Path | None:
     """Train one run and write its folder; returns the folder, or None if it was skipped.
 
     Raises:
-        ConfigError: the config keeps a registered row's name but changes what the row means.
+        ConfigError: the config keeps a registered row's name but changes what the row means, or asks
+            for ``device=cuda`` where there is none.
         RunExistsError: a finished run with another config is in the way.
-        ConfigError: also for ``device=cuda`` without CUDA.
+        RunBusyError: another process is training this run now.
+        RunInterrupted: a stop signal arrived; the resumable state is saved.
     """
     check_row(cfg)
     device = resolve_device(cfg.device)
-    started = time.time()
-    timings = {"train": 0.0, "probes": 0.0, "checks": 0.0, "interventions": 0.0, "averaging": 0.0}
-
-    task = NoisyTemplates.build(cfg.task, cfg.seed, device)
     model = build_model(cfg.model, cfg.task.num_classes, cfg.seed, device)
     optimizer = build_optimizer(cfg.optimizer, model)
     schedule = build_schedule(cfg.schedule, optimizer, cfg.scale.steps)
@@ -436,99 +348,167 @@ def run(cfg: RunConfig) -> Path | None:
         # what make table would refuse after the run is refused before it (the row's meaning, read back)
         raise ConfigError(f"row: what this config builds contradicts row {cfg.row!r}: {'; '.join(problems)}; "
                           f"give the variant a row name of its own (row=<name>)")
-    out = prepare_run_dir(cfg)
-    if out is None:
-        return None
+    with RunLock(cfg.results_root, cfg.row, cfg.seed):
+        out, resume = prepare_run_dir(cfg)
+        if out is None:
+            return None
+        return _train(cfg, out, resume, device, model, optimizer, schedule, built)
+
+
+def _train(cfg: RunConfig, out: Path, resume: bool, device: torch.device, model, optimizer, schedule,
+           built: dict) -> Path:
     resolve_threads(cfg.threads)
-    determinism = set_determinism(cfg.deterministic, device)
-    cl = torch.channels_last if cfg.model.channels_last else torch.contiguous_format
-    x_held, y_held = heldout_set(task, cfg)
-    x_probe, _ = task.fixed_set(cfg.task.probe_size, cfg.seed, "probe")
-    x_probe = x_probe.contiguous(memory_format=cl)
-    g_train = generator(cfg.seed, "train", device)
     built["threads"] = torch.get_num_threads()
+    determinism = set_determinism(cfg.deterministic, device)
+    started = time.time()
+    task = NoisyTemplates.build(cfg.task, cfg.seed, device)
+    x_held, y_held = heldout_set(task, cfg)
+    x_probe, _ = probe_set(task, cfg)
+    has_running = bool(running_stat_layers(model))
+    state = RunState(
+        model, optimizer, schedule, generator(cfg.seed, "train", device),
+        StalenessMonitor(model, x_probe, warn=False, modes=False, running_statistics_only=False),
+        records.TableBuffer(cfg.row, cfg.seed),
+        RunAverages(cfg.averaging, model) if cfg.averaging.enabled and has_running else None,
+        torch.zeros((), dtype=torch.long, device=device))
+    if resume:
+        state.load(out / RESUME_FILE)
+        state.resumes.append({"at_step": state.step, "at": dt.datetime.now(dt.timezone.utc).isoformat()})
     info = {"schema_version": records.SCHEMA_VERSION, "row": cfg.row, "seed": cfg.seed, "status": "running",
             "started_at": dt.datetime.fromtimestamp(started, dt.timezone.utc).isoformat(), **built,
-            "determinism": determinism}
+            "determinism": determinism, "pairing": state.monitor.pairing.describe()}
     records.atomic_write_text(out / "config.yaml", config_yaml(cfg))
     records.write_json(out / "run.json", info)
 
-    tables = _Tables(cfg.row, cfg.seed)
-    prober = _Prober(model, x_probe, cfg.scale.log_every)
-    logs, checks = log_steps(cfg), set(check_steps(cfg))
-    interventions = set(intervention_steps(cfg)) if cfg.interventions and running_stat_layers(model) else set()
     chunk = eval_chunk(device, len(y_held))
-    # --- averaging (issue 4): EMA and tail average of the weights, under each BatchNorm buffer policy
-    averages = RunAverages(cfg.averaging, model) if cfg.averaging.enabled and running_stat_layers(model) else None
-    averaging_at = set(averaging_steps(cfg)) if averages is not None else set()
-    # ---
-    first_bad = torch.zeros((), dtype=torch.long, device=device)  # first non-finite step, 0 if none
+    logs, checks, dense = log_steps(cfg), set(check_steps(cfg)), dense_steps(cfg)
+    interventions = set(intervention_steps(cfg)) if cfg.interventions and has_running else set()
+    averaging_at = set(averaging_steps(cfg)) if state.averages is not None else set()
+    fmt = memory_format(cfg)
+    if state.step == 0:
+        _measure(state, 0, None, None, cfg, task, x_held, y_held, x_probe, chunk, out, logs, checks, interventions,
+                 averaging_at, dense)
     diverged_at = None
-
-    t0 = time.perf_counter()
-    prober(tables, 0, None)
-    timings["probes"] += time.perf_counter() - t0
-    bar = tqdm(range(1, cfg.scale.steps + 1), desc=f"{cfg.row} seed={cfg.seed}", disable=not cfg.progress,
-               dynamic_ncols=True, mininterval=1.0)
-    t_mark = time.perf_counter()
-    for step in bar:
-        x, y = task.sample(cfg.task.batch_size, g_train)
-        loss = F.cross_entropy(model(x.contiguous(memory_format=cl)), y)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        log_now = step in logs
-        w_before = {n: c.weight.detach().clone() for n, c, _, _ in model.blocks()} if log_now else None
-        optimizer.step()
-        if schedule is not None:
-            schedule.step()
-        if averages is not None:  # averaging (issue 4): one EMA update per optimizer step, no host sync
-            averages.after_step(model, step)
-        first_bad = torch.where((first_bad == 0) & ~torch.isfinite(loss.detach()), step, first_bad)
-        if not (log_now or step in checks or step in interventions or step in averaging_at):
-            continue
-        timings["train"] += time.perf_counter() - t_mark
-        bad = int(first_bad)
-        if bad:
-            diverged_at = bad
-            bar.write(f"{cfg.row} seed={cfg.seed}: non-finite loss at step {bad}; run ends as diverged")
-            break
-        t0 = time.perf_counter()
-        if log_now:
-            prober(tables, step, w_before)
-        t1 = time.perf_counter()
-        if step in checks:
-            acc_eval = accuracy(model, x_held, y_held, "eval", chunk)
-            acc_train = accuracy(model, x_held, y_held, "train")
-            tables.add("checks", step=[step], lr=[optimizer.param_groups[0]["lr"]], loss=[loss.item()],
-                       acc_train_mode=[acc_train], acc_eval_mode=[acc_eval])
-            bar.set_postfix(eval=f"{acc_eval:.3f}", train=f"{acc_train:.3f}", refresh=False)
-        t2 = time.perf_counter()
-        if step in interventions:
-            if cfg.save_checkpoints:
-                save_checkpoint(checkpoint_path(out, step), model, step=step, row=cfg.row, seed=cfg.seed)
-            df = run_interventions(model, reestimation_batches(task, cfg, device, step), x_held, y_held, chunk,
-                                   acc_stored=acc_eval if step in checks else None).table
-            tables.add("interventions", step=np.full(len(df), step), **{c: df[c].to_numpy() for c in df})
-        t3 = time.perf_counter()
-        if step in averaging_at:  # averaging (issue 4)
-            df = averages.evaluate(model, step, x_held, y_held, x_probe,
-                                   lambda: reestimation_batches(task, cfg, device, step), chunk)
-            tables.add("averaging", step=np.full(len(df), step), **{c: df[c].to_numpy() for c in df})
-        t4 = time.perf_counter()
-        timings["probes"] += t1 - t0
-        timings["checks"] += t2 - t1
-        timings["interventions"] += t3 - t2
-        timings["averaging"] += t4 - t3
+    bar = tqdm(range(state.step + 1, cfg.scale.steps + 1), desc=f"{cfg.row} seed={cfg.seed}",
+               disable=not cfg.progress, dynamic_ncols=True, mininterval=1.0)
+    with stop_signals() as caught:
         t_mark = time.perf_counter()
+        for step in bar:
+            if caught["signum"] is not None:
+                bar.close()
+                return _stop(state, out, caught, t_mark)
+            x, y = task.sample(cfg.task.batch_size, state.g_train)
+            loss = F.cross_entropy(model(x.contiguous(memory_format=fmt)), y)
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            log_now = step in logs
+            w_before = state.monitor.snapshot() if log_now else None
+            optimizer.step()
+            if schedule is not None:
+                schedule.step()
+            if state.averages is not None:  # one EMA update per optimizer step, no host sync
+                state.averages.after_step(model, step)
+            state.first_bad = torch.where((state.first_bad == 0) & ~torch.isfinite(loss.detach()), step,
+                                          state.first_bad)
+            state.step = step
+            if not (log_now or step in checks or step in interventions or step in averaging_at or step in dense):
+                continue
+            state.timings["train"] += time.perf_counter() - t_mark
+            bad = int(state.first_bad)
+            if bad:
+                diverged_at = bad
+                bar.write(f"{cfg.row} seed={cfg.seed}: non-finite loss at step {bad}; run ends as diverged")
+                break
+            _measure(state, step, w_before, loss, cfg, task, x_held, y_held, x_probe, chunk, out, logs, checks,
+                     interventions, averaging_at, dense)
+            t_mark = time.perf_counter()
     bar.close()
 
     for name in records.TABLE_COLUMNS:
-        records.write_table(tables.frame(name), out / f"{name}.parquet", name)
+        records.write_table(state.tables.frame(name), out / f"{name}.parquet", name)
     ended = time.time()
     info.update(status="diverged" if diverged_at else "done", diverged_at_step=diverged_at,
                 steps_completed=(diverged_at - 1) if diverged_at else cfg.scale.steps,
                 ended_at=dt.datetime.fromtimestamp(ended, dt.timezone.utc).isoformat(),
-                wall_seconds=round(ended - started, 3), timings_s={k: round(v, 3) for k, v in timings.items()})
+                wall_seconds=round(ended - started, 3),
+                timings_s={k: round(v, 3) for k, v in state.timings.items()}, resumes=state.resumes)
     records.write_json(out / "run.json", info)
+    (out / RESUME_FILE).unlink(missing_ok=True)
     records.mark_done(out)
     return out
+
+
+def _measure(state: RunState, step: int, w_before, loss, cfg: RunConfig, task, x_held, y_held, x_probe, chunk: int,
+             out: Path, logs, checks, interventions, averaging_at, dense) -> None:
+    """Everything measured at ``step``, in order: the monitor (log steps), the dense statistics, the
+    accuracy check, the interventions and the averaged models. Shares what they have in common: the
+    live model's evaluation-mode accuracy, its fresh statistics, and the step's re-estimation batches."""
+    model, timings = state.model, state.timings
+    t0 = time.perf_counter()
+    fresh = None
+    if step in logs:
+        record = state.monitor.measure(step, w_before)
+        state.tables.add("layers", record.layers)
+        state.tables.add("channels", record.channels.drop(columns="rotation_deg_per_100"))
+        fresh = state.monitor.last_fresh
+    t1 = time.perf_counter()
+    if step in dense:
+        if fresh is None:
+            fresh = batch_statistics_pass(model, x_probe)[1]
+        state.tables.add("dense", _dense_lines(model, step, fresh))
+    t2 = time.perf_counter()
+    acc_eval = None
+    if step in checks:
+        acc_eval = accuracy(model, x_held, y_held, "eval", chunk)
+        acc_train = accuracy(model, x_held, y_held, "train")
+        state.tables.add("checks", pd.DataFrame({
+            "step": [step], "lr": [state.optimizer.param_groups[0]["lr"]],
+            "loss": [loss.item() if loss is not None else np.nan],
+            "acc_train_mode": [acc_train], "acc_eval_mode": [acc_eval]}))
+    t3 = time.perf_counter()
+    batches = None
+    if step in interventions:
+        if cfg.save_checkpoints:
+            save_checkpoint(checkpoint_path(out, step), model, step=step, row=cfg.row, seed=cfg.seed)
+        batches = reestimation_batches(task, cfg, x_held.device, step)
+        df = run_interventions(model, batches, x_held, y_held, chunk, acc_stored=acc_eval).table
+        state.tables.add("interventions", df.assign(step=step)[["step", *df.columns]])
+    t4 = time.perf_counter()
+    if step in averaging_at:
+        if batches is None:
+            batches = reestimation_batches(task, cfg, x_held.device, step)
+        df = state.averages.evaluate(model, step, x_held, y_held, x_probe, batches, chunk,
+                                     live_accuracy=acc_eval, live_fresh=fresh)
+        state.tables.add("averaging", df.assign(step=step)[["step", *df.columns]])
+    t5 = time.perf_counter()
+    for key, seconds in (("probes", t1 - t0), ("dense", t2 - t1), ("checks", t3 - t2), ("interventions", t4 - t3),
+                         ("averaging", t5 - t4)):
+        timings[key] += seconds
+
+
+def _dense_lines(model: torch.nn.Module, step: int, fresh: dict) -> pd.DataFrame:
+    """One line per channel of every norm layer: its fresh statistics on the probe set and its running ones."""
+    frames = []
+    modules = dict(model.named_modules())
+    for name, (mean, var) in fresh.items():
+        m = modules[name]
+        c = mean.numel()
+        running = getattr(m, "running_mean", None) is not None
+        frames.append(pd.DataFrame({
+            "step": np.full(c, step), "norm_layer": [name] * c, "channel": np.arange(c),
+            "fresh_mean": mean.cpu().numpy(), "fresh_var": var.cpu().numpy(),
+            "running_mean": m.running_mean.double().cpu().numpy() if running else np.full(c, np.nan),
+            "running_var": m.running_var.double().cpu().numpy() if running else np.full(c, np.nan)}))
+    return pd.concat(frames, ignore_index=True)
+
+
+def _stop(state: RunState, out: Path, caught: dict, t_mark: float) -> Path:
+    """Save the resumable state after a stop signal; hand submitit's preemption signal on to submitit (which
+    requeues the job and exits), else raise :class:`RunInterrupted`."""
+    state.timings["train"] += time.perf_counter() - t_mark
+    path = out / RESUME_FILE
+    state.save(path)
+    signum, previous = caught["signum"], caught["previous"]
+    if callable(previous) and getattr(previous, "__module__", "").startswith("submitit"):
+        previous(signum, None)  # submitit: checkpoint, requeue, exit; the requeued job resumes from `path`
+    raise RunInterrupted(signum, state.step, path)

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from .config import TaskConfig
+from .config import RunConfig, TaskConfig
 
 STREAMS = ("templates", "train", "heldout", "probe", "init", "reestimate")
 
@@ -81,3 +81,40 @@ class NoisyTemplates:
         cpu = NoisyTemplates(self.cfg, self.templates.cpu())
         x, y = cpu.sample(n, g)
         return x.to(self.templates.device), y.to(self.templates.device)
+
+
+# ----------------------------------------------------------------------------- a run's fixed sets and streams
+def memory_format(cfg: RunConfig) -> torch.memory_format:
+    """The model's memory format (``model.channels_last``), which its inputs take too."""
+    return torch.channels_last if cfg.model.channels_last else torch.contiguous_format
+
+
+def heldout_set(task: NoisyTemplates, cfg: RunConfig) -> tuple[torch.Tensor, torch.Tensor]:
+    """The run's held-out set, ``x`` (heldout_size, 3, S, S) in the model's memory format, ``y`` (heldout_size,)."""
+    x, y = task.fixed_set(cfg.scale.heldout_size, cfg.seed, "heldout")
+    return x.contiguous(memory_format=memory_format(cfg)), y
+
+
+def probe_set(task: NoisyTemplates, cfg: RunConfig) -> tuple[torch.Tensor, torch.Tensor]:
+    """The run's probe set (fresh statistics, drift, the monitor), ``x`` (probe_size, 3, S, S), ``y``."""
+    x, y = task.fixed_set(cfg.task.probe_size, cfg.seed, "probe")
+    return x.contiguous(memory_format=memory_format(cfg)), y
+
+
+def reestimation_batches(task: NoisyTemplates, cfg: RunConfig, device: torch.device, step: int) -> list[torch.Tensor]:
+    """``scale.reestimate_batches`` fresh training batches from the run's own ``reestimate`` stream.
+
+    The stream is reseeded from (seed, step) and drawn on the CPU, then moved
+    to ``device``, so the batches at a step are the same in the runner and in
+    offline diagnosis on any device, and the training stream is never touched.
+    Drawn once per step and shared by every re-estimation at that step (the
+    interventions' and each averaged model's).
+
+    Returns:
+        ``scale.reestimate_batches`` tensors (batch_size, 3, S, S), float32, on ``device``.
+    """
+    g = generator(cfg.seed * 1_000_003 + step, "reestimate")
+    cpu_task = NoisyTemplates(task.cfg, task.templates.cpu())
+    fmt = memory_format(cfg)
+    return [cpu_task.sample(cfg.task.batch_size, g)[0].to(device).contiguous(memory_format=fmt)
+            for _ in range(cfg.scale.reestimate_batches)]

@@ -1,0 +1,86 @@
+"""Provenance: what a run actually built and ran with, read back from the objects, not from the config.
+
+``run.json`` holds it (:mod:`bnrotation.runner`); ``make table`` compares it with what the run's row means
+(:func:`bnrotation.analysis.results.check_against_row`), and the runner does the same before its first step.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import platform
+import subprocess
+from pathlib import Path
+
+import torch
+import torch.nn as nn
+from torch.nn.modules.batchnorm import _BatchNorm
+
+PACKAGES = ("torch", "numpy", "pandas", "pyarrow", "hydra-core", "omegaconf", "bnrotation")
+
+
+def git_state() -> dict:
+    """The checkout's commit and whether tracked files differ from it (None where git cannot tell)."""
+    root = Path(__file__).resolve().parents[2]
+    try:
+        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True,
+                                timeout=10).stdout.strip() or None
+        dirty = bool(subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
+                                    capture_output=True, text=True, timeout=10).stdout.strip())
+    except (OSError, subprocess.SubprocessError):
+        commit, dirty = None, None
+    return {"commit": commit, "dirty": dirty}
+
+
+def versions() -> dict:
+    """Python's and each of :data:`PACKAGES`' installed version (None where not installed)."""
+    out = {"python": platform.python_version()}
+    for name in PACKAGES:
+        try:
+            out[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            out[name] = None
+    return out
+
+
+def describe_built(model: nn.Module, optimizer: torch.optim.Optimizer, schedule, device: torch.device) -> dict:
+    """What actually runs, read back from the built objects (not from the config): the optimizer's class and
+    param groups (learning rate, weight decay, projection, ...), the schedule, every normalisation layer's
+    class, momentum and eps, the model's class and size, device, dtype, memory format, threads, versions and
+    the git state. ``run.json`` stores it."""
+    names = {id(p): n for n, p in model.named_parameters()}
+    groups = []
+    for g in optimizer.param_groups:
+        settings = {k: (list(v) if isinstance(v, tuple) else v) for k, v in g.items()
+                    if k not in ("params", "param_names")}
+        settings["lr"] = g.get("initial_lr", g["lr"])
+        settings["params"] = [names[id(p)] for p in g["params"]]
+        groups.append(settings)
+    dims = {n: p.dim() for n, p in model.named_parameters()}
+    # ProjectedAdam never projects a parameter of fewer than 2 dims (norm affine, biases)
+    projected = [n for g in groups if g.get("projection") in ("always", "adamp") for n in g["params"] if dims[n] >= 2]
+    norms = {}
+    for name, m in model.named_modules():
+        if isinstance(m, _BatchNorm):
+            norms[name] = {"class": type(m).__name__, "momentum": m.momentum, "eps": m.eps,
+                           "track_running_stats": m.track_running_stats}
+        elif isinstance(m, torch.nn.GroupNorm):
+            norms[name] = {"class": type(m).__name__, "num_groups": m.num_groups, "eps": m.eps}
+    weight = next((p for p in model.parameters() if p.dim() == 4), next(model.parameters()))  # a conv weight
+    return {
+        "model": {"class": type(model).__name__, "parameters": sum(p.numel() for p in model.parameters())},
+        "optimizer": {"class": type(optimizer).__name__, "param_groups": groups},
+        "projection": {"on": bool(projected), "params": projected,
+                       "mode": sorted({g.get("projection") for g in groups if g.get("projection")})},
+        "schedule": None if schedule is None else {"class": type(schedule).__name__,
+                                                    **{k: v for k, v in vars(schedule).items()
+                                                       if k in ("T_max", "eta_min")}},
+        "norm_layers": norms,
+        "device": str(device),
+        "dtype": str(weight.dtype).replace("torch.", ""),
+        "memory_format": "channels_last" if weight.is_contiguous(memory_format=torch.channels_last)
+        and not weight.is_contiguous() else "contiguous",
+        "threads": torch.get_num_threads(),
+        "versions": versions(),
+        "git": git_state(),
+        "host": platform.node(),
+    }
