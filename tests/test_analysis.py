@@ -24,6 +24,7 @@ import yaml
 
 from bnrotation import records
 from bnrotation.analysis import claims, figures, metrics, table, theory
+from bnrotation.analysis.stats import SeedStat
 from bnrotation.analysis.results import OPTIMIZER_CLASSES, BadRunError, Run, load_run, load_runs, protocol_scale
 from bnrotation.rows import ROWS
 
@@ -260,21 +261,12 @@ def test_equilibrium_angular_update_matches_a_simulated_random_walk():
 
 
 # ----------------------------------------------------------------------------- claims: statistics and verdicts
-def test_spearman_critical_values_match_the_exact_tables():
-    assert claims.spearman_critical(5) == pytest.approx(0.9)
-    assert claims.spearman_critical(6) == pytest.approx(0.8286, abs=1e-4)
-    assert claims.spearman_critical(7) == pytest.approx(0.7143, abs=1e-4)
-    assert math.isinf(claims.spearman_critical(3))  # three items can never be significant at 5%
-    with pytest.raises(ValueError):
-        claims.spearman_critical(9)
-
-
 def test_tolerances_follow_the_seed_spread():
-    a, b = claims.Stat((0.5, 0.6, 0.7)), claims.Stat((0.1, 0.2, 0.3))
+    a, b = SeedStat((0.5, 0.6, 0.7)), SeedStat((0.1, 0.2, 0.3))
     assert a.sd == pytest.approx(0.1) and claims.above(a, b)[0] and not claims.above(b, a)[0]
-    close = claims.Stat((0.25, 0.35, 0.45))
+    close = SeedStat((0.25, 0.35, 0.45))
     assert not claims.above(close, b)[0]  # 0.15 apart, 2 SE = 0.163
-    ok, how = claims.above(claims.Stat((0.3,)), claims.Stat((0.2,)))
+    ok, how = claims.above(SeedStat((0.3,)), SeedStat((0.2,)))
     assert ok and "sign alone" in how
 
 
@@ -487,7 +479,7 @@ def test_notebooks_run_against_smoke_results_and_analysis_never_imports_torch(sm
 
 
 def test_drift_note_extrapolates_the_interval_at_the_measured_exponent():
-    Stat, note_for = claims.Stat, claims._drift_interval_note
+    Stat, note_for = SeedStat, claims._drift_interval_note
     run = Run(Path("runs/adam/seed=0"), {"row": "adam", "seed": 0}, {"scale": {"log_every": 100}}, {})
     # drift ∝ Δ^-1/2 and the published drift 4× the measured one: 4 = (100 / Δ)^(1/2) at Δ = 100 / 16
     note = note_for(Stat((0.001, 0.003)), Stat((-0.5, -0.5)), 0.008, run)

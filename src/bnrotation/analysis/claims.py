@@ -29,11 +29,9 @@ Tolerances (stated in the report too):
 from __future__ import annotations
 
 import argparse
-import itertools
 import math
 import sys
 from dataclasses import dataclass
-from functools import lru_cache
 from pathlib import Path
 
 import numpy as np
@@ -42,7 +40,9 @@ import pandas as pd
 from .. import records
 from ..rows import PUBLISHED_ROWS, ROWS, row_order
 from . import averaging, interventions, lag, metrics, theory
-from .metrics import averaged_model
+from .averaging import averaged_model
+from .stats import SeedStat, cell, half_unit, rho_at_or_beyond, se_of_difference, spearman_critical, spearman_rho, \
+    spread
 from .results import Run, add_results_arguments, at_protocol_scale, count, runs_for_command, scale_note
 from .table import run_metrics
 
@@ -58,87 +58,6 @@ SGD, ADAM, ADAMW, PROJ, COS, SMALL_LR, WINDOW = ("sgd", "adam", "adamw", "adam_p
                                                  "adam_lr3e-4", "adam_bn_m0.3")
 NORM_FREE_ROWS = ("adam_groupnorm", "adam_layernorm")
 MODEL_FACTOR = 2.0  # a priori tolerance for model-level claims (lag formula): within a factor of 2
-
-
-# ----------------------------------------------------------------------------- statistics
-@dataclass(frozen=True)
-class Stat:
-    """Per-seed values of one quantity for one row: mean, sample sd (n - 1), n."""
-
-    values: tuple[float, ...]
-    seeds: tuple[int, ...] = ()
-
-    @property
-    def n(self) -> int:
-        return len(self.values)
-
-    @property
-    def mean(self) -> float:
-        return float(np.mean(self.values)) if self.values else math.nan
-
-    @property
-    def sd(self) -> float:
-        return float(np.std(self.values, ddof=1)) if self.n > 1 else math.nan
-
-    @property
-    def se(self) -> float:
-        return self.sd / math.sqrt(self.n) if self.n > 1 else math.nan
-
-
-def fmt(value: float, kind: str) -> str:
-    """A number in the claim's unit: pct (fraction shown in %), deg, x (ratio), sigma, cos, rho, or plain."""
-    if value is None or (isinstance(value, float) and math.isnan(value)):
-        return "–"
-    return {"pct": f"{100 * value:.1f}%", "deg": f"{value:.2f}°", "x": f"{value:.2f}×",
-            "sigma": f"{value:.3g}σ", "cos": f"{value:+.4f}", "rho": f"{value:+.2f}",
-            "drift": f"{value:.2g}σ/step"}.get(kind, f"{value:.3g}")
-
-
-def fmt_spread(value: float, kind: str) -> str:
-    if math.isnan(value):
-        return ""
-    return {"pct": f"{100 * value:.1f} points", "deg": f"{value:.2f}°", "x": f"{value:.2f}×",
-            "sigma": f"{value:.2g}σ", "cos": f"{value:.4f}", "drift": f"{value:.2g}σ/step"}.get(kind, f"{value:.2g}")
-
-
-def describe(stat: Stat, kind: str) -> str:
-    """'60.3% ± 4.1 points (n = 3 seeds)'."""
-    if stat.n == 0:
-        return "no runs"
-    spread = f" ± {fmt_spread(stat.sd, kind)}" if stat.n > 1 else ""
-    return f"{fmt(stat.mean, kind)}{spread} (n = {stat.n} seed{'s' * (stat.n != 1)})"
-
-
-def half_unit(decimals: int) -> float:
-    """Half a unit of the published figure's last digit (its rounding)."""
-    return 0.5 * 10.0 ** (-decimals)
-
-
-@lru_cache(maxsize=None)
-def spearman_critical(n: int, alpha: float = 0.05) -> float:
-    """Exact one-sided critical value of Spearman's rank correlation for n items without ties: the
-    smallest r with P(rho >= r) <= ``alpha`` when every order is equally likely (all n! orders
-    enumerated). 0.829 for n = 6, 0.900 for n = 5.
-
-    Raises:
-        ValueError: for n < 3 or n > 8.
-    """
-    if not 3 <= n <= 8:
-        raise ValueError(f"exact Spearman critical values are enumerated for 3 <= n <= 8, got {n}")
-    base = np.arange(n)
-    rhos = np.array([1 - 6 * float(((base - np.array(p)) ** 2).sum()) / (n * (n * n - 1))
-                     for p in itertools.permutations(range(n))])
-    crit = math.inf
-    for r in sorted(set(np.round(rhos, 12)), reverse=True):
-        if np.mean(rhos >= r - 1e-9) > alpha:
-            break
-        crit = float(r)
-    return crit
-
-
-def spearman(x: list[float], y: list[float]) -> float:
-    from scipy.stats import spearmanr
-    return float(spearmanr(x, y).statistic) if len(x) >= 3 else math.nan
 
 
 # ----------------------------------------------------------------------------- the checks
@@ -166,12 +85,12 @@ class Results:
     def has(self, *rows: str) -> bool:
         return all((self.per_run["row"] == r).any() for r in rows)
 
-    def stat(self, row: str, column: str, seeds: set[int] | None = None) -> Stat:
+    def stat(self, row: str, column: str, seeds: set[int] | None = None) -> SeedStat:
         """``column`` over the runs of ``row`` (only those of ``seeds``, when given)."""
         g = self.per_run[(self.per_run["row"] == row) & self.per_run[column].notna()].sort_values("seed")
         if seeds is not None:
             g = g[g["seed"].isin(seeds)]
-        return Stat(tuple(float(v) for v in g[column]), tuple(int(s) for s in g["seed"]))
+        return SeedStat(tuple(float(v) for v in g[column]), tuple(int(s) for s in g["seed"]))
 
     def runs_of(self, row: str) -> list[Run]:
         return [r for r in self.runs if r.row == row]
@@ -216,27 +135,27 @@ def not_run(name: str, claim: str, published: str, rows: tuple[str, ...], res: R
 def value_check(res: Results, name: str, claim: str, row: str, column: str, published: float, kind: str,
                  decimals: int) -> Check:
     """The row's mean of ``column`` against a published mean, within 2 standard errors of the difference."""
-    pub = fmt(published, kind)
+    pub = cell(published, kind)
     if not res.has(row):
         return not_run(name, claim, pub, (row,), res)
     s = res.stat(row, column)
     floor = half_unit(decimals)
     if s.n < 2:
-        return Check(name, claim, pub, describe(s, kind),
+        return Check(name, claim, pub, s.describe(kind),
                      "needs ≥ 2 seeds: with one there is no seed spread to set the tolerance", NOT_RUN)
     tol = max(Z * s.sd * math.sqrt(1 / s.n + 1 / PUBLISHED_SEEDS), floor)
     ok = abs(s.mean - published) <= tol
-    return Check(name, claim, pub, describe(s, kind),
-                 f"|measured − published| ≤ {fmt_spread(tol, kind)} = max(2 · s · √(1/{s.n} + 1/3), "
-                 f"{fmt_spread(floor, kind)} rounding); off by {fmt_spread(abs(s.mean - published), kind)}",
+    return Check(name, claim, pub, s.describe(kind),
+                 f"|measured − published| ≤ {spread(tol, kind)} = max(2 · s · √(1/{s.n} + 1/3), "
+                 f"{spread(floor, kind)} rounding); off by {spread(abs(s.mean - published), kind)}",
                  PASS if ok else FAIL)
 
 
-def above(a: Stat, b: Stat) -> tuple[bool, str]:
+def above(a: SeedStat, b: SeedStat) -> tuple[bool, str]:
     """Whether a's mean exceeds b's by more than 2 standard errors of the difference (sign alone for n = 1)."""
     diff = a.mean - b.mean
     if a.n > 1 and b.n > 1:
-        se = math.sqrt(a.sd ** 2 / a.n + b.sd ** 2 / b.n)
+        se = se_of_difference(a, b)
         return diff > Z * se, f"difference {diff:+.3g} against 2 · SE = {Z * se:.3g}"
     return diff > 0, f"difference {diff:+.3g}; one seed on a side, so the sign alone (no spread)"
 
@@ -249,7 +168,7 @@ def order_check(res: Results, name: str, claim: str, rows: tuple[str, ...], a: s
     lo, hi = res.stat(rows[0], a), res.stat(rows[1], b)
     ok, how = above(hi, lo)
     return Check(name, claim, published,
-                 f"`{rows[0]}` {describe(lo, kind_a)}; `{rows[1]}` {describe(hi, kind_b)}",
+                 f"`{rows[0]}` {lo.describe(kind_a)}; `{rows[1]}` {hi.describe(kind_b)}",
                  f"`{rows[0]}` below `{rows[1]}` by more than 2 standard errors of the difference: {how}",
                  PASS if ok else FAIL)
 
@@ -260,25 +179,25 @@ def rank_check(res: Results, name: str, claim: str, column: str, expect_order: b
     rows = [r for r in PUBLISHED_ROWS if res.has(r)]
     pub_x = [getattr(ROWS[r].published, {"rotation_per_100_deg": "rotation_deg_per_100",
                                          "norm_growth": "norm_growth"}[column]) for r in PUBLISHED_ROWS]
-    pub_rho = spearman(pub_x, [ROWS[r].published.acc_eval_mode for r in PUBLISHED_ROWS])
+    pub_rho = spearman_rho(pub_x, [ROWS[r].published.acc_eval_mode for r in PUBLISHED_ROWS])
     published = f"rho = {pub_rho:+.2f} over the six rows of the article's table"
     if len(rows) < 4:
         return Check(name, claim, published, f"{len(rows)} of the six rows have runs",
                      "needs ≥ 4 of the six rows", NOT_RUN)
     means = res.per_run[res.per_run["row"].isin(rows)].groupby("row")[[column, "acc_eval_mode"]].mean()
-    rho = spearman(list(means[column]), list(means["acc_eval_mode"]))
+    rho = spearman_rho(list(means[column]), list(means["acc_eval_mode"]))
     per_seed = []
     for seed, g in res.per_run[res.per_run["row"].isin(rows)].groupby("seed"):
         if g["row"].nunique() == len(rows):
-            per_seed.append(spearman(list(g[column]), list(g["acc_eval_mode"])))
+            per_seed.append(spearman_rho(list(g[column]), list(g["acc_eval_mode"])))
     crit = spearman_critical(len(rows))
     spread = (f"; per seed {', '.join(f'{r:+.2f}' for r in per_seed)}" if per_seed else "")
     measured = f"rho = {rho:+.2f} over row means of {len(rows)} rows{spread}"
     if expect_order:
-        ok = rho <= -crit
+        ok = rho_at_or_beyond(rho, -crit)
         tol = f"rho ≤ −{crit:.2f}, the exact one-sided 5% critical value for {len(rows)} rows"
     else:
-        ok = rho > -crit
+        ok = not rho_at_or_beyond(rho, -crit)
         tol = (f"rho > −{crit:.2f}: no ordering significant at the one-sided 5% level for {len(rows)} rows "
                f"(the exact critical value)")
     return Check(name, claim, published, measured, tol, PASS if ok else FAIL,
@@ -348,8 +267,8 @@ def train_mode_check(res: Results) -> Check:
     mean = float(checks["acc_train_mode"].mean())
     ok = mean >= 0.995 and float(lowest["acc_train_mode"]) >= 0.99
     return Check(name, claim, "100% at every check",
-                 f"mean {fmt(mean, 'pct')} over {len(checks)} checks of {checks.groupby(['row', 'seed']).ngroups} "
-                 f"runs; lowest {fmt(float(lowest['acc_train_mode']), 'pct')} (`{lowest['row']}` seed "
+                 f"mean {cell(mean, 'pct')} over {len(checks)} checks of {checks.groupby(['row', 'seed']).ngroups} "
+                 f"runs; lowest {cell(float(lowest['acc_train_mode']), 'pct')} (`{lowest['row']}` seed "
                  f"{lowest['seed']}, step {lowest['step']})",
                  "mean ≥ 99.5% (rounds to 100%) and no check below 99% (40 errors in 4,000 samples)",
                  PASS if ok else FAIL)
@@ -366,8 +285,8 @@ def dips_to_chance_check(res: Results) -> Check:
     per_run = checks.groupby("seed")["acc_eval_mode"].min()
     ok = float(lowest["acc_eval_mode"]) <= 0.15
     return Check(name, claim, "lowest check 10% (chance)",
-                 f"lowest check {fmt(float(lowest['acc_eval_mode']), 'pct')} (seed {lowest['seed']}, step "
-                 f"{lowest['step']}); lowest per seed {', '.join(fmt(float(v), 'pct') for v in per_run)} "
+                 f"lowest check {cell(float(lowest['acc_eval_mode']), 'pct')} (seed {lowest['seed']}, step "
+                 f"{lowest['step']}); lowest per seed {', '.join(cell(float(v), 'pct') for v in per_run)} "
                  f"({len(checks)} checks of {len(per_run)} run{'s' * (len(per_run) != 1)})",
                  "the lowest check within 5 points of chance (≤ 15%)", PASS if ok else FAIL)
 
@@ -380,7 +299,7 @@ def eval_below_train_check(res: Results) -> Check:
     tr, ev = res.stat(ADAM, "acc_train_mode"), res.stat(ADAM, "acc_eval_mode")
     ok, how = above(tr, ev)
     return Check(name, claim, "training 100%, evaluation 60.0% (Adam)",
-                 f"training {describe(tr, 'pct')}, evaluation {describe(ev, 'pct')} (`adam`)",
+                 f"training {tr.describe('pct')}, evaluation {ev.describe('pct')} (`adam`)",
                  f"training above evaluation by more than 2 standard errors: {how}", PASS if ok else FAIL)
 
 
@@ -422,7 +341,7 @@ def drift_check(res: Results, name: str, claim: str, row: str) -> Check:
     return check
 
 
-def _drift_interval_note(drift: Stat, exponent: Stat, published: float, run: Run) -> str:
+def _drift_interval_note(drift: SeedStat, exponent: SeedStat, published: float, run: Run) -> str:
     """Drift depends on the interval Δ it is measured over, which the article does not state: at the
     first doubling's exponent a (drift ∝ Δ^a, :func:`lag.drift_exponent`), the interval at which the
     measured drift would equal the published one is Δ · (published / measured)^(1/a)."""
@@ -434,7 +353,7 @@ def _drift_interval_note(drift: Stat, exponent: Stat, published: float, run: Run
             f"log interval, {interval} steps. Between Δ = {interval} and {2 * interval} the median drift falls as "
             f"Δ^{exponent.mean:.2f} (mean over {count(exponent.n, 'seed')}; a random walk gives Δ^-0.50; `lag.md` "
             f"has Δ up to {interval * lag.INTERVAL_MULTIPLES[-1]:,}). Extrapolated below the logged interval at that "
-            f"rate, the published {fmt(published, 'drift')} corresponds to Δ ≈ {at:.0f} steps: a guess at the "
+            f"rate, the published {cell(published, 'drift')} corresponds to Δ ≈ {at:.0f} steps: a guess at the "
             "article's Δ, not a measurement.")
 
 
@@ -448,8 +367,8 @@ def lag_formula_check(res: Results) -> Check:
     measured, predicted = res.stat(ADAM, "lag_mid"), res.stat(ADAM, "predicted_lag_mid")
     ok = 1 / MODEL_FACTOR <= ratio.mean <= MODEL_FACTOR
     return Check(name, claim, "predicted 0.24σ (the article gives no measured median)",
-                 f"median |lag| measured {describe(measured, 'sigma')}, predicted {describe(predicted, 'sigma')}; "
-                 f"ratio {describe(ratio, 'plain')}; Spearman ρ over (step, channel) pairs {describe(rho, 'plain')}",
+                 f"median |lag| measured {measured.describe('sigma')}, predicted {predicted.describe('sigma')}; "
+                 f"ratio {ratio.describe('plain')}; Spearman ρ over (step, channel) pairs {rho.describe('plain')}",
                  f"measured/predicted within a factor of {MODEL_FACTOR:g}, fixed a priori: the formula is a "
                  "steady-state approximation (constant drift), not a fit", PASS if ok else FAIL,
                  "medians over the middle layer's (step, channel) pairs in the check window, as in `lag.md`; "
@@ -496,8 +415,8 @@ def reestimation_check(res: Results) -> Check:
     worst = finals.loc[finals["acc_reestimated_final"].idxmin()]
     ok = float(worst["acc_reestimated_final"]) >= 0.995
     return Check(name, claim, "100% for every run",
-                 f"lowest {fmt(float(worst['acc_reestimated_final']), 'pct')} (`{worst['row']}` seed {worst['seed']}); "
-                 f"mean {fmt(float(finals['acc_reestimated_final'].mean()), 'pct')} over {count(len(finals), 'run')}",
+                 f"lowest {cell(float(worst['acc_reestimated_final']), 'pct')} (`{worst['row']}` seed {worst['seed']}); "
+                 f"mean {cell(float(finals['acc_reestimated_final'].mean()), 'pct')} over {count(len(finals), 'run')}",
                  "every run ≥ 99.5% (rounds to 100%)", PASS if ok else FAIL)
 
 
@@ -514,8 +433,8 @@ def middle_layer_check(res: Results) -> Check:
         return Check(name, claim, "10% → 82–100%", "no failing check in the `adam` runs", "–", NOT_RUN)
     share = float(np.mean(np.array(lifted) >= ARTICLE_MIDDLE_LIFT))
     return Check(name, claim, "from as low as 10% to 82–100%",
-                 f"from as low as {fmt(min(stored), 'pct')} to {fmt(min(lifted), 'pct')}–{fmt(max(lifted), 'pct')} "
-                 f"(median {fmt(float(np.median(lifted)), 'pct')}); {share:.0%} of {len(lifted)} failing checks "
+                 f"from as low as {cell(min(stored), 'pct')} to {cell(min(lifted), 'pct')}–{cell(max(lifted), 'pct')} "
+                 f"(median {cell(float(np.median(lifted)), 'pct')}); {share:.0%} of {len(lifted)} failing checks "
                  "reach 82% (`adam`, bn2 given fresh statistics)",
                  "every failing check lifted to ≥ 82%, the article's own lower end (its claim covers every "
                  "failing checkpoint)", PASS if min(lifted) >= ARTICLE_MIDDLE_LIFT else FAIL)
@@ -536,28 +455,28 @@ def window_rotation_check(res: Results) -> Check:
     se = math.sqrt((w.sd / w.mean) ** 2 / w.n + (a.sd / a.mean) ** 2 / a.n) if w.n > 1 and a.n > 1 else math.nan
     tol = max(0.20, Z * se) if not math.isnan(se) else 0.20
     return Check(name, claim, "6.94° against 7.73° (−10%)",
-                 f"`{WINDOW}` {describe(w, 'deg')}, `adam` {describe(a, 'deg')}: {rel:+.0%} (on the seeds both "
+                 f"`{WINDOW}` {w.describe('deg')}, `adam` {a.describe('deg')}: {rel:+.0%} (on the seeds both "
                  f"rows ran: {', '.join(map(str, sorted(both)))})",
                  f"|relative change| ≤ {tol:.0%} = max(20%, 2 standard errors of the relative difference); 20% is "
                  "twice the published change", PASS if abs(rel) <= tol else FAIL)
 
 
-def recovery(res: Results, row: str) -> Stat:
+def recovery(res: Results, row: str) -> SeedStat:
     """Per seed present in ``row``, ``adam`` and ``sgd``: (acc_row − acc_adam) / (acc_sgd − acc_adam), the
     share of the accuracy Adam loses against SGD that ``row`` wins back (paired by seed: same data)."""
     acc = res.per_run.pivot_table(index="seed", columns="row", values="acc_eval_mode")
     if not {row, ADAM, SGD} <= set(acc.columns):
-        return Stat(())
+        return SeedStat(())
     acc = acc[[row, ADAM, SGD]].dropna()
     values = (acc[row] - acc[ADAM]) / (acc[SGD] - acc[ADAM])
-    return Stat(tuple(float(v) for v in values), tuple(int(s) for s in acc.index))
+    return SeedStat(tuple(float(v) for v in values), tuple(int(s) for s in acc.index))
 
 
 def recovery_check(res: Results, name: str, claim: str, row: str) -> Check:
     pub = ROWS[row].published.acc_eval_mode
     p_adam, p_sgd = ROWS[ADAM].published.acc_eval_mode, ROWS[SGD].published.acc_eval_mode
     pub_share = (pub - p_adam) / (p_sgd - p_adam)
-    published = f"{fmt(pub, 'pct')} against Adam's 60.0% and SGD's 99.2%: {pub_share:.0%} of the loss recovered"
+    published = f"{cell(pub, 'pct')} against Adam's 60.0% and SGD's 99.2%: {pub_share:.0%} of the loss recovered"
     if not res.has(row, ADAM, SGD):
         return not_run(name, claim, published, (row, ADAM, SGD), res)
     share = recovery(res, row)
@@ -565,8 +484,8 @@ def recovery_check(res: Results, name: str, claim: str, row: str) -> Check:
         return Check(name, claim, published, "no seed has all three rows", "–", NOT_RUN)
     ok = share.mean > 0.5 and (share.n < 2 or share.mean - Z * share.se > 0)
     return Check(name, claim, published,
-                 f"`{row}` {describe(res.stat(row, 'acc_eval_mode'), 'pct')}; share of Adam's loss against SGD "
-                 f"recovered, per seed: {describe(share, 'plain')}",
+                 f"`{row}` {res.stat(row, 'acc_eval_mode').describe('pct')}; share of Adam's loss against SGD "
+                 f"recovered, per seed: {share.describe('plain')}",
                  "\"most\": the mean share recovered above 50%, and above 0 by 2 standard errors "
                  "(paired by seed; one seed: the mean alone)", PASS if ok else FAIL)
 
@@ -579,9 +498,9 @@ def small_lr_check(res: Results) -> Check:
         return not_run(name, claim, published, (SMALL_LR, SGD), res)
     s, g = res.stat(SMALL_LR, "acc_eval_mode"), res.stat(SGD, "acc_eval_mode")
     diff = s.mean - g.mean
-    se = math.sqrt(s.sd ** 2 / s.n + g.sd ** 2 / g.n) if s.n > 1 and g.n > 1 else math.nan
+    se = se_of_difference(s, g)
     tol = max(Z * se, 0.01) if not math.isnan(se) else 0.01
-    return Check(name, claim, published, f"`{SMALL_LR}` {describe(s, 'pct')}, `sgd` {describe(g, 'pct')}",
+    return Check(name, claim, published, f"`{SMALL_LR}` {s.describe('pct')}, `sgd` {g.describe('pct')}",
                  f"not below SGD by more than {100 * tol:.1f} points = max(2 standard errors of the difference, "
                  "1 point)", PASS if diff >= -tol else FAIL)
 
@@ -596,7 +515,7 @@ def adamw_between_check(res: Results) -> Check:
     ok1, how1 = above(w, a)
     ok2, how2 = above(s, w)
     return Check(name, claim, published,
-                 f"`adam` {describe(a, 'pct')} < `adamw` {describe(w, 'pct')} < `sgd` {describe(s, 'pct')}",
+                 f"`adam` {a.describe('pct')} < `adamw` {w.describe('pct')} < `sgd` {s.describe('pct')}",
                  f"each step of the order by more than 2 standard errors: AdamW − Adam {how1}; SGD − AdamW {how2}",
                  PASS if ok1 and ok2 else FAIL)
 
@@ -631,7 +550,7 @@ def theory_lines(res: Results) -> list[str]:
         opt = run.config["optimizer"]
         fan_in = int(run.config["model"]["channels"][1]) * 9
         pred = theory.predict(opt, fan_in=fan_in)
-        measured = describe(res.stat(row, "rotation_per_100_deg"), "deg")
+        measured = res.stat(row, "rotation_per_100_deg").describe("deg")
         if not pred.applies:
             lines.append(f"| `{row}` | none: {pred.reason} | – | – | – | {measured} | – |")
             continue
@@ -682,9 +601,9 @@ def finding_averaging(res: Results) -> list[str]:
         g = g.assign(model=[averaged_model(r) for _, r in g.iterrows()])
         for model, h in g.groupby("model", sort=False):
             lo, hi = h.loc[h["acc_eval_mode_mean"].idxmin()], h.loc[h["acc_eval_mode_mean"].idxmax()]
-            parts.append(f"{model} {fmt(lo['acc_eval_mode_mean'], 'pct')} ({lo['policy']})" if len(h) == 1 else
-                         f"{model} from {fmt(lo['acc_eval_mode_mean'], 'pct')} ({lo['policy']}) to "
-                         f"{fmt(hi['acc_eval_mode_mean'], 'pct')} ({hi['policy']})")
+            parts.append(f"{model} {cell(lo['acc_eval_mode_mean'], 'pct')} ({lo['policy']})" if len(h) == 1 else
+                         f"{model} from {cell(lo['acc_eval_mode_mean'], 'pct')} ({lo['policy']}) to "
+                         f"{cell(hi['acc_eval_mode_mean'], 'pct')} ({hi['policy']})")
         n = int(g["n_seeds"].max())
         lines.append(f"- `{row}` (n = {n} seed{'s' * (n != 1)}): " + "; ".join(parts) + ".")
     return lines + [""]
@@ -702,10 +621,10 @@ def finding_norm_free(res: Results) -> list[str]:
     for row in [ADAM, *rows]:
         if not res.has(row):
             continue
-        lines.append(f"| `{row}` | {describe(res.stat(row, 'rotation_per_100_deg'), 'deg')} | "
-                     f"{describe(res.stat(row, 'acc_train_mode'), 'pct')} | "
-                     f"{describe(res.stat(row, 'acc_eval_mode'), 'pct')} | "
-                     f"{describe(res.stat(row, 'checks_below_90'), 'pct')} |")
+        lines.append(f"| `{row}` | {res.stat(row, 'rotation_per_100_deg').describe('deg')} | "
+                     f"{res.stat(row, 'acc_train_mode').describe('pct')} | "
+                     f"{res.stat(row, 'acc_eval_mode').describe('pct')} | "
+                     f"{res.stat(row, 'checks_below_90').describe('pct')} |")
     lines.append("")
     for row in [ADAM, *rows]:
         if res.has(row):

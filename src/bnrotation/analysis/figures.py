@@ -480,7 +480,7 @@ def fig_averaging(d: Data) -> tuple[plt.Figure, str]:
     if not frames:
         raise Skip("no averaging results (the averaging table is absent or empty in every run)")
     av = pd.concat(frames, ignore_index=True)
-    av = av.assign(model=[metrics.averaged_model(line) for _, line in av.iterrows()])
+    av = av.assign(model=[averaging.averaged_model(line) for _, line in av.iterrows()])
     rows = [r for r in d.rows if (av["row"] == r).any()]
     present = set(av["policy"])
     policies = [p for p in averaging.POLICY_ORDER if p in present] + sorted(present - set(averaging.POLICY_ORDER))

@@ -23,6 +23,7 @@ import yaml
 from .. import records
 from ..rows import ROWS, RowSpec, row_order
 
+ALL_TABLES = tuple(records.TABLE_COLUMNS)  # every table a run may hold, the optional ones too
 OPTIMIZER_CLASSES = {"sgd": "SGD", "adam": "Adam", "adamw": "AdamW", "adam_projected": "ProjectedAdam",
                      "adamp": "ProjectedAdam"}
 SCHEDULE_CLASSES = {"constant": None, "cosine": "CosineAnnealingLR"}
