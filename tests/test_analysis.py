@@ -388,6 +388,14 @@ def test_failing_checks_and_recovery_share(tmp_path):
 
 
 # ----------------------------------------------------------------------------- figures
+def test_each_row_keeps_the_colour_its_row_spec_declares():
+    import matplotlib.colors
+    palette = figures.row_palette(["adam", "my_row"])
+    assert all(palette[row] == matplotlib.colors.to_rgb(spec.colour) for row, spec in ROWS.items())
+    assert len({palette[row] for row in ROWS}) == len(ROWS)  # no two rows share a colour
+    assert palette["my_row"] not in {palette[row] for row in ROWS}  # a row without one gets another
+
+
 def test_figures_state_n_and_skip_what_has_no_data(replication, tmp_path):
     out = tmp_path / "figures"
     done = figures.make_figures(replication, _load(replication), out,
