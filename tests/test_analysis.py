@@ -23,7 +23,7 @@ import pytest
 import yaml
 
 from bnrotation import records
-from bnrotation.analysis import claims, figures, metrics, table, theory
+from bnrotation.analysis import claim_kinds, claims, evidence, figures, metrics, registry, table, theory
 from bnrotation.analysis.stats import SeedStat
 from bnrotation.analysis.results import OPTIMIZER_CLASSES, BadRunError, Run, load_run, load_runs, protocol_scale
 from bnrotation.rows import ROWS
@@ -261,12 +261,36 @@ def test_equilibrium_angular_update_matches_a_simulated_random_walk():
 
 
 # ----------------------------------------------------------------------------- claims: statistics and verdicts
+def test_every_claim_is_declared_once_and_bespoke_checks_register_under_their_name():
+    names = [c.name for c in registry.CLAIMS]
+    assert len(names) == len(set(names)) == 27
+    assert registry.training_mode_stays_at_100.name == "training_mode_stays_at_100"
+    assert isinstance(registry.training_mode_stays_at_100, claim_kinds.Bespoke)
+    # the article's table, cell by cell: every published cell that is not NaN (6 rows x 4 + the window test's 3)
+    assert len(registry.TABLE_CELLS) == 27 and {c.row for c in registry.TABLE_CELLS} == {
+        row for row, spec in ROWS.items() if spec.published is not None}
+
+
+def test_published_figures_are_read_from_rows_and_article():
+    from bnrotation import article
+    by_name = {c.name: c for c in registry.CLAIMS}
+    assert by_name["update_cosine_adam"].figure() == article.UPDATE_COSINE["adam"]
+    assert by_name["drift_middle_sgd"].figure() == article.MIDDLE_DRIFT["sgd"]
+    assert by_name["projected_grows_less_than_adam"].published_text() == (
+        f"{ROWS['adam_projected'].published.norm_growth:.2f}× against {ROWS['adam'].published.norm_growth:.2f}×")
+    assert claim_kinds.published("adam", "acc_eval_mode") == article.Figure(ROWS["adam"].published.acc_eval_mode, 3)
+    assert claim_kinds.published("adam_bn_m0.3", "norm_growth") is None  # the article gives no norm for it
+    assert claim_kinds.published("adamp", "rotation_per_100_deg") is None  # nor any figure for AdamP
+    with pytest.raises(KeyError, match="no figure for 'norm_growth' of row 'adam_bn_m0.3'"):
+        claim_kinds.table_figure("adam_bn_m0.3", "norm_growth")
+
+
 def test_tolerances_follow_the_seed_spread():
     a, b = SeedStat((0.5, 0.6, 0.7)), SeedStat((0.1, 0.2, 0.3))
-    assert a.sd == pytest.approx(0.1) and claims.above(a, b)[0] and not claims.above(b, a)[0]
+    assert a.sd == pytest.approx(0.1) and claim_kinds.above(a, b)[0] and not claim_kinds.above(b, a)[0]
     close = SeedStat((0.25, 0.35, 0.45))
-    assert not claims.above(close, b)[0]  # 0.15 apart, 2 SE = 0.163
-    ok, how = claims.above(SeedStat((0.3,)), SeedStat((0.2,)))
+    assert not claim_kinds.above(close, b)[0]  # 0.15 apart, 2 SE = 0.163
+    ok, how = claim_kinds.above(SeedStat((0.3,)), SeedStat((0.2,)))
     assert ok and "sign alone" in how
 
 
@@ -287,10 +311,11 @@ def test_a_replication_that_matches_the_article_passes(replication, tmp_path):
     assert {n: verdict[n] for n in expected_pass} == {n: "PASS" for n in expected_pass}
     grad = next(c for c in checks if c.name == "gradient_cosine_is_zero")
     assert "ε/σ² = 1.0e-05" in grad.note  # the synthetic runs' fresh variance is 1, BatchNorm's default ε 1e-5
-    cells = claims.table_checks(claims.collect(replication, _load(replication)))
-    for row, title, c in cells:
-        if title != "Checks below 90%":  # constant accuracy per run: all or none of its checks are below 90%
-            assert c.verdict == "PASS", (row, title, c.measured, c.tolerance)
+    ev = evidence.collect(replication, _load(replication))
+    for cell_claim in registry.TABLE_CELLS:
+        c = cell_claim.check(ev)
+        if cell_claim.column != "checks_below_90":  # constant accuracy per run: all or none of its checks fail
+            assert c.verdict == "PASS", (cell_claim.row, c.claim, c.measured, c.tolerance)
     assert "NOT RUN: no run has an averaging table" in md and "NOT RUN: no runs of `adam_groupnorm`" in md
     assert "| `adam` | 27 | 4 (25%) | 4–4 | 0 | 16 |" in md  # 9 failing checks x 3 seeds; 90% first reached at k = 4
     assert "`adamw` | sqrt(2 lr wd (1 - beta1) / (1 + beta1))" in md
@@ -313,7 +338,7 @@ def test_the_window_test_compares_rotation_on_the_seeds_both_rows_ran(tmp_path):
     for seed, rot in ((0, 7.7), (1, 3.0), (2, 3.0)):
         write_run(tmp_path, "adam", seed, rotation=rot, norm_growth=6.0, acc_eval=0.6)
     write_run(tmp_path, "adam_bn_m0.3", 0, rotation=7.7, norm_growth=6.0, acc_eval=0.93)
-    check = claims.window_rotation_check(claims.collect(tmp_path, _load(tmp_path)))
+    check = registry.window_test_rotation_almost_unchanged.check(evidence.collect(tmp_path, _load(tmp_path)))
     assert check.verdict == "PASS" and "+0% (on the seeds both rows ran: 0)" in check.measured
 
 
@@ -381,10 +406,10 @@ def test_failing_checks_and_recovery_share(tmp_path):
     assert list(failing["row"].unique()) == ["adam"] and len(failing) == 9  # steps 2,000, 2,500, ..., 6,000
     assert failing["stored"].tolist() == [0.6] * 9 and failing["bn2"].tolist() == [0.85] * 9
     assert failing["k_needed"].tolist() == [4] * 9  # 0.6 + 0.4 * 0.8 = 0.92 is the first k past 90%
-    res = claims.Results(Path("."), [], pd.DataFrame({"row": ["sgd", "adam", "x", "sgd", "adam", "x"],
-                                                      "seed": [0, 0, 0, 1, 1, 1],
-                                                      "acc_eval_mode": [1.0, 0.6, 0.9, 1.0, 0.5, 0.5]}))
-    assert claims.recovery(res, "x").values == pytest.approx((0.75, 0.0))  # paired by seed
+    ev = evidence.Evidence(Path("."), [], pd.DataFrame({"row": ["sgd", "adam", "x", "sgd", "adam", "x"],
+                                                        "seed": [0, 0, 0, 1, 1, 1],
+                                                        "acc_eval_mode": [1.0, 0.6, 0.9, 1.0, 0.5, 0.5]}))
+    assert evidence.recovery_share(ev, "x", lost="adam", reference="sgd").values == pytest.approx((0.75, 0.0))
 
 
 # ----------------------------------------------------------------------------- figures
@@ -487,7 +512,7 @@ def test_notebooks_run_against_smoke_results_and_analysis_never_imports_torch(sm
 
 
 def test_drift_note_extrapolates_the_interval_at_the_measured_exponent():
-    Stat, note_for = SeedStat, claims._drift_interval_note
+    Stat, note_for = SeedStat, registry.drift_interval_note
     run = Run(Path("runs/adam/seed=0"), {"row": "adam", "seed": 0}, {"scale": {"log_every": 100}}, {})
     # drift ∝ Δ^-1/2 and the published drift 4× the measured one: 4 = (100 / Δ)^(1/2) at Δ = 100 / 16
     note = note_for(Stat((0.001, 0.003)), Stat((-0.5, -0.5)), 0.008, run)
