@@ -24,9 +24,11 @@ import yaml
 
 from bnrotation import records
 from bnrotation.analysis import claim_kinds, claims, evidence, figures, metrics, registry, table, theory
+from bnrotation.analysis.results import (BadRunError, Run, check_against_row, load_run, load_runs,
+                                         protocol_scale)
 from bnrotation.analysis.stats import SeedStat
-from bnrotation.analysis.results import OPTIMIZER_CLASSES, BadRunError, Run, load_run, load_runs, protocol_scale
-from bnrotation.rows import ROWS
+from bnrotation.names import OPTIMIZER_CLASSES
+from bnrotation.rows import ROWS, RowSpec
 
 ROOT = Path(__file__).resolve().parents[1]
 SRC = ROOT / "src"
@@ -173,6 +175,17 @@ def test_per_channel_summaries_have_their_closed_forms(tmp_path):
     assert metrics.tidy([adam], "averaging").empty
 
 
+def test_a_row_whose_optimizer_the_suite_does_not_know_is_named_not_a_key_error():
+    info = _run_json("adam", 0)
+    assert check_against_row(info, ROWS["adam"]) == []
+    problems = check_against_row(info, RowSpec("Lion, lr 1e-4", "lion", 1e-4))
+    assert len(problems) == 1 and "optimizer 'lion'" in problems[0] and "OPTIMIZER_CLASSES" in problems[0]
+    assert "schedule 'step'" in check_against_row(info, RowSpec("Adam, step decay", "adam", 3e-3, schedule="step"))[0]
+    problems = check_against_row(info, RowSpec("SGD, lr 0.05", "sgd", 0.05))  # known, but not what ran
+    assert problems == ["optimizer class 'Adam', the row means 'SGD'", "learning rate 0.003 in group 'conv', "
+                        "the row means 0.05"]
+
+
 # ----------------------------------------------------------------------------- theory
 def test_equilibrium_formulas_and_where_they_do_not_apply():
     assert theory.adamw_angular_update(3e-3, 0.05, 0.9) == pytest.approx(math.sqrt(2 * 1.5e-4 * 0.1 / 1.9))
@@ -277,7 +290,8 @@ def test_published_figures_are_read_from_rows_and_article():
     assert by_name["update_cosine_adam"].figure() == article.UPDATE_COSINE["adam"]
     assert by_name["drift_middle_sgd"].figure() == article.MIDDLE_DRIFT["sgd"]
     assert by_name["projected_grows_less_than_adam"].published_text() == (
-        f"{ROWS['adam_projected'].published.norm_growth:.2f}× against {ROWS['adam'].published.norm_growth:.2f}×")
+        f"{ROWS['adam_projected'].published.norm_growth:.2f}× against "
+        f"{ROWS['adam'].published.norm_growth:.2f}×")
     assert claim_kinds.published("adam", "acc_eval_mode") == article.Figure(ROWS["adam"].published.acc_eval_mode, 3)
     assert claim_kinds.published("adam_bn_m0.3", "norm_growth") is None  # the article gives no norm for it
     assert claim_kinds.published("adamp", "rotation_per_100_deg") is None  # nor any figure for AdamP

@@ -8,8 +8,9 @@ import pytest
 import torch
 from adamp import AdamP
 
-from bnrotation.config import ModelConfig, OptimizerConfig, ScheduleConfig
+from bnrotation.config import OPTIMIZERS, SCHEDULES, ModelConfig, OptimizerConfig, ScheduleConfig
 from bnrotation.model import build_model
+from bnrotation.names import OPTIMIZER_CLASSES, PROJECTION_MODES, SCHEDULE_CLASSES
 from bnrotation.optim import ProjectedAdam, build_optimizer, build_schedule, project_tangential, radial_coefficient
 
 
@@ -98,13 +99,26 @@ def test_project_tangential_closed_form():
         project_tangential(torch.randn(3), torch.randn(3))
 
 
-@pytest.mark.parametrize("name, cls", [("sgd", "SGD"), ("adam", "Adam"), ("adamw", "AdamW"),
-                                       ("adam_projected", "ProjectedAdam"), ("adamp", "ProjectedAdam")])
-def test_factory_builds_the_named_optimizer(name, cls):
+def test_every_config_name_has_its_class_in_the_names_table():
+    assert set(OPTIMIZER_CLASSES) == set(OPTIMIZERS) and set(SCHEDULE_CLASSES) == set(SCHEDULES)
+    assert set(PROJECTION_MODES) <= set(OPTIMIZERS)
+
+
+@pytest.mark.parametrize("name", OPTIMIZERS)
+def test_factory_builds_the_class_the_names_table_says(name):
+    """The analysis refuses a run whose run.json names another class (names.OPTIMIZER_CLASSES); the factory
+    must build exactly that class, with the projection per param group that names.PROJECTION_MODES says."""
     opt = build_optimizer(OptimizerConfig(name=name, lr=0.01), _net())
-    assert type(opt).__name__ == cls
+    assert type(opt).__name__ == OPTIMIZER_CLASSES[name]
     assert [g["name"] for g in opt.param_groups] == ["conv", "other"]
     assert opt.param_groups[0]["param_names"] == ["conv1.weight", "conv2.weight", "conv3.weight"]
+    assert tuple(g.get("projection") for g in opt.param_groups if "projection" in g) == PROJECTION_MODES.get(name, ())
+
+
+@pytest.mark.parametrize("name", SCHEDULES)
+def test_schedule_factory_builds_the_class_the_names_table_says(name):
+    sched = build_schedule(ScheduleConfig(name=name), build_optimizer(OptimizerConfig(name="adam"), _net()), steps=10)
+    assert (None if sched is None else type(sched).__name__) == SCHEDULE_CLASSES[name]
 
 
 def test_cosine_schedule_reaches_zero_at_the_last_step():

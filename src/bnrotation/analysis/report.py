@@ -79,8 +79,8 @@ def to_markdown(ev: Evidence, checks: list[Check], cells: list[tuple[str, str, C
            "the published figure; one seed gives no spread, so no verdict (NOT RUN). \"A above B\" needs the "
            "difference of the means to exceed two standard errors (one seed per side: the sign alone, said where "
            "it happens). An ordering across rows needs a Spearman rank correlation beyond the exact one-sided "
-           f"{cell(ALPHA, 'pct', digits=0)} critical value for the number of rows. Claims about a model rather than a mean (the lag formula) use a "
-           "factor fixed in advance, with the seed spread shown beside it.\n",
+           f"{cell(ALPHA, 'pct', digits=0)} critical value for the number of rows. Claims about a model rather than a "
+           "mean (the lag formula) use a factor fixed in advance, with the seed spread shown beside it.\n",
            "## Summary\n",
            f"Named checks: **{counts[PASS]} PASS, {counts[FAIL]} FAIL, {counts[NOT_RUN]} NOT RUN**. "
            f"Table cells: {cell_counts[PASS]} PASS, {cell_counts[FAIL]} FAIL, {cell_counts[NOT_RUN]} NOT RUN.\n",
