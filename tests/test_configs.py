@@ -9,13 +9,23 @@ import sys
 import pytest
 
 from bnrotation.config import ConfigError, to_run_config
-from bnrotation.rows import ROWS
+from bnrotation.rows import ROWS, SWEEPS
 
 from conftest import EXPERIMENTS, ROOT, compose_cfg, run_cfg
 
 
 def test_every_row_has_an_experiment_file_and_back():
     assert set(EXPERIMENTS) == set(ROWS)
+
+
+@pytest.mark.parametrize("scale", sorted(SWEEPS))
+def test_make_sweep_runs_the_rows_and_seeds_that_rows_py_declares(scale):
+    rows, seeds = SWEEPS[scale]
+    assert set(rows) <= set(ROWS) and (ROOT / "conf" / "scale" / f"{scale}.yaml").exists()
+    dry = subprocess.run(["make", "-n", "sweep", f"SCALE={scale}"], cwd=ROOT, capture_output=True, text=True,
+                         timeout=60)
+    assert dry.returncode == 0, dry.stderr
+    assert f"experiment={','.join(rows)} seed={','.join(map(str, seeds))} scale={scale} " in dry.stdout
 
 
 @pytest.mark.parametrize("row", EXPERIMENTS)

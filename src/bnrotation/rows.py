@@ -12,6 +12,7 @@ No torch here: the analysis imports this module.
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass, field
 
 
@@ -86,9 +87,26 @@ PUBLISHED_ROWS = ("sgd", "adam_lr3e-4", "adam_cosine", "adamw", "adam", "adam_pr
 # Every row the full reference sweep runs.
 SWEEP_ROWS = tuple(ROWS)
 SEEDS = (0, 1, 2)
+# Rows and seeds of `make sweep` per scale (the Makefile reads them: `python -m bnrotation.rows <scale>`).
+# `quick` shows the headline contrast on a laptop CPU: SGD, Adam, and the window test.
+SWEEPS = {"full": (SWEEP_ROWS, SEEDS), "quick": (("sgd", "adam", "adam_bn_m0.3"), (0,)), "smoke": (SWEEP_ROWS, (0,))}
 
 
 def row_order(name: str) -> tuple[int, str]:
     """Sort key: registry order first, unknown (user-made) rows after, by name."""
     names = list(ROWS)
     return (names.index(name), name) if name in ROWS else (len(names), name)
+
+
+def main(argv: list[str]) -> int:
+    """``python -m bnrotation.rows <scale>`` prints the sweep's rows and seeds, comma-separated, for make."""
+    if len(argv) != 1 or argv[0] not in SWEEPS:
+        print(f"usage: python -m bnrotation.rows {{{'|'.join(SWEEPS)}}}", file=sys.stderr)
+        return 2
+    rows, seeds = SWEEPS[argv[0]]
+    print(",".join(rows), ",".join(map(str, seeds)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
