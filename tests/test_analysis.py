@@ -23,12 +23,13 @@ import pytest
 import yaml
 
 from bnrotation import records
-from bnrotation.analysis import claim_kinds, claims, evidence, figures, metrics, registry, table, theory
+from bnrotation.analysis import (claim_kinds, claims, evidence, figures, interventions, metrics, registry, table,
+                                 theory)
 from bnrotation.analysis.results import (BadRunError, Run, check_against_row, load_run, load_runs,
                                          protocol_scale)
 from bnrotation.analysis.stats import SeedStat
 from bnrotation.names import OPTIMIZER_CLASSES
-from bnrotation.rows import ROWS, RowSpec
+from bnrotation.rows import PUBLISHED_ROWS, ROWS, RowSpec
 
 ROOT = Path(__file__).resolve().parents[1]
 SRC = ROOT / "src"
@@ -184,6 +185,58 @@ def test_a_row_whose_optimizer_the_suite_does_not_know_is_named_not_a_key_error(
     problems = check_against_row(info, RowSpec("SGD, lr 0.05", "sgd", 0.05))  # known, but not what ran
     assert problems == ["optimizer class 'Adam', the row means 'SGD'", "learning rate 0.003 in group 'conv', "
                         "the row means 0.05"]
+
+
+def _checks_run(acc: list[float]) -> Run:
+    """A run whose checks (and stored-statistics interventions) at steps 2,000, 2,100, ... have accuracies ``acc``."""
+    steps = [2000 + 100 * i for i in range(len(acc))]
+    checks = pd.DataFrame({"step": steps, "acc_eval_mode": acc, "acc_train_mode": 1.0})
+    iv = pd.DataFrame({"step": steps, "intervention": "none", "k": -1, "layer": "", "acc_eval_mode": acc})
+    return Run(Path("runs/adam/seed=0"), {"row": "adam", "seed": 0},
+               {"scale": {"check_start": 2000, "steps": steps[-1]}}, {"checks": checks, "interventions": iv})
+
+
+def test_a_check_at_exactly_90_percent_is_not_below_90_percent():
+    """"Checks below 90%" counts accuracies strictly below 0.90: 3,600 of 4,000 right is not a failing check."""
+    run = _checks_run([0.8995, 3600 / 4000, 0.9005, 0.90, 0.5])
+    assert 3600 / 4000 == 0.90
+    assert metrics.checks_below(run) == (2, 5)
+    assert metrics.failing_steps(run) == [2000, 2400]
+    # and recovering to exactly 90% counts as recovered (smallest_k: accuracy >= the threshold)
+    curve = pd.Series([0.5, 0.7, 0.90, 0.95], index=[0, 1, 2, 4])
+    assert interventions.smallest_k(curve) == 2
+
+
+def test_the_table_spread_is_the_sample_sd_over_seeds(tmp_path):
+    """Three seeds at 10%, 20% and 40%: mean 7/30, sample sd 0.1 · √(7/3) (the population sd would be
+    0.1 · √(14/9)); the cell prints both, and claims.md describes the row with the same spread."""
+    for seed, acc in enumerate((0.1, 0.2, 0.4)):
+        write_run(tmp_path, "adam", seed, rotation=7.0, norm_growth=6.0, acc_eval=acc)
+    runs = _load(tmp_path)
+    line = table.build_table(runs).iloc[0]
+    assert line["acc_eval_mode_mean"] == pytest.approx(7 / 30)
+    assert line["acc_eval_mode_std"] == pytest.approx(0.1 * math.sqrt(7 / 3), rel=1e-12)
+    assert "| 23.3% ± 15.3 [60.0%] |" in table.to_markdown(table.build_table(runs), tmp_path)
+    assert evidence.collect(tmp_path, runs).stat("adam", "acc_eval_mode").describe("pct") == \
+        "23.3% ± 15.3 points (n = 3 seeds)"
+
+
+def test_the_rank_claims_use_ranks_not_values():
+    """Rotation that grows geometrically while accuracy falls linearly: the order is perfect (Spearman's rho = -1),
+    Pearson's r is not (about -0.6); the published rho is Spearman's over the article's own figures."""
+    from scipy.stats import spearmanr
+    rotation = dict(zip(PUBLISHED_ROWS, (1.0, 2.0, 4.0, 8.0, 16.0, 1000.0)))
+    accuracy = dict(zip(PUBLISHED_ROWS, (0.99, 0.98, 0.97, 0.96, 0.95, 0.94)))
+    assert np.corrcoef(list(rotation.values()), list(accuracy.values()))[0, 1] > -0.7
+    per_run = pd.DataFrame([{"row": r, "seed": s, "rotation_per_100_deg": rotation[r] * (1 + 0.01 * s),
+                             "norm_growth": 1.0, "acc_eval_mode": accuracy[r]} for r in PUBLISHED_ROWS for s in (0, 1, 2)])
+    claim = next(c for c in registry.CLAIMS if c.name == "rotation_orders_accuracy")
+    check = claim.check(evidence.Evidence(Path("."), [], per_run))
+    assert check.measured == "rho = -1.00 over row means of 6 rows; per seed -1.00, -1.00, -1.00"
+    assert check.verdict == "PASS"
+    published = spearmanr([ROWS[r].published.rotation_deg_per_100 for r in PUBLISHED_ROWS],
+                          [ROWS[r].published.acc_eval_mode for r in PUBLISHED_ROWS]).statistic
+    assert check.published == f"rho = {published:+.2f} over the six rows of the article's table"
 
 
 # ----------------------------------------------------------------------------- theory
