@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+
 from bnrotation.analysis.lag import (drift_exponent, drift_markdown, drift_over_intervals, drift_scaling_table,
                                      lag_table, run_lags, to_markdown, write_lag)
 from bnrotation.analysis.results import Run

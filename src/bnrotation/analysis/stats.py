@@ -37,7 +37,7 @@ class SeedStat:
 
     @classmethod
     def of(cls, values: Iterable[float], seeds: Iterable[int] = ()) -> SeedStat:
-        """The finite-or-infinite values of ``values`` (NaN left out, with the seed beside it)."""
+        """The values of ``values`` with their ``seeds`` (if given), NaN values left out with their seeds."""
         values, seeds = [float(v) for v in values], [int(s) for s in seeds]
         keep = [i for i, v in enumerate(values) if not math.isnan(v)]
         return cls(tuple(values[i] for i in keep), tuple(seeds[i] for i in keep) if seeds else ())
