@@ -17,15 +17,11 @@ OUT ?= results
 JOBS ?= 1
 BENCH_ARGS ?=
 
-# Rows and seeds of a sweep, per scale. `quick` shows the headline contrast on a laptop CPU.
-ROWS_full := sgd,adam_lr3e-4,adam_cosine,adamw,adam,adam_projected,adamp,adam_bn_m0.3,adam_groupnorm,adam_layernorm
-SEEDS_full := 0,1,2
-ROWS_quick := sgd,adam,adam_bn_m0.3
-SEEDS_quick := 0
-ROWS_smoke := $(ROWS_full)
-SEEDS_smoke := 0
-ROWS ?= $(ROWS_$(SCALE))
-SEEDS ?= $(SEEDS_$(SCALE))
+# Rows and seeds of a sweep, per scale, from src/bnrotation/rows.py (SWEEPS), read only when a target uses them
+# (torch-free, so the system python does it before .venv exists).
+sweep_of = $(shell PYTHONPATH=src $(PYTHON) -m bnrotation.rows $(SCALE))
+ROWS ?= $(word 1,$(sweep_of))
+SEEDS ?= $(word 2,$(sweep_of))
 force_flag := $(if $(filter 1 true yes,$(FORCE)),true,false)
 results_flag := $(if $(RESULTS),--results $(RESULTS),)
 results_override := $(if $(RESULTS),results_root=$(RESULTS),)

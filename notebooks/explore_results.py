@@ -32,7 +32,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from bnrotation.analysis import claims, figures, metrics, theory
+from bnrotation.analysis import claims, evidence, figures, metrics, theory
 from bnrotation.analysis.results import default_results_root, load_runs
 
 ROOT = Path(os.environ.get("BNROTATION_RESULTS") or default_results_root())
@@ -47,7 +47,7 @@ print(f"{len(runs)} runs under {ROOT}")
 # `interventions`, `averaging`) of every run the same way, one line per observation.
 
 # %%
-per_run = pd.DataFrame([claims.per_run_values(r) for r in runs])
+per_run = pd.DataFrame([evidence.per_run_values(r) for r in runs])
 tidy = per_run.melt(id_vars=["row", "seed"], value_vars=[
     "rotation_per_100_deg", "norm_growth", "acc_eval_mode", "acc_train_mode", "checks_below_90",
     "update_cos", "grad_cos", "drift_mid", "predicted_lag_mid", "lag_mid", "abs_mean_over_std_mid"],

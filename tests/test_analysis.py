@@ -23,9 +23,13 @@ import pytest
 import yaml
 
 from bnrotation import records
-from bnrotation.analysis import claims, figures, metrics, table, theory
-from bnrotation.analysis.results import OPTIMIZER_CLASSES, BadRunError, Run, load_run, load_runs, protocol_scale
-from bnrotation.rows import ROWS
+from bnrotation.analysis import (claim_kinds, claims, evidence, figures, interventions, metrics, registry, table,
+                                 theory)
+from bnrotation.analysis.results import (BadRunError, Run, check_against_row, load_run, load_runs,
+                                         protocol_scale)
+from bnrotation.analysis.stats import SeedStat
+from bnrotation.names import OPTIMIZER_CLASSES
+from bnrotation.rows import PUBLISHED_ROWS, ROWS, RowSpec
 
 ROOT = Path(__file__).resolve().parents[1]
 SRC = ROOT / "src"
@@ -172,6 +176,69 @@ def test_per_channel_summaries_have_their_closed_forms(tmp_path):
     assert metrics.tidy([adam], "averaging").empty
 
 
+def test_a_row_whose_optimizer_the_suite_does_not_know_is_named_not_a_key_error():
+    info = _run_json("adam", 0)
+    assert check_against_row(info, ROWS["adam"]) == []
+    problems = check_against_row(info, RowSpec("Lion, lr 1e-4", "lion", 1e-4))
+    assert len(problems) == 1 and "optimizer 'lion'" in problems[0] and "OPTIMIZER_CLASSES" in problems[0]
+    assert "schedule 'step'" in check_against_row(info, RowSpec("Adam, step decay", "adam", 3e-3, schedule="step"))[0]
+    problems = check_against_row(info, RowSpec("SGD, lr 0.05", "sgd", 0.05))  # known, but not what ran
+    assert problems == ["optimizer class 'Adam', the row means 'SGD'", "learning rate 0.003 in group 'conv', "
+                        "the row means 0.05"]
+
+
+def _checks_run(acc: list[float]) -> Run:
+    """A run whose checks (and stored-statistics interventions) at steps 2,000, 2,100, ... have accuracies ``acc``."""
+    steps = [2000 + 100 * i for i in range(len(acc))]
+    checks = pd.DataFrame({"step": steps, "acc_eval_mode": acc, "acc_train_mode": 1.0})
+    iv = pd.DataFrame({"step": steps, "intervention": "none", "k": -1, "layer": "", "acc_eval_mode": acc})
+    return Run(Path("runs/adam/seed=0"), {"row": "adam", "seed": 0},
+               {"scale": {"check_start": 2000, "steps": steps[-1]}}, {"checks": checks, "interventions": iv})
+
+
+def test_a_check_at_exactly_90_percent_is_not_below_90_percent():
+    """"Checks below 90%" counts accuracies strictly below 0.90: 3,600 of 4,000 right is not a failing check."""
+    run = _checks_run([0.8995, 3600 / 4000, 0.9005, 0.90, 0.5])
+    assert 3600 / 4000 == 0.90
+    assert metrics.checks_below(run) == (2, 5)
+    assert metrics.failing_steps(run) == [2000, 2400]
+    # and recovering to exactly 90% counts as recovered (smallest_k: accuracy >= the threshold)
+    curve = pd.Series([0.5, 0.7, 0.90, 0.95], index=[0, 1, 2, 4])
+    assert interventions.smallest_k(curve) == 2
+
+
+def test_the_table_spread_is_the_sample_sd_over_seeds(tmp_path):
+    """Three seeds at 10%, 20% and 40%: mean 7/30, sample sd 0.1 · √(7/3) (the population sd would be
+    0.1 · √(14/9)); the cell prints both, and claims.md describes the row with the same spread."""
+    for seed, acc in enumerate((0.1, 0.2, 0.4)):
+        write_run(tmp_path, "adam", seed, rotation=7.0, norm_growth=6.0, acc_eval=acc)
+    runs = _load(tmp_path)
+    line = table.build_table(runs).iloc[0]
+    assert line["acc_eval_mode_mean"] == pytest.approx(7 / 30)
+    assert line["acc_eval_mode_std"] == pytest.approx(0.1 * math.sqrt(7 / 3), rel=1e-12)
+    assert "| 23.3% ± 15.3 [60.0%] |" in table.to_markdown(table.build_table(runs), tmp_path)
+    assert evidence.collect(tmp_path, runs).stat("adam", "acc_eval_mode").describe("pct") == \
+        "23.3% ± 15.3 points (n = 3 seeds)"
+
+
+def test_the_rank_claims_use_ranks_not_values():
+    """Rotation that grows geometrically while accuracy falls linearly: the order is perfect (Spearman's rho = -1),
+    Pearson's r is not (about -0.6); the published rho is Spearman's over the article's own figures."""
+    from scipy.stats import spearmanr
+    rotation = dict(zip(PUBLISHED_ROWS, (1.0, 2.0, 4.0, 8.0, 16.0, 1000.0)))
+    accuracy = dict(zip(PUBLISHED_ROWS, (0.99, 0.98, 0.97, 0.96, 0.95, 0.94)))
+    assert np.corrcoef(list(rotation.values()), list(accuracy.values()))[0, 1] > -0.7
+    per_run = pd.DataFrame([{"row": r, "seed": s, "rotation_per_100_deg": rotation[r] * (1 + 0.01 * s),
+                             "norm_growth": 1.0, "acc_eval_mode": accuracy[r]} for r in PUBLISHED_ROWS for s in (0, 1, 2)])
+    claim = next(c for c in registry.CLAIMS if c.name == "rotation_orders_accuracy")
+    check = claim.check(evidence.Evidence(Path("."), [], per_run))
+    assert check.measured == "rho = -1.00 over row means of 6 rows; per seed -1.00, -1.00, -1.00"
+    assert check.verdict == "PASS"
+    published = spearmanr([ROWS[r].published.rotation_deg_per_100 for r in PUBLISHED_ROWS],
+                          [ROWS[r].published.acc_eval_mode for r in PUBLISHED_ROWS]).statistic
+    assert check.published == f"rho = {published:+.2f} over the six rows of the article's table"
+
+
 # ----------------------------------------------------------------------------- theory
 def test_equilibrium_formulas_and_where_they_do_not_apply():
     assert theory.adamw_angular_update(3e-3, 0.05, 0.9) == pytest.approx(math.sqrt(2 * 1.5e-4 * 0.1 / 1.9))
@@ -260,21 +327,37 @@ def test_equilibrium_angular_update_matches_a_simulated_random_walk():
 
 
 # ----------------------------------------------------------------------------- claims: statistics and verdicts
-def test_spearman_critical_values_match_the_exact_tables():
-    assert claims.spearman_critical(5) == pytest.approx(0.9)
-    assert claims.spearman_critical(6) == pytest.approx(0.8286, abs=1e-4)
-    assert claims.spearman_critical(7) == pytest.approx(0.7143, abs=1e-4)
-    assert math.isinf(claims.spearman_critical(3))  # three items can never be significant at 5%
-    with pytest.raises(ValueError):
-        claims.spearman_critical(9)
+def test_every_claim_is_declared_once_and_bespoke_checks_register_under_their_name():
+    names = [c.name for c in registry.CLAIMS]
+    assert len(names) == len(set(names)) == 27
+    assert registry.training_mode_stays_at_100.name == "training_mode_stays_at_100"
+    assert isinstance(registry.training_mode_stays_at_100, claim_kinds.Bespoke)
+    # the article's table, cell by cell: every published cell that is not NaN (6 rows x 4 + the window test's 3)
+    assert len(registry.TABLE_CELLS) == 27 and {c.row for c in registry.TABLE_CELLS} == {
+        row for row, spec in ROWS.items() if spec.published is not None}
+
+
+def test_published_figures_are_read_from_rows_and_article():
+    from bnrotation import article
+    by_name = {c.name: c for c in registry.CLAIMS}
+    assert by_name["update_cosine_adam"].figure() == article.UPDATE_COSINE["adam"]
+    assert by_name["drift_middle_sgd"].figure() == article.MIDDLE_DRIFT["sgd"]
+    assert by_name["projected_grows_less_than_adam"].published_text() == (
+        f"{ROWS['adam_projected'].published.norm_growth:.2f}× against "
+        f"{ROWS['adam'].published.norm_growth:.2f}×")
+    assert claim_kinds.published("adam", "acc_eval_mode") == article.Figure(ROWS["adam"].published.acc_eval_mode, 3)
+    assert claim_kinds.published("adam_bn_m0.3", "norm_growth") is None  # the article gives no norm for it
+    assert claim_kinds.published("adamp", "rotation_per_100_deg") is None  # nor any figure for AdamP
+    with pytest.raises(KeyError, match="no figure for 'norm_growth' of row 'adam_bn_m0.3'"):
+        claim_kinds.table_figure("adam_bn_m0.3", "norm_growth")
 
 
 def test_tolerances_follow_the_seed_spread():
-    a, b = claims.Stat((0.5, 0.6, 0.7)), claims.Stat((0.1, 0.2, 0.3))
-    assert a.sd == pytest.approx(0.1) and claims.above(a, b)[0] and not claims.above(b, a)[0]
-    close = claims.Stat((0.25, 0.35, 0.45))
-    assert not claims.above(close, b)[0]  # 0.15 apart, 2 SE = 0.163
-    ok, how = claims.above(claims.Stat((0.3,)), claims.Stat((0.2,)))
+    a, b = SeedStat((0.5, 0.6, 0.7)), SeedStat((0.1, 0.2, 0.3))
+    assert a.sd == pytest.approx(0.1) and claim_kinds.above(a, b)[0] and not claim_kinds.above(b, a)[0]
+    close = SeedStat((0.25, 0.35, 0.45))
+    assert not claim_kinds.above(close, b)[0]  # 0.15 apart, 2 SE = 0.163
+    ok, how = claim_kinds.above(SeedStat((0.3,)), SeedStat((0.2,)))
     assert ok and "sign alone" in how
 
 
@@ -295,10 +378,11 @@ def test_a_replication_that_matches_the_article_passes(replication, tmp_path):
     assert {n: verdict[n] for n in expected_pass} == {n: "PASS" for n in expected_pass}
     grad = next(c for c in checks if c.name == "gradient_cosine_is_zero")
     assert "ε/σ² = 1.0e-05" in grad.note  # the synthetic runs' fresh variance is 1, BatchNorm's default ε 1e-5
-    cells = claims.table_checks(claims.collect(replication, _load(replication)))
-    for row, title, c in cells:
-        if title != "Checks below 90%":  # constant accuracy per run: all or none of its checks are below 90%
-            assert c.verdict == "PASS", (row, title, c.measured, c.tolerance)
+    ev = evidence.collect(replication, _load(replication))
+    for cell_claim in registry.TABLE_CELLS:
+        c = cell_claim.check(ev)
+        if cell_claim.column != "checks_below_90":  # constant accuracy per run: all or none of its checks fail
+            assert c.verdict == "PASS", (cell_claim.row, c.claim, c.measured, c.tolerance)
     assert "NOT RUN: no run has an averaging table" in md and "NOT RUN: no runs of `adam_groupnorm`" in md
     assert "| `adam` | 27 | 4 (25%) | 4–4 | 0 | 16 |" in md  # 9 failing checks x 3 seeds; 90% first reached at k = 4
     assert "`adamw` | sqrt(2 lr wd (1 - beta1) / (1 + beta1))" in md
@@ -321,7 +405,7 @@ def test_the_window_test_compares_rotation_on_the_seeds_both_rows_ran(tmp_path):
     for seed, rot in ((0, 7.7), (1, 3.0), (2, 3.0)):
         write_run(tmp_path, "adam", seed, rotation=rot, norm_growth=6.0, acc_eval=0.6)
     write_run(tmp_path, "adam_bn_m0.3", 0, rotation=7.7, norm_growth=6.0, acc_eval=0.93)
-    check = claims.window_rotation_check(claims.collect(tmp_path, _load(tmp_path)))
+    check = registry.window_test_rotation_almost_unchanged.check(evidence.collect(tmp_path, _load(tmp_path)))
     assert check.verdict == "PASS" and "+0% (on the seeds both rows ran: 0)" in check.measured
 
 
@@ -389,13 +473,21 @@ def test_failing_checks_and_recovery_share(tmp_path):
     assert list(failing["row"].unique()) == ["adam"] and len(failing) == 9  # steps 2,000, 2,500, ..., 6,000
     assert failing["stored"].tolist() == [0.6] * 9 and failing["bn2"].tolist() == [0.85] * 9
     assert failing["k_needed"].tolist() == [4] * 9  # 0.6 + 0.4 * 0.8 = 0.92 is the first k past 90%
-    res = claims.Results(Path("."), [], pd.DataFrame({"row": ["sgd", "adam", "x", "sgd", "adam", "x"],
-                                                      "seed": [0, 0, 0, 1, 1, 1],
-                                                      "acc_eval_mode": [1.0, 0.6, 0.9, 1.0, 0.5, 0.5]}))
-    assert claims.recovery(res, "x").values == pytest.approx((0.75, 0.0))  # paired by seed
+    ev = evidence.Evidence(Path("."), [], pd.DataFrame({"row": ["sgd", "adam", "x", "sgd", "adam", "x"],
+                                                        "seed": [0, 0, 0, 1, 1, 1],
+                                                        "acc_eval_mode": [1.0, 0.6, 0.9, 1.0, 0.5, 0.5]}))
+    assert evidence.recovery_share(ev, "x", lost="adam", reference="sgd").values == pytest.approx((0.75, 0.0))
 
 
 # ----------------------------------------------------------------------------- figures
+def test_each_row_keeps_the_colour_its_row_spec_declares():
+    import matplotlib.colors
+    palette = figures.row_palette(["adam", "my_row"])
+    assert all(palette[row] == matplotlib.colors.to_rgb(spec.colour) for row, spec in ROWS.items())
+    assert len({palette[row] for row in ROWS}) == len(ROWS)  # no two rows share a colour
+    assert palette["my_row"] not in {palette[row] for row in ROWS}  # a row without one gets another
+
+
 def test_figures_state_n_and_skip_what_has_no_data(replication, tmp_path):
     out = tmp_path / "figures"
     done = figures.make_figures(replication, _load(replication), out,
@@ -487,7 +579,7 @@ def test_notebooks_run_against_smoke_results_and_analysis_never_imports_torch(sm
 
 
 def test_drift_note_extrapolates_the_interval_at_the_measured_exponent():
-    Stat, note_for = claims.Stat, claims._drift_interval_note
+    Stat, note_for = SeedStat, registry.drift_interval_note
     run = Run(Path("runs/adam/seed=0"), {"row": "adam", "seed": 0}, {"scale": {"log_every": 100}}, {})
     # drift ∝ Δ^-1/2 and the published drift 4× the measured one: 4 = (100 / Δ)^(1/2) at Δ = 100 / 16
     note = note_for(Stat((0.001, 0.003)), Stat((-0.5, -0.5)), 0.008, run)

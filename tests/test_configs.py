@@ -2,20 +2,33 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import subprocess
 import sys
 
 import pytest
+import yaml
+from omegaconf import OmegaConf
 
-from bnrotation.config import ConfigError, to_run_config
-from bnrotation.rows import ROWS
+from bnrotation.config import AveragingConfig, ConfigError, ScaleConfig, TaskConfig, to_run_config
+from bnrotation.rows import ROWS, SWEEPS
 
-from conftest import EXPERIMENTS, ROOT, compose_cfg, run_cfg
+from conftest import CONF, EXPERIMENTS, ROOT, compose_cfg, run_cfg
 
 
 def test_every_row_has_an_experiment_file_and_back():
     assert set(EXPERIMENTS) == set(ROWS)
+
+
+@pytest.mark.parametrize("scale", sorted(SWEEPS))
+def test_make_sweep_runs_the_rows_and_seeds_that_rows_py_declares(scale):
+    rows, seeds = SWEEPS[scale]
+    assert set(rows) <= set(ROWS) and (ROOT / "conf" / "scale" / f"{scale}.yaml").exists()
+    dry = subprocess.run(["make", "-n", "sweep", f"SCALE={scale}"], cwd=ROOT, capture_output=True, text=True,
+                         timeout=60)
+    assert dry.returncode == 0, dry.stderr
+    assert f"experiment={','.join(rows)} seed={','.join(map(str, seeds))} scale={scale} " in dry.stdout
 
 
 @pytest.mark.parametrize("row", EXPERIMENTS)
@@ -29,6 +42,33 @@ def test_experiment_composes_to_its_row(row, tmp_path):
     assert math.isclose(cfg.model.bn_momentum, spec.bn_momentum)
     assert math.isclose(cfg.optimizer.weight_decay, spec.weight_decay)
     assert cfg.model.norm == spec.norm
+
+
+# Every section of the config is a conf/ group whose default file lists every key of its schema, so that
+# reading conf/ shows the whole config.
+GROUP_DEFAULTS = {"task": ("noisy_templates", TaskConfig), "scale": ("full", ScaleConfig),
+                  "averaging": ("default", AveragingConfig)}
+
+
+@pytest.mark.parametrize("group", GROUP_DEFAULTS)
+def test_each_default_group_file_lists_every_key_of_its_schema_at_its_default(group):
+    name, schema = GROUP_DEFAULTS[group]
+    listed = yaml.safe_load((CONF / group / f"{name}.yaml").read_text())
+    assert list(listed) == [f.name for f in dataclasses.fields(schema)]
+    assert listed == OmegaConf.to_container(OmegaConf.structured(schema))
+    assert f"  - {group}: {name}" in (CONF / "config.yaml").read_text().splitlines()
+
+
+@pytest.mark.parametrize("row", EXPERIMENTS)
+def test_task_and_averaging_groups_change_no_composed_config(row):
+    """The task and averaging groups only restate the schema's defaults: a config composed without them
+    (task and averaging then come from RunConfig's defaults, as before the groups existed) is the same, and
+    so is the config.yaml a run writes (OmegaConf.to_yaml of the validated RunConfig)."""
+    with_groups = compose_cfg([f"experiment={row}"])
+    without = compose_cfg([f"experiment={row}", "~task", "~averaging"])
+    assert OmegaConf.to_container(with_groups, resolve=True) == OmegaConf.to_container(without, resolve=True)
+    assert OmegaConf.to_yaml(OmegaConf.structured(to_run_config(with_groups))) == \
+        OmegaConf.to_yaml(OmegaConf.structured(to_run_config(without)))
 
 
 def test_full_scale_is_the_default_and_matches_the_protocol(tmp_path):

@@ -8,10 +8,9 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
-from scipy.stats import spearmanr
 
 from bnrotation.analysis.lag import (drift_exponent, drift_markdown, drift_over_intervals, drift_scaling_table,
-                                     lag_table, run_lags, spearman, to_markdown, write_lag)
+                                     lag_table, run_lags, to_markdown, write_lag)
 from bnrotation.analysis.results import Run
 
 CONFIG = {"scale": {"check_start": 2000, "steps": 2200, "log_every": 100}}
@@ -42,13 +41,6 @@ def _channels(scale: float = 1.0, norm: str = "batch") -> pd.DataFrame:
 def _run(row: str, seed: int, channels: pd.DataFrame) -> Run:
     return Run(Path(f"runs/{row}/seed={seed}"), {"row": row, "seed": seed}, CONFIG,
                {"channels": channels.assign(row=row, seed=seed)})
-
-
-def test_spearman_is_scipys():
-    rng = np.random.default_rng(0)
-    a, b = pd.Series(rng.integers(0, 5, 40).astype(float)), pd.Series(rng.normal(size=40))  # ties in a
-    assert spearman(a, b) == pytest.approx(spearmanr(a, b).statistic, abs=1e-12)
-    assert math.isnan(spearman(a[:2], b[:2]))
 
 
 def test_one_run_medians_and_rank_correlation_inside_the_window():

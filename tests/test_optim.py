@@ -8,8 +8,9 @@ import pytest
 import torch
 from adamp import AdamP
 
-from bnrotation.config import ModelConfig, OptimizerConfig, ScheduleConfig
+from bnrotation.config import OPTIMIZERS, SCHEDULES, ModelConfig, OptimizerConfig, ScheduleConfig
 from bnrotation.model import build_model
+from bnrotation.names import OPTIMIZER_CLASSES, PROJECTION_MODES, SCHEDULE_CLASSES
 from bnrotation.optim import ProjectedAdam, build_optimizer, build_schedule, project_tangential, radial_coefficient
 
 
@@ -75,6 +76,39 @@ def test_adamp_mode_matches_the_adamp_package_defaults():
     assert _same_params(ours, ref, rtol=1e-5, atol=1e-8)
 
 
+def _leaning_gradient(w: torch.Tensor, cos: float, g: torch.Generator) -> torch.Tensor:
+    """A gradient whose cosine with each output channel of ``w`` is exactly ``cos`` (same sign in every channel),
+    the rest of it random and tangential; norm 1e-2 per channel."""
+    u = w / w.flatten(1).norm(dim=1).view(-1, *[1] * (w.dim() - 1))
+    t = project_tangential(torch.randn(w.shape, generator=g, dtype=w.dtype), w)
+    t = t / t.flatten(1).norm(dim=1).view(-1, *[1] * (w.dim() - 1))
+    return 1e-2 * (cos * u + math.sqrt(1 - cos ** 2) * t)
+
+
+def _adamp_trajectory(opt_class, delta: float, steps: int = 6, **kw) -> list[torch.Tensor]:
+    w = torch.nn.Parameter(torch.randn(4, 16, generator=torch.Generator().manual_seed(1), dtype=torch.float64))
+    opt = opt_class([w], lr=3e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01, delta=delta, wd_ratio=0.5, **kw)
+    g, out = torch.Generator().manual_seed(2), []
+    for _ in range(steps):
+        w.grad = _leaning_gradient(w.detach(), cos=0.1, g=g)
+        opt.step()
+        out.append(w.detach().clone())
+    return out
+
+
+def test_adamp_mode_follows_the_adamp_package_at_a_non_default_delta_step_by_step():
+    """|cos(grad, w)| = 0.1 in every channel of 16 coordinates (and over the whole layer): AdamP projects
+    when it is below delta / sqrt(dim), so with delta = 1.0 (threshold 0.25 per channel) it projects every
+    step and with its default 0.1 (0.025 per channel, 0.0125 per layer) never. A ProjectedAdam that ignored
+    delta would follow the default and part from the package at the first step."""
+    ours = _adamp_trajectory(ProjectedAdam, delta=1.0, projection="adamp")
+    ref = _adamp_trajectory(AdamP, delta=1.0)
+    at_default = _adamp_trajectory(AdamP, delta=0.1)
+    assert not torch.allclose(ref[0], at_default[0], rtol=1e-6, atol=1e-9)  # delta changes the decision
+    for step, (a, b) in enumerate(zip(ours, ref)):
+        assert torch.allclose(a, b, rtol=1e-9, atol=1e-12), f"step {step + 1}"
+
+
 def test_projected_update_is_orthogonal_to_each_channel():
     model = _net()
     opt = build_optimizer(OptimizerConfig(name="adam_projected", lr=3e-3), model)
@@ -98,13 +132,26 @@ def test_project_tangential_closed_form():
         project_tangential(torch.randn(3), torch.randn(3))
 
 
-@pytest.mark.parametrize("name, cls", [("sgd", "SGD"), ("adam", "Adam"), ("adamw", "AdamW"),
-                                       ("adam_projected", "ProjectedAdam"), ("adamp", "ProjectedAdam")])
-def test_factory_builds_the_named_optimizer(name, cls):
+def test_every_config_name_has_its_class_in_the_names_table():
+    assert set(OPTIMIZER_CLASSES) == set(OPTIMIZERS) and set(SCHEDULE_CLASSES) == set(SCHEDULES)
+    assert set(PROJECTION_MODES) <= set(OPTIMIZERS)
+
+
+@pytest.mark.parametrize("name", OPTIMIZERS)
+def test_factory_builds_the_class_the_names_table_says(name):
+    """The analysis refuses a run whose run.json names another class (names.OPTIMIZER_CLASSES); the factory
+    must build exactly that class, with the projection per param group that names.PROJECTION_MODES says."""
     opt = build_optimizer(OptimizerConfig(name=name, lr=0.01), _net())
-    assert type(opt).__name__ == cls
+    assert type(opt).__name__ == OPTIMIZER_CLASSES[name]
     assert [g["name"] for g in opt.param_groups] == ["conv", "other"]
     assert opt.param_groups[0]["param_names"] == ["conv1.weight", "conv2.weight", "conv3.weight"]
+    assert tuple(g.get("projection") for g in opt.param_groups if "projection" in g) == PROJECTION_MODES.get(name, ())
+
+
+@pytest.mark.parametrize("name", SCHEDULES)
+def test_schedule_factory_builds_the_class_the_names_table_says(name):
+    sched = build_schedule(ScheduleConfig(name=name), build_optimizer(OptimizerConfig(name="adam"), _net()), steps=10)
+    assert (None if sched is None else type(sched).__name__) == SCHEDULE_CLASSES[name]
 
 
 def test_cosine_schedule_reaches_zero_at_the_last_step():

@@ -12,17 +12,24 @@ No torch here: the analysis imports this module.
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass, field
 
 
 @dataclass(frozen=True)
 class Published:
-    """One row of the article's table (steps 2,000-6,000, 3 seeds)."""
+    """One row of the article's table (steps 2,000-6,000, :data:`PUBLISHED_SEEDS` seeds). NaN where the
+    article gives no figure. Its figures outside the table are :mod:`bnrotation.article`'s."""
 
-    rotation_deg_per_100: float
-    norm_growth: float
+    rotation_deg_per_100: float  # degrees per 100 steps
+    norm_growth: float  # ||W(end)|| / ||W(0)||
     acc_eval_mode: float  # fraction, 0..1
     checks_below_90: float  # fraction of checks, 0..1
+
+
+PUBLISHED_SEEDS = 3  # each published row is a mean over this many seeds
+# Decimals the article's table prints each column with, in Published's units (0.306 = 30.6%: 3).
+PUBLISHED_DECIMALS = {"rotation_deg_per_100": 2, "norm_growth": 2, "acc_eval_mode": 3, "checks_below_90": 2}
 
 
 @dataclass(frozen=True)
@@ -38,31 +45,41 @@ class RowSpec:
     norm: str = "batch"  # batch | group | layer (model.norm)
     published: Published | None = None
     extra: dict = field(default_factory=dict)  # further optimizer param-group settings the row fixes
+    colour: str | None = None  # the row's colour in every figure (hex); None: one is picked for it
+
+    @property
+    def short(self) -> str:
+        """The optimizer's name as the label starts: ``Adam``, ``SGD``, ``AdamW``."""
+        return self.label.split(",")[0]
 
 
+# One colour per row (tab10 hues; grey is left for training mode): related rows far apart (Adam red, its window
+# test pink, AdamW orange, projected Adam purple, official AdamP indigo).
 ROWS: dict[str, RowSpec] = {
     "sgd": RowSpec("SGD, lr 0.05, momentum 0.9", "sgd", 0.05,
-                   published=Published(0.46, 1.16, 0.992, 0.01)),
+                   published=Published(0.46, 1.16, 0.992, 0.01), colour="#1f77b4"),
     "adam_lr3e-4": RowSpec("Adam, lr 3e-4", "adam", 3e-4,
-                           published=Published(1.29, 1.11, 0.999, 0.01)),
+                           published=Published(1.29, 1.11, 0.999, 0.01), colour="#17becf"),
     "adam_cosine": RowSpec("Adam, lr 3e-3, cosine decay to 0", "adam", 3e-3, schedule="cosine",
-                           published=Published(1.78, 2.16, 0.967, 0.11)),
+                           published=Published(1.78, 2.16, 0.967, 0.11), colour="#2ca02c"),
     "adamw": RowSpec("AdamW, lr 3e-3, decay 0.05", "adamw", 3e-3, weight_decay=0.05,
-                     published=Published(5.65, 3.35, 0.826, 0.38)),
+                     published=Published(5.65, 3.35, 0.826, 0.38), colour="#ff7f0e"),
     "adam": RowSpec("Adam, lr 3e-3", "adam", 3e-3,
-                    published=Published(7.73, 5.96, 0.600, 0.71)),
+                    published=Published(7.73, 5.96, 0.600, 0.71), colour="#d62728"),
     "adam_projected": RowSpec("Adam, lr 3e-3, radial part projected out", "adam_projected", 3e-3,
-                              published=Published(24.29, 2.08, 0.306, 0.96)),
+                              published=Published(24.29, 2.08, 0.306, 0.96), colour="#9467bd"),
     # Heo et al.'s published optimizer (arXiv:2006.08217), beside the study's always-projected variant:
     # projection only where |cos(grad, w)| < delta / sqrt(dim), no weight decay.
     "adamp": RowSpec("AdamP, lr 3e-3, delta 0.1, wd_ratio 0.1", "adamp", 3e-3,
-                     extra={"delta": 0.1, "wd_ratio": 0.1}),
+                     extra={"delta": 0.1, "wd_ratio": 0.1}, colour="#393b79"),
     # The window test: the article gives rotation, accuracy and checks below 90%, not the norm.
     "adam_bn_m0.3": RowSpec("Adam, lr 3e-3, BatchNorm momentum 0.3", "adam", 3e-3, bn_momentum=0.3,
-                            published=Published(6.94, float("nan"), 0.932, 0.18)),
+                            published=Published(6.94, float("nan"), 0.932, 0.18), colour="#e377c2"),
     # Beyond the article: norms without running statistics, so no train/eval difference to go stale.
-    "adam_groupnorm": RowSpec("Adam, lr 3e-3, GroupNorm (8 groups)", "adam", 3e-3, norm="group"),
-    "adam_layernorm": RowSpec("Adam, lr 3e-3, LayerNorm (GroupNorm, 1 group)", "adam", 3e-3, norm="layer"),
+    "adam_groupnorm": RowSpec("Adam, lr 3e-3, GroupNorm (8 groups)", "adam", 3e-3, norm="group",
+                              colour="#bcbd22"),
+    "adam_layernorm": RowSpec("Adam, lr 3e-3, LayerNorm (GroupNorm, 1 group)", "adam", 3e-3, norm="layer",
+                              colour="#8c564b"),
 }
 
 # Rows of the article's table, in the article's order.
@@ -70,9 +87,26 @@ PUBLISHED_ROWS = ("sgd", "adam_lr3e-4", "adam_cosine", "adamw", "adam", "adam_pr
 # Every row the full reference sweep runs.
 SWEEP_ROWS = tuple(ROWS)
 SEEDS = (0, 1, 2)
+# Rows and seeds of `make sweep` per scale (the Makefile reads them: `python -m bnrotation.rows <scale>`).
+# `quick` shows the headline contrast on a laptop CPU: SGD, Adam, and the window test.
+SWEEPS = {"full": (SWEEP_ROWS, SEEDS), "quick": (("sgd", "adam", "adam_bn_m0.3"), (0,)), "smoke": (SWEEP_ROWS, (0,))}
 
 
 def row_order(name: str) -> tuple[int, str]:
     """Sort key: registry order first, unknown (user-made) rows after, by name."""
     names = list(ROWS)
     return (names.index(name), name) if name in ROWS else (len(names), name)
+
+
+def main(argv: list[str]) -> int:
+    """``python -m bnrotation.rows <scale>`` prints the sweep's rows and seeds, comma-separated, for make."""
+    if len(argv) != 1 or argv[0] not in SWEEPS:
+        print(f"usage: python -m bnrotation.rows {{{'|'.join(SWEEPS)}}}", file=sys.stderr)
+        return 2
+    rows, seeds = SWEEPS[argv[0]]
+    print(",".join(rows), ",".join(map(str, seeds)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -21,15 +21,17 @@ from .. import records
 from ..rows import ROWS, row_order
 from .metrics import check_window
 from .results import Run
+from .stats import cell, over_seeds
 
 POLICY_ORDER = ("none", "copy", "average", "mixture", "refresh")
 AVERAGE_ORDER = ("live", "ema", "tail")
 MEASURES = ("acc_eval_mode", "lag_median_abs_sigma")  # columns of the averaging table summarised per run
-# (per-run value: <measure> is the mean over the window, <measure>_last the last evaluation; heading; format)
-VALUES = (("acc_eval_mode", "Evaluation-mode accuracy (%), mean over the evaluations", "pct"),
-          ("acc_eval_mode_last", "Evaluation-mode accuracy (%) at the last step", "pct"),
+# (per-run value: <measure> is the mean over the window, <measure>_last the last evaluation; heading; unit and
+# decimals of a cell, :func:`.stats.cell`, the unit's sign left to the heading)
+VALUES = (("acc_eval_mode", "Evaluation-mode accuracy (%), mean over the evaluations", "pct", 1),
+          ("acc_eval_mode_last", "Evaluation-mode accuracy (%) at the last step", "pct", 1),
           ("lag_median_abs_sigma", "Median |running-mean lag| over all channels (sigma), mean over the evaluations",
-           "{:.3f}"))
+           "plain", 3))
 
 
 def column_label(average: str, decay: float, window_steps: int, policy: str) -> str:
@@ -39,6 +41,12 @@ def column_label(average: str, decay: float, window_steps: int, policy: str) -> 
     if average == "ema":
         return f"EMA {decay:g} {policy}"
     return f"Tail {int(window_steps)} steps {policy}"
+
+
+def averaged_model(line: pd.Series) -> str:
+    """The averaged model of an ``averaging`` line, without its buffer policy: 'Live', 'EMA 0.999',
+    'Tail 1000 steps' (:func:`column_label`)."""
+    return column_label(line["average"], line["decay"], line["window_steps"], "").strip()
 
 
 def _sort_key(average: str, decay: float, window_steps: int, policy: str) -> tuple:
@@ -59,7 +67,7 @@ def run_values(run: Run) -> pd.DataFrame:
     av = run.tables.get("averaging")
     keys = ["average", "decay", "window_steps", "policy"]
     if av is None or av.empty:
-        return pd.DataFrame(columns=keys + ["steps"] + [v for v, _, _ in VALUES])
+        return pd.DataFrame(columns=keys + ["steps"] + [v for v, *_ in VALUES])
     first, last = check_window(run)
     av = av[(av["step"] >= first) & (av["step"] <= last)].copy()
     for measure in MEASURES:
@@ -89,22 +97,11 @@ def build_averaging_table(runs: list[Run]) -> pd.DataFrame:
         line = {"row": row, "average": average, "decay": decay, "window_steps": int(window), "policy": policy,
                 "label": column_label(average, decay, window, policy), "n_seeds": int(g["seed"].nunique()),
                 "seeds": ",".join(map(str, sorted(g["seed"].unique())))}
-        for value, _, _ in VALUES:
-            line[f"{value}_mean"] = float(g[value].mean())
-            line[f"{value}_std"] = float(g[value].std(ddof=1)) if g[value].notna().sum() > 1 else math.nan
-        lines.append(line)
+        lines.append(line | over_seeds(g, [value for value, *_ in VALUES]))
     out = pd.DataFrame(lines)
     order = out.apply(lambda r: (row_order(r["row"]),) + _sort_key(r["average"], r["decay"], r["window_steps"],
                                                                       r["policy"]), axis=1)
     return out.iloc[sorted(range(len(out)), key=lambda i: order.iloc[i])].reset_index(drop=True)
-
-
-def _cell(mean: float, std: float, fmt: str) -> str:
-    if math.isnan(mean):
-        return "–"
-    if fmt == "pct":
-        return f"{100 * mean:.1f}" + ("" if math.isnan(std) else f" ± {100 * std:.1f}")
-    return fmt.format(mean) + ("" if math.isnan(std) else " ± " + fmt.format(std))
 
 
 def to_markdown(table: pd.DataFrame, root: Path) -> str:
@@ -121,13 +118,13 @@ def to_markdown(table: pd.DataFrame, root: Path) -> str:
            "buffers), `average` (mean of running means and of running variances; for an EMA an EMA of the "
            "buffers), `mixture` (law of total variance over the snapshots), `refresh` (re-estimated on the "
            "averaged weights).\n"]
-    for value, heading, fmt in VALUES:
+    for value, heading, unit, digits in VALUES:
         out += [f"## {heading}\n", "| Row | n | " + " | ".join(labels) + " |",
                 "|---|---:|" + "---:|" * len(labels)]
         for row in rows:
             sel = table[table["row"] == row].set_index("label")
-            cells = [_cell(sel.loc[lab, f"{value}_mean"], sel.loc[lab, f"{value}_std"], fmt) if lab in sel.index
-                     else "–" for lab in labels]
+            cells = [cell(sel.loc[lab, f"{value}_mean"], unit, sel.loc[lab, f"{value}_std"], digits=digits,
+                          sign=False, spread_sign=False) if lab in sel.index else "–" for lab in labels]
             spec = ROWS.get(row)
             name = f"{spec.label} (`{row}`)" if spec else f"`{row}`"
             out.append(f"| {name} | {int(sel['n_seeds'].max())} | " + " | ".join(cells) + " |")

@@ -26,15 +26,15 @@ import matplotlib.pyplot as plt
 import pandas as pd
 import seaborn as sns
 
-from .. import records
+from .. import article, records
+from ..article import FAIL_BELOW
 from ..rows import ROWS, row_order
 from . import averaging, lag, metrics, theory
-from .claims import ARTICLE_MIDDLE_DRIFT, ARTICLE_MIDDLE_LIFT
-from .metrics import FAIL_BELOW
-from .results import Run, add_results_arguments, runs_for_command, scale_note
+from .results import ALL_TABLES, Run, add_results_arguments, runs_for_command, scale_note
+from .stats import cell
 from .table import run_metrics
 
-TABLES = ("checks", "layers", "channels", "interventions", "averaging")
+TABLES = ALL_TABLES
 
 
 class Skip(Exception):
@@ -78,17 +78,10 @@ def apply_style() -> None:
                       "legend.frameon": False, "pdf.fonttype": 42, "svg.fonttype": "none"})
 
 
-# One colour per row (tab10 hues; grey left for training mode): related rows far apart (Adam red, its window
-# test pink, AdamW orange, projected Adam purple, official AdamP indigo).
-ROW_COLOURS = {"sgd": "#1f77b4", "adam_lr3e-4": "#17becf", "adam_cosine": "#2ca02c", "adamw": "#ff7f0e",
-               "adam": "#d62728", "adam_projected": "#9467bd", "adam_bn_m0.3": "#e377c2",
-               "adam_groupnorm": "#bcbd22", "adam_layernorm": "#8c564b", "adamp": "#393b79"}
-
-
 def row_palette(rows: list[str]) -> dict[str, tuple]:
-    """A fixed colour per row, so a row keeps its colour whichever rows are present; rows without a
-    fixed colour get further ones, in registry order."""
-    pal = {r: matplotlib.colors.to_rgb(c) for r, c in ROW_COLOURS.items()}
+    """A fixed colour per row (:attr:`bnrotation.rows.RowSpec.colour`), so a row keeps its colour whichever
+    rows are present; rows without a fixed colour get further ones, in registry order."""
+    pal = {r: matplotlib.colors.to_rgb(spec.colour) for r, spec in ROWS.items() if spec.colour}
     extra = [r for r in sorted(rows, key=row_order) if r not in pal]
     pal.update(zip(extra, sns.color_palette("husl", max(len(extra), 1))))
     return pal
@@ -380,6 +373,8 @@ def fig_single_layer(d: Data) -> tuple[plt.Figure, str]:
                                                          "row", "seed"))
     columns = ["stored", *layers, "reestimated"]
     order = ["stored"] + [f"{name} fresh" for name in layers] + ["all fresh"]
+    lift = article.MIDDLE_LIFT[0]  # the lowest accuracy the article reports with the middle layer alone fresh
+    lift_text = cell(lift.value, "pct", digits=0)
     rows = [r for r in d.rows if (wide["row"] == r).any()]
     fig, axes = _facets(len(rows), size=(3.6, 3.0))
     counts = []
@@ -391,10 +386,10 @@ def fig_single_layer(d: Data) -> tuple[plt.Figure, str]:
                     markersize=3)
         ax.plot(range(len(order)), g.mean().to_numpy(), color="black", lw=0, marker="_", markersize=16,
                 markeredgewidth=2)
-        if "bn2 fresh" in order:  # the article's figure belongs to the middle layer's column only
-            x = order.index("bn2 fresh")
-            ax.hlines(ARTICLE_MIDDLE_LIFT, x - 0.45, x + 0.45, color="0.3", ls="--", lw=1.2, zorder=3)
-            ax.text(x, ARTICLE_MIDDLE_LIFT - 0.02, "article: 82%", ha="center", va="top", fontsize="x-small",
+        if f"{metrics.MIDDLE_NORM} fresh" in order:  # the article's figure belongs to the middle layer only
+            x = order.index(f"{metrics.MIDDLE_NORM} fresh")
+            ax.hlines(lift.value, x - 0.45, x + 0.45, color="0.3", ls="--", lw=1.2, zorder=3)
+            ax.text(x, lift.value - 0.02, f"article: {lift_text}", ha="center", va="top", fontsize="x-small",
                     color="0.3", zorder=3)
         ax.set_xticks(range(len(order)), order, rotation=35, ha="right")
         ax.set_ylim(0, 1.04)
@@ -406,8 +401,8 @@ def fig_single_layer(d: Data) -> tuple[plt.Figure, str]:
                  "statistics, at the intervention steps) after giving fresh (re-estimated) statistics to one "
                  "BatchNorm layer at a time, the stored ones elsewhere; \"all fresh\": every layer re-estimated. "
                  f"One line per failing check (seed × step), black bar: mean. Failing checks per row: "
-                 f"{', '.join(counts)}. Dashed, in the bn2 column: 82%, the lowest accuracy the article reports for the "
-                 "middle layer (bn2) alone.")
+                 f"{', '.join(counts)}. Dashed, in the bn2 column: {lift_text}, the lowest accuracy the article reports "
+                 "for the middle layer (bn2) alone.")
 
 
 def fig_top_k(d: Data) -> tuple[plt.Figure, str]:
@@ -453,10 +448,13 @@ def fig_drift(d: Data) -> tuple[plt.Figure, str]:
         sns.boxplot(data=ch, x="drift_sigma_per_step", y="label", order=[d.label(r) for r in rows], hue="label",
                     hue_order=[d.label(r) for r in rows], palette={d.label(r): d.palette[r] for r in rows},
                     log_scale=True, whis=(5, 95), fliersize=0, width=0.6, ax=ax, legend=False)
-    for row, value in ARTICLE_MIDDLE_DRIFT.items():
-        ax.axvline(value, color=d.palette.get(row, "0.3"), ls="--", lw=1.2)
-        ax.text(value, -0.7, f"article median,\n{row}: {value}", ha="center", va="bottom", fontsize="x-small")
-    marks = list(ARTICLE_MIDDLE_DRIFT.values())
+    for row, drift in article.MIDDLE_DRIFT.items():
+        ax.axvline(drift.value, color=d.palette.get(row, "0.3"), ls="--", lw=1.2)
+        ax.text(drift.value, -0.7, f"article median,\n{row}: {drift.value}", ha="center", va="bottom",
+                fontsize="x-small")
+    marks = [drift.value for drift in article.MIDDLE_DRIFT.values()]
+    medians = " and ".join(f"{ROWS[row].short} ({cell(drift.value, 'plain', digits=drift.decimals)})"
+                           for row, drift in article.MIDDLE_DRIFT.items())
     ax.set_xlim(min(float(ch["drift_sigma_per_step"].quantile(0.002)), *marks) / 1.5,
                 max(float(ch["drift_sigma_per_step"].quantile(0.998)), *marks) * 1.5)
     ax.set_xlabel("drift of the fresh mean, middle layer (σ per step, log scale)")
@@ -467,7 +465,7 @@ def fig_drift(d: Data) -> tuple[plt.Figure, str]:
                  f"(fresh std · Δ) on the fixed probe set, one value per channel, logged interval ending in the "
                  f"check window, and seed ({runs_text(d.per_run[d.per_run['row'].isin(rows)])}; "
                  f"{span(n)} values per row). Box: quartiles and median; whiskers: 5th "
-                 "to 95th percentile. Dashed: the article's medians under Adam (0.0074) and SGD (0.0010), whose Δ "
+                 f"to 95th percentile. Dashed: the article's medians under {medians}, whose Δ "
                  f"the article does not give; here Δ is the log interval, {span(interval)} steps. Drift falls as Δ "
                  "grows: `lag.md` tabulates it up to "
                  f"{lag.INTERVAL_MULTIPLES[-1]} intervals.")
@@ -480,7 +478,7 @@ def fig_averaging(d: Data) -> tuple[plt.Figure, str]:
     if not frames:
         raise Skip("no averaging results (the averaging table is absent or empty in every run)")
     av = pd.concat(frames, ignore_index=True)
-    av = av.assign(model=[metrics.averaged_model(line) for _, line in av.iterrows()])
+    av = av.assign(model=[averaging.averaged_model(line) for _, line in av.iterrows()])
     rows = [r for r in d.rows if (av["row"] == r).any()]
     present = set(av["policy"])
     policies = [p for p in averaging.POLICY_ORDER if p in present] + sorted(present - set(averaging.POLICY_ORDER))

@@ -15,9 +15,11 @@ import math
 
 import pandas as pd
 
+from ..article import FAIL_BELOW
 from .results import Run
+from .stats import cell
 
-RECOVERY_THRESHOLD = 0.90  # "recovers 90% accuracy": evaluation-mode accuracy >= 0.90, as "checks below 90%"
+RECOVERY_THRESHOLD = FAIL_BELOW  # "recovers": evaluation-mode accuracy >= the accuracy below which a check fails
 
 
 def accuracy_of(table: pd.DataFrame, intervention: str, *, layer: str = "", k: int = -1) -> float:
@@ -70,21 +72,16 @@ def per_step(iv: pd.DataFrame, threshold: float = RECOVERY_THRESHOLD) -> pd.Data
     return pd.DataFrame(lines)
 
 
-def pct(value: float) -> str:
-    """0.8123 -> '81.2%'; NaN -> '–'."""
-    return "–" if value is None or math.isnan(value) else f"{100 * value:.1f}%"
-
-
 def describe_step(table: pd.DataFrame, threshold: float = RECOVERY_THRESHOLD) -> list[str]:
     """The report lines for one step's table: each intervention's accuracy and the k needed."""
     line = lambda label, text: f"  {label:<28}{text}"
-    lines = [line("stored statistics", pct(accuracy_of(table, "none"))),
-             line("full re-estimation", pct(accuracy_of(table, "reestimate")))]
+    lines = [line("stored statistics", cell(accuracy_of(table, "none"), "pct")),
+             line("full re-estimation", cell(accuracy_of(table, "reestimate"), "pct"))]
     for layer in table.loc[table["intervention"] == "layer", "layer"]:
-        lines.append(line(f"fresh {layer} only", pct(accuracy_of(table, "layer", layer=layer))))
+        lines.append(line(f"fresh {layer} only", cell(accuracy_of(table, "layer", layer=layer), "pct")))
     curve = top_k_curve(table)
     if len(curve):
-        lines.append(line("top-k channels by |lag|", " · ".join(f"k={k} {pct(a)}" for k, a in curve.items())))
+        lines.append(line("top-k channels by |lag|", " · ".join(f"k={k} {cell(a, 'pct')}" for k, a in curve.items())))
         k = smallest_k(curve, threshold)
         total = int(curve.index.max())
         label = f"smallest k reaching {threshold:.0%}"
@@ -120,8 +117,8 @@ def logged_report(run: Run, threshold: float = RECOVERY_THRESHOLD) -> str:
            "|---:|---:|---:|" + "---:|" * len(layers) + "---:|"]
     for _, s in steps.iterrows():
         k = "–" if math.isnan(s["k_needed"]) else f"{int(s['k_needed'])} of {int(s['channels'])}"
-        out.append(f"| {int(s['step'])} | {pct(s['stored'])} | {pct(s['reestimated'])} | "
-                   + " | ".join(pct(s[la]) for la in layers) + f" | {k} |")
+        out.append(f"| {int(s['step'])} | {cell(s['stored'], 'pct')} | {cell(s['reestimated'], 'pct')} | "
+                   + " | ".join(cell(s[la], 'pct') for la in layers) + f" | {k} |")
     worst = worst_step(iv)
     out += ["", f"Worst intervention step: {worst} (lowest accuracy with the stored statistics)"
             + _worst_check_note(run)]
@@ -141,4 +138,4 @@ def _worst_check_note(run: Run) -> str:
     checks = checks.sort_values("step", kind="stable").reset_index(drop=True)
     worst = checks.loc[checks["acc_eval_mode"].idxmin()]
     return (f"; the worst of all {len(checks)} checks: step {int(worst['step'])}, "
-            f"{pct(float(worst['acc_eval_mode']))}")
+            f"{cell(float(worst['acc_eval_mode']), 'pct')}")

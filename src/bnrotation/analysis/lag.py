@@ -33,26 +33,17 @@ from .. import records
 from ..rows import ROWS, row_order
 from .metrics import MIDDLE_CONV, check_window
 from .results import Run
+from .stats import cell, over_seeds, spearman_rho
 
-# (column key, header, format)
+# (column key, header, decimals of a cell: mean ± sd over seeds, unit in the header)
 COLUMNS = (
-    ("median_drift_sigma_per_step", "Median drift (σ/step)", "{:.4f}"),
-    ("median_abs_lag_sigma", "Median measured abs lag (σ)", "{:.3f}"),
-    ("median_predicted_lag_sigma", "Median predicted lag (σ)", "{:.3f}"),
-    ("measured_over_predicted", "Measured / predicted", "{:.2f}"),
-    ("spearman", "Spearman ρ", "{:.2f}"),
+    ("median_drift_sigma_per_step", "Median drift (σ/step)", 4),
+    ("median_abs_lag_sigma", "Median measured abs lag (σ)", 3),
+    ("median_predicted_lag_sigma", "Median predicted lag (σ)", 3),
+    ("measured_over_predicted", "Measured / predicted", 2),
+    ("spearman", "Spearman ρ", 2),
 )
 INTERVAL_MULTIPLES = (1, 2, 4, 8, 16)  # drift over Δ = k log intervals (100 to 1,600 steps at full scale)
-
-
-def spearman(a: pd.Series, b: pd.Series) -> float:
-    """Spearman's rank correlation: Pearson's correlation of the ranks (ties get their average rank).
-
-    NaN with fewer than 3 pairs or when either side is constant.
-    """
-    if len(a) < 3:
-        return math.nan
-    return float(a.rank().corr(b.rank()))
 
 
 def run_lags(run: Run) -> pd.DataFrame:
@@ -72,15 +63,8 @@ def run_lags(run: Run) -> pd.DataFrame:
                       "n": len(g), "median_abs_lag_sigma": med_lag, "median_predicted_lag_sigma": med_pred,
                       "measured_over_predicted": med_lag / med_pred if med_pred > 0 else math.nan,
                       "median_drift_sigma_per_step": float(g["drift_sigma_per_step"].median()),
-                      "spearman": spearman(g["abs_lag"], g["predicted_lag_sigma"])})
+                      "spearman": spearman_rho(g["abs_lag"], g["predicted_lag_sigma"])})
     return pd.DataFrame(lines)
-
-
-def _over_seeds(g: pd.DataFrame, keys: list) -> dict:
-    """``<key>_mean`` and ``<key>_std`` (sample sd; NaN with one finite value) over the lines of ``g``."""
-    return {f"{key}{part}": value for key in keys for part, value in (
-        ("_mean", float(g[key].mean())),
-        ("_std", float(g[key].std(ddof=1)) if g[key].notna().sum() > 1 else math.nan))}
 
 
 def drift_over_intervals(run: Run, layer: str = MIDDLE_CONV,
@@ -143,7 +127,7 @@ def drift_scaling_table(runs: list[Run]) -> pd.DataFrame:
     out = []
     for row, g in sorted(per_run.groupby("row"), key=lambda kv: row_order(kv[0])):
         out.append({"row": row, "label": ROWS[row].label if row in ROWS else row, "n_seeds": len(g)}
-                   | _over_seeds(g, keys))
+                   | over_seeds(g, keys))
     return pd.DataFrame(out)
 
 
@@ -162,14 +146,8 @@ def lag_table(runs: list[Run]) -> tuple[pd.DataFrame, list[str]]:
         line = {"row": row, "label": ROWS[row].label if row in ROWS else row, "layer": layer,
                 "norm_layer": g["norm_layer"].iloc[0], "n_seeds": len(g),
                 "n_per_seed": str(n_lo) if n_lo == n_hi else f"{n_lo}–{n_hi}"}
-        lines.append(line | _over_seeds(g, [key for key, _, _ in COLUMNS]))
+        lines.append(line | over_seeds(g, [key for key, _, _ in COLUMNS]))
     return pd.DataFrame(lines), without
-
-
-def _cell(mean: float, std: float, fmt: str) -> str:
-    if math.isnan(mean):
-        return "–"
-    return fmt.format(mean) + ("" if math.isnan(std) else " ± " + fmt.format(std))
 
 
 def drift_markdown(scaling: pd.DataFrame) -> list[str]:
@@ -186,8 +164,8 @@ def drift_markdown(scaling: pd.DataFrame) -> list[str]:
            "| Row | Seeds | " + " | ".join(f"Δ = {d:,}" for d in intervals) + " | Exponent, first doubling | "
            "Exponent, all Δ |", "|---|---:|" + "---:|" * (len(intervals) + 2)]
     for _, r in scaling.iterrows():
-        cells = [_cell(r[f"{d}_mean"], r[f"{d}_std"], "{:.5f}") for d in intervals]
-        cells += [_cell(r[f"{k}_mean"], r[f"{k}_std"], "{:.2f}") for k in ("first_doubling", "exponent")]
+        cells = [cell(r[f"{d}_mean"], "plain", r[f"{d}_std"], digits=5) for d in intervals]
+        cells += [cell(r[f"{k}_mean"], "plain", r[f"{k}_std"], digits=2) for k in ("first_doubling", "exponent")]
         out.append(f"| {r['label']} (`{r['row']}`) | {r['n_seeds']} | " + " | ".join(cells) + " |")
     return out
 
@@ -205,7 +183,7 @@ def to_markdown(table: pd.DataFrame, without: list[str], root: Path, scaling: pd
         out += ["| Row | Layer | Seeds | n | " + " | ".join(h for _, h, _ in COLUMNS) + " |",
                 "|---|---|---:|---:|" + "---:|" * len(COLUMNS)]
         for _, r in table.iterrows():
-            cells = [_cell(r[f"{k}_mean"], r[f"{k}_std"], fmt) for k, _, fmt in COLUMNS]
+            cells = [cell(r[f"{k}_mean"], "plain", r[f"{k}_std"], digits=digits) for k, _, digits in COLUMNS]
             out.append(f"| {r['label']} (`{r['row']}`) | {r['layer']} ({r['norm_layer']}) | {r['n_seeds']} | "
                        f"{r['n_per_seed']} | " + " | ".join(cells) + " |")
     else:

@@ -11,11 +11,11 @@ import math
 import pandas as pd
 
 from .. import records
+from ..article import FAIL_BELOW
 from ..rows import ROWS
 from .interventions import per_step
 from .results import Run
 
-FAIL_BELOW = 0.90  # a check fails below 90% evaluation-mode accuracy (the table's "Checks below 90%")
 LAST_CONV = "conv3"
 MIDDLE_CONV = "conv2"
 MIDDLE_NORM = "bn2"  # the norm layer behind MIDDLE_CONV (interventions name norm layers)
@@ -78,8 +78,9 @@ def acc_train_mode(run: Run) -> float:
     return float(_window_checks(run)["acc_train_mode"].mean())
 
 
-def checks_below(run: Run, threshold: float = 0.90) -> tuple[int, int]:
-    """Column "Checks below 90%": (checks below ``threshold``, all checks) of this run."""
+def checks_below(run: Run, threshold: float = FAIL_BELOW) -> tuple[int, int]:
+    """Column "Checks below 90%": (checks whose evaluation-mode accuracy is strictly below ``threshold``, all
+    checks) of this run; a check at exactly ``threshold`` does not count."""
     acc = _window_checks(run)["acc_eval_mode"]
     return int((acc < threshold).sum()), int(len(acc))
 
@@ -151,7 +152,6 @@ def tidy(runs: list[Run], name: str) -> pd.DataFrame:
     return pd.concat(frames, ignore_index=True)
 
 
-
 def failing_checks(runs: list[Run], threshold: float = FAIL_BELOW) -> pd.DataFrame:
     """Every run's interventions at its failing checks (:func:`failing_steps`), one line per check as
     :func:`interventions.per_step` gives it (``stored``, ``reestimated``, one column per norm layer alone
@@ -163,10 +163,3 @@ def failing_checks(runs: list[Run], threshold: float = FAIL_BELOW) -> pd.DataFra
             iv = r.tables["interventions"]
             frames.append(per_step(iv[iv["step"].isin(steps)]).assign(row=r.row, seed=r.seed))
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
-
-
-def averaged_model(line: pd.Series) -> str:
-    """The averaged model of an ``averaging`` line, without its buffer policy: 'Live', 'EMA 0.999',
-    'Tail 1000 steps' (:func:`averaging.column_label`)."""
-    from .averaging import column_label  # averaging imports this module
-    return column_label(line["average"], line["decay"], line["window_steps"], "").strip()

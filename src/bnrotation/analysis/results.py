@@ -21,11 +21,10 @@ import pyarrow.parquet as pq
 import yaml
 
 from .. import records
+from ..names import OPTIMIZER_CLASSES, PROJECTION_MODES, SCHEDULE_CLASSES
 from ..rows import ROWS, RowSpec, row_order
 
-OPTIMIZER_CLASSES = {"sgd": "SGD", "adam": "Adam", "adamw": "AdamW", "adam_projected": "ProjectedAdam",
-                     "adamp": "ProjectedAdam"}
-SCHEDULE_CLASSES = {"constant": None, "cosine": "CosineAnnealingLR"}
+ALL_TABLES = tuple(records.TABLE_COLUMNS)  # every table a run may hold, the optional ones too
 SCALE_KEYS = ("steps", "log_every", "check_start")  # what the table's columns read from config.yaml
 # What the published figures depend on: a run whose scale differs in any of these is not the article's protocol.
 PROTOCOL_KEYS = ("steps", "log_every", "check_start", "check_every", "heldout_size")
@@ -194,6 +193,14 @@ def check_against_row(info: dict, spec: RowSpec) -> list[str]:
     """
     problems = []
     opt = info.get("optimizer", {})
+    unknown = [f"the row's {what} {name!r} has no entry in bnrotation/names.py {table_name} (known: "
+               f"{', '.join(table)}); add the class it builds there"
+               for what, name, table, table_name in (
+                   ("optimizer", spec.optimizer, OPTIMIZER_CLASSES, "OPTIMIZER_CLASSES"),
+                   ("schedule", spec.schedule, SCHEDULE_CLASSES, "SCHEDULE_CLASSES"))
+               if name not in table]
+    if unknown:
+        return unknown
     want_cls = OPTIMIZER_CLASSES[spec.optimizer]
     if opt.get("class") != want_cls:
         problems.append(f"optimizer class {opt.get('class')!r}, the row means {want_cls!r}")
@@ -208,8 +215,8 @@ def check_against_row(info: dict, spec: RowSpec) -> list[str]:
             if not isinstance(got, (int, float)) or not math.isclose(float(got), float(want), rel_tol=1e-9):
                 problems.append(f"{key} {got!r} in group {g.get('name')!r}, the row means {want}")
     modes = info.get("projection", {}).get("mode", [])
-    want_modes = {"adam_projected": ["always", "never"], "adamp": ["adamp"]}.get(spec.optimizer, [])
-    if sorted(modes) != sorted(want_modes):
+    want_modes = sorted(set(PROJECTION_MODES.get(spec.optimizer, ())))
+    if sorted(modes) != want_modes:
         problems.append(f"projection modes {modes}, the row means {want_modes}")
     sched = info.get("schedule")
     got_sched = sched.get("class") if isinstance(sched, dict) else None
@@ -233,6 +240,14 @@ def check_against_row(info: dict, spec: RowSpec) -> list[str]:
     return problems
 
 
+def _parse(file: Path, parse, error: type[Exception]):
+    """``parse`` of ``file``'s text. Raises BadRunError naming the file if it cannot be read or parsed."""
+    try:
+        return parse(file.read_text())
+    except (OSError, UnicodeDecodeError, error) as err:
+        raise BadRunError(f"{file}: unreadable ({err})") from err
+
+
 def load_run(path: str | Path, tables: tuple[str, ...] = records.REQUIRED_TABLES) -> Run:
     """Load and validate one run folder.
 
@@ -245,10 +260,7 @@ def load_run(path: str | Path, tables: tuple[str, ...] = records.REQUIRED_TABLES
     if not (path / records.DONE).exists():
         raise BadRunError(f"{path}: no DONE marker (the run crashed, was killed, or is still running); "
                           "rerun it (make sweep reruns it from scratch)")
-    try:
-        info = json.loads((path / "run.json").read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
-        raise BadRunError(f"{path / 'run.json'}: unreadable ({err})") from err
+    info = _parse(path / "run.json", json.loads, json.JSONDecodeError)
     if not isinstance(info, dict):
         raise BadRunError(f"{path / 'run.json'}: expected a JSON object, got {type(info).__name__}")
     version = info.get("schema_version")
@@ -260,10 +272,7 @@ def load_run(path: str | Path, tables: tuple[str, ...] = records.REQUIRED_TABLES
     if path.parent.name != info.get("row") or path.name != f"seed={info.get('seed')}":
         raise BadRunError(f"{path}: run.json says row {info.get('row')!r} seed {info.get('seed')!r}, "
                           "which does not match the folder")
-    try:
-        config = yaml.safe_load((path / "config.yaml").read_text())
-    except (OSError, UnicodeDecodeError, yaml.YAMLError) as err:
-        raise BadRunError(f"{path / 'config.yaml'}: unreadable ({err})") from err
+    config = _parse(path / "config.yaml", yaml.safe_load, yaml.YAMLError)
     scale = config.get("scale") if isinstance(config, dict) else None
     if not isinstance(scale, dict) or not all(isinstance(scale.get(k), int) for k in SCALE_KEYS):
         raise BadRunError(f"{path / 'config.yaml'}: expected integer keys scale.{{{','.join(SCALE_KEYS)}}} "

@@ -17,25 +17,42 @@ from __future__ import annotations
 import argparse
 import math
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
 from .. import records
+from ..article import FAIL_BELOW
 from ..rows import ROWS, SEEDS, row_order
 from . import lag, metrics
 from .averaging import write_averaging
-from .results import Run, add_results_arguments, count, runs_for_command, scale_note
+from .results import ALL_TABLES, Run, add_results_arguments, count, runs_for_command, scale_note
+from .stats import cell, over_seeds
 
-# (column key, header, published attribute, format)
+
+@dataclass(frozen=True)
+class Column:
+    """One column of the table: the per-run value ``key`` (:func:`run_metrics`), its header, the attribute of
+    :class:`bnrotation.rows.Published` that holds the article's figure (None: not in the article), and how a
+    cell prints (:func:`.stats.cell`: ``unit``, decimals of the mean and of the spread)."""
+
+    key: str
+    header: str
+    published: str | None
+    unit: str
+    digits: int
+    spread_digits: int
+
+
 COLUMNS = (
-    ("rotation_per_100_deg", "Rotation per 100 steps", "rotation_deg_per_100", "{:.2f}°"),
-    ("norm_growth", "Norm growth", "norm_growth", "{:.2f}×"),
-    ("acc_eval_mode", "Evaluation-mode accuracy", "acc_eval_mode", "pct"),
-    ("checks_below_90", "Checks below 90%", "checks_below_90", "pct0"),
-    ("acc_train_mode", "Training-mode accuracy", None, "pct"),
-    ("acc_reestimated_final", "Eval. accuracy after re-estimation, final step", None, "pct"),
+    Column("rotation_per_100_deg", "Rotation per 100 steps", "rotation_deg_per_100", "deg", 2, 2),
+    Column("norm_growth", "Norm growth", "norm_growth", "x", 2, 2),
+    Column("acc_eval_mode", "Evaluation-mode accuracy", "acc_eval_mode", "pct", 1, 1),
+    Column("checks_below_90", f"Checks below {cell(FAIL_BELOW, 'pct', digits=0)}", "checks_below_90", "pct", 0, 1),
+    Column("acc_train_mode", "Training-mode accuracy", None, "pct", 1, 1),
+    Column("acc_reestimated_final", "Eval. accuracy after re-estimation, final step", None, "pct", 1, 1),
 )
 
 
@@ -53,10 +70,6 @@ def run_metrics(run: Run) -> dict:
         "wall_seconds": run.info.get("wall_seconds"),
         "scale": run.scale["name"],
     }
-
-
-def _std(x: pd.Series) -> float:
-    return float(x.std(ddof=1)) if x.notna().sum() > 1 else math.nan
 
 
 def build_table(runs: list[Run], seeds_expected: int = len(SEEDS)) -> pd.DataFrame:
@@ -84,41 +97,21 @@ def build_table(runs: list[Run], seeds_expected: int = len(SEEDS)) -> pd.DataFra
                 "diverged": len(diverged), "diverged_seeds": ",".join(map(str, sorted(diverged["seed"]))),
                 "scale": runs_of_row["scale"].iloc[0],
                 "schema_version": records.SCHEMA_VERSION, "wall_seconds_mean": float(g["wall_seconds"].mean())}
-        for key, _, pub, _ in COLUMNS:
-            values = g[key]
-            line[f"{key}_mean"] = float(values.mean())
-            line[f"{key}_std"] = _std(values)
-            published = getattr(spec.published, pub) if (spec and spec.published and pub) else math.nan
-            line[f"{key}_published"] = published
+        for col in COLUMNS:
+            line |= over_seeds(g, [col.key])
+            has_figure = spec and spec.published and col.published
+            line[f"{col.key}_published"] = getattr(spec.published, col.published) if has_figure else math.nan
         total = g["n_checks"].sum()
         line["checks_below_90_mean"] = float(g["checks_below"].sum() / total) if total else math.nan
         lines.append(line)
     return pd.DataFrame(lines)
 
 
-def _fmt(value: float, fmt: str) -> str:
-    if value is None or (isinstance(value, float) and math.isnan(value)):
-        return "–"
-    if fmt == "pct":
-        return f"{100 * value:.1f}%"
-    if fmt == "pct0":
-        return f"{100 * value:.0f}%"
-    return fmt.format(value)
-
-
-def _spread(std: float, fmt: str) -> str:
-    if math.isnan(std):
-        return ""
-    if fmt.startswith("pct"):
-        return f" ± {100 * std:.1f}"
-    return " ± " + fmt.format(std).rstrip("°×")
-
-
 def to_markdown(table: pd.DataFrame, root: Path, skipped: list[str] = (), scale: str = "") -> str:
     """The table as markdown: ``measured ± spread [published]`` in each cell; ``scale`` (one sentence on the
     runs' scale, :func:`.results.scale_note`) in the header; ``skipped`` (bad runs left out with ``--skip-bad``)
     listed under it."""
-    heads = [h for _, h, _, _ in COLUMNS]
+    heads = [col.header for col in COLUMNS]
     out = [f"# The rotation study's table, measured\n",
            f"Rebuilt by `make table` from the runs under `{root}` (schema version {records.SCHEMA_VERSION}). "
            "Each cell: mean over seeds ± sample standard deviation over seeds, and [the published figure]. "
@@ -133,11 +126,12 @@ def to_markdown(table: pd.DataFrame, root: Path, skipped: list[str] = (), scale:
         seeds = f"{r['n_seeds']} of {r['seeds_expected']}" + (" (fewer seeds than asked)"
                                                                if r["n_seeds"] < r["seeds_expected"] else "")
         cells = []
-        for key, _, _, fmt in COLUMNS:
-            cell = _fmt(r[f"{key}_mean"], fmt) + _spread(r[f"{key}_std"], fmt)
-            if not math.isnan(r[f"{key}_published"]):
-                cell += f" [{_fmt(r[f'{key}_published'], fmt)}]"
-            cells.append(cell)
+        for col in COLUMNS:
+            text = cell(r[f"{col.key}_mean"], col.unit, r[f"{col.key}_std"], digits=col.digits,
+                        spread_digits=col.spread_digits, spread_sign=False)
+            if not math.isnan(r[f"{col.key}_published"]):
+                text += f" [{cell(r[f'{col.key}_published'], col.unit, digits=col.digits)}]"
+            cells.append(text)
         diverged = f"{r['diverged']} (seeds {r['diverged_seeds']})" if r["diverged"] else "0"
         wall = r.get("wall_seconds_mean", math.nan)
         minutes = "–" if wall is None or math.isnan(wall) else f"{wall / 60:.0f}"
@@ -154,8 +148,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seeds", type=int, default=len(SEEDS), help="seeds each row should have")
     args = p.parse_args(argv)
     skipped: list[str] = []
-    found = runs_for_command(args.results, args.skip_bad,
-                             ("checks", "layers", "channels", "interventions", "averaging"), skipped)
+    found = runs_for_command(args.results, args.skip_bad, ALL_TABLES, skipped)
     if found is None:
         return 2
     root, runs = found

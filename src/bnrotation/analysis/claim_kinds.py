@@ -1,0 +1,329 @@
+"""The kinds of claim ``make claims`` checks, and the verdict each gives (no torch).
+
+A claim is declared once, in :data:`.registry.CLAIMS`, as one of these small
+frozen dataclasses; :meth:`Claim.check` weighs it against the evidence
+(:class:`.evidence.Evidence`) and returns a :class:`Check`: the published
+figure, the measured one (mean ± sample standard deviation over seeds, with n),
+the tolerance and why, and a verdict, PASS, FAIL, or NOT RUN when the runs it
+needs are missing.
+
+- :class:`MatchesPublished`: a row's mean against the article's figure, within
+  ``2 · s · √(1/n + 1/3)``, two standard errors of the difference of two means
+  (the article's are 3-seed means), the measured seed spread s standing in for
+  the article's; never tighter than half a unit of the published figure's last
+  digit. One seed gives no spread, so no verdict.
+- :class:`Below` / :class:`Above`: one row's mean below (above) another's by
+  more than two standard errors of the difference (Welch); with one seed per
+  side, by the sign alone, and the check says so.
+- :class:`RankOrder`: a Spearman rank correlation with evaluation-mode accuracy
+  across the article's rows, beyond (or not) the exact one-sided 5% critical
+  value for that many rows (:func:`.stats.spearman_critical`).
+- :class:`RecoveryShare`: the share of the accuracy one row loses against
+  another that a third wins back, paired by seed; "most" is more than half.
+- :class:`Bespoke`: any other check, a function registered with
+  :func:`bespoke`.
+
+The article's figures come from :mod:`bnrotation.rows` (its table) and
+:mod:`bnrotation.article` (its text), through :func:`published`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from .. import article
+from ..article import Figure
+from ..rows import PUBLISHED_DECIMALS, PUBLISHED_ROWS, PUBLISHED_SEEDS, ROWS
+from .evidence import Evidence, recovery_share
+from .stats import (SeedStat, cell, decimals_shown, half_unit, rho_at_or_beyond, se_of_difference, spearman_critical,
+                    spearman_rho, spread)
+from .table import COLUMNS as TABLE_COLUMNS
+
+PASS, FAIL, NOT_RUN = "PASS", "FAIL", "NOT RUN"
+Z = 2.0  # standard errors a difference must exceed
+ALPHA = 0.05  # one-sided level of an ordering across rows
+MIN_RANK_ROWS = 4  # an ordering needs at least this many of the article's rows (4 rows: 1 order in 24 is 4%)
+MOST = 0.5  # "most" of the accuracy lost: more than half of it
+
+# Where the article gives the figure of each measured column: its table (rows.Published, by attribute) ...
+TABLE_FIGURES = {col.key: col.published for col in TABLE_COLUMNS if col.published}
+# ... or its text (article.py, by row).
+TEXT_FIGURES = {"update_cos": article.UPDATE_COSINE, "drift_mid": article.MIDDLE_DRIFT,
+                "predicted_lag_mid": article.PREDICTED_LAG, "abs_mean_over_std_mid": article.ABS_MEAN_OVER_STD}
+
+
+def published(row: str, column: str) -> Figure | None:
+    """The article's figure for measured ``column`` of ``row``, with the decimals it prints it with; None
+    where the article gives none (no published row, a NaN cell, a column it does not report)."""
+    if column in TABLE_FIGURES:
+        spec = ROWS.get(row)
+        attr = TABLE_FIGURES[column]
+        value = getattr(spec.published, attr) if spec and spec.published else math.nan
+        return None if math.isnan(value) else Figure(value, PUBLISHED_DECIMALS[attr])
+    return TEXT_FIGURES.get(column, {}).get(row)
+
+
+def said(figure: Figure, unit: str, digits: int | None = None) -> str:
+    """A published figure as the article prints it (its own decimals), or rounded to ``digits`` decimals
+    of the printed unit as a sentence quotes it: ``said(Figure(0.306, 3), "pct", 0)`` is ``'31%'``."""
+    return cell(figure.value, unit, digits=decimals_shown(figure.decimals, unit) if digits is None else digits)
+
+
+def table_figure(row: str, column: str) -> Figure:
+    """:func:`published`, for a figure a claim's wording quotes.
+
+    Raises:
+        KeyError: naming the row and column, if the article gives no such figure.
+    """
+    figure = published(row, column)
+    if figure is None:
+        raise KeyError(f"the article gives no figure for {column!r} of row {row!r}")
+    return figure
+
+
+@dataclass
+class Check:
+    """One named claim weighed: the article's figure, the measured one, the tolerance and the verdict."""
+
+    name: str
+    claim: str
+    published: str
+    measured: str
+    tolerance: str
+    verdict: str
+    note: str = ""
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What a claim's evidence says: the measured figure, the tolerance and why, ``passed`` (None: no
+    verdict, NOT RUN) and a note."""
+
+    measured: str
+    tolerance: str
+    passed: bool | None
+    note: str = ""
+
+
+class Claim:
+    """What every kind of claim has: ``name``, ``claim`` (the article's statement), the rows it needs, the
+    published figure as text, and :meth:`outcome`. :meth:`check` gives NOT RUN when a needed row has no run."""
+
+    name: str
+    claim: str
+
+    def rows_needed(self) -> tuple[str, ...]:
+        return ()
+
+    def published_text(self) -> str:
+        raise NotImplementedError
+
+    def outcome(self, ev: Evidence) -> Outcome:
+        raise NotImplementedError
+
+    def check(self, ev: Evidence) -> Check:
+        published_text = self.published_text()
+        missing = [r for r in self.rows_needed() if not ev.has(r)]
+        if missing:
+            return Check(self.name, self.claim, published_text,
+                         f"missing runs of {', '.join(f'`{r}`' for r in missing)}", "–", NOT_RUN)
+        o = self.outcome(ev)
+        verdict = NOT_RUN if o.passed is None else PASS if o.passed else FAIL
+        return Check(self.name, self.claim, published_text, o.measured, o.tolerance, verdict, o.note)
+
+
+@dataclass(frozen=True)
+class MatchesPublished(Claim):
+    """``row``'s mean of ``column`` (in ``unit``) against the article's figure (:func:`published`), within
+    max(2 · s · √(1/n + 1/3), half a unit of the figure's last digit). ``note``, if given, adds a note."""
+
+    name: str
+    claim: str
+    row: str
+    column: str
+    unit: str
+    note: Callable[[Evidence, MatchesPublished], str] | None = None
+
+    def figure(self) -> Figure:
+        return table_figure(self.row, self.column)
+
+    def rows_needed(self) -> tuple[str, ...]:
+        return (self.row,)
+
+    def published_text(self) -> str:
+        return cell(self.figure().value, self.unit)
+
+    def outcome(self, ev: Evidence) -> Outcome:
+        s, fig = ev.stat(self.row, self.column), self.figure()
+        note = self.note(ev, self) if self.note else ""
+        if s.n < 2:
+            return Outcome(s.describe(self.unit), "needs ≥ 2 seeds: with one there is no seed spread to set the "
+                           "tolerance", None, note)
+        floor = half_unit(fig.decimals)
+        tol = max(Z * s.sd * math.sqrt(1 / s.n + 1 / PUBLISHED_SEEDS), floor)
+        off = abs(s.mean - fig.value)
+        return Outcome(s.describe(self.unit),
+                       f"|measured − published| ≤ {spread(tol, self.unit)} = max({Z:g} · s · √(1/{s.n} + "
+                       f"1/{PUBLISHED_SEEDS}), {spread(floor, self.unit)} rounding); off by {spread(off, self.unit)}",
+                       off <= tol, note)
+
+
+def above(a: SeedStat, b: SeedStat) -> tuple[bool, str]:
+    """Whether a's mean exceeds b's by more than :data:`Z` standard errors of the difference
+    (:func:`.stats.se_of_difference`); with one seed on a side, whether it exceeds it at all. Also the
+    sentence that says so."""
+    diff = a.mean - b.mean
+    se = se_of_difference(a, b)
+    if not math.isnan(se):
+        return diff > Z * se, f"difference {diff:+.3g} against {Z:g} · SE = {Z * se:.3g}"
+    return diff > 0, f"difference {diff:+.3g}; one seed on a side, so the sign alone (no spread)"
+
+
+@dataclass(frozen=True)
+class Below(Claim):
+    """``row``'s mean of ``column`` lies below ``than``'s by more than 2 standard errors of the difference
+    ("the projected row grows less than Adam"). Published: the article's two figures, ``row``'s first."""
+
+    name: str
+    claim: str
+    row: str
+    than: str
+    column: str
+    unit: str
+
+    def lower_upper(self) -> tuple[str, str]:
+        return self.row, self.than
+
+    def rows_needed(self) -> tuple[str, ...]:
+        return self.lower_upper()
+
+    def published_text(self) -> str:
+        return (f"{said(table_figure(self.row, self.column), self.unit)} against "
+                f"{said(table_figure(self.than, self.column), self.unit)}")
+
+    def outcome(self, ev: Evidence) -> Outcome:
+        lower, upper = self.lower_upper()
+        lo, hi = ev.stat(lower, self.column), ev.stat(upper, self.column)
+        ok, how = above(hi, lo)
+        return Outcome(f"`{lower}` {lo.describe(self.unit)}; `{upper}` {hi.describe(self.unit)}",
+                       f"`{lower}` below `{upper}` by more than {Z:g} standard errors of the difference: {how}", ok)
+
+
+@dataclass(frozen=True)
+class Above(Below):
+    """``row``'s mean of ``column`` lies above ``than``'s by more than 2 standard errors of the difference."""
+
+    def lower_upper(self) -> tuple[str, str]:
+        return self.than, self.row
+
+
+@dataclass(frozen=True)
+class RankOrder(Claim):
+    """Spearman's ρ between ``column`` and evaluation-mode accuracy over the article's rows that have runs:
+    with ``orders`` the accuracy must fall in the column's order (ρ at or below minus the exact one-sided
+    critical value), without it it must not. Published: ρ over the article's own figures."""
+
+    name: str
+    claim: str
+    column: str
+    orders: bool
+
+    def published_text(self) -> str:
+        x = [table_figure(r, self.column).value for r in PUBLISHED_ROWS]
+        acc = [table_figure(r, "acc_eval_mode").value for r in PUBLISHED_ROWS]
+        return f"rho = {cell(spearman_rho(x, acc), 'rho')} over the six rows of the article's table"
+
+    def outcome(self, ev: Evidence) -> Outcome:
+        rows = [r for r in PUBLISHED_ROWS if ev.has(r)]
+        if len(rows) < MIN_RANK_ROWS:
+            return Outcome(f"{len(rows)} of the six rows have runs", f"needs ≥ {MIN_RANK_ROWS} of the six rows", None)
+        runs = ev.per_run[ev.per_run["row"].isin(rows)]
+        means = runs.groupby("row")[[self.column, "acc_eval_mode"]].mean()
+        rho = spearman_rho(means[self.column], means["acc_eval_mode"])
+        per_seed = [spearman_rho(g[self.column], g["acc_eval_mode"]) for _, g in runs.groupby("seed")
+                    if g["row"].nunique() == len(rows)]
+        crit = spearman_critical(len(rows), ALPHA)
+        seeds = f"; per seed {', '.join(cell(r, 'rho') for r in per_seed)}" if per_seed else ""
+        measured = f"rho = {cell(rho, 'rho')} over row means of {len(rows)} rows{seeds}"
+        ordered = rho_at_or_beyond(rho, -crit)
+        level = cell(ALPHA, "pct", digits=0)
+        if self.orders:
+            tol = f"rho ≤ −{crit:.2f}, the exact one-sided {level} critical value for {len(rows)} rows"
+        else:
+            tol = (f"rho > −{crit:.2f}: no ordering significant at the one-sided {level} level for {len(rows)} rows "
+                   "(the exact critical value)")
+        note = "" if len(rows) == len(PUBLISHED_ROWS) else f"only {len(rows)} of the six rows have runs"
+        return Outcome(measured, tol, ordered if self.orders else not ordered, note)
+
+
+@dataclass(frozen=True)
+class RecoveryShare(Claim):
+    """``row`` wins back most (more than half, and more than 0 by 2 standard errors) of the evaluation-mode
+    accuracy ``lost`` gives up against ``reference``, per seed (:func:`.evidence.recovery_share`)."""
+
+    name: str
+    claim: str
+    row: str
+    lost: str
+    reference: str
+
+    def rows_needed(self) -> tuple[str, ...]:
+        return self.row, self.lost, self.reference
+
+    def published_text(self) -> str:
+        pub, p_lost, p_ref = (table_figure(r, "acc_eval_mode").value for r in self.rows_needed())
+        share = (pub - p_lost) / (p_ref - p_lost)
+        return (f"{cell(pub, 'pct')} against {ROWS[self.lost].short}'s {cell(p_lost, 'pct')} and "
+                f"{ROWS[self.reference].short}'s {cell(p_ref, 'pct')}: {cell(share, 'pct', digits=0)} of the loss "
+                "recovered")
+
+    def outcome(self, ev: Evidence) -> Outcome:
+        share = recovery_share(ev, self.row, self.lost, self.reference)
+        if share.n == 0:
+            return Outcome("no seed has all three rows", "–", None)
+        ok = share.mean > MOST and (share.n < 2 or share.mean - Z * share.se > 0)
+        return Outcome(f"`{self.row}` {ev.stat(self.row, 'acc_eval_mode').describe('pct')}; share of "
+                       f"{ROWS[self.lost].short}'s loss against {ROWS[self.reference].short} recovered, per seed: "
+                       f"{share.describe('plain')}",
+                       f"\"most\": the mean share recovered above {cell(MOST, 'pct', digits=0)}, and above 0 by "
+                       f"{Z:g} standard errors (paired by seed; one seed: the mean alone)", ok)
+
+
+@dataclass(frozen=True)
+class Bespoke(Claim):
+    """A check of its own: ``evaluate`` weighs the evidence (it runs only when every row of ``rows`` has
+    runs). Declared with :func:`bespoke`."""
+
+    name: str
+    claim: str
+    published: str
+    evaluate: Callable[[Evidence], Outcome]
+    rows: tuple[str, ...] = ()
+
+    def rows_needed(self) -> tuple[str, ...]:
+        return self.rows
+
+    def published_text(self) -> str:
+        return self.published
+
+    def outcome(self, ev: Evidence) -> Outcome:
+        return self.evaluate(ev)
+
+
+def bespoke(claim: str, published: str, rows: tuple[str, ...] = ()) -> Callable[[Callable], Bespoke]:
+    """Decorator: the function becomes a :class:`Bespoke` claim named after it, ready for the registry."""
+    def declare(evaluate: Callable[[Evidence], Outcome]) -> Bespoke:
+        return Bespoke(evaluate.__name__, claim, published, evaluate, tuple(rows))
+    return declare
+
+
+def withhold_verdicts(checks: list[Check]) -> None:
+    """Below the article's scale a verdict against its figures means nothing: every PASS or FAIL becomes
+    NOT RUN, the verdict it would have had kept in the check's note."""
+    for c in checks:
+        if c.verdict in (PASS, FAIL):
+            c.note = (c.note + " " if c.note else "") + (f"Not at the article's scale: no verdict (at this scale "
+                                                         f"it would read {c.verdict}).")
+            c.verdict = NOT_RUN

@@ -1,0 +1,106 @@
+"""The evidence the claims weigh: every per-run value a claim uses, one line per run (no torch).
+
+:func:`per_run_values` is the only place a claim's number is computed from a
+run's tables: the table's columns (:func:`.table.run_metrics`), the middle
+layer's lag summary as ``lag.md`` has it (:func:`.lag.run_lags`), and the
+probes' other summaries. :class:`Evidence` holds them for all runs and hands a
+claim the per-seed values of one row (:class:`.stats.SeedStat`).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import pandas as pd
+
+from . import lag, metrics
+from .results import Run
+from .stats import SeedStat
+from .table import run_metrics
+
+CONV_LAYERS = ("conv1", "conv2", "conv3")
+
+
+@dataclass
+class Evidence:
+    """Per-run values of every quantity a claim uses (``per_run``: one line per run, with ``row`` and
+    ``seed``), the runs themselves, and the results root they came from."""
+
+    root: Path
+    runs: list[Run]
+    per_run: pd.DataFrame
+
+    def has(self, *rows: str) -> bool:
+        """Whether every one of ``rows`` has at least one run."""
+        return all((self.per_run["row"] == r).any() for r in rows)
+
+    def stat(self, row: str, column: str, seeds: set[int] | None = None) -> SeedStat:
+        """``column`` over the runs of ``row`` (only those of ``seeds``, when given), seeds ascending."""
+        g = self.per_run[(self.per_run["row"] == row) & self.per_run[column].notna()].sort_values("seed")
+        if seeds is not None:
+            g = g[g["seed"].isin(seeds)]
+        return SeedStat.of(g[column], g["seed"])
+
+    def runs_of(self, row: str) -> list[Run]:
+        return [r for r in self.runs if r.row == row]
+
+
+def per_run_values(run: Run) -> dict:
+    """Every per-run quantity the claims use, in the units of its source: the table's columns, then
+    ``update_cos`` and ``grad_cos`` (mean over the window, last conv layer), ``grad_cos_max_abs`` (largest
+    |cos(∇L, w)| of any conv layer), the middle layer's ``drift_mid`` (σ/step), ``drift_exponent_mid``
+    (slope of log drift on log Δ over the first doubling of Δ), ``predicted_lag_mid``, ``lag_mid`` (σ),
+    ``lag_ratio_mid``, ``lag_spearman_mid``, ``abs_mean_over_std_mid``, and ``checks_below_90`` (fraction)."""
+    values = run_metrics(run)
+    lags = lag.run_lags(run)
+    mid = lags[lags["layer"] == metrics.MIDDLE_CONV] if len(lags) else lags
+
+    def middle(column: str) -> float:
+        return float(mid[column].iloc[0]) if len(mid) else math.nan
+
+    values.update(
+        update_cos=metrics.layer_mean(run, "update_cos"),
+        grad_cos=metrics.layer_mean(run, "grad_cos"),
+        grad_cos_max_abs=max(metrics.layer_max_abs(run, "grad_cos", layer) for layer in CONV_LAYERS),
+        drift_mid=middle("median_drift_sigma_per_step"),
+        drift_exponent_mid=lag.drift_exponent(lag.drift_over_intervals(run, multiples=lag.INTERVAL_MULTIPLES[:2])),
+        predicted_lag_mid=middle("median_predicted_lag_sigma"),
+        lag_mid=middle("median_abs_lag_sigma"),
+        lag_ratio_mid=middle("measured_over_predicted"),
+        lag_spearman_mid=middle("spearman"),
+        abs_mean_over_std_mid=metrics.channel_median(run, "abs_mean_over_std"),
+    )
+    below, n = values["checks_below"], values["n_checks"]
+    values["checks_below_90"] = below / n if n else math.nan
+    return values
+
+
+def collect(root: Path, runs: list[Run]) -> Evidence:
+    """The evidence of ``runs`` (:func:`per_run_values` of each)."""
+    return Evidence(root, runs, pd.DataFrame([per_run_values(r) for r in runs]))
+
+
+def recovery_share(ev: Evidence, row: str, lost: str, reference: str) -> SeedStat:
+    """Per seed present in ``row``, ``lost`` and ``reference``: (acc_row − acc_lost) / (acc_reference −
+    acc_lost), the share of the evaluation-mode accuracy ``lost`` gives up against ``reference`` that ``row``
+    wins back (paired by seed: the same data). Empty when no seed has all three rows."""
+    acc = ev.per_run.pivot_table(index="seed", columns="row", values="acc_eval_mode")
+    if not {row, lost, reference} <= set(acc.columns):
+        return SeedStat(())
+    acc = acc[[row, lost, reference]].dropna()
+    values = (acc[row] - acc[lost]) / (acc[reference] - acc[lost])
+    return SeedStat.of(values, acc.index)
+
+
+def middle_lag_at_failing(run: Run) -> list[float]:
+    """Per failing check of ``run`` (:func:`.metrics.failing_steps`), the largest |lag| (σ) among the middle
+    layer's channels."""
+    ch = run.tables["channels"]
+    out = []
+    for step in metrics.failing_steps(run):
+        sel = ch[(ch["layer"] == metrics.MIDDLE_CONV) & (ch["step"] == step)]
+        if len(sel):
+            out.append(float(sel["lag_sigma"].abs().max()))
+    return out

@@ -1,0 +1,237 @@
+"""Statistics over seeds, Spearman's rank correlation, and the one formatter of numbers in every report (no torch).
+
+Every mean ± spread in ``table.md``, ``lag.md``, ``averaging.md`` and
+``claims.md`` comes from :class:`SeedStat` (or :func:`over_seeds`, its
+column-wise form): the mean over seeds and the *sample* standard deviation
+(Bessel's correction, n − 1 in the denominator), which is NaN with fewer than
+two finite values. Every rank correlation is :func:`spearman_rho`, and every
+number printed in a report goes through :func:`cell` (a value, optionally with
+its spread and n) or :func:`spread` (a spread, tolerance or difference alone),
+both driven by one table of units, :data:`UNITS`.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from functools import lru_cache
+
+import numpy as np
+import pandas as pd
+
+
+# ----------------------------------------------------------------------------- per-seed values
+@dataclass(frozen=True)
+class SeedStat:
+    """Per-seed values of one quantity for one row (one value per seed, in the quantity's own unit).
+
+    ``mean`` is the arithmetic mean; ``sd`` the sample standard deviation
+    (ddof = 1), NaN for n < 2; ``se`` the standard error of the mean, sd / √n.
+    ``seeds`` names the seed of each value, where known.
+    """
+
+    values: tuple[float, ...]
+    seeds: tuple[int, ...] = ()
+
+    @classmethod
+    def of(cls, values: Iterable[float], seeds: Iterable[int] = ()) -> SeedStat:
+        """The values of ``values`` with their ``seeds`` (if given), NaN values left out with their seeds."""
+        values, seeds = [float(v) for v in values], [int(s) for s in seeds]
+        keep = [i for i, v in enumerate(values) if not math.isnan(v)]
+        return cls(tuple(values[i] for i in keep), tuple(seeds[i] for i in keep) if seeds else ())
+
+    @property
+    def n(self) -> int:
+        return len(self.values)
+
+    @property
+    def mean(self) -> float:
+        return float(np.mean(self.values)) if self.values else math.nan
+
+    @property
+    def sd(self) -> float:
+        """Sample standard deviation, √(Σ(x − mean)² / (n − 1)); NaN for n < 2."""
+        return float(np.std(self.values, ddof=1)) if self.n > 1 else math.nan
+
+    @property
+    def se(self) -> float:
+        """Standard error of the mean, sd / √n; NaN for n < 2."""
+        return self.sd / math.sqrt(self.n) if self.n > 1 else math.nan
+
+    def describe(self, unit: str) -> str:
+        """``'60.3% ± 4.1 points (n = 3 seeds)'``; ``'no runs'`` for n = 0 (see :func:`cell`)."""
+        return "no runs" if self.n == 0 else cell(self.mean, unit, self.sd, n=self.n)
+
+
+def over_seeds(frame: pd.DataFrame, keys: Sequence[str]) -> dict[str, float]:
+    """``<key>_mean`` and ``<key>_std`` of each column ``key`` of ``frame`` (one line per seed), as
+    :class:`SeedStat` gives them (NaN left out; the spread NaN with fewer than two values)."""
+    out = {}
+    for key in keys:
+        stat = SeedStat.of(frame[key])
+        out[f"{key}_mean"], out[f"{key}_std"] = stat.mean, stat.sd
+    return out
+
+
+def se_of_difference(a: SeedStat, b: SeedStat) -> float:
+    """Standard error of the difference of two independent means, √(s_a²/n_a + s_b²/n_b) (Welch 1947,
+    Biometrika 34:28); NaN unless both sides have two or more values."""
+    return math.sqrt(a.sd ** 2 / a.n + b.sd ** 2 / b.n) if a.n > 1 and b.n > 1 else math.nan
+
+
+def half_unit(decimals: int) -> float:
+    """Half a unit of the last digit of a figure printed with ``decimals`` decimals: its rounding."""
+    return 0.5 * 10.0 ** (-decimals)
+
+
+# ----------------------------------------------------------------------------- Spearman's rank correlation
+def spearman_rho(x: Sequence[float], y: Sequence[float]) -> float:
+    """Spearman's rank correlation ρ (Spearman 1904, Am. J. Psychol. 15:72): Pearson's correlation of the
+    ranks of ``x`` and of ``y``, tied values given their average rank. Pairs are matched by position.
+
+    Returns:
+        ρ in [−1, 1]; NaN with fewer than 3 pairs or when either side is constant.
+    """
+    a, b = np.asarray(x, dtype=float), np.asarray(y, dtype=float)
+    if len(a) != len(b):
+        raise ValueError(f"spearman_rho needs pairs: {len(a)} x values against {len(b)} y values")
+    if len(a) < 3:
+        return math.nan
+    return float(pd.Series(a).rank().corr(pd.Series(b).rank()))
+
+
+SPEARMAN_EXACT_MAX_N = 12  # the exact null distribution below is computed up to this many items
+
+
+@lru_cache(maxsize=None)
+def rank_distance_counts(n: int) -> tuple[int, ...]:
+    """How many of the n! orders of n items give each value of D = Σ (i − π(i))², D = 0, 1, …, n(n² − 1)/3.
+
+    A dynamic programme over the set of ranks already placed: the item at position i (the number of
+    ranks placed so far) takes a free rank r and adds (i − r)² to D. Exact integer counts.
+
+    Raises:
+        ValueError: for n < 1 or n > :data:`SPEARMAN_EXACT_MAX_N`.
+    """
+    if not 1 <= n <= SPEARMAN_EXACT_MAX_N:
+        raise ValueError(f"exact rank distances are computed for 1 <= n <= {SPEARMAN_EXACT_MAX_N}, got {n}")
+    d_max = n * (n * n - 1) // 3
+    counts = np.zeros((1 << n, d_max + 1), dtype=np.int64)  # (placed-rank set, D)
+    counts[0, 0] = 1
+    for placed in range(1 << n):  # a set is reached only from its subsets, which are smaller numbers
+        here = counts[placed]
+        if not here.any():
+            continue
+        position = bin(placed).count("1")
+        for rank in range(n):
+            if not placed >> rank & 1:
+                step = (position - rank) ** 2
+                counts[placed | 1 << rank, step:] += here[: d_max + 1 - step]
+    return tuple(int(c) for c in counts[-1])
+
+
+@lru_cache(maxsize=None)
+def spearman_critical(n: int, alpha: float = 0.05) -> float:
+    """Exact one-sided critical value of Spearman's ρ for n items without ties: the smallest r with
+    P(ρ ≥ r) ≤ ``alpha`` when all n! orders are equally likely (:func:`rank_distance_counts`, ρ = 1 − 6D /
+    (n(n² − 1))). 0.900 for n = 5, 0.829 for 6, 0.714 for 7, 0.643 for 8 (Zar 1972, JASA 67:578, Table 1).
+    ``inf`` where no order is rare enough (n = 3 at 5%: each order has probability 1/6).
+
+    Raises:
+        ValueError: for n < 3 or n > :data:`SPEARMAN_EXACT_MAX_N`.
+    """
+    if not 3 <= n <= SPEARMAN_EXACT_MAX_N:
+        raise ValueError(f"exact Spearman critical values are computed for 3 <= n <= {SPEARMAN_EXACT_MAX_N}, "
+                         f"got {n}")
+    counts = rank_distance_counts(n)
+    total, below, largest = math.factorial(n), 0, None
+    for d, c in enumerate(counts):  # P(ρ ≥ r) = P(D ≤ d) for r = 1 − 6d / (n(n² − 1))
+        below += c
+        if below > alpha * total:
+            break
+        largest = d if c else largest
+    return math.inf if largest is None else 1.0 - 6.0 * largest / (n * (n * n - 1))
+
+
+RHO_TOLERANCE = 1e-9  # ρ from data is a float; the critical values sit on the lattice 1 − 6D / (n(n² − 1))
+
+
+def rho_at_or_beyond(rho: float, critical: float) -> bool:
+    """Whether |ρ| reaches the critical value in ρ's direction: ρ ≥ c for c > 0, ρ ≤ c for c < 0, up to
+    float rounding (:data:`RHO_TOLERANCE`)."""
+    return rho >= critical - RHO_TOLERANCE if critical > 0 else rho <= critical + RHO_TOLERANCE
+
+
+# ----------------------------------------------------------------------------- formatting
+@dataclass(frozen=True)
+class Unit:
+    """How a number of one unit is printed: ``scale`` multiplies it first (100 for a fraction shown in %);
+    ``value`` and ``spread_format`` are format specs for a value and for a spread (an sd, a tolerance, a
+    difference); ``sign`` and ``spread_sign`` follow them."""
+
+    scale: float
+    value: str
+    spread_format: str
+    sign: str
+    spread_sign: str
+
+    def spec(self, digits: int | None, spread: bool = False) -> str:
+        """The format spec, with ``digits`` fixed decimals (in the printed unit) if given."""
+        spec = self.spread_format if spread else self.value
+        return spec if digits is None else ("+" if spec.startswith("+") else "") + f".{digits}f"
+
+
+UNITS = {
+    "pct": Unit(100.0, ".1f", ".1f", "%", " points"),  # a fraction 0..1, printed in % (spreads in points)
+    "deg": Unit(1.0, ".2f", ".2f", "°", "°"),  # degrees
+    "x": Unit(1.0, ".2f", ".2f", "×", "×"),  # a ratio
+    "sigma": Unit(1.0, ".3g", ".2g", "σ", "σ"),  # standard deviations of a channel's fresh statistics
+    "cos": Unit(1.0, "+.4f", ".4f", "", ""),  # a cosine, signed
+    "rho": Unit(1.0, "+.2f", ".2g", "", ""),  # a rank correlation, signed
+    "drift": Unit(1.0, ".2g", ".2g", "σ/step", "σ/step"),  # σ per step
+    "plain": Unit(1.0, ".3g", ".2g", "", ""),  # anything else: three significant digits
+}
+
+
+def _missing(value) -> bool:
+    return value is None or (isinstance(value, numbers.Real) and math.isnan(value))
+
+
+def spread(sd: float, unit: str = "plain", *, digits: int | None = None, sign: bool = True) -> str:
+    """A spread, tolerance or difference alone, in ``unit`` (:data:`UNITS`): ``'12.2 points'``, ``'0.04×'``;
+    ``''`` for NaN. ``digits`` fixes the decimals; ``sign=False`` leaves the unit sign off."""
+    if _missing(sd):
+        return ""
+    u = UNITS[unit]
+    return f"{sd * u.scale:{u.spec(digits, spread=True)}}" + (u.spread_sign if sign else "")
+
+
+def cell(value: float, unit: str = "plain", sd: float | None = None, *, n: int | None = None,
+         digits: int | None = None, spread_digits: int | None = None, sign: bool = True,
+         spread_sign: bool = True) -> str:
+    """One number of a report in ``unit`` (:data:`UNITS`), with its spread and n when given.
+
+    ``cell(0.704, "pct")`` is ``'70.4%'``; ``cell(0.704, "pct", 0.122, n=3)`` is
+    ``'70.4% ± 12.2 points (n = 3 seeds)'``; ``cell(6.49, "deg", 1.21, spread_sign=False)`` is
+    ``'6.49° ± 1.21'``. A missing value (None or NaN) is ``'–'``, a missing spread is left out.
+    ``digits`` fixes the value's decimals in the printed unit (``digits=0``: ``'70%'``), ``spread_digits``
+    the spread's (default: ``digits``); ``sign`` and ``spread_sign`` keep or drop the unit signs.
+    """
+    if _missing(value):
+        return "–"
+    u = UNITS[unit]
+    text = f"{value * u.scale:{u.spec(digits)}}" + (u.sign if sign else "")
+    if not _missing(sd):
+        text += " ± " + spread(sd, unit, digits=digits if spread_digits is None else spread_digits,
+                               sign=spread_sign)
+    if n is not None:
+        text += f" (n = {n} seed{'s' * (n != 1)})"
+    return text
+
+
+def decimals_shown(decimals: int, unit: str) -> int:
+    """Decimals of a figure in its printed unit, given its decimals as stored (``0.306`` with 3 decimals is
+    ``30.6%``, 1 decimal in %)."""
+    return max(decimals - round(math.log10(UNITS[unit].scale)), 0)
