@@ -19,9 +19,12 @@ BENCH_ARGS ?=
 
 # Rows and seeds of a sweep, per scale, from src/bnrotation/rows.py (SWEEPS), read only when a target uses them
 # (torch-free, so the system python does it before .venv exists).
-sweep_of = $(shell PYTHONPATH=src $(PYTHON) -m bnrotation.rows $(SCALE))
+# SET=<name> picks a named set instead (rows.SETS: resnet, ten_seeds), with its own extra overrides.
+SET ?=
+sweep_of = $(shell PYTHONPATH=src $(PYTHON) -m bnrotation.rows $(SCALE) $(SET))
 ROWS ?= $(word 1,$(sweep_of))
 SEEDS ?= $(word 2,$(sweep_of))
+set_overrides = $(wordlist 3,99,$(sweep_of))
 force_flag := $(if $(filter 1 true yes,$(FORCE)),true,false)
 results_flag := $(if $(RESULTS),--results $(RESULTS),)
 results_override := $(if $(RESULTS),results_root=$(RESULTS),)
@@ -48,9 +51,10 @@ install: $(VENV)/.installed ## create .venv with the pinned versions (torch 2.13
 test: $(VENV)/.installed ## run the test suite (a few minutes on 2 cores)
 	$(PY) -m pytest -q
 
-sweep: $(VENV)/.installed ## every row x seed at SCALE (resumable; FORCE=1 reruns; JOBS=n in parallel)
+sweep: $(VENV)/.installed ## every row x seed at SCALE, or of SET=resnet|ten_seeds (resumable; FORCE=1 reruns; JOBS=n in parallel)
+	@[ -n "$(ROWS)" ] || { echo "make sweep: no rows for SCALE=$(SCALE) SET=$(SET) (see the line above)" >&2; exit 2; }
 	$(PY) experiments/train.py -m experiment=$(ROWS) seed=$(SEEDS) scale=$(SCALE) force=$(force_flag) \
-		$(results_override) $(launcher) $(ARGS)
+		$(results_override) $(launcher) $(set_overrides) $(ARGS)
 
 reproduce: sweep table figures claims ## the whole study at SCALE, then the table, figures and claims
 

@@ -12,7 +12,7 @@ import yaml
 from omegaconf import OmegaConf
 
 from bnrotation.config import AveragingConfig, ConfigError, ScaleConfig, TaskConfig, to_run_config
-from bnrotation.rows import ROWS, SWEEPS
+from bnrotation.rows import ROWS, SETS, SWEEPS
 
 from conftest import CONF, EXPERIMENTS, ROOT, compose_cfg, run_cfg
 
@@ -21,14 +21,22 @@ def test_every_row_has_an_experiment_file_and_back():
     assert set(EXPERIMENTS) == set(ROWS)
 
 
-@pytest.mark.parametrize("scale", sorted(SWEEPS))
-def test_make_sweep_runs_the_rows_and_seeds_that_rows_py_declares(scale):
-    rows, seeds = SWEEPS[scale]
-    assert set(rows) <= set(ROWS) and (ROOT / "conf" / "scale" / f"{scale}.yaml").exists()
-    dry = subprocess.run(["make", "-n", "sweep", f"SCALE={scale}"], cwd=ROOT, capture_output=True, text=True,
-                         timeout=60)
+@pytest.mark.parametrize("scale, name", [(scale, None) for scale in sorted(SWEEPS)]
+                         + [(scale, name) for name, sweep in sorted(SETS.items()) for scale in sweep.scales])
+def test_make_sweep_runs_the_rows_and_seeds_that_rows_py_declares(scale, name):
+    sweep = SETS[name] if name else SWEEPS[scale]
+    assert set(sweep.rows) <= set(ROWS) and (ROOT / "conf" / "scale" / f"{scale}.yaml").exists()
+    dry = subprocess.run(["make", "-n", "sweep", f"SCALE={scale}", f"SET={name or ''}"], cwd=ROOT,
+                         capture_output=True, text=True, timeout=60)
     assert dry.returncode == 0, dry.stderr
-    assert f"experiment={','.join(rows)} seed={','.join(map(str, seeds))} scale={scale} " in dry.stdout
+    assert f"experiment={','.join(sweep.rows)} seed={','.join(map(str, sweep.seeds))} scale={scale} " in dry.stdout
+    assert all(o in dry.stdout for o in sweep.overrides)
+
+
+def test_a_set_at_a_scale_it_is_not_for_is_refused_naming_it():
+    dry = subprocess.run(["make", "-n", "sweep", "SCALE=smoke", "SET=ten_seeds"], cwd=ROOT, capture_output=True,
+                         text=True, timeout=60)
+    assert "SET=ten_seeds runs at SCALE=full only" in dry.stderr
 
 
 @pytest.mark.parametrize("row", EXPERIMENTS)
@@ -42,6 +50,7 @@ def test_experiment_composes_to_its_row(row, tmp_path):
     assert math.isclose(cfg.model.bn_momentum, spec.bn_momentum)
     assert math.isclose(cfg.optimizer.weight_decay, spec.weight_decay)
     assert cfg.model.norm == spec.norm
+    assert (cfg.model.arch, cfg.task.image_size) == (spec.arch, spec.image_size)
 
 
 # Every section of the config is a conf/ group whose default file lists every key of its schema, so that

@@ -40,7 +40,7 @@ TINY = ["task.image_size=8", "task.batch_size=16", "task.probe_size=16", "scale.
         "model.channels=[4,8,8]"]
 ALL_TABLES = tuple(records.TABLE_COLUMNS)
 # Keys of run.json that say when and where a run ran, not what it computed.
-CLOCK_KEYS = ("started_at", "ended_at", "wall_seconds", "timings_s", "host")
+CLOCK_KEYS = ("started_at", "ended_at", "wall_seconds", "timings_s", "host", "resumes")
 
 
 @functools.lru_cache(maxsize=None)

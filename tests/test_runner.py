@@ -56,7 +56,9 @@ def test_tables_equal_what_the_runner_wrote_before_the_monitor(smoke_results, ta
     reduced in float32 with float64 accumulation: their means agree to about 1e-7 σ, which the drift, a
     difference of two close means over a 5-step interval, and the predicted lag, 32 times the drift, turn into
     about 1e-6 σ), every other value exactly."""
-    for row in EXPERIMENTS:
+    rows = sorted(p.name for p in BEFORE.iterdir())
+    assert len(rows) == 10 and set(rows) <= set(EXPERIMENTS)  # every row of the study's network
+    for row in rows:
         old = pd.read_parquet(BEFORE / row / f"{table}.parquet")
         new = pd.read_parquet(records.run_dir(smoke_results, row, 0) / f"{table}.parquet")
         assert set(old.columns) <= set(new.columns), (row, table)

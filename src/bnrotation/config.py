@@ -23,6 +23,7 @@ from omegaconf import DictConfig, OmegaConf
 OPTIMIZERS = ("sgd", "adam", "adamw", "adam_projected", "adamp")
 SCHEDULES = ("constant", "cosine")
 NORMS = ("batch", "group", "layer")
+ARCHS = ("convnet", "resnet20")
 DEVICES = ("auto", "cpu", "cuda")
 AVERAGING_AT = ("interventions", "checks", "last")
 # A row name becomes a folder name: letters, digits, "_", ".", "+", "-", starting with a letter or digit
@@ -70,8 +71,12 @@ class TaskConfig:
 
 @dataclass
 class ModelConfig:
-    """The three-block convnet of PROTOCOL.md ("Network")."""
+    """The network: the study's three-block convnet (PROTOCOL.md, "Network") or a CIFAR-style ResNet-20.
 
+    ``channels`` are the three blocks' widths (convnet) or the three stages' widths (resnet20).
+    """
+
+    arch: str = "convnet"  # convnet | resnet20
     norm: str = "batch"  # batch | group (GroupNorm) | layer (GroupNorm with one group)
     channels: list[int] = field(default_factory=lambda: [32, 64, 64])
     bn_momentum: float = 0.03  # PyTorch convention: running = (1 - m) running + m batch
@@ -80,6 +85,7 @@ class ModelConfig:
     channels_last: bool = True  # memory format; numerically equivalent, faster on CPU
 
     def __post_init__(self) -> None:
+        _choice("model.arch", self.arch, ARCHS)
         _choice("model.norm", self.norm, NORMS)
         _require(len(self.channels) == 3 and all(c >= 1 for c in self.channels),
                  "model.channels", "three positive integers", list(self.channels))
@@ -312,7 +318,8 @@ def check_row(cfg: RunConfig) -> None:
     """Refuse a config that keeps a registered row's name but changes what the row means.
 
     A row name names a results folder and a definition (:data:`bnrotation.rows.ROWS`): optimizer, learning
-    rate, schedule, weight decay, norm, BatchNorm momentum and the optimizer settings the row fixes. A
+    rate, schedule, weight decay, network, norm, BatchNorm momentum and the optimizer settings the row fixes
+    (the task's and the network's sizes are not: the tests run every row at a toy size). A
     variant (``optimizer.lr=0.001`` on ``experiment=adam``) needs a row name of its own, else its results
     would be filed, and refused by ``make table``, as the row's. Unregistered row names are not checked.
 
@@ -325,7 +332,7 @@ def check_row(cfg: RunConfig) -> None:
     if spec is None:
         return
     wanted = {"optimizer.name": spec.optimizer, "optimizer.lr": spec.lr, "schedule.name": spec.schedule,
-              "optimizer.weight_decay": spec.weight_decay, "model.norm": spec.norm,
+              "optimizer.weight_decay": spec.weight_decay, "model.norm": spec.norm, "model.arch": spec.arch,
               **{f"optimizer.{k}": v for k, v in spec.extra.items()}}
     if spec.norm == "batch":
         wanted["model.bn_momentum"] = spec.bn_momentum

@@ -1,10 +1,19 @@
-"""The study's network (PROTOCOL.md, "Network"), with named layers and a pluggable norm.
+"""The networks, with named layers and a pluggable norm.
 
-Three blocks ``Conv2d(3x3, padding 1, bias=False) -> norm -> ReLU`` with 32, 64,
-64 output channels, MaxPool2d(2) after the first and second block, global
-average pool, Linear(64 -> K). Layers are named ``conv1, bn1, conv2, bn2,
-conv3, bn3, fc`` (``gn*`` for GroupNorm, ``ln*`` for LayerNorm-style GroupNorm
-with one group), so results say which layer they are about.
+:class:`ConvNet` is the study's network (PROTOCOL.md, "Network"): three blocks
+``Conv2d(3x3, padding 1, bias=False) -> norm -> ReLU`` with 32, 64, 64 output
+channels, MaxPool2d(2) after the first and second block, global average pool,
+Linear(64 -> K). Layers are named ``conv1, bn1, conv2, bn2, conv3, bn3, fc``
+(``gn*`` for GroupNorm, ``ln*`` for LayerNorm-style GroupNorm with one group),
+so results say which layer they are about.
+
+:class:`ResNet20` is a CIFAR-style ResNet-20 (He, Zhang, Ren and Sun, "Deep
+Residual Learning for Image Recognition", CVPR 2016, arXiv:1512.03385,
+section 4.2): a 3x3 stem, three stages of three basic blocks with 16, 32 and
+64 channels (the second and third start with stride 2), a norm after every
+convolution, 1x1 projection shortcuts with a norm where the shape changes,
+global average pooling and a linear head: 19 convolutions and 2 shortcut
+convolutions, each followed by its own norm layer.
 """
 
 from __future__ import annotations
@@ -35,7 +44,7 @@ def make_norm(cfg: ModelConfig, channels: int) -> nn.Module:
 
 
 class ConvNet(nn.Module):
-    """Input (N, 3, S, S) -> logits (N, K)."""
+    """The study's network. Input (N, 3, S, S) -> logits (N, K)."""
 
     def __init__(self, cfg: ModelConfig, num_classes: int = 10):
         super().__init__()
@@ -63,15 +72,73 @@ class ConvNet(nn.Module):
         return self.fc(x)  # (N, K)
 
 
-def build_model(cfg: ModelConfig, num_classes: int, seed: int, device: torch.device | str = "cpu") -> ConvNet:
-    """PyTorch's default initialisation, drawn from the run's own ``init`` stream.
+class BasicBlock(nn.Module):
+    """``conv1 -> norm -> ReLU -> conv2 -> norm``, plus the shortcut, then ReLU (He et al. 2016).
+
+    The shortcut is the identity, or ``1x1 conv (stride) -> norm`` (``shortcut.0``, ``shortcut.1``) where
+    the stride or the width changes. Input (N, C_in, S, S) -> (N, C_out, S / stride, S / stride).
+    """
+
+    def __init__(self, cfg: ModelConfig, c_in: int, c_out: int, stride: int):
+        super().__init__()
+        prefix = NORM_PREFIX[cfg.norm]
+        self.conv1 = nn.Conv2d(c_in, c_out, 3, stride=stride, padding=1, bias=False)
+        self.add_module(f"{prefix}1", make_norm(cfg, c_out))
+        self.conv2 = nn.Conv2d(c_out, c_out, 3, padding=1, bias=False)
+        self.add_module(f"{prefix}2", make_norm(cfg, c_out))
+        self.norm_names = (f"{prefix}1", f"{prefix}2")
+        self.shortcut = nn.Sequential()
+        if stride != 1 or c_in != c_out:
+            self.shortcut = nn.Sequential(nn.Conv2d(c_in, c_out, 1, stride=stride, bias=False), make_norm(cfg, c_out))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = F.relu(getattr(self, self.norm_names[0])(self.conv1(x)))  # (N, C_out, S', S')
+        out = getattr(self, self.norm_names[1])(self.conv2(out))
+        return F.relu(out + self.shortcut(x))
+
+
+class ResNet20(nn.Module):
+    """CIFAR-style ResNet-20 (see the module docstring). Input (N, 3, S, S) -> logits (N, K).
+
+    Layers: ``conv1``/``bn1`` (stem), ``layer<i>.<j>.conv1``/``.bn1``, ``.conv2``/``.bn2`` and
+    ``layer<i>.0.shortcut.0``/``.shortcut.1`` for stages i = 1, 2, 3 and blocks j = 0, 1, 2; ``fc``.
+    """
+
+    def __init__(self, cfg: ModelConfig, num_classes: int = 10, blocks_per_stage: int = 3):
+        super().__init__()
+        c1, c2, c3 = cfg.channels
+        prefix = NORM_PREFIX[cfg.norm]
+        self.conv1 = nn.Conv2d(3, c1, 3, padding=1, bias=False)
+        self.add_module(f"{prefix}1", make_norm(cfg, c1))
+        self.norm_name = f"{prefix}1"
+        c_in = c1
+        for i, (width, stride) in enumerate(((c1, 1), (c2, 2), (c3, 2)), start=1):
+            blocks = []
+            for j in range(blocks_per_stage):
+                blocks.append(BasicBlock(cfg, c_in, width, stride if j == 0 else 1))
+                c_in = width
+            self.add_module(f"layer{i}", nn.Sequential(*blocks))
+        self.fc = nn.Linear(c3, num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = F.relu(getattr(self, self.norm_name)(self.conv1(x)))  # (N, 16, S, S)
+        x = self.layer3(self.layer2(self.layer1(x)))  # (N, 64, S/4, S/4)
+        return self.fc(x.mean(dim=(2, 3)))  # (N, K)
+
+
+ARCHITECTURES = {"convnet": ConvNet, "resnet20": ResNet20}
+
+
+def build_model(cfg: ModelConfig, num_classes: int, seed: int, device: torch.device | str = "cpu") -> nn.Module:
+    """The network ``cfg.arch`` names, with PyTorch's default initialisation drawn from the run's own
+    ``init`` stream.
 
     The global RNG is forked, so building a model leaves it untouched and the
     same seed gives the same initial weights to every row.
     """
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(stream_seed(seed, "init"))
-        model = ConvNet(cfg, num_classes)
+        model = ARCHITECTURES[cfg.arch](cfg, num_classes)
     model = model.to(device)
     if cfg.channels_last:
         model = model.to(memory_format=torch.channels_last)

@@ -445,7 +445,7 @@ class StalenessMonitor:
             "step": np.full(c, step), "layer": [pair.weight or ""] * c, "norm_layer": [pair.norm] * c,
             "channel": np.arange(c), "rotation_deg": rot.numpy(), "rotation_deg_per_100": per_100.numpy(),
             "weight_norm": (channel_norms(w).cpu() if w is not None else nan).numpy(),
-            "update_cos": (channel_cosines(w - wb, wb).cpu() if wb is not None else nan).numpy(),
+            "update_cos": (channel_cosines(w.double() - wb.double(), wb).cpu() if wb is not None else nan).numpy(),
             "running_mean": r_mean.numpy(), "running_var": r_var.numpy(),
             "fresh_mean": f_mean.numpy(), "fresh_var": f_var.numpy(), "lag_sigma": lag.numpy(),
             "drift_sigma_per_step": drift.numpy(), "predicted_lag_sigma": predicted_lag_sigma(drift, momentum).numpy(),
@@ -457,7 +457,7 @@ class StalenessMonitor:
         line = {
             "step": step, "layer": pair.weight or "", "norm_layer": pair.norm,
             "weight_norm": float(w.double().norm()) if w is not None else math.nan,
-            "update_cos": cosine(w - wb, wb) if wb is not None else math.nan,
+            "update_cos": cosine(w.double() - wb.double(), wb) if wb is not None else math.nan,
             "grad_cos": cosine(grad, wb) if wb is not None and grad is not None else math.nan,
             "rotation_deg_per_100": float(per_100.median()) if torch.isfinite(per_100).any() else math.nan,
             "lag_median_abs_sigma": float(abs_lag[finite].median()) if finite.any() else math.nan,

@@ -43,6 +43,8 @@ class RowSpec:
     bn_momentum: float = 0.03
     weight_decay: float = 0.0
     norm: str = "batch"  # batch | group | layer (model.norm)
+    arch: str = "convnet"  # convnet | resnet20 (model.arch)
+    image_size: int = 32  # task.image_size its experiment file sets (a size, not checked against run.json)
     published: Published | None = None
     extra: dict = field(default_factory=dict)  # further optimizer param-group settings the row fixes
     colour: str | None = None  # the row's colour in every figure (hex); None: one is picked for it
@@ -80,16 +82,50 @@ ROWS: dict[str, RowSpec] = {
                               colour="#bcbd22"),
     "adam_layernorm": RowSpec("Adam, lr 3e-3, LayerNorm (GroupNorm, 1 group)", "adam", 3e-3, norm="layer",
                               colour="#8c564b"),
+    # Beyond the article: does it carry over to a residual network (ResNet-20 on 16x16 images)? Same colours as
+    # the convnet's rows of the same optimizer, told apart by marker and line style in the figures.
+    "resnet20_sgd": RowSpec("ResNet-20, SGD, lr 0.05, momentum 0.9", "sgd", 0.05, arch="resnet20", image_size=16,
+                            colour="#1f77b4"),
+    "resnet20_adam_cosine": RowSpec("ResNet-20, Adam, lr 3e-3, cosine decay to 0", "adam", 3e-3, schedule="cosine",
+                                    arch="resnet20", image_size=16, colour="#2ca02c"),
+    "resnet20_adamw": RowSpec("ResNet-20, AdamW, lr 3e-3, decay 0.05", "adamw", 3e-3, weight_decay=0.05,
+                              arch="resnet20", image_size=16, colour="#ff7f0e"),
+    "resnet20_adam": RowSpec("ResNet-20, Adam, lr 3e-3", "adam", 3e-3, arch="resnet20", image_size=16,
+                             colour="#d62728"),
+    "resnet20_adam_bn_m0.3": RowSpec("ResNet-20, Adam, lr 3e-3, BatchNorm momentum 0.3", "adam", 3e-3,
+                                     bn_momentum=0.3, arch="resnet20", image_size=16, colour="#e377c2"),
 }
 
 # Rows of the article's table, in the article's order.
 PUBLISHED_ROWS = ("sgd", "adam_lr3e-4", "adam_cosine", "adamw", "adam", "adam_projected")
-# Every row the full reference sweep runs.
-SWEEP_ROWS = tuple(ROWS)
+# Every row of the default full sweep: the article's network (the ResNet-20 rows are a named set of their own).
+SWEEP_ROWS = tuple(name for name, spec in ROWS.items() if spec.arch == "convnet")
+RESNET_ROWS = tuple(name for name, spec in ROWS.items() if spec.arch == "resnet20")
 SEEDS = (0, 1, 2)
-# Rows and seeds of `make sweep` per scale (the Makefile reads them: `python -m bnrotation.rows <scale>`).
-# `quick` shows the headline contrast on a laptop CPU: SGD, Adam, and the window test.
-SWEEPS = {"full": (SWEEP_ROWS, SEEDS), "quick": (("sgd", "adam", "adam_bn_m0.3"), (0,)), "smoke": (SWEEP_ROWS, (0,))}
+# The rows the contested claims compare, run at seven more seeds; their dense windows measure drift below
+# the 100-step log interval (start steps: early, middle and end of the check window).
+TEN_SEED_ROWS = ("sgd", "adam", "adamw", "adam_cosine")
+DENSE_WINDOWS = (2000, 4000, 5800)
+
+
+@dataclass(frozen=True)
+class Sweep:
+    """The rows, seeds and extra Hydra overrides of one `make sweep` (``scales``: the scales it is for)."""
+
+    rows: tuple[str, ...]
+    seeds: tuple[int, ...]
+    overrides: tuple[str, ...] = ()
+    scales: tuple[str, ...] = ("full", "quick", "smoke")
+
+
+# `make sweep` per scale (the Makefile reads them: `python -m bnrotation.rows <scale>`). `quick` shows the
+# headline contrast on a laptop CPU: SGD, Adam, and the window test.
+SWEEPS = {"full": Sweep(SWEEP_ROWS, SEEDS), "quick": Sweep(("sgd", "adam", "adam_bn_m0.3"), (0,)),
+          "smoke": Sweep(SWEEP_ROWS, (0,))}
+# Named sets beyond the default sweep: `make sweep SET=<name>` (`python -m bnrotation.rows <scale> <name>`).
+SETS = {"resnet": Sweep(RESNET_ROWS, SEEDS),
+        "ten_seeds": Sweep(TEN_SEED_ROWS, tuple(range(3, 10)),
+                           (f"scale.dense_windows=[{','.join(map(str, DENSE_WINDOWS))}]",), ("full",))}
 
 
 def row_order(name: str) -> tuple[int, str]:
@@ -99,12 +135,17 @@ def row_order(name: str) -> tuple[int, str]:
 
 
 def main(argv: list[str]) -> int:
-    """``python -m bnrotation.rows <scale>`` prints the sweep's rows and seeds, comma-separated, for make."""
-    if len(argv) != 1 or argv[0] not in SWEEPS:
-        print(f"usage: python -m bnrotation.rows {{{'|'.join(SWEEPS)}}}", file=sys.stderr)
+    """``python -m bnrotation.rows <scale> [<set>]`` prints the sweep's rows and seeds, comma-separated, then its
+    extra overrides, for make; exit status 2 with a message naming the scale or set when it is unknown."""
+    if not 1 <= len(argv) <= 2 or argv[0] not in SWEEPS or (len(argv) == 2 and argv[1] not in SETS):
+        print(f"usage: python -m bnrotation.rows {{{'|'.join(SWEEPS)}}} [{'|'.join(SETS)}]; got {' '.join(argv)}",
+              file=sys.stderr)
         return 2
-    rows, seeds = SWEEPS[argv[0]]
-    print(",".join(rows), ",".join(map(str, seeds)))
+    sweep = SETS[argv[1]] if len(argv) == 2 else SWEEPS[argv[0]]
+    if argv[0] not in sweep.scales:
+        print(f"SET={argv[1]} runs at SCALE={'|'.join(sweep.scales)} only, not {argv[0]}", file=sys.stderr)
+        return 2
+    print(",".join(sweep.rows), ",".join(map(str, sweep.seeds)), *sweep.overrides)
     return 0
 
 

@@ -16,9 +16,23 @@ from ..rows import ROWS
 from .interventions import per_step
 from .results import Run
 
-LAST_CONV = "conv3"
-MIDDLE_CONV = "conv2"
+LAST_CONV = "conv3"  # the study's network: the last conv layer (the table's rotation and norm columns)
+MIDDLE_CONV = "conv2"  # and its middle layer (the article's drift, lag and single-layer claims)
 MIDDLE_NORM = "bn2"  # the norm layer behind MIDDLE_CONV (interventions name norm layers)
+
+
+def conv_layers(run: Run) -> list[str]:
+    """The run's weight layers paired with a norm layer, in forward order (the order the runner logs them:
+    ``conv1, conv2, conv3`` for the study's network, 21 layers for ResNet-20)."""
+    layers = run.tables["channels"]["layer"]
+    return [name for name in dict.fromkeys(layers) if name]
+
+
+def last_conv(run: Run) -> str:
+    """The last paired weight layer before the head: ``conv3`` in the study's network, ``layer3.2.conv2`` in
+    ResNet-20. The table's rotation and norm columns are about it."""
+    layers = conv_layers(run)
+    return layers[-1] if layers else LAST_CONV
 
 
 def check_window(run: Run) -> tuple[int, int]:
@@ -39,16 +53,17 @@ def in_window(run: Run, df: pd.DataFrame, first_step: int | None = None) -> pd.D
     return df[(df["step"] >= first) & (df["step"] <= last)]
 
 
-def rotation_per_100_series(run: Run, layer: str = LAST_CONV) -> pd.Series:
-    """Per logged step t > 0, the median over ``layer``'s channels of the channel rotation over the
-    interval ending at t, scaled to 100 steps (degrees per 100 steps). Index: step."""
+def rotation_per_100_series(run: Run, layer: str | None = None) -> pd.Series:
+    """Per logged step t > 0, the median over ``layer``'s channels (default :func:`last_conv`) of the channel
+    rotation over the interval ending at t, scaled to 100 steps (degrees per 100 steps). Index: step."""
+    layer = layer or last_conv(run)
     ch = run.tables["channels"]
     interval = int(run.config["scale"]["log_every"])
     sel = ch[(ch["layer"] == layer) & (ch["step"] >= 1)]
     return sel.groupby("step")["rotation_deg"].median() * 100.0 / interval
 
 
-def rotation_per_100_deg(run: Run, layer: str = LAST_CONV) -> float:
+def rotation_per_100_deg(run: Run, layer: str | None = None) -> float:
     """Column "Rotation per 100 steps": per interval, the median over ``layer``'s channels of the
     channel rotation, scaled to 100 steps; averaged over the intervals ending inside the check window."""
     series = rotation_per_100_series(run, layer)
@@ -57,8 +72,10 @@ def rotation_per_100_deg(run: Run, layer: str = LAST_CONV) -> float:
     return float(inside.mean()) if len(inside) else math.nan
 
 
-def norm_growth(run: Run, layer: str = LAST_CONV) -> float:
-    """Column "Norm growth": ||W(last step)|| / ||W(0)||, Frobenius norm of ``layer``'s weight."""
+def norm_growth(run: Run, layer: str | None = None) -> float:
+    """Column "Norm growth": ||W(last step)|| / ||W(0)||, Frobenius norm of ``layer``'s weight (default
+    :func:`last_conv`)."""
+    layer = layer or last_conv(run)
     lay = run.tables["layers"]
     w = lay[lay["layer"] == layer].set_index("step")["weight_norm"].sort_index()
     return float(w.iloc[-1] / w.loc[0]) if 0 in w.index and len(w) > 1 else math.nan

@@ -21,7 +21,7 @@ import pyarrow.parquet as pq
 import yaml
 
 from .. import records
-from ..names import OPTIMIZER_CLASSES, PROJECTION_MODES, SCHEDULE_CLASSES
+from ..names import ARCH_CLASSES, OPTIMIZER_CLASSES, PROJECTION_MODES, SCHEDULE_CLASSES
 from ..rows import ROWS, RowSpec, row_order
 
 ALL_TABLES = tuple(records.TABLE_COLUMNS)  # every table a run may hold, the optional ones too
@@ -222,6 +222,9 @@ def check_against_row(info: dict, spec: RowSpec) -> list[str]:
     got_sched = sched.get("class") if isinstance(sched, dict) else None
     if got_sched != SCHEDULE_CLASSES[spec.schedule]:
         problems.append(f"schedule {got_sched!r}, the row means {spec.schedule!r}")
+    model_class = info.get("model", {}).get("class")  # absent from runs made before the suite had two networks
+    if model_class is not None and model_class != ARCH_CLASSES.get(spec.arch):
+        problems.append(f"network {model_class!r}, the row means {ARCH_CLASSES.get(spec.arch)!r}")
     norms = info.get("norm_layers", {})
     if not norms:
         problems.append("no norm layer read back")

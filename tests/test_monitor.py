@@ -1,0 +1,375 @@
+"""The staleness monitor on models the suite did not define: pairing, closed forms, invariance, failure cases."""
+
+from __future__ import annotations
+
+import copy
+import math
+import warnings
+
+import pandas as pd
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from bnrotation.bnstats import reestimate
+from bnrotation.config import ModelConfig
+from bnrotation.model import build_model
+from bnrotation.monitor import StaleStatisticsWarning, StalenessMonitor, Thresholds, find_pairs, split_probe
+from bnrotation.probes import fresh_statistics, rotation_deg
+
+from test_probes import rotated
+
+
+# ----------------------------------------------------------------------------- models the suite did not define
+class MLP(nn.Module):
+    """Linear -> BatchNorm1d on (N, C) inputs."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc1, self.bn1 = nn.Linear(12, 16, bias=False), nn.BatchNorm1d(16)
+        self.fc2, self.bn2 = nn.Linear(16, 8), nn.BatchNorm1d(8)
+        self.head = nn.Linear(8, 3)
+
+    def forward(self, x):
+        return self.head(F.relu(self.bn2(self.fc2(F.relu(self.bn1(self.fc1(x)))))))
+
+
+class Seq1d(nn.Module):
+    """Conv1d -> BatchNorm1d on (N, C, L) inputs, inside nn.Sequential (nested names)."""
+
+    def __init__(self):
+        super().__init__()
+        self.body = nn.Sequential(nn.Conv1d(2, 6, 3, padding=1, bias=False), nn.BatchNorm1d(6), nn.ReLU(),
+                                  nn.Sequential(nn.Conv1d(6, 6, 3, padding=1), nn.BatchNorm1d(6), nn.ReLU()))
+        self.head = nn.Linear(6, 4)
+
+    def forward(self, x):
+        return self.head(self.body(x).mean(-1))
+
+
+class Vol(nn.Module):
+    """Conv3d -> BatchNorm3d, and a BatchNorm after an addition (unpairable: no single layer feeds it)."""
+
+    def __init__(self):
+        super().__init__()
+        self.a, self.bn_a = nn.Conv3d(1, 4, 3, padding=1, bias=False), nn.BatchNorm3d(4)
+        self.b = nn.Conv3d(1, 4, 1, bias=False)
+        self.bn_sum = nn.BatchNorm3d(4)
+        self.head = nn.Linear(4, 2)
+
+    def forward(self, x):
+        y = F.relu(self.bn_a(self.a(x)))
+        y = self.bn_sum(y + self.b(x))
+        return self.head(y.mean((2, 3, 4)))
+
+
+class Branchy(nn.Module):
+    """Data-dependent control flow: torch.fx cannot trace it, so pairing falls back to execution order."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv, self.bn = nn.Conv2d(3, 8, 3, padding=1, bias=False), nn.BatchNorm2d(8)
+        self.head = nn.Linear(8, 5)
+
+    def forward(self, x):
+        y = F.relu(self.bn(self.conv(x)))
+        if y.mean() > -1e9:  # depends on the data: fx's proxies cannot decide it
+            y = y * 1.0
+        return self.head(y.mean((2, 3)))
+
+
+class DictModel(nn.Module):
+    """Takes the input tensor itself; the probe comes as a dict batch."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv, self.bn = nn.Conv2d(3, 4, 3, bias=False), nn.BatchNorm2d(4)
+        self.head = nn.Linear(4, 2)
+
+    def forward(self, x):
+        return self.head(F.relu(self.bn(self.conv(x))).mean((2, 3)))
+
+
+def trained(model: nn.Module, x: torch.Tensor, steps: int = 3) -> nn.Module:
+    """A few forward passes in training mode, so the running statistics are not their initial values."""
+    model.train()
+    with torch.no_grad():
+        for i in range(steps):
+            model(x * (1 + 0.1 * i) + 0.2)
+    return model
+
+
+def everything(model: nn.Module, opt: torch.optim.Optimizer | None = None) -> dict:
+    """Every parameter, gradient, buffer, training flag, optimizer state and the CPU RNG state, cloned."""
+    state = {f"p:{n}": p.detach().clone() for n, p in model.named_parameters()}
+    state |= {f"g:{n}": p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+    state |= {f"b:{n}": b.clone() for n, b in model.named_buffers()}
+    state |= {f"t:{n}": torch.tensor(m.training) for n, m in model.named_modules()}
+    state["rng"] = torch.get_rng_state()
+    if opt is not None:
+        for i, (p, s) in enumerate(opt.state.items()):
+            state |= {f"o:{i}:{k}": torch.as_tensor(v).clone() for k, v in s.items()}
+    return state
+
+
+def assert_unchanged(before: dict, after: dict) -> None:
+    assert before.keys() == after.keys()
+    for k in before:
+        assert torch.equal(before[k], after[k]), k
+
+
+# ----------------------------------------------------------------------------- pairing
+@pytest.mark.parametrize("factory, x, pairs", [
+    (MLP, torch.randn(32, 12), {"bn1": "fc1", "bn2": "fc2"}),
+    (Seq1d, torch.randn(16, 2, 20), {"body.1": "body.0", "body.3.1": "body.3.0"}),
+    (Vol, torch.randn(8, 1, 5, 5, 5), {"bn_a": "a"}),
+])
+def test_pairs_by_fx_on_1d_3d_and_nested_models(factory, x, pairs):
+    pairing = find_pairs(factory(), x)
+    assert pairing.method == "fx"
+    assert {p.norm: p.weight for p in pairing.pairs} == pairs
+
+
+def test_a_norm_after_an_addition_is_reported_unpaired_never_guessed():
+    pairing = find_pairs(Vol(), torch.randn(8, 1, 5, 5, 5))
+    (unpaired,) = pairing.unpaired
+    assert unpaired.norm == "bn_sum" and unpaired.weight is None and "add" in unpaired.reason
+    assert "unpaired: bn_sum" in pairing.describe()
+    record = StalenessMonitor(trained(Vol(), torch.randn(8, 1, 5, 5, 5)), torch.randn(8, 1, 5, 5, 5), warn=False)(1)
+    layer = record.layers.set_index("norm_layer").loc["bn_sum"]  # its lag is still measured, its rotation is not
+    assert layer["layer"] == "" and math.isfinite(layer["lag_median_abs_sigma"])
+    assert math.isnan(layer["weight_norm"])
+
+
+def test_a_model_fx_cannot_trace_is_paired_by_execution_order():
+    x = torch.randn(8, 3, 6, 6)
+    with pytest.raises(Exception):
+        torch.fx.symbolic_trace(Branchy())
+    pairing = find_pairs(Branchy(), x)
+    assert pairing.method == "execution order" and [(p.norm, p.weight) for p in pairing.pairs] == [("bn", "conv")]
+    with pytest.raises(ValueError, match="does not trace"):
+        find_pairs(Branchy())
+
+
+def test_every_batchnorm_of_resnet20_is_paired_with_its_convolution():
+    model = build_model(ModelConfig(arch="resnet20", channels=[16, 32, 64]), 10, seed=0)
+    pairing = find_pairs(model, torch.randn(4, 3, 16, 16))
+    assert pairing.method == "fx" and not pairing.unpaired and len(pairing.pairs) == 21
+    pairs = {p.norm: p.weight for p in pairing.pairs}
+    assert pairs["bn1"] == "conv1" and pairs["layer3.2.bn2"] == "layer3.2.conv2"
+    assert pairs["layer2.0.shortcut.1"] == "layer2.0.shortcut.0" and pairs["layer3.0.shortcut.1"] == "layer3.0.shortcut.0"
+
+
+def test_a_model_without_running_statistics_gets_a_clear_error():
+    model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.GroupNorm(2, 4), nn.ReLU(), nn.Flatten(), nn.Linear(36, 2))
+    with pytest.raises(ValueError, match="no BatchNorm layer with running statistics"):
+        StalenessMonitor(model, torch.randn(4, 3, 5, 5))
+    no_track = nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4, track_running_stats=False))
+    with pytest.raises(ValueError, match="running statistics"):
+        StalenessMonitor(no_track, torch.randn(4, 3, 5, 5))
+
+
+def test_bad_probes_and_lazy_layers_get_clear_errors():
+    with pytest.raises(TypeError, match="probe: expected a tensor"):
+        split_probe("images")
+    with pytest.raises(TypeError, match=r"keys: \['image'\]"):
+        split_probe({"image": torch.randn(4, 3)})
+    with pytest.raises(ValueError, match="4 inputs but labels"):
+        split_probe((torch.randn(4, 3), torch.zeros(3)))
+    with pytest.raises(ValueError, match="at least 2 samples"):
+        StalenessMonitor(MLP(), torch.randn(1, 12))
+    lazy = nn.Sequential(nn.LazyConv2d(4, 3), nn.BatchNorm2d(4))
+    with pytest.raises(ValueError, match="uninitialised lazy module"):
+        StalenessMonitor(lazy, torch.randn(4, 3, 5, 5))
+
+
+# ----------------------------------------------------------------------------- closed forms
+def test_lag_equals_a_hand_computation():
+    torch.manual_seed(0)
+    x = torch.randn(64, 12)
+    model = trained(MLP(), x)
+    with torch.no_grad():
+        model.bn1.running_mean += 0.5  # stale by a known shift
+    record = StalenessMonitor(model, x, warn=False)(10)
+    with torch.no_grad():
+        z = model.fc1(x).double()  # the input of bn1: no norm upstream, so batch statistics change nothing
+    mean, var = z.mean(0), z.var(0, unbiased=True)
+    want = (model.bn1.running_mean.double() - mean) / var.sqrt()
+    got = record.channels.query("norm_layer == 'bn1'").sort_values("channel")
+    assert torch.allclose(torch.tensor(got["lag_sigma"].to_numpy()), want, rtol=1e-5, atol=1e-6)
+    assert torch.allclose(torch.tensor(got["fresh_var"].to_numpy()), var, rtol=1e-5)
+    line = record.layers.set_index("norm_layer").loc["bn1"]
+    assert math.isclose(line["lag_median_abs_sigma"], float(want.abs().median()), rel_tol=1e-5)
+    assert line["worst_channel"] == int(want.abs().argmax())
+    assert line["channels_above_1_sigma"] == int((want.abs() > 1).sum())
+
+
+def test_a_known_rotation_gives_its_angle_per_channel_and_per_100_steps():
+    torch.manual_seed(0)
+    x = torch.randn(32, 2, 20)
+    model = trained(Seq1d(), x)
+    monitor = StalenessMonitor(model, x, warn=False)
+    monitor(100)
+    conv = model.body[0]
+    angles = torch.linspace(0.1, 5.0, conv.out_channels)
+    with torch.no_grad():
+        w = conv.weight.detach().double().reshape(conv.out_channels, -1)
+        conv.weight.copy_(rotated(w, angles).reshape(conv.weight.shape).float())
+    record = monitor(150)
+    got = record.channels.query("layer == 'body.0'").sort_values("channel")
+    assert torch.allclose(torch.tensor(got["rotation_deg"].to_numpy()), angles.double(), rtol=1e-4, atol=1e-4)
+    assert torch.allclose(torch.tensor(got["rotation_deg_per_100"].to_numpy()), angles.double() * 2, rtol=1e-4,
+                          atol=2e-4)  # 50 steps between the calls
+    assert got["drift_sigma_per_step"].notna().all()
+    with pytest.raises(ValueError, match="not after"):
+        monitor(150)
+
+
+def test_update_and_gradient_cosines_need_the_snapshot_before_the_step():
+    torch.manual_seed(0)
+    x, y = torch.randn(64, 12), torch.randint(0, 3, (64,))
+    model = trained(MLP(), x)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    monitor = StalenessMonitor(model, (x, y), warn=False)
+    F.cross_entropy(model(x), y).backward()
+    before = monitor.snapshot()
+    opt.step()
+    line = monitor(1, before).layers.set_index("layer").loc["fc1"]
+    wb = before["fc1"].double().flatten()
+    u = model.fc1.weight.detach().double().flatten() - wb
+    assert math.isclose(line["update_cos"], float(u @ wb / (u.norm() * wb.norm())), rel_tol=1e-9)
+    g = model.fc1.weight.grad.double().flatten()
+    assert math.isclose(line["grad_cos"], float(g @ wb / (g.norm() * wb.norm())), rel_tol=1e-9)
+    assert monitor(2).layers["update_cos"].isna().all()  # without a snapshot: not measured
+
+
+# ----------------------------------------------------------------------------- invariance
+def test_a_call_changes_nothing_on_a_model_with_a_frozen_batchnorm():
+    torch.manual_seed(0)
+    x, y = torch.randn(16, 2, 20), torch.randint(0, 4, (16,))
+    model = trained(Seq1d(), x)
+    model.train()
+    model.body[1].eval()  # frozen: fine-tuning with this BatchNorm in evaluation mode
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    F.cross_entropy(model(x), y).backward()
+    opt.step()
+    F.cross_entropy(model(x), y).backward()  # gradients present at the call
+    monitor = StalenessMonitor(model, (x, y), warn=False)
+    before = everything(model, opt)
+    monitor(1)
+    monitor(2)
+    assert_unchanged(before, everything(model, opt))
+    assert model.training and not model.body[1].training
+
+
+def test_the_training_mode_pass_keeps_a_frozen_layer_on_its_running_statistics():
+    """As in the model's own training steps: the frozen body.1 normalises with its (deliberately stale) running
+    statistics, so the next layer's fresh mean is that of a network whose body.1 is off."""
+    torch.manual_seed(0)
+    x = torch.randn(16, 2, 20)
+    model = trained(Seq1d(), x)
+    model.train()
+    model.body[1].eval()
+    with torch.no_grad():
+        model.body[1].running_mean.fill_(3.0)
+    record = StalenessMonitor(model, x, warn=False)(1)
+
+    def next_layer_mean(frozen_uses_running: bool) -> torch.Tensor:
+        twin = copy.deepcopy(model)
+        for m in (twin.body[1], twin.body[3][1]):
+            m.train()
+            m.track_running_stats = False
+        if frozen_uses_running:
+            twin.body[1].eval()
+            twin.body[1].track_running_stats = True
+        with torch.no_grad():
+            z = twin.body[3][0](twin.body[2](twin.body[1](twin.body[0](x))))
+        return z.double().mean((0, 2))
+
+    got = torch.tensor(record.channels.query("norm_layer == 'body.3.1'").sort_values("channel")["fresh_mean"]
+                       .to_numpy())
+    assert torch.allclose(got, next_layer_mean(True), rtol=1e-5, atol=1e-6)
+    assert not torch.allclose(got, next_layer_mean(False), rtol=1e-3, atol=1e-3)
+    frozen = record.channels.query("norm_layer == 'body.1'")
+    assert (frozen["lag_sigma"].abs() > 1).all()  # and its own stored mean shows up as stale
+
+
+def test_dict_probes_and_unlabelled_probes():
+    torch.manual_seed(0)
+    x, y = torch.randn(16, 3, 6, 6), torch.randint(0, 2, (16,))
+    model = trained(DictModel(), x)
+    labelled = StalenessMonitor(model, {"image": x, "label": y}, input_key="image", target_key="label", warn=False)
+    checks = labelled(1).checks.iloc[0]
+    assert 0 <= checks["acc_train_mode"] <= 1 and 0 <= checks["acc_eval_mode"] <= 1
+    assert math.isclose(checks["mode_gap"], checks["acc_train_mode"] - checks["acc_eval_mode"])
+    unlabelled = StalenessMonitor(model, x, warn=False)(1).checks.iloc[0]
+    assert math.isnan(unlabelled["acc_train_mode"]) and 0 <= unlabelled["mode_agreement"] <= 1
+    assert math.isclose(unlabelled["mode_gap"], 1 - unlabelled["mode_agreement"])
+
+
+# ----------------------------------------------------------------------------- the warning
+def test_stale_statistics_warn_naming_the_worst_layer_and_channel_and_re_estimation_clears_it():
+    from bnrotation.config import TaskConfig
+    from bnrotation.task import NoisyTemplates, generator
+    torch.manual_seed(0)
+    task = NoisyTemplates.build(TaskConfig(image_size=8), seed=0)
+    model = build_model(ModelConfig(channels=[8, 16, 16], channels_last=False), 10, seed=0)
+    opt = torch.optim.Adam(model.parameters(), lr=3e-3)
+    g = generator(0, "train")
+    for _ in range(60):  # enough to learn the templates
+        xb, yb = task.sample(64, g)
+        opt.zero_grad()
+        F.cross_entropy(model(xb), yb).backward()
+        opt.step()
+    x, y = task.fixed_set(128, 0, "probe")
+    batches = [task.sample(64, g)[0] for _ in range(4)]
+    reestimate(model, batches)
+    with torch.no_grad():
+        model.bn2.running_mean += 2.0 * model.bn2.running_var.sqrt()  # stale by 2 sigma
+        model.bn2.running_mean[3] += 3.0 * model.bn2.running_var[3].sqrt()  # channel 3 the worst
+    with pytest.warns(StaleStatisticsWarning, match=r"worst channel bn2 channel 3 .*Re-estimate"):
+        record = StalenessMonitor(model, (x, y))(100)
+    assert record.stale and record.summary.startswith("STALE ") and record.worst()[:2] == ("bn2", 3)
+    reestimate(model, batches)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", StaleStatisticsWarning)
+        fresh = StalenessMonitor(model, (x, y))(200)
+    assert not fresh.stale and fresh.checks["mode_gap"].iloc[0] < 0.05
+    quiet = StalenessMonitor(model, (x, y), thresholds=Thresholds(mode_gap=0.0, lag_sigma=0.0), warn=False)(1)
+    assert quiet.stale  # thresholds of 0 always fire; warn=False keeps it silent
+    with pytest.raises(ValueError, match="Thresholds.lag_sigma"):
+        Thresholds(lag_sigma=float("nan"))
+
+
+def test_records_have_the_suites_column_names_and_append_to_parquet(tmp_path):
+    from bnrotation import records
+    torch.manual_seed(0)
+    x = torch.randn(32, 12)
+    monitor = StalenessMonitor(trained(MLP(), x), x, warn=False)
+    recs = [monitor(step) for step in (0, 100, 200)]
+    for table in ("layers", "channels"):
+        df = pd.concat([getattr(r, table) for r in recs], ignore_index=True)
+        missing = set(records.TABLE_COLUMNS[table]) - {"row", "seed"} - set(df.columns)
+        assert not missing, (table, missing)
+        df.to_parquet(tmp_path / f"{table}.parquet")
+        assert len(pd.read_parquet(tmp_path / f"{table}.parquet")) == len(df)
+    assert {"step", "acc_train_mode", "acc_eval_mode"} <= set(recs[0].checks.columns)
+    assert "lag median" in recs[-1].summary and "rotation" in recs[-1].summary
+
+
+def test_on_the_suites_network_the_monitor_equals_a_direct_computation():
+    """The runner's tables come from the monitor (tests/test_runner.py compares them with the runner's own
+    probes before the monitor); here its fresh statistics against probes.fresh_statistics and rotation_deg."""
+    model = build_model(ModelConfig(), 10, seed=0)
+    x = torch.randn(48, 3, 32, 32).contiguous(memory_format=torch.channels_last)
+    monitor = StalenessMonitor(model, x, warn=False, modes=False)
+    w0 = model.conv3.weight.detach().clone()
+    monitor(0)
+    with torch.no_grad():
+        model.conv3.weight.mul_(1.5).add_(0.01)
+    rec = monitor(100)
+    fresh = fresh_statistics(model, x)
+    got = rec.channels.query("layer == 'conv3'").sort_values("channel")
+    assert torch.allclose(torch.tensor(got["fresh_mean"].to_numpy()), fresh["bn3"][0], rtol=1e-6, atol=1e-7)
+    assert torch.allclose(torch.tensor(got["rotation_deg"].to_numpy()), rotation_deg(w0, model.conv3.weight), rtol=1e-9)

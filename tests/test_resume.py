@@ -1,0 +1,162 @@
+"""Runs that survive the real world (issue 12, points 4-5): a stop signal saves a resumable state at a step
+boundary and the next run resumes it, bit-identical to an uninterrupted run; one process trains a run at a
+time; the dense windows log what the monitor logs, at every step."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from bnrotation import records, runner
+from bnrotation.runner import RESUME_FILE, RunInterrupted, run
+
+from conftest import ROOT
+from test_reliability import assert_same_results, tiny
+
+ENV = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")])}
+# smoke scale at the toy size, with everything on: checks, interventions, averaging (EMA and tail), checkpoints
+EVERYTHING = ("experiment=adam", "averaging.tail_steps=10", "averaging.tail_every=5")
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory) -> Path:
+    return run(tiny(tmp_path_factory.mktemp("uninterrupted"), *EVERYTHING))
+
+
+def interrupt_at(monkeypatch, steps: list[int], signum: int = signal.SIGTERM) -> None:
+    """Send ``signum`` to this process during the training steps numbered ``steps`` (1-based loss calls)."""
+    real, calls = runner.F.cross_entropy, {"n": 0}
+
+    def loss(*args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] in steps:
+            os.kill(os.getpid(), signum)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(runner.F, "cross_entropy", loss)
+
+
+def test_a_run_stopped_at_random_steps_resumes_bit_identical(tmp_path, monkeypatch, uninterrupted):
+    seed = random.randrange(2**32)
+    rng = random.Random(seed)
+    first = rng.randint(1, 18)
+    second = rng.randint(1, 20 - first - 1)  # counted in the resumed process's own training steps
+    why = f"stopped after steps {first} and {first + second} (random seed {seed})"
+    cfg = tiny(tmp_path, *EVERYTHING)
+    out = records.run_dir(tmp_path, "adam", 0)
+    for at, signum in ((first, signal.SIGTERM), (second, signal.SIGINT)):
+        with monkeypatch.context() as m:
+            interrupt_at(m, [at], signum)
+            with pytest.raises(RunInterrupted) as stop:
+                run(cfg)
+        assert stop.value.signum == signum, why
+        assert (out / RESUME_FILE).exists() and not (out / records.DONE).exists(), why
+        assert signal.getsignal(signum) is not None  # the previous handlers are back
+    assert run(cfg) == out  # resumes, not skipped, not restarted
+    assert not (out / RESUME_FILE).exists(), why
+    info = json.loads((out / "run.json").read_text())
+    assert [r["at_step"] for r in info["resumes"]] == [first, first + second], why
+    assert_same_results(out, uninterrupted)
+
+
+def test_force_or_another_config_starts_over_instead_of_resuming(tmp_path, monkeypatch):
+    cfg = tiny(tmp_path, *EVERYTHING)
+    interrupt_at(monkeypatch, [3])
+    with pytest.raises(RunInterrupted):
+        run(cfg)
+    monkeypatch.undo()
+    other = tiny(tmp_path, *EVERYTHING, "task.template_scale=0.5")  # not the config that was interrupted
+    out = run(other)
+    assert json.loads((out / "run.json").read_text())["resumes"] == []
+
+
+def test_the_sweep_reports_an_interrupted_run_and_the_next_sweep_resumes_it(tmp_path):
+    """A real process and a real SIGINT (Ctrl-C): exit status 130, 'interrupted' with the step, the state on
+    disk; the same command again finishes the run."""
+    overrides = ["experiment=adam", f"results_root={tmp_path}", "scale=smoke", "scale.steps=400", "scale.log_every=5",
+                 "scale.check_start=200", "scale.check_every=100", "scale.intervene_every=200", "task.image_size=8",
+                 "task.batch_size=16", "task.probe_size=16", "scale.heldout_size=32", "model.channels=[4,8,8]",
+                 "progress=false", "threads=1"]
+    cmd = [sys.executable, str(ROOT / "experiments" / "train.py"), *overrides]
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    run_json = records.run_dir(tmp_path, "adam", 0) / "run.json"
+    deadline = time.time() + 120
+    while not run_json.exists() and time.time() < deadline:
+        time.sleep(0.05)
+    time.sleep(0.3)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err[-2000:]
+    assert "interrupted: adam seed=0 stopped by SIGINT after step" in err
+    assert (run_json.parent / RESUME_FILE).exists()
+    again = subprocess.run(cmd, cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=240)
+    assert again.returncode == 0, again.stderr[-2000:]
+    info = json.loads(run_json.read_text())
+    assert info["status"] == "done" and len(info["resumes"]) == 1
+
+
+# ----------------------------------------------------------------------------- one process per run
+def test_two_processes_on_one_run_folder_train_it_once(tmp_path):
+    """The second of two real processes started on the same run is refused while the first holds the lock;
+    the first finishes undisturbed; a third, once the first has exited, skips the finished run."""
+    overrides = ["experiment=sgd", f"results_root={tmp_path}", "scale=smoke", "scale.steps=4000",
+                 "scale.log_every=100", "scale.check_start=3900", "scale.check_every=100",
+                 "scale.intervene_every=4000", "averaging.enabled=false", "task.image_size=8",
+                 "task.batch_size=16", "task.probe_size=16", "scale.heldout_size=32", "model.channels=[4,8,8]",
+                 "progress=false", "threads=1"]
+    cmd = [sys.executable, str(ROOT / "experiments" / "train.py"), *overrides]
+    first = subprocess.Popen(cmd, cwd=ROOT, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    lock = tmp_path / "locks" / "sgd" / "seed=0.lock"
+    deadline = time.time() + 120
+    while not (lock.exists() and lock.read_text()) and time.time() < deadline:
+        time.sleep(0.02)
+    second = subprocess.run(cmd, cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=120)
+    _, err = first.communicate(timeout=240)
+    assert first.returncode == 0, err[-2000:]
+    assert second.returncode == 3, second.stderr[-2000:]
+    assert f"is being trained by pid {first.pid}" in second.stderr
+    out = records.run_dir(tmp_path, "sgd", 0)
+    assert json.loads((out / "run.json").read_text())["status"] == "done"
+    third = subprocess.run(cmd, cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=120)
+    assert third.returncode == 0 and "skip: sgd seed=0" in third.stderr
+
+
+def test_a_lock_held_by_a_dead_process_does_not_block(tmp_path):
+    holder = subprocess.Popen([sys.executable, "-c", (
+        "import sys, time; sys.path.insert(0, sys.argv[1]); from bnrotation.runner import RunLock; "
+        "l = RunLock(sys.argv[2], 'sgd', 0).__enter__(); print('locked', flush=True); time.sleep(60)"),
+        str(ROOT / "src"), str(tmp_path)], stdout=subprocess.PIPE, text=True)
+    assert holder.stdout.readline().strip() == "locked"
+    with pytest.raises(runner.RunBusyError, match="is being trained by pid"):
+        runner.RunLock(tmp_path, "sgd", 0).__enter__()
+    holder.kill()
+    holder.wait()
+    with runner.RunLock(tmp_path, "sgd", 0):  # the kernel released it with the process
+        pass
+
+
+# ----------------------------------------------------------------------------- dense windows
+def test_dense_windows_log_every_step_and_agree_with_the_monitor(tmp_path):
+    out = run(tiny(tmp_path, "experiment=adam", "scale.dense_windows=[5,12]", "scale.dense_length=4"))
+    dense = pd.read_parquet(out / "dense.parquet")
+    assert sorted(dense["step"].unique()) == [5, 6, 7, 8, 9, 12, 13, 14, 15, 16]
+    assert set(dense["norm_layer"]) == {"bn1", "bn2", "bn3"}
+    assert len(dense) == 10 * (4 + 8 + 8)
+    channels = pd.read_parquet(out / "channels.parquet")
+    both = dense.merge(channels, on=["step", "norm_layer", "channel"], suffixes=("", "_log"))
+    assert sorted(both["step"].unique()) == [5, 15]  # the log steps inside the windows
+    for col in ("fresh_mean", "fresh_var", "running_mean", "running_var"):
+        assert (both[col] == both[f"{col}_log"]).all(), col
+    assert not run(tiny(tmp_path / "off", "experiment=adam")).joinpath("dense.parquet").exists() or \
+        pd.read_parquet(tmp_path / "off" / "runs" / "adam" / "seed=0" / "dense.parquet").empty
+    with pytest.raises(Exception, match="scale.dense_windows"):
+        tiny(tmp_path, "experiment=adam", "scale.dense_windows=[18]", "scale.dense_length=4")
