@@ -4,6 +4,7 @@ and a variant that keeps a row's name is refused before it trains."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -143,3 +144,23 @@ def test_a_variant_stops_the_command_with_status_2(tmp_path):
     assert proc.returncode == 2
     assert "error: bad config: optimizer.lr: 0.001 changes what row 'adam' means" in proc.stderr
     assert not (tmp_path / "runs").exists()
+
+
+# ----------------------------------------------------------------------------- 7. every run diverged
+def test_figures_and_claims_on_a_root_where_every_run_diverged_stop_with_one_line(tmp_path, capsys):
+    """lr 1e30 makes SGD's loss non-finite at once; the table counts the run, figures and claims refuse the root."""
+    from bnrotation.analysis.claims import main as claims_main
+    from bnrotation.analysis.figures import main as figures_main
+
+    out = run(to_run_config(compose_cfg(["experiment=sgd", "optimizer.lr=1e30", "row=sgd_lr1e30",
+                                         f"results_root={tmp_path}", *TINY])))
+    assert json.loads((out / "run.json").read_text())["status"] == "diverged"
+    capsys.readouterr()
+    for main, out_dir in ((figures_main, tmp_path / "figures"), (claims_main, tmp_path / "claims")):
+        assert main(["--results", str(tmp_path), "--out", str(out_dir)]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert err[-1].startswith(f"error: every run under {tmp_path}/runs diverged (non-finite loss: "
+                                  "sgd_lr1e30 seed=0 at step ")
+        assert len(err) == 2 and not out_dir.exists()  # the root line, the error; nothing written
+    assert table_main(["--results", str(tmp_path), "--out", str(tmp_path / "table")]) == 0  # the table counts it
+    assert "| 1 (seeds 0) |" in (tmp_path / "table" / "table.md").read_text()

@@ -327,14 +327,19 @@ def add_results_arguments(parser) -> None:
 
 
 def runs_for_command(results: str | None, skip_bad: bool, tables: tuple[str, ...],
-                     skipped: list[str] | None = None) -> tuple[Path, list[Run]] | None:
+                     skipped: list[str] | None = None, allow_all_diverged: bool = False
+                     ) -> tuple[Path, list[Run]] | None:
     """The results root (``results``, else :func:`default_results_root`) and its runs, for a command line,
     after printing a first line that names the root (:func:`describe_root`);
     with ``skip_bad``, what was left out is appended to ``skipped`` (see :func:`load_runs`).
 
+    Figures and claims measure finished runs; a diverged run (non-finite loss) stopped early and is left out of
+    every mean, so a root whose runs all diverged leaves them nothing to measure. ``allow_all_diverged``
+    (``make table``, which counts diverged runs) accepts such a root.
+
     Returns:
-        None, after printing the reason on stderr, when the root has no ``runs`` folder, a bad run
-        (unless ``skip_bad``) or no finished run.
+        None, after printing the reason on stderr in one line, when the root has no ``runs`` folder, a bad run
+        (unless ``skip_bad``), no finished run, or (unless ``allow_all_diverged``) only diverged runs.
     """
     root = Path(results) if results else default_results_root()
     print(describe_root(root, asked=bool(results)), file=sys.stderr)
@@ -345,5 +350,12 @@ def runs_for_command(results: str | None, skip_bad: bool, tables: tuple[str, ...
         return None
     if not runs:
         print(f"error: no finished runs under {root}/runs", file=sys.stderr)
+        return None
+    if not allow_all_diverged and all(r.diverged for r in runs):
+        which = ", ".join(f"{r.row} seed={r.seed} at step {r.info.get('diverged_at_step')}" for r in runs[:3])
+        more = f" and {len(runs) - 3} more" if len(runs) > 3 else ""
+        print(f"error: every run under {root}/runs diverged (non-finite loss: {which}{more}); a diverged run is "
+              "left out of every measurement, so there is nothing to draw or check (make table lists them)",
+              file=sys.stderr)
         return None
     return root, runs
