@@ -16,6 +16,7 @@ RUN ?= $(or $(RESULTS),results)/runs/$(ROW)/seed=$(SEED)
 OUT ?= results
 JOBS ?= 1
 BENCH_ARGS ?=
+SCALES := $(sort $(basename $(notdir $(wildcard conf/scale/*.yaml))))
 
 # Rows and seeds of a sweep, per scale. `quick` shows the headline contrast on a laptop CPU.
 ROWS_full := sgd,adam_lr3e-4,adam_cosine,adamw,adam,adam_projected,adamp,adam_bn_m0.3,adam_groupnorm,adam_layernorm
@@ -31,6 +32,18 @@ results_flag := $(if $(RESULTS),--results $(RESULTS),)
 results_override := $(if $(RESULTS),results_root=$(RESULTS),)
 skip_flag := $(if $(filter 1 true yes,$(SKIP_BAD)),--skip-bad,)
 launcher := $(if $(filter-out 1,$(JOBS)),hydra/launcher=joblib hydra.launcher.n_jobs=$(JOBS) threads=$$(( $$(nproc) / $(JOBS) > 0 ? $$(nproc) / $(JOBS) : 1 )),)
+
+# Make variables that would otherwise fail deep inside Python: checked before anything runs.
+ifneq ($(filter sweep reproduce row,$(MAKECMDGOALS)),)
+ifneq ($(words $(SCALE))$(filter $(SCALE),$(SCALES)),1$(SCALE))
+$(error SCALE=$(SCALE): expected one of $(SCALES) (conf/scale/))
+endif
+endif
+ifneq ($(filter sweep reproduce,$(MAKECMDGOALS)),)
+ifneq ($(shell [[ '$(JOBS)' =~ ^[1-9][0-9]*$$ ]] && echo ok),ok)
+$(error JOBS=$(JOBS): expected a whole number >= 1 (runs at once))
+endif
+endif
 
 .PHONY: help install test sweep reproduce row table diagnose figures claims notebooks bench clean
 .DEFAULT_GOAL := help

@@ -164,3 +164,85 @@ def test_figures_and_claims_on_a_root_where_every_run_diverged_stop_with_one_lin
         assert len(err) == 2 and not out_dir.exists()  # the root line, the error; nothing written
     assert table_main(["--results", str(tmp_path), "--out", str(tmp_path / "table")]) == 0  # the table counts it
     assert "| 1 (seeds 0) |" in (tmp_path / "table" / "table.md").read_text()
+
+
+# ----------------------------------------------------------------------------- 6. bad places
+def _bad_places(tmp_path: Path) -> list[Path]:
+    """A path through a regular file, and one on a virtual file system where nothing can be created."""
+    (tmp_path / "a_file").write_text("not a folder")
+    return [tmp_path / "a_file" / "results"] + ([Path("/proc/x")] if Path("/proc/self").is_dir() else [])
+
+
+@pytest.mark.parametrize("mode", ["single", "sweep"])
+def test_a_results_root_that_cannot_be_created_is_one_line_before_any_work(mode, tmp_path):
+    for bad in _bad_places(tmp_path):
+        proc = train(*(["-m"] if mode == "sweep" else []), "experiment=sgd", f"results_root={bad}", *TINY)
+        assert proc.returncode == 2, proc.stderr[-2000:]
+        assert proc.stderr.strip().splitlines() == [f"error: results_root={bad}: cannot be created: "
+                                                    + records.folder_problem(bad)]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a_file"]
+
+
+def test_folder_problem_names_what_is_in_the_way(tmp_path):
+    (tmp_path / "f").write_text("")
+    assert records.folder_problem(tmp_path / "f" / "x" / "y") == f"{tmp_path / 'f'} is a file, not a folder"
+    assert records.folder_problem(tmp_path / "f") == f"{tmp_path / 'f'} is a file, not a folder"
+    assert records.folder_problem(tmp_path / "new" / "deeper") is None
+    assert records.folder_problem(tmp_path) is None
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["f"]  # nothing created, the probe folder removed
+    if Path("/proc/self").is_dir():
+        assert records.folder_problem("/proc/x").startswith("nothing can be created in /proc (")
+
+
+def test_run_task_refuses_a_results_root_that_cannot_be_created(tmp_path, capsys):
+    (tmp_path / "a_file").write_text("")
+    outcome = cli.run_task(compose_cfg(["experiment=sgd", f"results_root={tmp_path / 'a_file' / 'r'}", *TINY]))
+    assert (outcome.status, outcome.exit_code) == ("bad config", 2)
+    assert capsys.readouterr().err.startswith(f"error: results_root={tmp_path / 'a_file' / 'r'}: cannot be created")
+
+
+@pytest.mark.parametrize("override", ["optimizer.lr=-1", "+optimizer.lrr=0.1", "optimizer.lr=0.001"])
+def test_a_rejected_config_leaves_no_hydra_run_folder(override, tmp_path):
+    """Hydra makes <results_root>/hydra/runs/<time>/ before the task runs; a config rejected there removes it."""
+    proc = train("experiment=adam", f"results_root={tmp_path}", override, *TINY)
+    assert proc.returncode == 2 and proc.stderr.strip().splitlines()[-1].startswith("error: bad config: ")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_only_a_run_folder_holding_nothing_but_hydras_files_is_removed(tmp_path):
+    run_dir = tmp_path / "hydra" / "runs" / "2026-01-01_00-00-00"
+    (run_dir / ".hydra").mkdir(parents=True)
+    (run_dir / "train.log").write_text("")
+    (tmp_path / "hydra" / "multirun").mkdir()
+    kept = tmp_path / "hydra" / "runs" / "2026-01-01_00-00-01"
+    (kept / ".hydra").mkdir(parents=True)
+    (kept / "notes.txt").write_text("mine")
+    assert not cli.remove_unused_run_dir(kept, "train") and (kept / "notes.txt").exists()
+    assert cli.remove_unused_run_dir(run_dir, "train") and not run_dir.exists()
+    assert (tmp_path / "hydra" / "runs").is_dir()  # not empty: kept
+    (kept / "notes.txt").unlink()
+    assert cli.remove_unused_run_dir(kept, "train")
+    assert not (tmp_path / "hydra" / "runs").exists() and (tmp_path / "hydra" / "multirun").is_dir()
+
+
+@pytest.mark.parametrize("target, var, value, allowed", [
+    ("sweep", "SCALE", "huge", "expected one of full quick smoke"),
+    ("row", "SCALE", "full quick", "expected one of full quick smoke"),
+    ("reproduce", "SCALE", "", "expected one of full quick smoke"),
+    ("sweep", "JOBS", "0", "expected a whole number >= 1"),
+    ("sweep", "JOBS", "abc", "expected a whole number >= 1"),
+    ("reproduce", "JOBS", "-2", "expected a whole number >= 1"),
+])
+def test_a_bad_make_variable_is_named_before_python_runs(target, var, value, allowed, tmp_path):
+    marker = tmp_path / "python_ran"
+    proc = subprocess.run(["make", "-s", target, f"{var}={value}", f"PY=touch {marker};", f"RESULTS={tmp_path}"],
+                          cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines() == [f"Makefile:{_line_of(var)}: *** {var}={value}: {allowed} "
+                                                f"{'(conf/scale/)' if var == 'SCALE' else '(runs at once)'}.  Stop."]
+    assert not marker.exists()
+
+
+def _line_of(var: str) -> int:
+    lines = (ROOT / "Makefile").read_text().splitlines()
+    return next(i + 1 for i, line in enumerate(lines) if line.startswith(f"$(error {var}="))
