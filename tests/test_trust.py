@@ -246,3 +246,84 @@ def test_a_bad_make_variable_is_named_before_python_runs(target, var, value, all
 def _line_of(var: str) -> int:
     lines = (ROOT / "Makefile").read_text().splitlines()
     return next(i + 1 for i, line in enumerate(lines) if line.startswith(f"$(error {var}="))
+
+
+# ----------------------------------------------------------------------------- 10. outputs inside the root read
+OUTPUTS = ("table.md", "table.csv", "lag.md", "claims.md", "figures/README.md",
+           "figures/01_accuracy_vs_rotation.png")
+
+
+def _snapshot(folder: Path, leave_out: Path) -> dict[str, tuple[int, int]]:
+    return {str(p): (p.stat().st_size, p.stat().st_mtime_ns) for p in folder.rglob("*")
+            if p.is_file() and leave_out not in p.parents}
+
+
+@pytest.fixture(scope="module")
+def own_root(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("own_root")
+    for row in ("sgd", "adam"):
+        run(to_run_config(compose_cfg([f"experiment={row}", f"results_root={root}", *TINY])))
+    return root
+
+
+def make(*args: str, timeout: int = 240) -> subprocess.CompletedProcess:
+    return subprocess.run(["make", "-s", *args, f"PY={sys.executable}"], cwd=ROOT, env=ENV, capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def test_analysing_another_root_writes_inside_it_and_touches_no_committed_file(own_root):
+    before = _snapshot(ROOT / "results", own_root)
+    proc = make("table", "figures", "claims", f"RESULTS={own_root}")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert all((own_root / f).is_file() for f in OUTPUTS)
+    assert _snapshot(ROOT / "results", own_root) == before  # results/ and results/reference/ untouched
+
+
+def test_the_committed_outputs_live_beside_the_reference_runs():
+    ref = ROOT / results_mod.REFERENCE_ROOT
+    assert all((ref / f).is_file() for f in (*OUTPUTS, "averaging.md", "averaging.csv"))
+    tracked = subprocess.run(["git", "ls-files", "results"], cwd=ROOT, capture_output=True, text=True).stdout.split()
+    assert not [f for f in tracked if not f.startswith("results/reference/") and f != "results/bench.md"]
+    assert results_mod.output_folder(None, results_mod.REFERENCE_ROOT) == results_mod.REFERENCE_ROOT
+    assert results_mod.output_folder(None, "/tmp/x") == Path("/tmp/x")
+    assert results_mod.output_folder("/tmp/review", "/tmp/x") == Path("/tmp/review")
+
+
+def test_the_analysis_of_another_root_never_writes_into_the_reference_outputs(own_root, monkeypatch, capsys):
+    monkeypatch.chdir(ROOT)
+    before = _snapshot(ROOT / "results" / "reference", own_root)
+    for out in ("results/reference", "results/reference/figures", "results/reference/x"):
+        assert results_mod.main(["--results", str(own_root), "--out", out]) == 2
+        assert capsys.readouterr().err.startswith(f"error: OUT={out}: inside results/reference, which holds the "
+                                                  "committed reference outputs")
+        assert table_main(["--results", str(own_root), "--out", out]) == 2
+        assert "inside results/reference" in capsys.readouterr().err
+    assert _snapshot(ROOT / "results" / "reference", own_root) == before
+    assert results_mod.main(["--results", "results/reference", "--out", "results/reference/figures"]) == 0
+    assert capsys.readouterr().out == "results/reference/figures\n"
+
+
+def test_an_out_folder_that_cannot_be_created_is_one_line(own_root, tmp_path, capsys):
+    from bnrotation.analysis.figures import main as figures_main
+
+    for bad in _bad_places(tmp_path):
+        why = records.folder_problem(bad)
+        for main in (table_main, figures_main):
+            assert main(["--results", str(own_root), "--out", str(bad)]) == 2
+            assert capsys.readouterr().err.strip().splitlines()[-1] == f"error: {bad}: cannot be created: {why}"
+        proc = make("claims", f"RESULTS={own_root}", f"OUT={bad}", timeout=60)
+        assert proc.returncode == 2
+        assert proc.stderr.strip().splitlines()[0] == f"error: OUT={bad}: cannot be created: {why}"
+        assert "Traceback" not in proc.stderr and "reading" not in proc.stderr  # claims never started
+
+
+@pytest.mark.parametrize("scale, root", [("quick", "results/quick"), ("smoke", "results/smoke"), ("full", "results")])
+def test_make_reproduce_keeps_each_scale_in_its_own_root(scale, root):
+    proc = make("-n", "reproduce", f"SCALE={scale}", timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.replace("\\\n", " ").splitlines()
+    sweep = next(line for line in lines if "experiments/train.py -m" in line)
+    assert f"results_root={root} " in sweep + " "
+    for module in ("table", "figures", "claims"):
+        line = next(line for line in lines if f"bnrotation.analysis.{module}" in line)
+        assert f"--results {root} " in line

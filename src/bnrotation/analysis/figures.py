@@ -1,6 +1,6 @@
 """``make figures``: every figure of the write-up, from the parquet results (no torch).
 
-    python -m bnrotation.analysis.figures --results results/reference --out results/figures
+    python -m bnrotation.analysis.figures --results results/reference   # into results/reference/figures
 
 Writes ``<out>/<name>.png`` (for reading) and ``<out>/<name>.pdf`` (vector, for
 write-ups) for each figure, and ``<out>/README.md``, which shows every figure
@@ -31,7 +31,7 @@ from ..rows import ROWS, row_order
 from . import averaging, lag, metrics, theory
 from .claims import ARTICLE_MIDDLE_DRIFT, ARTICLE_MIDDLE_LIFT
 from .metrics import FAIL_BELOW
-from .results import Run, add_results_arguments, runs_for_command, scale_note
+from .results import Run, add_results_arguments, output_folder, output_problem, runs_for_command, scale_note
 from .table import run_metrics
 
 TABLES = ("checks", "layers", "channels", "interventions", "averaging")
@@ -586,7 +586,8 @@ def index_markdown(done: list[Drawn], root: Path, scale: str = "") -> str:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_results_arguments(p)
-    p.add_argument("--out", default="results/figures", help="folder for the figures and their README.md")
+    p.add_argument("--out", default=None, help="folder for the figures and their README.md "
+                   "(default: figures/ in the results root read)")
     p.add_argument("--only", nargs="*", default=(), help="names of the figures to draw (default: all)")
     args = p.parse_args(argv)
     matplotlib.use("Agg")  # files only, no window
@@ -594,7 +595,11 @@ def main(argv: list[str] | None = None) -> int:
     if found is None:
         return 2
     root, runs = found
-    out = Path(args.out)
+    out = Path(args.out) if args.out else output_folder(None, root) / "figures"
+    problem = output_problem(out, root)
+    if problem:
+        print(f"error: {problem}", file=sys.stderr)
+        return 2
     done = make_figures(root, runs, out, tuple(args.only))
     for f in done:
         print(f"{'skipped' if f.skipped else 'wrote  '} {out / f.name}" + (f" ({f.skipped})" if f.skipped else ""),
