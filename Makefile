@@ -1,6 +1,7 @@
 # bn-rotation: every target sets up .venv from the pinned versions first if it is missing.
 # `make help` lists the targets.
 SHELL := /bin/bash
+space := $(subst ,, )
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
@@ -13,9 +14,10 @@ ARGS ?=
 RESULTS ?=
 STEP ?=
 RUN ?= $(or $(RESULTS),results)/runs/$(ROW)/seed=$(SEED)
-OUT ?= results
+OUT ?=
 JOBS ?= 1
 BENCH_ARGS ?=
+SCALES := $(sort $(basename $(notdir $(wildcard conf/scale/*.yaml))))
 
 # Rows and seeds of a sweep, per scale, from src/bnrotation/rows.py (SWEEPS), read only when a target uses them
 # (torch-free, so the system python does it before .venv exists).
@@ -26,19 +28,45 @@ ROWS ?= $(word 1,$(sweep_of))
 SEEDS ?= $(word 2,$(sweep_of))
 set_overrides = $(wordlist 3,99,$(sweep_of))
 force_flag := $(if $(filter 1 true yes,$(FORCE)),true,false)
-results_flag := $(if $(RESULTS),--results $(RESULTS),)
-results_override := $(if $(RESULTS),results_root=$(RESULTS),)
+# Recursive (=), so that the results root `reproduce` sets for its prerequisites reaches them.
+results_flag = $(if $(RESULTS),--results $(RESULTS),)
+results_override = $(if $(RESULTS),results_root=$(RESULTS),)
+out_flag = $(if $(OUT),--out $(OUT),)
 skip_flag := $(if $(filter 1 true yes,$(SKIP_BAD)),--skip-bad,)
 launcher := $(if $(filter-out 1,$(JOBS)),hydra/launcher=joblib hydra.launcher.n_jobs=$(JOBS) threads=$$(( $$(nproc) / $(JOBS) > 0 ? $$(nproc) / $(JOBS) : 1 )),)
+# The folder the analysis writes into: OUT, else the results root it reads (outputs go inside the root).
+# bnrotation.analysis.results prints it, or stops with one line (exit 2) when it cannot be written there.
+out_dir = out=$$($(PY) -m bnrotation.analysis.results $(results_flag) $(out_flag)) &&
 
-.PHONY: help install test sweep reproduce row table diagnose figures claims notebooks bench clean
+# Make variables that would otherwise fail deep inside Python: checked before anything runs.
+ifneq ($(filter sweep reproduce row,$(MAKECMDGOALS)),)
+ifneq ($(words $(SCALE))$(filter $(SCALE),$(SCALES)),1$(SCALE))
+$(error SCALE=$(SCALE): expected one of $(SCALES) (conf/scale/))
+endif
+endif
+ifneq ($(filter sweep reproduce,$(MAKECMDGOALS)),)
+ifneq ($(shell [[ '$(JOBS)' =~ ^[1-9][0-9]*$$ ]] && echo ok),ok)
+$(error JOBS=$(JOBS): expected a whole number >= 1 (runs at once))
+endif
+endif
+
+.PHONY: help install test sweep reproduce places row table diagnose figures claims notebooks bench clean
 .DEFAULT_GOAL := help
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "} {printf "  make %-10s %s\n", $$1, $$2}'
-	@echo "  variables: SCALE=full|quick|smoke ROW= SEED= ARGS='<hydra overrides>' FORCE=1 RESULTS=<root> JOBS=<n> SKIP_BAD=1"
-	@echo "             RUN=<run folder> (default <results>/runs/ROW/seed=SEED) STEP=<n>|last|worst (diagnose)"
-	@echo "             BENCH_ARGS='--steps 300 --rounds 3' (bench)"
+	@echo "  variables (default in brackets):"
+	@echo "    SCALE=$(subst $(space),|,$(SCALES)) [full]   ROW=<row> [adam]   SEED=<s> [0]   ARGS='<hydra overrides>'   FORCE=1"
+	@echo "    ROWS=<row,row,...> SEEDS=<s,s,...> the sweep's rows and seeds [by SCALE and SET, from rows.py:"
+	@for s in $(SCALES); do echo "      SCALE=$$s: $$(PYTHONPATH=src $(PYTHON) -m bnrotation.rows $$s)"; done
+	@for s in resnet ten_seeds; do echo "      SET=$$s: $$(PYTHONPATH=src $(PYTHON) -m bnrotation.rows full $$s)"; done
+	@echo "      ]   SET=resnet|ten_seeds [none: the article's network]"
+	@echo "    JOBS=<n> runs at once (sweep) [1]"
+	@echo "    RESULTS=<root> [sweep, row: results; table, figures, claims: results if it holds runs, else"
+	@echo "      results/reference; reproduce: results, or results/<scale> below full scale]"
+	@echo "    OUT=<folder> where table, figures and claims write [the results root they read]   SKIP_BAD=1"
+	@echo "    RUN=<run folder> [<results>/runs/ROW/seed=SEED]   STEP=<n>|last|worst (diagnose)"
+	@echo "    BENCH_ARGS='--steps 300 --rounds 3' (bench, which writes $(or $(OUT),results)/bench.md)"
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -56,26 +84,30 @@ sweep: $(VENV)/.installed ## every row x seed at SCALE, or of SET=resnet|ten_see
 	$(PY) experiments/train.py -m experiment=$(ROWS) seed=$(SEEDS) scale=$(SCALE) force=$(force_flag) \
 		$(results_override) $(launcher) $(set_overrides) $(ARGS)
 
-reproduce: sweep table figures claims ## the whole study at SCALE, then the table, figures and claims
+reproduce: $(VENV)/.installed places sweep table figures claims ## the whole study at SCALE, then the table, figures and claims, in RESULTS (results/, or results/<scale> below full scale)
+reproduce: RESULTS = $(if $(filter full,$(SCALE)),results,results/$(SCALE))
+
+places: $(VENV)/.installed
+	@$(PY) -m bnrotation.analysis.results $(results_flag) $(out_flag) > /dev/null
 
 row: $(VENV)/.installed ## one row at one seed, SCALE=full unless given (a run: 12-25 min on 2 cores): make row ROW=adam SEED=1 [SCALE=smoke] [ARGS='optimizer.lr=0.001 row=adam_lr1e-3']
 	$(PY) experiments/train.py experiment=$(ROW) seed=$(SEED) scale=$(SCALE) force=$(force_flag) \
 		$(results_override) $(ARGS)
 
-table: $(VENV)/.installed ## results/table.md and .csv from the parquet results (RESULTS=<root>; SKIP_BAD=1 leaves bad runs out)
-	$(PY) -m bnrotation.analysis.table $(results_flag) --out $(OUT) $(skip_flag)
+table: $(VENV)/.installed ## <root>/table.md, table.csv, lag.md, averaging.md from the parquet results (RESULTS=<root>; OUT=<folder>; SKIP_BAD=1 leaves bad runs out)
+	$(out_dir) $(PY) -m bnrotation.analysis.table $(results_flag) --out "$$out" $(skip_flag)
 
 diagnose: $(VENV)/.installed ## stale statistics and fixes of one run: make diagnose RUN=<run folder> [STEP=<n>|last|worst]
 	$(PY) experiments/diagnose.py run=$(RUN) $(if $(STEP),step=$(STEP),)
 
 bench: $(VENV)/.installed ## results/bench.md: runner vs the article's bare loop, probe costs, memory, sweep throughput
-	$(PY) bench/bench.py --venv $(VENV) --out $(OUT)/bench.md $(BENCH_ARGS)
+	$(PY) bench/bench.py --venv $(VENV) --out $(or $(OUT),results)/bench.md $(BENCH_ARGS)
 
-figures: $(VENV)/.installed ## results/figures/*.png, *.pdf and README.md from the parquet results (RESULTS=<root>)
-	$(PY) -m bnrotation.analysis.figures $(results_flag) --out $(OUT)/figures $(skip_flag)
+figures: $(VENV)/.installed ## <root>/figures/*.png, *.pdf and README.md from the parquet results (RESULTS=<root>; OUT=<folder>)
+	$(out_dir) $(PY) -m bnrotation.analysis.figures $(results_flag) --out "$$out/figures" $(skip_flag)
 
-claims: $(VENV)/.installed ## results/claims.md: every claim of the article, PASS/FAIL/NOT RUN (RESULTS=<root>)
-	$(PY) -m bnrotation.analysis.claims $(results_flag) --out $(OUT) $(skip_flag)
+claims: $(VENV)/.installed ## <root>/claims.md: every claim of the article, PASS/FAIL/NOT RUN (RESULTS=<root>; OUT=<folder>)
+	$(out_dir) $(PY) -m bnrotation.analysis.claims $(results_flag) --out "$$out" $(skip_flag)
 
 notebooks: $(VENV)/.installed ## run every notebooks/*.py as a script against the results (RESULTS=<root>)
 	@for nb in notebooks/*.py; do echo "$$nb"; \

@@ -13,7 +13,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig
 
-from bnrotation.cli import record_outcome, run_task
+from bnrotation.cli import record_outcome, remove_unused_run_dir, run_task
 from bnrotation.config import register_configs
 
 register_configs()
@@ -30,6 +30,8 @@ def main(cfg: DictConfig) -> None:
         if outcome.status == "interrupted":
             sys.exit(outcome.exit_code)
     elif outcome.exit_code:
+        if outcome.status in ("bad config", "refused"):  # nothing ran: no empty hydra/runs/<time>/ left behind
+            remove_unused_run_dir(hc.runtime.output_dir, hc.job.name)
         sys.exit(outcome.exit_code)
 
 

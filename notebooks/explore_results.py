@@ -143,7 +143,8 @@ show(figures.fig_averaging)
 # %% [markdown]
 # ## The claims report
 #
-# `make claims` writes the same verdicts to `results/claims.md`.
+# `make claims` writes the same verdicts to `claims.md` in the results root (the reference runs':
+# `results/reference/claims.md`).
 
 # %%
 markdown, named = claims.build_report(ROOT, runs)

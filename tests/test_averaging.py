@@ -209,6 +209,59 @@ def test_ema_matches_averaged_model_with_an_ema_function():
     _assert_equal(_buffers(copy_buffers), _buffers(without.module))
 
 
+
+def test_ema_update_is_swa_utils_ema_function_bit_for_bit():
+    """Each update after the first is ``get_ema_multi_avg_fn(decay)`` applied to the same floats, to the bit."""
+    decay = 0.999
+    model = build_model(MODEL, TASK.num_classes, 0)
+    ema = EMA(model, decay)
+    oracle = [t.detach().clone() for t in [*model.parameters(), *model.buffers()] if t.is_floating_point()]
+    step_fn = get_ema_multi_avg_fn(decay)
+
+    def both(m):
+        first = ema.updates == 0
+        ema.update(m)
+        live = [t.detach() for t in [*m.parameters(), *m.buffers()] if t.is_floating_point()]
+        if first:
+            torch._foreach_copy_(oracle, live)
+        else:
+            step_fn(oracle, live, ema.updates)
+
+    _train(model, 6, on_step=both)
+    mine = [t for t in [*ema.module.parameters(), *ema.module.buffers()] if t.is_floating_point()]
+    assert len(mine) == len(oracle) and all(torch.equal(a, b) for a, b in zip(mine, oracle))
+    assert not torch.equal(mine[0], next(model.parameters()))  # six updates at decay 0.999: not the live weights
+
+
+def test_an_ema_survives_torch_save_pickle_and_deepcopy(tmp_path):
+    """Saved, pickled or copied mid-run, an EMA carries on exactly as the original does."""
+    import io
+    import pickle
+
+    model = build_model(MODEL, TASK.num_classes, 0)
+    ema = EMA(model, 0.9)
+    _train(model, 3, on_step=ema.update)
+    torch.save(ema, tmp_path / "ema.pt")
+    copies = [torch.load(tmp_path / "ema.pt", weights_only=False), pickle.loads(pickle.dumps(ema)),
+              copy.deepcopy(ema)]
+    buf = io.BytesIO()
+    torch.save(ema, buf)
+    copies.append(torch.load(io.BytesIO(buf.getvalue()), weights_only=False))
+    for c in copies:
+        assert (c.decay, c.updates) == (0.9, 3)
+        _assert_equal(_params(c.module), _params(ema.module))
+
+    def all_update(m):
+        for e in (ema, *copies):
+            e.update(m)
+
+    _train(model, 3, on_step=all_update)
+    for c in copies:
+        assert c.updates == 6
+        _assert_equal(_params(c.module), _params(ema.module))
+        _assert_equal(_buffers(c.module), _buffers(ema.module))
+
+
 # ----------------------------------------------------------------------------- validation
 def test_validation_flags_buffers_copied_from_another_checkpoint(trajectory):
     probe = _probe()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import itertools
 
 import pandas as pd
 import pytest
@@ -12,8 +13,8 @@ from torch.optim.swa_utils import update_bn
 from torch.utils.data import DataLoader, TensorDataset
 
 from bnrotation import records
-from bnrotation.bnstats import (reestimate, running_stat_layers, running_stats, swapped_statistics,
-                                top_k_channel_masks, weights_fingerprint)
+from bnrotation.bnstats import (parameter_digests, reestimate, running_stat_layers, running_stats,
+                                swapped_statistics, top_k_channel_masks, weights_fingerprint)
 from bnrotation.config import ModelConfig
 from bnrotation.model import build_model
 from bnrotation.interventions import run_interventions, top_k_grid
@@ -177,6 +178,123 @@ class _Sneaky(nn.Module):
 def test_a_parameter_that_changes_is_reported():
     with pytest.raises(RuntimeError, match=r"parameters changed.*scale"):
         reestimate(_Sneaky(), [torch.randn(4, 2)])
+
+
+
+def test_the_parameter_check_keeps_digests_not_copies(monkeypatch):
+    """No clone of a parameter during the pass (the check used to keep one of each: twice the parameters'
+    memory); a parameter that changes is still caught (test_a_parameter_that_changes_is_reported)."""
+    net = nn.Sequential(nn.Linear(512, 512, bias=False), nn.BatchNorm1d(512))
+    cloned, real = [], torch.Tensor.clone
+
+    def spy(t, *args, **kwargs):
+        cloned.append(t.numel())
+        return real(t, *args, **kwargs)
+
+    monkeypatch.setattr(torch.Tensor, "clone", spy)
+    reestimate(net, [torch.randn(8, 512) for _ in range(2)])
+    monkeypatch.undo()
+    assert max(cloned, default=0) < 512 * 512
+    digests = parameter_digests(net)
+    assert set(digests) == {"0.weight", "1.weight", "1.bias"} and all(len(d) == 64 for d in digests.values())
+    with torch.no_grad():
+        net[0].weight[3, 4] = torch.nextafter(net[0].weight[3, 4], torch.tensor(2.0))  # one ulp
+    assert parameter_digests(net)["0.weight"] != digests["0.weight"]
+    assert parameter_digests(net)["1.weight"] == digests["1.weight"]
+
+
+def test_max_batches_stops_an_endless_loader_and_draws_no_batch_past_it():
+    batches = _uneven_batches()
+    drawn = []
+
+    def endless():
+        for i in itertools.count():
+            drawn.append(i)
+            yield batches[i % len(batches)]
+
+    ours, ref = _net(), _net()
+    report = reestimate(ours, endless(), max_batches=len(batches))
+    update_bn(batches, ref)
+    assert _same(_buffers(ours), _buffers(ref))  # the first four batches, as update_bn on exactly those
+    assert (report.batches, report.samples, drawn) == (4, 33, [0, 1, 2, 3])
+    short = _net()
+    assert reestimate(short, batches, max_batches=10).batches == 4  # a shorter loader is not an error
+    assert _same(_buffers(short), _buffers(ref))
+
+
+@pytest.mark.parametrize("bad", [0, -1, 2.5, True, "3"])
+def test_max_batches_must_be_a_positive_integer(bad):
+    net = _net()
+    before = _buffers(net)
+    with pytest.raises(ValueError, match=r"max_batches: expected a positive integer"):
+        reestimate(net, _uneven_batches(), max_batches=bad)
+    assert _same(_buffers(net), before)
+
+
+class _FrozenBN(nn.Module):
+    """A BatchNorm layer in evaluation mode for good: the oracle's stand-in for a frozen one (``update_bn``
+    puts every BatchNorm into training mode and re-estimates it)."""
+
+    def __init__(self, bn: nn.BatchNorm2d):
+        super().__init__()
+        self.stats = [bn.running_mean.clone(), bn.running_var.clone()]  # not buffers: update_bn cannot see them
+        self.weight, self.bias, self.eps = bn.weight, bn.bias, bn.eps
+
+    def forward(self, x):
+        return torch.nn.functional.batch_norm(x, *self.stats, self.weight, self.bias, training=False, eps=self.eps)
+
+
+def test_skip_frozen_leaves_a_frozen_layer_alone_and_reestimates_the_rest_as_update_bn_does():
+    """Fine-tuning with frozen BatchNorm (fvcore's PreciseBN): the model in training mode, bn "4" in evaluation
+    mode. The layers after it see its output normalised with its running statistics."""
+    batches = _uneven_batches()
+    net = _net(dropout=0.5).train()
+    net[3].eval()  # dropout off, so that update_bn (which trains the whole model) is an oracle
+    frozen = net[5]
+    frozen.eval()
+    frozen_before = {k: v.clone() for k, v in frozen.state_dict().items()}
+    oracle = copy.deepcopy(net)
+    oracle[5] = _FrozenBN(oracle[5])
+    oracle[3] = nn.Identity()
+    update_bn(batches, oracle)
+
+    report = reestimate(net, batches, skip_frozen=True)
+    assert (report.layers, report.skipped) == (["1", "10"], ["5"])
+    assert all(torch.equal(v, frozen_before[k]) for k, v in frozen.state_dict().items())  # untouched, count too
+    assert frozen.momentum == 0.1 and not frozen.training and net.training
+    for name in ("1", "10"):
+        for buf in ("running_mean", "running_var", "num_batches_tracked"):
+            assert torch.equal(getattr(net[int(name)], buf), getattr(oracle[int(name)], buf)), (name, buf)
+    assert "5" not in report.momentum_restored
+
+    everything = _net(dropout=0.5).train()
+    everything[5].eval()
+    assert reestimate(everything, batches).skipped == []  # without the switch every layer is re-estimated
+    assert not torch.equal(everything[5].running_mean, frozen_before["running_mean"])
+    in_eval = _net()  # a model in evaluation mode has no frozen layer
+    assert reestimate(in_eval, batches, skip_frozen=True).layers == ["1", "4", "9"]
+
+
+def test_skip_frozen_with_every_layer_frozen_is_an_error():
+    net = _net().train()
+    for _, m in running_stat_layers(net):
+        m.eval()
+    before = _buffers(net)
+    with pytest.raises(ValueError, match=r"every layer with running statistics is frozen .*\['1', '4', '9'\]"):
+        reestimate(net, _uneven_batches(), skip_frozen=True)
+    assert _same(_buffers(net), before)
+
+
+def test_an_uninitialised_lazy_batchnorm_is_named():
+    net = nn.Sequential(nn.Conv2d(3, 4, 3), nn.LazyBatchNorm2d(), nn.ReLU())
+    with pytest.raises(ValueError, match=r"layer '1' \(LazyBatchNorm2d\) is not initialised.*forward pass"):
+        reestimate(net, _uneven_batches())
+    with torch.no_grad():
+        net.train()(torch.randn(2, 3, 8, 8))  # initialised: now an ordinary BatchNorm2d
+    ref = copy.deepcopy(net)
+    reestimate(net, _uneven_batches())
+    update_bn(_uneven_batches(), ref)
+    assert _same(_buffers(net), _buffers(ref))
 
 
 # ----------------------------------------------------------------------------- failure cases

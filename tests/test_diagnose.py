@@ -87,6 +87,33 @@ def test_logged_report_says_when_the_checkpoint_is_missing(adam_smoke_run, tmp_p
     assert "no such run folder" in capsys.readouterr().err
 
 
+
+def test_diagnose_on_a_reference_run_says_checkpoints_are_not_committed_and_how_to_make_them(monkeypatch, capsys):
+    """`make diagnose RUN=results/reference/runs/adam/seed=0 STEP=worst` on the committed runs."""
+    monkeypatch.chdir(ROOT)
+    for step in ("worst", "last", "4500"):
+        assert main(["run=results/reference/runs/adam/seed=0", f"step={step}"]) == 2
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1
+        assert "checkpoints are not committed with the reference runs" in err
+        assert "make row ROW=adam SEED=0 " in err and f"make diagnose RUN=results/runs/adam/seed=0 STEP={step}" in err
+        assert "save_checkpoints" not in err
+
+
+def test_diagnose_on_a_run_made_without_checkpoints_says_so_from_its_config(adam_smoke_run, tmp_path, capsys):
+    bare = tmp_path / "runs" / "adam" / "seed=0"
+    shutil.copytree(adam_smoke_run, bare, ignore=shutil.ignore_patterns("checkpoints"))
+    assert main([f"run={bare}", "step=worst"]) == 2
+    err = capsys.readouterr().err
+    assert "missing, although the run saved checkpoints" in err and "make row ROW=adam SEED=0 SCALE=smoke" in err
+    config = bare / "config.yaml"
+    config.write_text(config.read_text().replace("save_checkpoints: true", "save_checkpoints: false"))
+    assert main([f"run={bare}", "step=last"]) == 2
+    err = capsys.readouterr().err
+    assert "made with save_checkpoints=false (its config.yaml)" in err
+    assert f"make row ROW=adam SEED=0 SCALE=smoke RESULTS={tmp_path} FORCE=1" in err
+
+
 def _table(step: int, stored: float, reest: float, layers: dict[str, float], curve: dict[int, float]):
     rows = [(step, "none", -1, "", stored), (step, "reestimate", -1, "", reest)]
     rows += [(step, "layer", -1, n, a) for n, a in layers.items()]

@@ -41,7 +41,8 @@ def test_every_experiment_runs_to_parquet(smoke_results):
         checks = pd.read_parquet(out / "checks.parquet")
         assert checks["step"].tolist() == [10, 15, 20]
         channels = pd.read_parquet(out / "channels.parquet")
-        assert len(channels) == len(range(0, 21, 5)) * (32 + 64 + 64)
+        widths = {"convnet": 32 + 64 + 64, "resnet20": 16 * 7 + 32 * 6 + 64 * 6 + 32 + 64}  # every norm layer
+        assert len(channels) == len(range(0, 21, 5)) * widths[ROWS[row].arch]
         assert channels.loc[channels["step"] > 0, "rotation_deg"].notna().all()
 
 

@@ -4,6 +4,7 @@ and a variant that keeps a row's name is refused before it trains."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -143,3 +144,191 @@ def test_a_variant_stops_the_command_with_status_2(tmp_path):
     assert proc.returncode == 2
     assert "error: bad config: optimizer.lr: 0.001 changes what row 'adam' means" in proc.stderr
     assert not (tmp_path / "runs").exists()
+
+
+# ----------------------------------------------------------------------------- 7. every run diverged
+def test_figures_and_claims_on_a_root_where_every_run_diverged_stop_with_one_line(tmp_path, capsys):
+    """lr 1e30 makes SGD's loss non-finite at once; the table counts the run, figures and claims refuse the root."""
+    from bnrotation.analysis.claims import main as claims_main
+    from bnrotation.analysis.figures import main as figures_main
+
+    out = run(to_run_config(compose_cfg(["experiment=sgd", "optimizer.lr=1e30", "row=sgd_lr1e30",
+                                         f"results_root={tmp_path}", *TINY])))
+    assert json.loads((out / "run.json").read_text())["status"] == "diverged"
+    capsys.readouterr()
+    for main, out_dir in ((figures_main, tmp_path / "figures"), (claims_main, tmp_path / "claims")):
+        assert main(["--results", str(tmp_path), "--out", str(out_dir)]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert err[-1].startswith(f"error: every run under {tmp_path}/runs diverged (non-finite loss: "
+                                  "sgd_lr1e30 seed=0 at step ")
+        assert len(err) == 2 and not out_dir.exists()  # the root line, the error; nothing written
+    assert table_main(["--results", str(tmp_path), "--out", str(tmp_path / "table")]) == 0  # the table counts it
+    assert "| 1 (seeds 0) |" in (tmp_path / "table" / "table.md").read_text()
+
+
+# ----------------------------------------------------------------------------- 6. bad places
+def _bad_places(tmp_path: Path) -> list[Path]:
+    """A path through a regular file, and one on a virtual file system where nothing can be created."""
+    (tmp_path / "a_file").write_text("not a folder")
+    return [tmp_path / "a_file" / "results"] + ([Path("/proc/x")] if Path("/proc/self").is_dir() else [])
+
+
+@pytest.mark.parametrize("mode", ["single", "sweep"])
+def test_a_results_root_that_cannot_be_created_is_one_line_before_any_work(mode, tmp_path):
+    for bad in _bad_places(tmp_path):
+        proc = train(*(["-m"] if mode == "sweep" else []), "experiment=sgd", f"results_root={bad}", *TINY)
+        assert proc.returncode == 2, proc.stderr[-2000:]
+        assert proc.stderr.strip().splitlines() == [f"error: results_root={bad}: cannot be created: "
+                                                    + records.folder_problem(bad)]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a_file"]
+
+
+def test_folder_problem_names_what_is_in_the_way(tmp_path):
+    (tmp_path / "f").write_text("")
+    assert records.folder_problem(tmp_path / "f" / "x" / "y") == f"{tmp_path / 'f'} is a file, not a folder"
+    assert records.folder_problem(tmp_path / "f") == f"{tmp_path / 'f'} is a file, not a folder"
+    assert records.folder_problem(tmp_path / "new" / "deeper") is None
+    assert records.folder_problem(tmp_path) is None
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["f"]  # nothing created, the probe folder removed
+    if Path("/proc/self").is_dir():
+        assert records.folder_problem("/proc/x").startswith("nothing can be created in /proc (")
+
+
+def test_run_task_refuses_a_results_root_that_cannot_be_created(tmp_path, capsys):
+    (tmp_path / "a_file").write_text("")
+    outcome = cli.run_task(compose_cfg(["experiment=sgd", f"results_root={tmp_path / 'a_file' / 'r'}", *TINY]))
+    assert (outcome.status, outcome.exit_code) == ("bad config", 2)
+    assert capsys.readouterr().err.startswith(f"error: results_root={tmp_path / 'a_file' / 'r'}: cannot be created")
+
+
+@pytest.mark.parametrize("override", ["optimizer.lr=-1", "+optimizer.lrr=0.1", "optimizer.lr=0.001"])
+def test_a_rejected_config_leaves_no_hydra_run_folder(override, tmp_path):
+    """Hydra makes <results_root>/hydra/runs/<time>/ before the task runs; a config rejected there removes it."""
+    proc = train("experiment=adam", f"results_root={tmp_path}", override, *TINY)
+    assert proc.returncode == 2 and proc.stderr.strip().splitlines()[-1].startswith("error: bad config: ")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_only_a_run_folder_holding_nothing_but_hydras_files_is_removed(tmp_path):
+    run_dir = tmp_path / "hydra" / "runs" / "2026-01-01_00-00-00"
+    (run_dir / ".hydra").mkdir(parents=True)
+    (run_dir / "train.log").write_text("")
+    (tmp_path / "hydra" / "multirun").mkdir()
+    kept = tmp_path / "hydra" / "runs" / "2026-01-01_00-00-01"
+    (kept / ".hydra").mkdir(parents=True)
+    (kept / "notes.txt").write_text("mine")
+    assert not cli.remove_unused_run_dir(kept, "train") and (kept / "notes.txt").exists()
+    assert cli.remove_unused_run_dir(run_dir, "train") and not run_dir.exists()
+    assert (tmp_path / "hydra" / "runs").is_dir()  # not empty: kept
+    (kept / "notes.txt").unlink()
+    assert cli.remove_unused_run_dir(kept, "train")
+    assert not (tmp_path / "hydra" / "runs").exists() and (tmp_path / "hydra" / "multirun").is_dir()
+
+
+@pytest.mark.parametrize("target, var, value, allowed", [
+    ("sweep", "SCALE", "huge", "expected one of full quick smoke"),
+    ("row", "SCALE", "full quick", "expected one of full quick smoke"),
+    ("reproduce", "SCALE", "", "expected one of full quick smoke"),
+    ("sweep", "JOBS", "0", "expected a whole number >= 1"),
+    ("sweep", "JOBS", "abc", "expected a whole number >= 1"),
+    ("reproduce", "JOBS", "-2", "expected a whole number >= 1"),
+])
+def test_a_bad_make_variable_is_named_before_python_runs(target, var, value, allowed, tmp_path):
+    marker = tmp_path / "python_ran"
+    proc = subprocess.run(["make", "-s", target, f"{var}={value}", f"PY=touch {marker};", f"RESULTS={tmp_path}"],
+                          cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines() == [f"Makefile:{_line_of(var)}: *** {var}={value}: {allowed} "
+                                                f"{'(conf/scale/)' if var == 'SCALE' else '(runs at once)'}.  Stop."]
+    assert not marker.exists()
+
+
+def _line_of(var: str) -> int:
+    lines = (ROOT / "Makefile").read_text().splitlines()
+    return next(i + 1 for i, line in enumerate(lines) if line.startswith(f"$(error {var}="))
+
+
+# ----------------------------------------------------------------------------- 10. outputs inside the root read
+OUTPUTS = ("table.md", "table.csv", "lag.md", "claims.md", "figures/01_accuracy_vs_rotation.png")
+
+
+def _snapshot(folder: Path, leave_out: Path) -> dict[str, tuple[int, int]]:
+    return {str(p): (p.stat().st_size, p.stat().st_mtime_ns) for p in folder.rglob("*")
+            if p.is_file() and leave_out not in p.parents}
+
+
+@pytest.fixture(scope="module")
+def own_root(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("own_root")
+    for row in ("sgd", "adam"):
+        run(to_run_config(compose_cfg([f"experiment={row}", f"results_root={root}", *TINY])))
+    return root
+
+
+def make(*args: str, timeout: int = 240) -> subprocess.CompletedProcess:
+    return subprocess.run(["make", "-s", *args, f"PY={sys.executable}"], cwd=ROOT, env=ENV, capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def test_analysing_another_root_writes_inside_it_and_touches_no_committed_file(own_root, monkeypatch):
+    """`make table claims RESULTS=<root>` (claims.py's own default is results/: only the Makefile puts it in the
+    root) and the figures' own default (make passes the same folder), one figure, to keep the test quick."""
+    from bnrotation.analysis.figures import main as figures_main
+
+    before = _snapshot(ROOT / "results", own_root)
+    proc = make("table", "claims", f"RESULTS={own_root}")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    monkeypatch.chdir(ROOT)
+    assert figures_main(["--results", str(own_root), "--only", "01_accuracy_vs_rotation"]) == 0
+    assert all((own_root / f).is_file() for f in OUTPUTS)
+    assert _snapshot(ROOT / "results", own_root) == before  # results/ and results/reference/ untouched
+
+
+def test_the_committed_outputs_live_beside_the_reference_runs():
+    ref = ROOT / results_mod.REFERENCE_ROOT
+    assert all((ref / f).is_file() for f in (*OUTPUTS, "figures/README.md", "averaging.md", "averaging.csv"))
+    tracked = subprocess.run(["git", "ls-files", "results"], cwd=ROOT, capture_output=True, text=True).stdout.split()
+    assert not [f for f in tracked if not f.startswith("results/reference/") and f != "results/bench.md"]
+    assert results_mod.output_folder(None, results_mod.REFERENCE_ROOT) == results_mod.REFERENCE_ROOT
+    assert results_mod.output_folder(None, "/tmp/x") == Path("/tmp/x")
+    assert results_mod.output_folder("/tmp/review", "/tmp/x") == Path("/tmp/review")
+
+
+def test_the_analysis_of_another_root_never_writes_into_the_reference_outputs(own_root, monkeypatch, capsys):
+    monkeypatch.chdir(ROOT)
+    before = _snapshot(ROOT / "results" / "reference", own_root)
+    for out in ("results/reference", "results/reference/figures", "results/reference/x"):
+        assert results_mod.main(["--results", str(own_root), "--out", out]) == 2
+        assert capsys.readouterr().err.startswith(f"error: OUT={out}: inside results/reference, which holds the "
+                                                  "committed reference outputs")
+        assert table_main(["--results", str(own_root), "--out", out]) == 2
+        assert "inside results/reference" in capsys.readouterr().err
+    assert _snapshot(ROOT / "results" / "reference", own_root) == before
+    assert results_mod.main(["--results", "results/reference", "--out", "results/reference/figures"]) == 0
+    assert capsys.readouterr().out == "results/reference/figures\n"
+
+
+def test_an_out_folder_that_cannot_be_created_is_one_line(own_root, tmp_path, capsys):
+    from bnrotation.analysis.figures import main as figures_main
+
+    for bad in _bad_places(tmp_path):
+        why = records.folder_problem(bad)
+        for main in (table_main, figures_main):
+            assert main(["--results", str(own_root), "--out", str(bad)]) == 2
+            assert capsys.readouterr().err.strip().splitlines()[-1] == f"error: {bad}: cannot be created: {why}"
+        proc = make("claims", f"RESULTS={own_root}", f"OUT={bad}", timeout=60)
+        assert proc.returncode == 2
+        assert proc.stderr.strip().splitlines()[0] == f"error: OUT={bad}: cannot be created: {why}"
+        assert "Traceback" not in proc.stderr and "reading" not in proc.stderr  # claims never started
+
+
+@pytest.mark.parametrize("scale, root", [("quick", "results/quick"), ("smoke", "results/smoke"), ("full", "results")])
+def test_make_reproduce_keeps_each_scale_in_its_own_root(scale, root):
+    proc = make("-n", "reproduce", f"SCALE={scale}", timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.replace("\\\n", " ").splitlines()
+    sweep = next(line for line in lines if "experiments/train.py -m" in line)
+    assert f"results_root={root} " in sweep + " "
+    for module in ("table", "figures", "claims"):
+        line = next(line for line in lines if f"bnrotation.analysis.{module}" in line)
+        assert f"--results {root} " in line

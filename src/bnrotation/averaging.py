@@ -43,7 +43,6 @@ import numpy as np
 import pandas as pd
 import torch
 import torch.nn as nn
-from torch.optim.swa_utils import get_ema_multi_avg_fn
 
 from .bnstats import ReestimationReport, reestimate, running_stat_layers, weights_fingerprint
 from .checkpoints import checkpoint_path, load_checkpoint
@@ -256,11 +255,14 @@ class EMA:
     """Exponential moving average of a model's weights, and separately of its floating-point buffers.
 
     After each optimizer step, ``ema = decay * ema + (1 - decay) * live``; the
-    first update copies. The update is ``torch.optim.swa_utils``'s
-    ``get_ema_multi_avg_fn`` (one fused ``_foreach_lerp_`` on the device) with
-    a host-side update count, so it never synchronises with the device
-    (``AveragedModel`` branches on its count tensor every update: a
-    synchronisation once that tensor is on the GPU).
+    first update copies. The update is the arithmetic of ``torch.optim.swa_utils``'s
+    ``get_ema_multi_avg_fn`` (one fused ``_foreach_lerp_(ema, live, 1 - decay)``
+    on the device, bit for bit) with a host-side update count, so it never
+    synchronises with the device (``AveragedModel`` branches on its count
+    tensor every update: a synchronisation once that tensor is on the GPU).
+    It is a method here, not the function ``get_ema_multi_avg_fn`` returns,
+    because that function is local and cannot be pickled: an ``EMA`` goes
+    through ``torch.save``, ``pickle`` and ``copy.deepcopy``.
     ``self.module`` holds the EMA weights and an EMA of the running means and
     variances, what ``AveragedModel(use_buffers=True)`` keeps (the ``average``
     policy); its integer buffers (``num_batches_tracked``) follow the live
@@ -278,7 +280,6 @@ class EMA:
         self.module = copy.deepcopy(model).requires_grad_(False)
         for p in self.module.parameters():
             p.grad = None
-        self._lerp = get_ema_multi_avg_fn(decay)
 
     def _pairs(self, model: nn.Module) -> tuple[list, list, list, list]:
         """(EMA floats, live floats, EMA integers, live integers): parameters then buffers, same order."""
@@ -299,7 +300,7 @@ class EMA:
         if self.updates == 0:
             torch._foreach_copy_(ema_f, live_f)
         else:
-            self._lerp(ema_f, live_f, self.updates)
+            torch._foreach_lerp_(ema_f, live_f, 1 - self.decay)  # swa_utils.get_ema_multi_avg_fn's update
         if ema_i:
             torch._foreach_copy_(ema_i, live_i)
         self.updates += 1

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import copy
 import hashlib
+import itertools
 from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -81,6 +82,11 @@ def batch_statistics(model: nn.Module, keep_frozen: bool = False) -> Iterator[nn
             m.training = f
 
 
+def _tensor_bytes(t: torch.Tensor):
+    """The bytes of ``t`` as a flat uint8 array on the CPU (no copy for a contiguous CPU tensor; any dtype)."""
+    return t.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy()
+
+
 def weights_fingerprint(model: nn.Module) -> str:
     """SHA-256 (hex, first 16 chars) of every parameter's name, shape, dtype and bytes.
 
@@ -89,10 +95,28 @@ def weights_fingerprint(model: nn.Module) -> str:
     """
     h = hashlib.sha256()
     for name, p in model.named_parameters():
-        t = p.detach().cpu().contiguous()
-        h.update(f"{name}:{tuple(t.shape)}:{t.dtype}".encode())
-        h.update(t.numpy().tobytes() if t.dtype != torch.bfloat16 else t.float().numpy().tobytes())
+        h.update(f"{name}:{tuple(p.shape)}:{p.dtype}".encode())
+        h.update(_tensor_bytes(p))
     return h.hexdigest()[:16]
+
+
+def parameter_digests(model: nn.Module) -> dict[str, str]:
+    """``{parameter name: SHA-256 (hex) of its shape, dtype and bytes}``.
+
+    What :func:`reestimate` keeps to prove that no parameter changed: 64 bytes
+    per parameter instead of a copy of it, so the check does not double the
+    parameters' memory (one parameter at a time passes through host memory).
+    An uninitialised lazy parameter digests as ``"uninitialised"``.
+    """
+    out = {}
+    for name, p in model.named_parameters():
+        if nn.parameter.is_lazy(p):
+            out[name] = "uninitialised"
+            continue
+        h = hashlib.sha256(f"{tuple(p.shape)}:{p.dtype}".encode())
+        h.update(_tensor_bytes(p))
+        out[name] = h.hexdigest()
+    return out
 
 
 def batch_input(batch, key: str = "input") -> torch.Tensor:
@@ -116,47 +140,96 @@ def batch_input(batch, key: str = "input") -> torch.Tensor:
 
 @dataclass
 class ReestimationReport:
-    """What :func:`reestimate` did: the provenance to store beside the buffers."""
+    """What :func:`reestimate` did: the provenance to store beside the buffers.
+
+    Attributes:
+        layers: names of the layers re-estimated.
+        batches, samples: how many batches, and samples in them, went through.
+        weights_fingerprint: :func:`weights_fingerprint` of the weights the statistics describe.
+        momentum_restored: ``{layer: momentum}`` put back on each re-estimated layer.
+        skipped: names of the layers left untouched because they were frozen
+            (``skip_frozen=True``: in evaluation mode inside a model in training mode).
+    """
 
     layers: list[str]
     batches: int
     samples: int
     weights_fingerprint: str
     momentum_restored: dict[str, float | None] = field(default_factory=dict)
+    skipped: list[str] = field(default_factory=list)
+
+
+def _check_initialised(layers: list[tuple[str, _BatchNorm]]) -> None:
+    """Raise ValueError naming the first lazy BatchNorm layer that has not been through a forward pass yet."""
+    for name, m in layers:
+        if any(nn.parameter.is_lazy(t) for t in (*m.parameters(recurse=False), *m.buffers(recurse=False))):
+            raise ValueError(f"reestimate: layer {name!r} ({type(m).__name__}) is not initialised: its running "
+                             "statistics have no size until a first forward pass; run one batch through the "
+                             "model first")
 
 
 def reestimate(model: nn.Module, batches: Iterable, *, input_key: str = "input",
-               device: torch.device | str | None = None) -> ReestimationReport:
+               device: torch.device | str | None = None, max_batches: int | None = None,
+               skip_frozen: bool = False) -> ReestimationReport:
     """Re-estimate every running mean and variance for the model's current weights.
 
-    Resets each BatchNorm layer's running statistics, forwards every batch
+    Resets each BatchNorm layer's running statistics, forwards the batches
     with no gradient and ``momentum=None`` (the plain cumulative average over
     batches, as ``torch.optim.swa_utils.update_bn``), then restores each
     layer's momentum and every module's train/eval flag. Only layers with
     running statistics are put in training mode; dropout and the rest keep
     evaluation mode, so the pass is deterministic for fixed batches. Used by
     Li et al. 2016 (arXiv:1603.04779) and Schneider et al. 2020
-    (arXiv:2006.16971); the article's "re-estimation" fix.
+    (arXiv:2006.16971); the article's "re-estimation" fix. fvcore's
+    ``update_bn_stats`` (PreciseBN; Wu and Johnson 2021, arXiv:2105.07576)
+    does the same averaging, over the layers in training mode only, as
+    ``skip_frozen=True`` does here.
 
     Args:
         model: any ``nn.Module``.
         batches: an iterable of tensors (N, ...), ``(input, target)`` tuples or
-            lists, or mappings holding the input under ``input_key``.
+            lists, or mappings holding the input under ``input_key``; endless
+            ones need ``max_batches``.
+        input_key: the key of the model input in a mapping batch (default
+            ``"input"``); unused for tensors, tuples and lists.
         device: if given, inputs are moved there first.
+        max_batches: stop after this many batches (None: all of them); no
+            batch past it is drawn from ``batches``. Fewer is not an error:
+            ``report.batches`` says how many went through.
+        skip_frozen: leave frozen BatchNorm layers alone, for fine-tuning with
+            frozen BatchNorm: a layer whose ``training`` flag is False while
+            the model is in training mode keeps its running statistics, its
+            momentum and ``num_batches_tracked``, and normalises with its
+            running statistics during the pass; ``report.skipped`` names it.
+            A model in evaluation mode has no frozen layer (every layer is
+            re-estimated). Default False: every layer, whatever its flag.
 
     Returns:
         A :class:`ReestimationReport`.
 
     Raises:
-        ValueError: if the model has no layer with running statistics, or
-            ``batches`` is empty (the buffers are then left as they were).
+        ValueError: if the model has no layer with running statistics (or,
+            with ``skip_frozen``, every one is frozen); if a lazy BatchNorm
+            layer is uninitialised (naming it); if ``max_batches`` is not a
+            positive integer; or if ``batches`` is empty (the buffers are then
+            left as they were).
         TypeError: for a batch it cannot read (buffers left as they were).
-        RuntimeError: if a parameter changed during the pass.
+        RuntimeError: naming every parameter that changed during the pass
+            (compared by :func:`parameter_digests`, not by copies).
     """
-    layers = running_stat_layers(model)
-    if not layers:
+    if max_batches is not None and (isinstance(max_batches, bool) or not isinstance(max_batches, int)
+                                    or max_batches < 1):
+        raise ValueError(f"reestimate: max_batches: expected a positive integer or None, got {max_batches!r}")
+    found = running_stat_layers(model)
+    if not found:
         raise ValueError("reestimate: the model has no normalisation layer with running statistics")
-    before_params = {n: p.detach().clone() for n, p in model.named_parameters()}
+    _check_initialised(found)
+    frozen = {name for name, m in found if skip_frozen and model.training and not m.training}
+    layers = [(name, m) for name, m in found if name not in frozen]
+    if not layers:
+        raise ValueError(f"reestimate: every layer with running statistics is frozen (in evaluation mode inside a "
+                         f"model in training mode: {sorted(frozen)}); nothing to re-estimate with skip_frozen=True")
+    digests = parameter_digests(model)
     saved_buffers = {name: copy.deepcopy(m.state_dict()) for name, m in layers}
     momenta = {name: m.momentum for name, m in layers}
     flags = {m: m.training for m in model.modules()}
@@ -168,7 +241,7 @@ def reestimate(model: nn.Module, batches: Iterable, *, input_key: str = "input",
             m.momentum = None
             m.train()
         with torch.no_grad():
-            for batch in batches:
+            for batch in itertools.islice(batches, max_batches):
                 x = batch_input(batch, input_key)
                 if device is not None:
                     x = x.to(device)
@@ -186,10 +259,12 @@ def reestimate(model: nn.Module, batches: Iterable, *, input_key: str = "input",
             m.momentum = momenta[name]
         for m, f in flags.items():
             m.training = f
-    changed = [n for n, p in model.named_parameters() if not torch.equal(p.detach(), before_params[n])]
+    after = parameter_digests(model)
+    changed = [n for n in after.keys() | digests.keys() if after.get(n) != digests.get(n)]
     if changed:
-        raise RuntimeError(f"reestimate: parameters changed during the statistics pass: {changed}")
-    return ReestimationReport([n for n, _ in layers], n_batches, n_samples, weights_fingerprint(model), momenta)
+        raise RuntimeError(f"reestimate: parameters changed during the statistics pass: {sorted(changed)}")
+    return ReestimationReport([n for n, _ in layers], n_batches, n_samples, weights_fingerprint(model), momenta,
+                              [n for n, _ in found if n in frozen])
 
 
 def running_stats(model: nn.Module) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:

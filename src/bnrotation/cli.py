@@ -61,8 +61,9 @@ def run_task(cfg: DictConfig) -> Outcome:
     """Validate ``cfg``, train the run, report it on stderr and return its :class:`Outcome`.
 
     A bad config (a key the schema lacks, a value out of range, a row name
-    whose definition the config contradicts) is reported as one line naming
-    the key, exit status 2, before any work. A run that diverged (non-finite
+    whose definition the config contradicts, a ``results_root`` that cannot
+    be created) is reported as one line naming the key, exit status 2, before
+    any work. A run that diverged (non-finite
     loss) is a finished run: ``diverged``, status 0. A crash is reported with
     its exception, status 1; its folder has no ``DONE`` and the next sweep
     reruns it.
@@ -74,6 +75,10 @@ def run_task(cfg: DictConfig) -> Outcome:
         print(f"error: bad config: {err}", file=sys.stderr)
         return Outcome("bad config", 2, message=str(err))
     where = f"{run_cfg.row} seed={run_cfg.seed}"
+    problem = results_root_problem(run_cfg.results_root)
+    if problem:
+        print(f"error: {problem}", file=sys.stderr)
+        return Outcome("bad config", 2, where, problem)
     from .runner import RunBusyError, RunExistsError, RunInterrupted, run  # torch only once the config is valid
 
     try:
@@ -104,6 +109,59 @@ def run_task(cfg: DictConfig) -> Outcome:
     print(f"done: {where} -> {out}", file=sys.stderr)
     return Outcome("done", 0, where, str(out))
 
+
+def results_root_problem(results_root: str | Path) -> str | None:
+    """``results_root=<path>: cannot be created: <why>`` when the results root cannot be created and written
+    to (:func:`records.folder_problem`), else None."""
+    from .records import folder_problem  # no torch
+
+    why = folder_problem(results_root)
+    return f"results_root={results_root}: cannot be created: {why}" if why else None
+
+
+class CheckResultsRoot(Callback):
+    """Hydra callback (``hydra.callbacks.check_results_root``): before Hydra makes its run or sweep folder
+    under ``results_root`` (``hydra/runs/<time>``, ``hydra/multirun/<time>``), stop with one line and exit
+    status 2 when ``results_root`` cannot be created (``/proc/x``, a path through a regular file), instead of
+    Hydra's traceback from ``mkdir``."""
+
+    def _check(self, config: DictConfig) -> None:
+        problem = results_root_problem(config.results_root)
+        if problem:
+            print(f"error: {problem}", file=sys.stderr)
+            sys.exit(2)
+
+    def on_run_start(self, config: DictConfig, **kwargs) -> None:
+        self._check(config)
+
+    def on_multirun_start(self, config: DictConfig, **kwargs) -> None:
+        self._check(config)
+
+
+# What Hydra writes into a single run's folder (hydra/runs/<time>/) before the task runs.
+HYDRA_OWN = (".hydra",)
+
+
+def remove_unused_run_dir(run_dir: str | Path, job_name: str) -> bool:
+    """Remove a single run's Hydra folder (``<results_root>/hydra/runs/<time>/``) after its config was rejected,
+    when it holds only Hydra's own files (``.hydra/`` and ``<job_name>.log``); then ``runs/`` and ``hydra/``
+    above it if that left them empty. Hydra makes the folder before the task function runs, so without this
+    every rejected command would leave one behind.
+
+    Returns:
+        Whether the folder was removed (False when it holds anything else, or is gone).
+    """
+    import shutil
+
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir() or any(p.name not in (*HYDRA_OWN, f"{job_name}.log") for p in run_dir.iterdir()):
+        return False
+    shutil.rmtree(run_dir)
+    for parent, name in ((run_dir.parent, "runs"), (run_dir.parent.parent, "hydra")):
+        if parent.name != name or any(parent.iterdir()):
+            break
+        parent.rmdir()
+    return True
 
 def record_outcome(outcome: Outcome, job_dir: str | Path) -> None:
     """Write ``outcome.json`` into a multirun job's Hydra folder, for :class:`SweepSummary`."""

@@ -69,30 +69,59 @@ def checkpoint_steps(run_dir: str | Path) -> list[int]:
     return sorted(int(f.stem.split("=", 1)[1]) for f in files if f.stem.split("=", 1)[1].isdigit())
 
 
+def missing_checkpoints(run_dir: str | Path, step: str | int = "worst") -> str:
+    """Why ``run_dir`` holds no checkpoint, read from its ``config.yaml`` and where it lies, and the commands
+    that make one: for the committed reference runs (``results/reference``, committed without checkpoints),
+    rerunning the row into ``results/``; for a run made with ``save_checkpoints=false`` or
+    ``interventions=false``, rerunning it with them on."""
+    run_dir = Path(run_dir)
+    from .analysis.results import REFERENCE_ROOT
+
+    try:
+        cfg = load_run_config(run_dir)
+    except (FileNotFoundError, ValueError):
+        return f"{run_dir}/checkpoints: no checkpoint, and no readable config.yaml to say why"
+    scale = "" if cfg.scale.name == "full" else f" SCALE={cfg.scale.name}"
+    row = f"ROW={cfg.row} SEED={cfg.seed}{scale}"
+    if not (cfg.save_checkpoints and cfg.interventions):
+        off = "save_checkpoints=false" if not cfg.save_checkpoints else "interventions=false"
+        root = run_dir.parents[2] if len(run_dir.parents) > 2 else run_dir
+        return (f"{run_dir}: made with {off} (its config.yaml), so it saved no checkpoint; rerun it with checkpoints: "
+                f"make row {row} RESULTS={root} FORCE=1, then make diagnose RUN={run_dir} STEP={step}")
+    if run_dir.resolve().is_relative_to(REFERENCE_ROOT.resolve()):
+        why = (f"{run_dir}: checkpoints are not committed with the reference runs (git ignores "
+               f"{REFERENCE_ROOT}/**/checkpoints/)")
+    else:
+        why = f"{run_dir}/checkpoints: missing, although the run saved checkpoints (deleted, or copied without them)"
+    return (f"{why}; rerun the row to make them: make row {row} (into results/runs/{cfg.row}/seed={cfg.seed}/), "
+            f"then make diagnose RUN=results/runs/{cfg.row}/seed={cfg.seed} STEP={step} (without STEP it reads the "
+            "logged interventions, which need no checkpoint)")
+
+
 def resolve_step(run_dir: str | Path, step: str | int) -> int:
     """A step number from ``step``: an integer, ``last`` (latest checkpoint) or ``worst`` (the logged
     intervention step with the lowest stored-statistics accuracy).
 
     Raises:
-        FileNotFoundError: naming the steps that have a checkpoint, when ``step`` has none.
+        FileNotFoundError: when the run has no checkpoint at all, saying why and how to make them
+            (:func:`missing_checkpoints`); naming the steps that have one, when ``step`` has none.
         ValueError: for a ``step`` that is none of these.
     """
     have = checkpoint_steps(run_dir)
-    if step == "last":
-        if not have:
-            raise FileNotFoundError(f"{run_dir}/checkpoints: no checkpoint (was the run made with "
-                                    "save_checkpoints=false or interventions=false?)")
-        return have[-1]
-    if step == "worst":
-        n = logged.worst_step(read_table(Path(run_dir) / "interventions.parquet", "interventions"))
-    else:
+    if step not in ("last", "worst"):
         try:
-            n = int(step)
+            step = int(step)
         except ValueError:
             raise ValueError(f"step: expected a step number, last or worst, got {step!r}") from None
+    if not have:
+        raise FileNotFoundError(missing_checkpoints(run_dir, step))
+    if step == "last":
+        return have[-1]
+    n = logged.worst_step(read_table(Path(run_dir) / "interventions.parquet", "interventions")) \
+        if step == "worst" else step
     if n not in have:
         raise FileNotFoundError(f"{checkpoint_path(run_dir, n)}: no checkpoint at step {n}; "
-                                f"steps with one: {', '.join(map(str, have)) or 'none'}")
+                                f"steps with one: {', '.join(map(str, have))}")
     return n
 
 

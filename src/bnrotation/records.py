@@ -45,6 +45,32 @@ def run_dir(results_root: str | os.PathLike, row: str, seed: int) -> Path:
     return Path(results_root) / "runs" / row / f"seed={seed}"
 
 
+
+def folder_problem(path: str | os.PathLike) -> str | None:
+    """Why the folder ``path`` cannot be created and written to, in words, or None when it can.
+
+    Finds the deepest entry of ``path`` that exists (``path`` itself, or the
+    first of its parents): it must be a folder, and a folder must be creatable
+    in it (tried with a probe folder, removed at once, so the answer holds for
+    root too, for read-only and virtual file systems such as ``/proc``).
+    Nothing else is created.
+
+    Returns:
+        ``"/tmp/f is a file, not a folder"`` (a path through a regular file),
+        ``"nothing can be created in /proc (No such file or directory)"``, or None.
+    """
+    path = Path(path)
+    existing = next((p for p in (path, *path.parents) if p.exists() or p.is_symlink()), Path("."))
+    if not existing.is_dir():
+        what = "a file" if existing.is_file() else "not a folder (a broken link or a special file)"
+        return f"{existing} is {what}" + (", not a folder" if existing.is_file() else "")
+    try:
+        probe = tempfile.mkdtemp(prefix=".bnrotation-probe-", dir=existing)
+    except OSError as err:
+        return f"nothing can be created in {existing} ({err.strerror or err})"
+    os.rmdir(probe)
+    return None
+
 def _fsync_dir(directory: Path) -> None:
     """Make a rename in ``directory`` durable (POSIX; a no-op where a folder cannot be fsynced)."""
     try:

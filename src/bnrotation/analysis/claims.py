@@ -1,6 +1,6 @@
 """``make claims``: every quantitative claim of the article, checked against the parquet results (no torch).
 
-    python -m bnrotation.analysis.claims --results results/reference --out results
+    python -m bnrotation.analysis.claims --results results/reference   # writes results/reference/claims.md
 
 Writes ``<out>/claims.md``: each claim of :data:`.registry.CLAIMS` as a named
 check with the published figure, the measured figure (mean ± sample standard
@@ -24,7 +24,8 @@ from .claim_kinds import Check, withhold_verdicts
 from .evidence import collect
 from .registry import CLAIMS, TABLE_CELLS
 from .report import to_markdown
-from .results import ALL_TABLES, Run, add_results_arguments, at_protocol_scale, count, runs_for_command
+from .results import (ALL_TABLES, Run, add_results_arguments, at_protocol_scale, count, output_folder, output_problem,
+                      runs_for_command)
 
 TABLES = ALL_TABLES
 
@@ -43,14 +44,18 @@ def build_report(root: Path, runs: list[Run]) -> tuple[str, list[Check]]:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_results_arguments(p)
-    p.add_argument("--out", default="results", help="folder for claims.md")
+    p.add_argument("--out", default=None, help="folder for claims.md (default: the results root read)")
     args = p.parse_args(argv)
     found = runs_for_command(args.results, args.skip_bad, TABLES)
     if found is None:
         return 2
     root, runs = found
+    out = output_folder(args.out, root)
+    problem = output_problem(out, root)
+    if problem:
+        print(f"error: {problem}", file=sys.stderr)
+        return 2
     md, checks = build_report(root, runs)
-    out = Path(args.out)
     records.atomic_write_text(out / "claims.md", md)
     for c in checks:
         print(f"{c.verdict:8s} {c.name}", file=sys.stderr)

@@ -1,11 +1,13 @@
 """``make figures``: every figure of the write-up, from the parquet results (no torch).
 
-    python -m bnrotation.analysis.figures --results results/reference --out results/figures
+    python -m bnrotation.analysis.figures --results results/reference   # into results/reference/figures
 
 Writes ``<out>/<name>.png`` (for reading) and ``<out>/<name>.pdf`` (vector, for
 write-ups) for each figure, and ``<out>/README.md``, which shows every figure
 with its caption. Every caption states n (runs, seeds, checks or channels the
-figure rests on). A figure whose data is missing (say, the averaging table
+figure rests on), and so does every image, under the plot (:func:`footnote`), so
+that a figure copied without its caption still says what it rests on; runs not
+at the article's scale get a boxed warning inside the image, above the plot. A figure whose data is missing (say, the averaging table
 before the averaging runs exist) is listed in the README as not drawn, with the
 reason. One style for all: seaborn ``whitegrid``, one colour per row of the
 study, the same in every figure.
@@ -29,8 +31,9 @@ import seaborn as sns
 from .. import article, records
 from ..article import FAIL_BELOW
 from ..rows import ROWS, row_order
-from . import averaging, lag, metrics, theory
-from .results import ALL_TABLES, Run, add_results_arguments, runs_for_command, scale_note
+from . import averaging, interventions, lag, metrics, theory
+from .results import (ALL_TABLES, Run, add_results_arguments, at_protocol_scale, describe_scale, output_folder,
+                      output_problem, protocol_scale, runs_for_command, scale_note)
 from .stats import cell
 from .table import run_metrics
 
@@ -111,6 +114,33 @@ def span(counts: pd.Series) -> str:
     return f"{lo:,}" if lo == hi else f"{lo:,}–{hi:,}"
 
 
+def footnote(fig: plt.Figure, d: Data, n: str) -> None:
+    """Write ``n`` (what the figure rests on: runs, seeds, checks, points) into the image, under everything
+    drawn; and when the runs are not at the article's scale (:func:`.results.at_protocol_scale`), a boxed
+    warning above everything, saying their scale and that published figures in the image are for orientation
+    only. Call it last: it places both outside the figure's drawn extent, which ``bbox_inches="tight"`` keeps."""
+    import textwrap
+
+    box = fig.get_tightbbox(fig.canvas.get_renderer())  # inches
+    width_in, height_in = fig.get_size_inches()
+    chars = max(60, int(box.width * 15))  # about 15 characters of small type per inch
+    fig.text(box.x0 / width_in, (box.y0 - 0.08) / height_in, textwrap.fill(n, chars), ha="left", va="top",
+             fontsize="small", color="0.2")
+    if not at_protocol_scale(d.runs):
+        warning = (f"Not the article's scale: {describe_scale(d.runs[0].scale)} (the article: "
+                   f"{describe_scale(protocol_scale())}). Published figures shown here are for orientation only.")
+        fig.text(box.x0 / width_in, (box.y1 + 0.12) / height_in, textwrap.fill(warning, chars), ha="left",
+                 va="bottom", fontsize="small", color="#6b3d00",
+                 bbox={"boxstyle": "round,pad=0.4", "facecolor": "#fff1cc", "edgecolor": "#c88a00"})
+
+
+def norms(d: Data) -> dict[str, str]:
+    """Per row, the normalisation its runs used (``model.norm`` in their ``config.yaml``): ``batch`` keeps
+    running statistics; ``group`` and ``layer`` (GroupNorm, LayerNorm) have none to go stale."""
+    return {r.row: str(r.config.get("model", {}).get("norm", ROWS[r.row].norm if r.row in ROWS else "batch"))
+            for r in d.runs}
+
+
 def _facets(n: int, wrap: int = 4, size: tuple[float, float] = (3.4, 2.7), sharey: bool = True,
             sharex: bool = True):
     cols = min(n, wrap)
@@ -154,15 +184,22 @@ def _log_axis(axis, which: str) -> None:
 
 
 # ----------------------------------------------------------------------------- 1, 2: one point per run
+# Rows without running statistics (GroupNorm, LayerNorm) are drawn as squares, rows with them as circles.
+NO_RUNNING_STATS_MARKER, RUNNING_STATS_MARKER = "s", "o"
+
+
 def _accuracy_scatter(d: Data, x: str, published_attr: str, xlabel: str, log: bool) -> plt.Figure:
     fig, ax = plt.subplots(figsize=(7.2, 4.6))
     handles, labels = [], []
+    norm = norms(d)
     for row in d.rows:
         g = d.per_run[d.per_run["row"] == row]
         color = d.palette[row]
-        h = ax.scatter(g[x], g["acc_eval_mode"], s=42, color=color, edgecolor="white", linewidth=0.6, zorder=3)
+        batch = norm.get(row, "batch") == "batch"
+        h = ax.scatter(g[x], g["acc_eval_mode"], s=42 if batch else 38, color=color, edgecolor="white",
+                       linewidth=0.6, zorder=3, marker=RUNNING_STATS_MARKER if batch else NO_RUNNING_STATS_MARKER)
         handles.append(h)
-        labels.append(d.label(row))
+        labels.append(d.label(row) + ("" if batch else ": no running statistics"))
         spec = ROWS.get(row)
         pub = getattr(spec.published, published_attr) if spec and spec.published else math.nan
         if spec and spec.published and not math.isnan(pub):
@@ -180,11 +217,15 @@ def _accuracy_scatter(d: Data, x: str, published_attr: str, xlabel: str, log: bo
     ax.axhline(0.1, color="0.6", lw=0.8, ls=":", zorder=1)
     ax.text(ax.get_xlim()[0], 0.1, " chance", va="bottom", ha="left", fontsize="small", color="0.45")
     from matplotlib.lines import Line2D
-    handles += [Line2D([], [], ls="", marker="o", color="0.3", markersize=6),
+    handles += [Line2D([], [], ls="", marker=RUNNING_STATS_MARKER, color="0.3", markersize=6),
+                Line2D([], [], ls="", marker=NO_RUNNING_STATS_MARKER, color="0.3", markersize=6),
                 Line2D([], [], ls="", marker="o", markerfacecolor="none", markeredgecolor="0.3",
                        markersize=9, markeredgewidth=1.6)]
-    labels += ["one run (filled)", "published row mean (hollow)"]
+    labels += ["one run, BatchNorm (filled circle)",
+               "one run, no running statistics: GroupNorm or\nLayerNorm, nothing to go stale (filled square)",
+               "published row mean (hollow)"]
     ax.legend(handles, labels, loc="center left", bbox_to_anchor=(1.01, 0.5))
+    footnote(fig, d, f"{runs_text(d.per_run)}: one point per run; accuracy: mean of each run's checks.")
     return fig
 
 
@@ -192,7 +233,8 @@ def fig_accuracy_vs_rotation(d: Data) -> tuple[plt.Figure, str]:
     fig = _accuracy_scatter(d, "rotation_per_100_deg", "rotation_deg_per_100",
                             "rotation of the last conv layer per 100 steps (degrees, log scale)", log=True)
     return fig, (f"Evaluation-mode accuracy against rotation, one filled point per run ({runs_text(d.per_run)}), "
-                 "coloured by row; hollow markers are the article's row means (3 seeds each). Accuracy: mean of "
+                 "coloured by row; squares: rows without running statistics (GroupNorm, LayerNorm); hollow markers are the "
+                 "article's row means (3 seeds each). Accuracy: mean of "
                  "the checks in the check window; rotation: per 100-step interval ending in that window, the "
                  "median over the last conv layer's channels of the angle each channel turned, averaged over "
                  "the intervals. The article's central figure: accuracy falls with rotation.")
@@ -202,7 +244,8 @@ def fig_accuracy_vs_norm_growth(d: Data) -> tuple[plt.Figure, str]:
     fig = _accuracy_scatter(d, "norm_growth", "norm_growth",
                             "norm growth of the last conv layer, ‖W(end)‖ / ‖W(0)‖ (×)", log=False)
     return fig, (f"Evaluation-mode accuracy against norm growth, one filled point per run ({runs_text(d.per_run)}), "
-                 "coloured by row; hollow markers are the article's row means. The relation the article rejects: "
+                 "coloured by row; squares: rows without running statistics (GroupNorm, LayerNorm); hollow markers are "
+                 "the article's row means. The relation the article rejects: "
                  "the row with the radial part projected out grows less than Adam and does worse.")
 
 
@@ -235,6 +278,8 @@ def fig_accuracy_over_steps(d: Data) -> tuple[plt.Figure, str]:
     fig.legend(handles, [m[1] for m in modes], loc="lower center", bbox_to_anchor=(0.5, 1.0),
                ncol=1 if len(rows) < 3 else 2)
     fig.tight_layout()
+    footnote(fig, d, f"{runs_text(d.per_run)}; {sum(n_checks):,} checks. Line: mean over seeds; band: lowest to "
+                     "highest seed.")
     return fig, (f"Training- and evaluation-mode accuracy on the held-out set at every check, per row; line: mean "
                  f"over seeds, band: lowest to highest seed ({runs_text(d.per_run)}; {sum(n_checks)} checks). "
                  "Evaluation mode in the row's colour, training mode dashed grey; dotted: chance (10%).")
@@ -300,6 +345,8 @@ def fig_rotation_over_steps(d: Data) -> tuple[plt.Figure, str]:
               "learning rate at the checks (right axis)", "check window"]
     fig.legend(handles, labels, loc="lower center", bbox_to_anchor=(0.5, 1.0), ncol=1 if len(rows) < 3 else 2)
     fig.tight_layout()
+    footnote(fig, d, f"{runs_text(d.per_run)}; {len(rot):,} intervals. Per interval: the median over the last conv "
+                     "layer's channels.")
     applies = [f"{row}: {p.net_deg_per_100:.2f}° net ({p.path_deg_per_100:.1f}° summed over the steps)"
                for row, (p, _) in preds.items() if p.applies]
     return fig, (f"Rotation of the last conv layer per 100 steps over training, per row ({runs_text(d.per_run)}): "
@@ -344,6 +391,9 @@ def fig_lag_measured_vs_predicted(d: Data) -> tuple[plt.Figure, str]:
         ax.set_title(_wrap(d.label(row), 30))
     _outer_labels(axes, "predicted lag, drift·(1−m)/m (σ)", "measured |lag| (σ)")
     fig.tight_layout()
+    footnote(fig, d, f"{runs_text(d.per_run[d.per_run['row'].isin(rows)])}; {sum(n_points):,} points (channel × "
+                     f"logged step × seed), {span(pd.Series(n_points))} per row. Rows without running statistics "
+                     "have no lag.")
     return fig, (f"Measured against predicted running-mean lag per channel of the middle layer (conv2 → bn2), "
                  f"log-log, per row; one point per channel, logged step in the check window and seed "
                  f"({runs_text(d.per_run[d.per_run['row'].isin(rows)])}; {sum(n_points):,} points, "
@@ -386,17 +436,25 @@ def fig_single_layer(d: Data) -> tuple[plt.Figure, str]:
                     markersize=3)
         ax.plot(range(len(order)), g.mean().to_numpy(), color="black", lw=0, marker="_", markersize=16,
                 markeredgewidth=2)
-        if f"{metrics.MIDDLE_NORM} fresh" in order:  # the article's figure belongs to the middle layer only
+        if f"{metrics.MIDDLE_NORM} fresh" in order:  # the article's figure belongs to the middle layer's column only
             x = order.index(f"{metrics.MIDDLE_NORM} fresh")
             ax.hlines(lift.value, x - 0.45, x + 0.45, color="0.3", ls="--", lw=1.2, zorder=3)
-            ax.text(x, lift.value - 0.02, f"article: {lift_text}", ha="center", va="top", fontsize="x-small",
-                    color="0.3", zorder=3)
         ax.set_xticks(range(len(order)), order, rotation=35, ha="right")
         ax.set_ylim(0, 1.04)
         _pct(ax)
         ax.set_title(_wrap(d.label(row), 34) + f"\n{len(g)} failing check{'s' * (len(g) != 1)}")
     _outer_labels(axes, "", "evaluation-mode accuracy")
+    from matplotlib.lines import Line2D
+    key = [(Line2D([], [], color="0.45", alpha=0.6, lw=1, marker="o", markersize=3),
+            "one failing check (seed × step), in the row's colour"),
+           (Line2D([], [], color="black", lw=0, marker="_", markersize=16, markeredgewidth=2), "mean"),
+           (Line2D([], [], color="0.3", ls="--", lw=1.2),
+            f"article: {lift_text}, the lowest accuracy it reports with fresh bn2 statistics alone")]
     fig.tight_layout()
+    fig.legend(*zip(*key), loc="lower center", bbox_to_anchor=(0.5, 1.0), ncol=3)
+    footnote(fig, d, f"{runs_text(d.per_run[d.per_run['row'].isin(rows)])}; {len(wide)} failing checks in all "
+                     f"(evaluation-mode accuracy below {FAIL_BELOW:.0%} with the stored statistics, at an "
+                     "intervention step).")
     return fig, (f"Evaluation-mode accuracy at the failing checks (below {FAIL_BELOW:.0%} with the stored running "
                  "statistics, at the intervention steps) after giving fresh (re-estimated) statistics to one "
                  "BatchNorm layer at a time, the stored ones elsewhere; \"all fresh\": every layer re-estimated. "
@@ -410,29 +468,53 @@ def fig_top_k(d: Data) -> tuple[plt.Figure, str]:
     if iv.empty:
         raise Skip(f"no failing check (evaluation-mode accuracy below {FAIL_BELOW:.0%}) in these runs")
     top = iv[iv["intervention"] == "top_k"]
-    fig, ax = plt.subplots(figsize=(7.4, 4.4))
-    counts = []
+    rows = [r for r in d.rows if (top["row"] == r).any()]
     total = int(top["k"].max())
-    for row in [r for r in d.rows if (top["row"] == r).any()]:
+    threshold = interventions.RECOVERY_THRESHOLD
+    k_needed = metrics.failing_checks(d.runs, FAIL_BELOW)  # the smallest grid k reaching it, per failing check
+    fig, axes = _facets(len(rows), size=(3.9, 2.8))
+    counts = []
+    for ax, row in zip(axes, rows):  # one panel per row: its failing checks, thin, and their median
         g = top[top["row"] == row]
-        n = g.groupby(["seed", "step"]).ngroups
-        counts.append(f"{row} {n}")
-        s = g.groupby("k")["acc_eval_mode"].agg(["mean", "min", "max"])
-        _band(ax, s.index.to_numpy(), s["mean"], s["min"], s["max"], d.palette[row], f"{d.label(row)} ({n})")
-        ax.scatter(s.index, s["mean"], color=d.palette[row], s=12, zorder=3)
-    ax.set_xscale("symlog", base=2, linthresh=1)
-    ax.xaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}"))
-    ax.set_xlim(0, total * 1.1)
-    ax.set_ylim(0, 1.04)
-    _pct(ax)
-    ax.set_xlabel(f"channels given fresh statistics, largest |lag| first (of {total} in all layers)")
-    ax.set_ylabel("evaluation-mode accuracy")
-    ax.legend(title="row (failing checks)", loc="center left", bbox_to_anchor=(1.01, 0.5))
+        checks = g.groupby(["seed", "step"])
+        counts.append(f"{row} {checks.ngroups}")
+        for _, c in checks:
+            c = c.sort_values("k")
+            ax.plot(c["k"], c["acc_eval_mode"], color=d.palette[row], lw=0.8, alpha=0.3)
+        median = g.groupby("k")["acc_eval_mode"].median()
+        ax.plot(median.index, median.to_numpy(), color=d.palette[row], lw=2.2, marker="o", markersize=3.5)
+        ax.axhline(threshold, color="0.3", ls=":", lw=1)
+        needed = k_needed.loc[k_needed["row"] == row, "k_needed"].dropna()  # (failing checks reaching it,)
+        reach = (f"; k to {threshold:.0%}: {needed.median():g}" if len(needed) else f"; none reaches {threshold:.0%}") \
+            + (f" ({needed.min():g}–{needed.max():g})" if needed.nunique() > 1 else "")
+        ax.set_xscale("symlog", base=2, linthresh=1)
+        ax.xaxis.set_major_locator(matplotlib.ticker.FixedLocator([0, 1, 4, 16, 64, total]))
+        ax.xaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}"))
+        ax.xaxis.set_minor_locator(matplotlib.ticker.NullLocator())
+        ax.set_xlim(0, total * 1.1)
+        ax.set_ylim(0, 1.04)
+        _pct(ax)
+        ax.set_title(_wrap(d.label(row), 34) + f"\n{checks.ngroups} failing check{'s' * (checks.ngroups != 1)}"
+                     + reach)
+    _outer_labels(axes, f"channels given fresh statistics, k\n(largest |lag| first, of {total})",
+                  "evaluation-mode accuracy")
+    from matplotlib.lines import Line2D
+    key = [(Line2D([], [], color="0.45", lw=0.8, alpha=0.5), "one failing check (seed × step), in the row's colour"),
+           (Line2D([], [], color="0.3", lw=2.2, marker="o", markersize=3.5), "median over the row's failing checks"),
+           (Line2D([], [], color="0.3", ls=":", lw=1), f"{threshold:.0%}, the recovery threshold")]
+    fig.tight_layout()
+    fig.legend(*zip(*key), loc="lower center", bbox_to_anchor=(0.5, 1.0), ncol=3)
+    footnote(fig, d, f"{runs_text(d.per_run[d.per_run['row'].isin(rows)])}; "
+                     f"{top.groupby(['row', 'seed', 'step']).ngroups} failing checks in all (below {FAIL_BELOW:.0%} "
+                     "with the stored statistics, at an intervention step); k = 0: stored statistics, "
+                     f"k = {total}: all re-estimated.")
     return fig, (f"Evaluation-mode accuracy against the number k of channels given fresh statistics, channels "
                  f"ranked by |running-mean lag| across all BatchNorm layers (k = 0: stored statistics; k = {total}: "
-                 f"all re-estimated), at the failing checks (below {FAIL_BELOW:.0%} with stored statistics); line: "
-                 f"mean, band: range over failing checks. Failing checks per row: {', '.join(counts)}. "
-                 "An open question of the article: how few channels carry the damage.")
+                 f"all re-estimated), at the failing checks (below {FAIL_BELOW:.0%} with stored statistics), one "
+                 f"panel per row: thin lines, each failing check; thick line, their median; dotted, "
+                 f"{threshold:.0%}; in each title, the median (and range) over the row's failing checks of the "
+                 "smallest k on the grid 0, 1, 2, 4, ... that reaches it. Failing checks per row: {', '.join(counts)}. An open question of the article: how few "
+                 "channels carry the damage.")
 
 
 # ----------------------------------------------------------------------------- 8: drift per channel
@@ -461,6 +543,8 @@ def fig_drift(d: Data) -> tuple[plt.Figure, str]:
     ax.set_ylabel("")
     n = ch.groupby("row").size()
     interval = pd.Series([int(r.config["scale"]["log_every"]) for r in d.runs])
+    footnote(fig, d, f"{runs_text(d.per_run[d.per_run['row'].isin(rows)])}; {span(n)} values per row (channel × "
+                     f"logged interval in the check window × seed); Δ = {span(interval)} steps.")
     return fig, (f"Drift per channel of the middle layer (conv2 → bn2): |fresh mean(t) − fresh mean(t − Δ)| / "
                  f"(fresh std · Δ) on the fixed probe set, one value per channel, logged interval ending in the "
                  f"check window, and seed ({runs_text(d.per_run[d.per_run['row'].isin(rows)])}; "
@@ -502,6 +586,8 @@ def fig_averaging(d: Data) -> tuple[plt.Figure, str]:
     fig.legend(handles, models, loc="lower center", bbox_to_anchor=(0.5, 1.0), ncol=min(len(models), 4))
     fig.tight_layout()
     steps = av.groupby("row")["steps"].max()
+    footnote(fig, d, f"{runs_text(d.per_run[d.per_run['row'].isin(rows)])}; {span(steps)} evaluations per run. "
+                     "Point: mean over seeds; bar: range over seeds.")
     return fig, (f"Weight averaging and BatchNorm statistics, per row: evaluation-mode accuracy of the live weights, "
                  f"exponential moving averages (EMA) of the weights and the tail average, under each policy for the "
                  f"BatchNorm buffers (none: the live model's own; copy: one constituent's; average: the mean of the "
@@ -584,7 +670,8 @@ def index_markdown(done: list[Drawn], root: Path, scale: str = "") -> str:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_results_arguments(p)
-    p.add_argument("--out", default="results/figures", help="folder for the figures and their README.md")
+    p.add_argument("--out", default=None, help="folder for the figures and their README.md "
+                   "(default: figures/ in the results root read)")
     p.add_argument("--only", nargs="*", default=(), help="names of the figures to draw (default: all)")
     args = p.parse_args(argv)
     matplotlib.use("Agg")  # files only, no window
@@ -592,7 +679,11 @@ def main(argv: list[str] | None = None) -> int:
     if found is None:
         return 2
     root, runs = found
-    out = Path(args.out)
+    out = Path(args.out) if args.out else output_folder(None, root) / "figures"
+    problem = output_problem(out, root)
+    if problem:
+        print(f"error: {problem}", file=sys.stderr)
+        return 2
     done = make_figures(root, runs, out, tuple(args.only))
     for f in done:
         print(f"{'skipped' if f.skipped else 'wrote  '} {out / f.name}" + (f" ({f.skipped})" if f.skipped else ""),

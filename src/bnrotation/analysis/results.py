@@ -145,6 +145,30 @@ def default_results_root() -> Path:
     return OWN_ROOT if find_run_dirs(OWN_ROOT) else REFERENCE_ROOT
 
 
+def output_folder(out: str | Path | None, root: str | Path) -> Path:
+    """The folder an analysis command writes into: ``out`` when given (``OUT=``), else the results root it read.
+
+    Outputs go inside the root, beside its ``runs/``: ``table.md``, ``table.csv``, ``lag.md``,
+    ``averaging.md``/``.csv``, ``claims.md`` and ``figures/``. The committed reference outputs therefore live
+    in ``results/reference/``, your own runs' in ``results/`` (ignored by git), and ``RESULTS=/tmp/x`` writes
+    into ``/tmp/x``: analysing another root never touches a committed file.
+    """
+    return Path(out) if out not in (None, "") else Path(root)
+
+
+def output_problem(out: str | Path, root: str | Path) -> str | None:
+    """Why an analysis of ``root`` cannot write into the folder ``out``, in one line, or None when it can:
+    the folder cannot be created (:func:`records.folder_problem`), or it lies inside :data:`REFERENCE_ROOT`,
+    which holds the committed reference outputs, while ``root`` is another results root."""
+    why = records.folder_problem(out)
+    if why:
+        return f"{out}: cannot be created: {why}"
+    reference = REFERENCE_ROOT.resolve()
+    if Path(out).resolve().is_relative_to(reference) and Path(root).resolve() != reference:
+        return (f"{out}: inside {REFERENCE_ROOT}, which holds the committed reference outputs; only an analysis "
+                f"of {REFERENCE_ROOT} writes there (the runs read are under {root}); pass OUT=<another folder>")
+    return None
+
 def describe_root(root: str | Path, asked: bool) -> str:
     """One line naming the results root a command reads, and why that one."""
     root = Path(root)
@@ -339,14 +363,19 @@ def add_results_arguments(parser) -> None:
 
 
 def runs_for_command(results: str | None, skip_bad: bool, tables: tuple[str, ...],
-                     skipped: list[str] | None = None) -> tuple[Path, list[Run]] | None:
+                     skipped: list[str] | None = None, allow_all_diverged: bool = False
+                     ) -> tuple[Path, list[Run]] | None:
     """The results root (``results``, else :func:`default_results_root`) and its runs, for a command line,
     after printing a first line that names the root (:func:`describe_root`);
     with ``skip_bad``, what was left out is appended to ``skipped`` (see :func:`load_runs`).
 
+    Figures and claims measure finished runs; a diverged run (non-finite loss) stopped early and is left out of
+    every mean, so a root whose runs all diverged leaves them nothing to measure. ``allow_all_diverged``
+    (``make table``, which counts diverged runs) accepts such a root.
+
     Returns:
-        None, after printing the reason on stderr, when the root has no ``runs`` folder, a bad run
-        (unless ``skip_bad``) or no finished run.
+        None, after printing the reason on stderr in one line, when the root has no ``runs`` folder, a bad run
+        (unless ``skip_bad``), no finished run, or (unless ``allow_all_diverged``) only diverged runs.
     """
     root = Path(results) if results else default_results_root()
     print(describe_root(root, asked=bool(results)), file=sys.stderr)
@@ -358,4 +387,35 @@ def runs_for_command(results: str | None, skip_bad: bool, tables: tuple[str, ...
     if not runs:
         print(f"error: no finished runs under {root}/runs", file=sys.stderr)
         return None
+    if not allow_all_diverged and all(r.diverged for r in runs):
+        which = ", ".join(f"{r.row} seed={r.seed} at step {r.info.get('diverged_at_step')}" for r in runs[:3])
+        more = f" and {len(runs) - 3} more" if len(runs) > 3 else ""
+        print(f"error: every run under {root}/runs diverged (non-finite loss: {which}{more}); a diverged run is "
+              "left out of every measurement, so there is nothing to draw or check (make table lists them)",
+              file=sys.stderr)
+        return None
     return root, runs
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m bnrotation.analysis.results [--results R] [--out O]``: print the folder the analysis of
+    that root writes into (:func:`output_folder`), for the Makefile; exit status 2 with one line naming the
+    folder when it cannot be written there (:func:`output_problem`). Reads no run."""
+    import argparse
+
+    p = argparse.ArgumentParser(description=main.__doc__)
+    p.add_argument("--results", default=None, help="results root (default: as the analysis commands pick it)")
+    p.add_argument("--out", default=None, help="the folder asked for (OUT=); default: the results root")
+    args = p.parse_args(argv)
+    root = Path(args.results) if args.results else default_results_root()
+    out = output_folder(args.out, root)
+    problem = output_problem(out, root)
+    if problem:
+        print(f"error: OUT={problem}" if args.out else f"error: {problem}", file=sys.stderr)
+        return 2
+    print(out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

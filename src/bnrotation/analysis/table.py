@@ -1,8 +1,9 @@
 """``make table``: the article's table, rebuilt from the parquet results (no torch).
 
-    python -m bnrotation.analysis.table --results results/reference --out results
+    python -m bnrotation.analysis.table --results results/reference
 
-Writes ``<out>/table.md`` and ``<out>/table.csv``: per row the mean over
+Writes ``<out>/table.md`` and ``<out>/table.csv`` (``<out>``: ``--out``, else the
+results root read, :func:`.results.output_folder`): per row the mean over
 seeds, the seed spread (sample standard deviation, n - 1), the number of seeds
 it rests on, the published figure beside each measured one, and how many runs
 diverged. Also ``<out>/lag.md``, measured against predicted lag (:mod:`.lag`).
@@ -28,7 +29,8 @@ from ..article import FAIL_BELOW
 from ..rows import ROWS, SEEDS, row_order
 from . import lag, metrics
 from .averaging import write_averaging
-from .results import ALL_TABLES, Run, add_results_arguments, count, runs_for_command, scale_note
+from .results import (ALL_TABLES, Run, add_results_arguments, count, output_folder, output_problem, runs_for_command,
+                      scale_note)
 from .stats import cell, over_seeds
 
 
@@ -144,16 +146,22 @@ def to_markdown(table: pd.DataFrame, root: Path, skipped: list[str] = (), scale:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_results_arguments(p)
-    p.add_argument("--out", default="results", help="folder for table.md and table.csv")
+    p.add_argument("--out", default=None, help="folder for table.md, table.csv, lag.md and averaging.md/.csv "
+                   "(default: the results root read)")
     p.add_argument("--seeds", type=int, default=len(SEEDS), help="seeds each row should have")
     args = p.parse_args(argv)
     skipped: list[str] = []
-    found = runs_for_command(args.results, args.skip_bad, ALL_TABLES, skipped)
+    found = runs_for_command(args.results, args.skip_bad, ALL_TABLES, skipped,
+                             allow_all_diverged=True)  # the table counts diverged runs
     if found is None:
         return 2
     root, runs = found
+    out = output_folder(args.out, root)
+    problem = output_problem(out, root)
+    if problem:
+        print(f"error: {problem}", file=sys.stderr)
+        return 2
     table = build_table(runs, args.seeds)
-    out = Path(args.out)
     md = to_markdown(table, root, skipped, scale_note(runs))
     records.atomic_write_text(out / "table.md", md)
     records.atomic_write_text(out / "table.csv", table.to_csv(index=False))

@@ -1,0 +1,110 @@
+"""Figures a reader can trust without their captions (issue 12, point 15): n and, below the article's scale, a
+warning inside every image; rows without running statistics set apart; published marks off the data; one panel
+per row where bands overlapped. On synthetic results (tests/test_analysis.py), whose every value is known."""
+
+from __future__ import annotations
+
+import math
+
+import matplotlib
+import numpy as np
+import pandas as pd
+import pytest
+from matplotlib.collections import PathCollection, PolyCollection
+from matplotlib.markers import MarkerStyle
+
+from bnrotation.analysis import figures
+
+from test_analysis import SCALE, _load, write_replication, write_run
+
+matplotlib.use("Agg")
+DRAW = {name: draw for name, _, draw in figures.FIGURES}
+ROWS_DRAWN = ("sgd", "adam", "adam_projected")  # adam and adam_projected fail their checks (60%, 31%)
+AVERAGING = pd.DataFrame([dict(step=s, average=a, decay=d, window_steps=w, policy=p, acc_eval_mode=acc)
+                          for s in (2000, 3000)  # inside both scales' check windows
+                          for a, d, w, p, acc in (("live", math.nan, -1, "none", 0.6),
+                                                  ("ema", 0.999, -1, "copy", 0.4),
+                                                  ("ema", 0.999, -1, "refresh", 1.0))])
+
+
+def _data(root, scale: dict):
+    write_replication(root, seeds=(0, 1), rows=ROWS_DRAWN, **{r: {"averaging": AVERAGING, "scale": scale}
+                                                               for r in ROWS_DRAWN})
+    for seed in (0, 1):  # a norm without running statistics: nothing to go stale
+        write_run(root, "adam_groupnorm", seed, rotation=2.0, norm_growth=6.0, acc_eval=0.98, scale=scale)
+    figures.apply_style()
+    return figures.load_data(root, _load(root))
+
+
+@pytest.fixture(scope="module")
+def at_scale(tmp_path_factory):
+    return _data(tmp_path_factory.mktemp("at_scale"), SCALE)
+
+
+@pytest.fixture(scope="module")
+def below_scale(tmp_path_factory):
+    return _data(tmp_path_factory.mktemp("below_scale"), dict(SCALE, name="short", steps=3000))
+
+
+def _texts(fig) -> list[str]:
+    """The figure's own texts (outside every axes), line breaks undone."""
+    return [" ".join(t.get_text().split()) for t in fig.texts]
+
+
+@pytest.mark.parametrize("name", DRAW)
+def test_every_image_states_n_and_warns_when_the_runs_are_not_at_the_articles_scale(name, at_scale, below_scale):
+    for d, warned in ((at_scale, False), (below_scale, True)):
+        fig, caption = DRAW[name](d)
+        texts = _texts(fig)
+        assert [t for t in texts if t.startswith("n = ")], (name, texts)  # in the image, not only the caption
+        warning = [t for t in texts if t.startswith("Not the article's scale:")]
+        assert bool(warning) == warned, name
+        if warned:
+            assert "3,000 steps" in warning[0] and "6,000 steps" in warning[0]
+            assert "orientation only" in warning[0]
+        matplotlib.pyplot.close(fig)
+
+
+def _is_marker(collection, marker: str) -> bool:
+    m = MarkerStyle(marker)
+    want, got = m.get_path().transformed(m.get_transform()).vertices, collection.get_paths()[0].vertices
+    return want.shape == got.shape and np.allclose(want, got)
+
+
+@pytest.mark.parametrize("name", ["01_accuracy_vs_rotation", "02_accuracy_vs_norm_growth"])
+def test_rows_without_running_statistics_are_squares_with_a_legend_entry(name, at_scale):
+    fig, _ = DRAW[name](at_scale)
+    legend = fig.axes[0].get_legend()
+    labels = [t.get_text() for t in legend.get_texts()]
+    assert "Adam, lr 3e-3, GroupNorm (8 groups): no running statistics" in labels
+    assert any(label.startswith("one run, no running statistics") for label in labels)
+    handles = dict(zip(labels, legend.legend_handles))
+    gn = handles["Adam, lr 3e-3, GroupNorm (8 groups): no running statistics"]
+    sgd = handles["SGD, lr 0.05, momentum 0.9"]
+    assert _is_marker(gn, "s") and _is_marker(sgd, "o")
+    squares = [c for c in fig.axes[0].collections if isinstance(c, PathCollection) and _is_marker(c, "s")]
+    assert len(squares) == 1  # the two GroupNorm runs, and no other
+    matplotlib.pyplot.close(fig)
+
+
+def test_the_articles_82_percent_is_a_key_entry_not_text_over_the_data(at_scale):
+    fig, _ = DRAW["06_single_layer_fresh_statistics"](at_scale)
+    assert all(not ax.texts for ax in fig.axes)
+    assert any("article: 82%" in t.get_text() for legend in fig.legends for t in legend.get_texts())
+    matplotlib.pyplot.close(fig)
+
+
+def test_top_k_figure_has_one_panel_per_failing_row_and_no_overlapping_bands(at_scale):
+    fig, caption = DRAW["07_top_k_channels"](at_scale)
+    panels = [ax for ax in fig.axes if ax.get_visible()]
+    titles = [" ".join(ax.get_title().split()) for ax in panels]
+    assert [t.startswith(label) for t, label in zip(titles, ["Adam, lr 3e-3 18", "Adam, lr 3e-3, radial part "
+                                                                                   "projected out 18"])] == [True] * 2
+    # k to 90% (the grid k where acc + (1 - acc) * share first reaches 0.9): 4 for adam (60%), 8 for the
+    # projected row (31%); the same at every failing check, so no range
+    for ax, k in zip(panels, (4, 8)):
+        assert not [c for c in ax.collections if isinstance(c, PolyCollection)]  # no band
+        # 2 seeds x 9 intervention steps (2000, 2500, ..., 6000) = 18 failing checks, each a thin line
+        assert " ".join(ax.get_title().split()).endswith(f"18 failing checks; k to 90%: {k}")
+        assert len(ax.lines) == 18 + 1 + 1  # the checks, their median, the 90% line
+    matplotlib.pyplot.close(fig)
