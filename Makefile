@@ -81,7 +81,7 @@ test: $(VENV)/.installed ## run the test suite (a few minutes on 2 cores)
 
 sweep: $(VENV)/.installed ## every row x seed at SCALE, or of SET=resnet|ten_seeds (resumable; FORCE=1 reruns; JOBS=n in parallel)
 	@[ -n "$(ROWS)" ] || { echo "make sweep: no rows for SCALE=$(SCALE) SET=$(SET) (see the line above)" >&2; exit 2; }
-	$(PY) experiments/train.py -m experiment=$(ROWS) seed=$(SEEDS) scale=$(SCALE) force=$(force_flag) \
+	$(PY) experiments/train.py -m seed=$(SEEDS) experiment=$(ROWS) scale=$(SCALE) force=$(force_flag) \
 		$(results_override) $(launcher) $(set_overrides) $(ARGS)
 
 reproduce: $(VENV)/.installed places sweep table figures claims ## the whole study at SCALE, then the table, figures and claims, in RESULTS (results/, or results/<scale> below full scale)
