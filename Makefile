@@ -27,6 +27,9 @@ sweep_of = $(shell PYTHONPATH=src $(PYTHON) -m bnrotation.rows $(SCALE) $(SET))
 ROWS ?= $(word 1,$(sweep_of))
 SEEDS ?= $(word 2,$(sweep_of))
 set_overrides = $(wordlist 3,99,$(sweep_of))
+# BATCH=1: the seeds of each row train together in one process as one batched model (runner.run_seeds)
+BATCH ?= 0
+seed_args = $(if $(filter 1 true yes,$(BATCH)),batch_seeds=[$(SEEDS)],seed=$(SEEDS))
 force_flag := $(if $(filter 1 true yes,$(FORCE)),true,false)
 # Recursive (=), so that the results root `reproduce` sets for its prerequisites reaches them.
 results_flag = $(if $(RESULTS),--results $(RESULTS),)
@@ -81,7 +84,7 @@ test: $(VENV)/.installed ## run the test suite (a few minutes on 2 cores)
 
 sweep: $(VENV)/.installed ## every row x seed at SCALE, or of SET=resnet|ten_seeds (resumable; FORCE=1 reruns; JOBS=n in parallel)
 	@[ -n "$(ROWS)" ] || { echo "make sweep: no rows for SCALE=$(SCALE) SET=$(SET) (see the line above)" >&2; exit 2; }
-	$(PY) experiments/train.py -m seed=$(SEEDS) experiment=$(ROWS) scale=$(SCALE) force=$(force_flag) \
+	$(PY) experiments/train.py -m $(seed_args) experiment=$(ROWS) scale=$(SCALE) force=$(force_flag) \
 		$(results_override) $(launcher) $(set_overrides) $(ARGS)
 
 reproduce: $(VENV)/.installed places sweep table figures claims ## the whole study at SCALE, then the table, figures and claims, in RESULTS (results/, or results/<scale> below full scale)

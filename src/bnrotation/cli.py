@@ -12,6 +12,7 @@ failed: a sweep that lost a run never exits 0.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import sys
@@ -74,15 +75,16 @@ def run_task(cfg: DictConfig) -> Outcome:
     except ConfigError as err:
         print(f"error: bad config: {err}", file=sys.stderr)
         return Outcome("bad config", 2, message=str(err))
-    where = f"{run_cfg.row} seed={run_cfg.seed}"
+    seeds = run_cfg.batch_seeds or [run_cfg.seed]
+    where = f"{run_cfg.row} seed{'s' * (len(seeds) > 1)}={','.join(map(str, seeds))}"
     problem = results_root_problem(run_cfg.results_root)
     if problem:
         print(f"error: {problem}", file=sys.stderr)
         return Outcome("bad config", 2, where, problem)
-    from .runner import RunBusyError, RunExistsError, RunInterrupted, run  # torch only once the config is valid
+    from .runner import RunBusyError, RunExistsError, RunInterrupted, run_seeds  # torch only once the config is valid
 
     try:
-        out = run(run_cfg)
+        outs = run_seeds(dataclasses.replace(run_cfg, batch_seeds=seeds))
     except ConfigError as err:  # what the built objects say contradicts the row (runner.run)
         print(f"error: bad config: {err}", file=sys.stderr)
         return Outcome("bad config", 2, where, str(err))
@@ -99,6 +101,17 @@ def run_task(cfg: DictConfig) -> Outcome:
         print(f"error: run {where} failed: {type(err).__name__}: {err}", file=sys.stderr)
         log.debug("".join(traceback.format_exception(err)))
         return Outcome("failed", 1, where, f"{type(err).__name__}: {err}")
+    outcomes = [_finished(run_cfg.row, seed, out) for seed, out in outs.items()]
+    if len(outcomes) == 1:
+        return outcomes[0]
+    statuses = {o.status for o in outcomes}
+    status = "diverged" if "diverged" in statuses else "done" if "done" in statuses else "skipped"
+    return Outcome(status, 0, where, "; ".join(f"{o.run}: {o.status}" for o in outcomes))
+
+
+def _finished(row: str, seed: int, out: Path | None) -> Outcome:
+    """Report one finished (or skipped) run on stderr and return its outcome."""
+    where = f"{row} seed={seed}"
     if out is None:
         print(f"skip: {where} is finished with the same config (force=true reruns it)", file=sys.stderr)
         return Outcome("skipped", 0, where)

@@ -223,6 +223,9 @@ class RunConfig:
     progress: bool = True  # tqdm bar
     interventions: bool = True  # re-estimation and statistic swaps at intervention steps
     save_checkpoints: bool = True
+    # Train these seeds of the row together, in this process, as one batched model (bnrotation.ensemble); each
+    # still writes, skips and resumes its own folder. Empty: the one run `seed`. An execution setting.
+    batch_seeds: list[int] = field(default_factory=list)
     task: TaskConfig = field(default_factory=TaskConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
     optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
@@ -237,6 +240,9 @@ class RunConfig:
         _require(0 <= self.seed <= SEED_MAX, "seed", f"an integer in 0..{SEED_MAX}", self.seed)
         _choice("device", self.device, DEVICES)
         _require(self.threads >= 0, "threads", "an integer >= 0 (0: the launcher's or torch's default)", self.threads)
+        _require(all(0 <= s <= SEED_MAX for s in self.batch_seeds) and len(set(self.batch_seeds)) ==
+                 len(self.batch_seeds), "batch_seeds", f"distinct integers in 0..{SEED_MAX} (empty: just `seed`)",
+                 list(self.batch_seeds))
 
 
 # conf/hydra/launcher/*.yaml carry the launcher plugins' own names, so that `hydra/launcher=joblib` picks
@@ -251,8 +257,9 @@ def register_configs() -> None:
 
 
 # Keys that say where and how a run is executed, not what it computes.
-# `deterministic` is one of them: it picks kernels (bitwise reproducible on a GPU, slower), not the experiment.
-NON_SEMANTIC_KEYS = ("results_root", "force", "progress", "threads", "deterministic")
+# `deterministic` is one of them: it picks kernels (bitwise reproducible on a GPU, slower), not the experiment;
+# so is `batch_seeds`, which trains several seeds at once (the same runs up to the order of float sums).
+NON_SEMANTIC_KEYS = ("results_root", "force", "progress", "threads", "deterministic", "batch_seeds")
 
 
 def unknown_keys(given: Any, schema: Any, prefix: str = "") -> list[str]:

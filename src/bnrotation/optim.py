@@ -67,15 +67,22 @@ class ProjectedAdam(torch.optim.Optimizer):
     the weight is below ``delta / sqrt(dim)``; the decoupled weight decay of a
     projected step is multiplied by ``wd_ratio``). Weight decay is decoupled,
     as in AdamP. Only parameters with two or more dims are ever projected.
+
+    ``members`` > 1: every parameter holds that many models' weights side by
+    side in equal dim-0 chunks (the batched seeds of :mod:`bnrotation.ensemble`);
+    AdamP's test, its projection and its weight-decay ratio are then decided
+    for each member's chunk alone, as in a run of that member alone.
     """
 
     def __init__(self, params: Iterable, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999),
                  eps: float = 1e-8, weight_decay: float = 0.0, projection: str = "always",
-                 delta: float = 0.1, wd_ratio: float = 0.1):
+                 delta: float = 0.1, wd_ratio: float = 0.1, members: int = 1):
         if projection not in PROJECTIONS:
             raise ValueError(f"projection: expected one of {PROJECTIONS}, got {projection!r}")
+        if members < 1:
+            raise ValueError(f"members: expected an integer >= 1, got {members!r}")
         defaults = dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay,
-                        projection=projection, delta=delta, wd_ratio=wd_ratio)
+                        projection=projection, delta=delta, wd_ratio=wd_ratio, members=members)
         super().__init__(params, defaults)
 
     @staticmethod
@@ -120,15 +127,17 @@ class ProjectedAdam(torch.optim.Optimizer):
                     p.addcdiv_(exp_avg, denom, value=-step_size)
                     continue
                 perturb = exp_avg / denom  # Adam's direction, before the learning rate
-                wd_scale = 1.0
-                if group["projection"] == "always":
-                    perturb = project_tangential(perturb, p)
-                else:  # adamp
-                    perturb, projected = self._adamp_projection(p, grad, perturb, group["delta"], group["eps"])
-                    wd_scale = group["wd_ratio"] if projected else 1.0
-                if group["weight_decay"] > 0:
-                    p.mul_(1 - group["lr"] * group["weight_decay"] * wd_scale)
-                p.add_(perturb, alpha=-step_size)
+                members = group.get("members", 1)
+                for w, g, u in zip(p.chunk(members), grad.chunk(members), perturb.chunk(members)):
+                    wd_scale = 1.0
+                    if group["projection"] == "always":  # per output channel: no member sees another
+                        u = project_tangential(u, w)
+                    else:  # adamp: the test and the projection on this member's weights alone
+                        u, projected = self._adamp_projection(w, g, u, group["delta"], group["eps"])
+                        wd_scale = group["wd_ratio"] if projected else 1.0
+                    if group["weight_decay"] > 0:
+                        w.mul_(1 - group["lr"] * group["weight_decay"] * wd_scale)
+                    w.add_(u, alpha=-step_size)
         return loss
 
 
@@ -137,13 +146,16 @@ def scale_invariant_params(model: nn.Module) -> list[str]:
     return [f"{name}.weight" for name, m in model.named_modules() if isinstance(m, nn.Conv2d)]
 
 
-def build_optimizer(cfg: OptimizerConfig, model: nn.Module) -> torch.optim.Optimizer:
+def build_optimizer(cfg: OptimizerConfig, model: nn.Module, members: int = 1) -> torch.optim.Optimizer:
     """The optimizer a config names, with two named param groups.
 
     Group ``conv`` holds the scale-invariant conv weights, group ``other`` the
     norm affine parameters and the linear layer. ``adam_projected`` projects
     the ``conv`` group only (PROTOCOL.md); ``adamp`` applies AdamP's test to
     every parameter with two or more dims, as the reference package does.
+    ``members``: the model holds that many seeds side by side
+    (:mod:`bnrotation.ensemble`); SGD, Adam and AdamW act element by element
+    and need nothing more, projected Adam and AdamP decide per member.
 
     Raises:
         ConfigError-free: ``cfg`` is validated already; an unknown name raises ValueError.
@@ -164,10 +176,10 @@ def build_optimizer(cfg: OptimizerConfig, model: nn.Module) -> torch.optim.Optim
         return torch.optim.AdamW(groups, lr=cfg.lr, betas=betas, eps=cfg.eps, weight_decay=cfg.weight_decay)
     if cfg.name == "adam_projected":
         groups[0]["projection"], groups[1]["projection"] = "always", "never"
-        return ProjectedAdam(groups, lr=cfg.lr, betas=betas, eps=cfg.eps)
+        return ProjectedAdam(groups, lr=cfg.lr, betas=betas, eps=cfg.eps, members=members)
     if cfg.name == "adamp":
         return ProjectedAdam(groups, lr=cfg.lr, betas=betas, eps=cfg.eps, weight_decay=cfg.weight_decay,
-                             projection="adamp", delta=cfg.delta, wd_ratio=cfg.wd_ratio)
+                             projection="adamp", delta=cfg.delta, wd_ratio=cfg.wd_ratio, members=members)
     raise ValueError(f"optimizer.name: unknown optimizer {cfg.name!r}")
 
 

@@ -169,5 +169,6 @@ class TableBuffer:
 
     def load_bytes(self, tables: dict[str, bytes]) -> None:
         """Replace the tables by :meth:`to_bytes`' output."""
-        self.frames = {name: [pq.read_table(pa.BufferReader(tables[name])).to_pandas()] if name in tables else []
-                       for name in TABLE_COLUMNS}
+        frames = {name: pq.read_table(pa.BufferReader(tables[name])).to_pandas() for name in tables}
+        # a table still empty stays without frames, as in a run never stopped (an empty frame's columns are float)
+        self.frames = {name: [frames[name]] if name in frames and len(frames[name]) else [] for name in TABLE_COLUMNS}

@@ -18,6 +18,7 @@ with results identical to an uninterrupted run on the same machine.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import fcntl
 import io
@@ -26,7 +27,7 @@ import platform
 import shutil
 import signal
 import time
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -38,7 +39,7 @@ import yaml
 from omegaconf import OmegaConf
 from tqdm.auto import tqdm
 
-from . import records
+from . import ensemble, records
 from .analysis.results import check_against_row
 from .averaging import RunAverages
 from .bnstats import running_stat_layers
@@ -329,7 +330,9 @@ class RunState:
 
 # ----------------------------------------------------------------------------- the run
 def run(cfg: RunConfig) -> Path | None:
-    """Train one run and write its folder; returns the folder, or None if it was skipped.
+    """Train one run (``seed``) and write its folder; returns the folder, or None if it was skipped.
+
+    With ``batch_seeds`` use :func:`run_seeds`.
 
     Raises:
         ConfigError: the config keeps a registered row's name but changes what the row means, or asks
@@ -338,29 +341,78 @@ def run(cfg: RunConfig) -> Path | None:
         RunBusyError: another process is training this run now.
         RunInterrupted: a stop signal arrived; the resumable state is saved.
     """
+    return run_seeds(dataclasses.replace(cfg, batch_seeds=[cfg.seed]))[cfg.seed]
+
+
+def run_seeds(cfg: RunConfig) -> dict[int, Path | None]:
+    """Train the seeds ``batch_seeds`` of one row, each into its own folder, as :func:`run` would one by one.
+
+    One seed trains alone. Several train together in this process as one batched model
+    (:mod:`bnrotation.ensemble`): each keeps its own data, initial weights, running statistics, optimizer
+    state and projection, and every measurement runs on a plain copy of that seed's model, so the tables
+    equal those of separate runs up to the order of floating-point sums in the grouped kernels. Each seed
+    skips, refuses, locks and resumes exactly as a run alone (a batch resumes when its unfinished seeds
+    stopped at the same step).
+
+    Returns:
+        ``{seed: folder, or None when it was skipped}``.
+
+    Raises:
+        as :func:`run`; ConfigError also when the unfinished seeds' resumable states are at different steps.
+    """
     check_row(cfg)
     device = resolve_device(cfg.device)
+    seeds = list(dict.fromkeys(cfg.batch_seeds))
+    cfgs = {s: dataclasses.replace(cfg, seed=s, batch_seeds=[]) for s in seeds}
+    plain = {s: _build(c, device) for s, c in cfgs.items()}
+    with ExitStack() as stack:
+        for s in seeds:
+            stack.enter_context(RunLock(cfg.results_root, cfg.row, s))
+        prepared = {s: prepare_run_dir(cfgs[s]) for s in seeds}
+        todo = [s for s in seeds if prepared[s][0] is not None]
+        results: dict[int, Path | None] = {s: None for s in seeds}
+        if todo:
+            resolve_threads(cfg.threads)
+            determinism = set_determinism(cfg.deterministic, device)
+            members = [_member(cfgs[s], *prepared[s], device, *plain[s], determinism, batched_with=todo)
+                       for s in todo]
+            results.update(_train(members, device))
+        return results
+
+
+def _build(cfg: RunConfig, device: torch.device):
+    """A seed's own model, optimizer and schedule, and what they are read back as; refused before any work
+    when that contradicts what the row means (what ``make table`` would refuse after the run)."""
     model = build_model(cfg.model, cfg.task.num_classes, cfg.seed, device)
     optimizer = build_optimizer(cfg.optimizer, model)
     schedule = build_schedule(cfg.schedule, optimizer, cfg.scale.steps)
     built = describe_built(model, optimizer, schedule, device)
     if cfg.row in ROWS and (problems := check_against_row(built, ROWS[cfg.row])):
-        # what make table would refuse after the run is refused before it (the row's meaning, read back)
         raise ConfigError(f"row: what this config builds contradicts row {cfg.row!r}: {'; '.join(problems)}; "
                           f"give the variant a row name of its own (row=<name>)")
-    with RunLock(cfg.results_root, cfg.row, cfg.seed):
-        out, resume = prepare_run_dir(cfg)
-        if out is None:
-            return None
-        return _train(cfg, out, resume, device, model, optimizer, schedule, built)
+    return model, optimizer, schedule, built
 
 
-def _train(cfg: RunConfig, out: Path, resume: bool, device: torch.device, model, optimizer, schedule,
-           built: dict) -> Path:
-    resolve_threads(cfg.threads)
-    built["threads"] = torch.get_num_threads()
-    determinism = set_determinism(cfg.deterministic, device)
+@dataclass
+class _Member:
+    """One seed of a (possibly batched) run: its config, folder, data, state and ``run.json``."""
+
+    cfg: RunConfig
+    out: Path
+    state: RunState
+    task: NoisyTemplates
+    x_held: torch.Tensor
+    y_held: torch.Tensor
+    x_probe: torch.Tensor
+    info: dict
+    started: float
+    finished: bool = False
+
+
+def _member(cfg: RunConfig, out: Path, resume: bool, device: torch.device, model, optimizer, schedule, built: dict,
+            determinism: dict, batched_with: list[int]) -> _Member:
     started = time.time()
+    built["threads"] = torch.get_num_threads()
     task = NoisyTemplates.build(cfg.task, cfg.seed, device)
     x_held, y_held = heldout_set(task, cfg)
     x_probe, _ = probe_set(task, cfg)
@@ -376,108 +428,222 @@ def _train(cfg: RunConfig, out: Path, resume: bool, device: torch.device, model,
         state.resumes.append({"at_step": state.step, "at": dt.datetime.now(dt.timezone.utc).isoformat()})
     info = {"schema_version": records.SCHEMA_VERSION, "row": cfg.row, "seed": cfg.seed, "status": "running",
             "started_at": dt.datetime.fromtimestamp(started, dt.timezone.utc).isoformat(), **built,
-            "determinism": determinism, "pairing": state.monitor.pairing.describe()}
+            "determinism": determinism, "pairing": state.monitor.pairing.describe(),
+            "batched_with_seeds": batched_with if len(batched_with) > 1 else None}
     records.atomic_write_text(out / "config.yaml", config_yaml(cfg))
     records.write_json(out / "run.json", info)
+    return _Member(cfg, out, state, task, x_held, y_held, x_probe, info, started)
 
-    chunk = eval_chunk(device, len(y_held))
-    logs, checks, dense = log_steps(cfg), set(check_steps(cfg)), dense_steps(cfg)
-    interventions = set(intervention_steps(cfg)) if cfg.interventions and has_running else set()
-    averaging_at = set(averaging_steps(cfg)) if state.averages is not None else set()
-    fmt = memory_format(cfg)
-    if state.step == 0:
-        _measure(state, 0, None, None, cfg, task, x_held, y_held, x_probe, chunk, out, logs, checks, interventions,
-                 averaging_at, dense)
-    diverged_at = None
-    bar = tqdm(range(state.step + 1, cfg.scale.steps + 1), desc=f"{cfg.row} seed={cfg.seed}",
+
+class _Trainer:
+    """The training step of one seed alone: the seed's own model, optimizer and schedule."""
+
+    def __init__(self, members: list[_Member]):
+        (self.member,) = members
+        self.model, self.optimizer = self.member.state.model, self.member.state.optimizer
+        self.schedule = self.member.state.schedule
+        self.fmt = memory_format(self.member.cfg)
+
+    def losses(self, batches: list[tuple[torch.Tensor, torch.Tensor]]) -> list[torch.Tensor]:
+        (x, y), = batches
+        loss = F.cross_entropy(self.model(x.contiguous(memory_format=self.fmt)), y)
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        return [loss]
+
+    def step(self) -> None:
+        self.optimizer.step()
+        if self.schedule is not None:
+            self.schedule.step()
+
+    def sync(self, grads: bool = False) -> None:
+        """Nothing to do: the seed's model is the one that trains."""
+
+    def sync_optimizer(self) -> None:
+        """Nothing to do."""
+
+
+class _BatchedTrainer(_Trainer):
+    """The training step of several seeds as one batched model (:mod:`bnrotation.ensemble`); :meth:`sync`
+    copies each seed's part back into its own plain model, where everything is measured."""
+
+    def __init__(self, members: list[_Member]):
+        self.members = members
+        self.n = len(members)
+        cfg = members[0].cfg
+        plain = [m.state.model for m in members]
+        self.model = ensemble.stack_models(plain)
+        self.optimizer = build_optimizer(cfg.optimizer, self.model, members=self.n)
+        self.schedule = build_schedule(cfg.schedule, self.optimizer, cfg.scale.steps)
+        if members[0].state.step:  # resumed: the members' optimizer and schedule states, merged
+            ensemble.load_optimizer_members(self.optimizer, self.model, [m.state.optimizer for m in members], plain)
+            if self.schedule is not None:
+                self.schedule.load_state_dict(members[0].state.schedule.state_dict())
+        self.fmt = memory_format(cfg)
+
+    def losses(self, batches: list[tuple[torch.Tensor, torch.Tensor]]) -> list[torch.Tensor]:
+        x = ensemble.stacked_inputs([xb for xb, _ in batches]).contiguous(memory_format=self.fmt)
+        losses = ensemble.member_losses(self.model(x), [yb for _, yb in batches])
+        self.optimizer.zero_grad(set_to_none=True)
+        losses.sum().backward()
+        return list(losses.detach())
+
+    def sync(self, grads: bool = False) -> None:
+        for i, m in enumerate(self.members):
+            ensemble.copy_member(self.model, i, self.n, m.state.model, grads=grads)
+            for g_member, g in zip(m.state.optimizer.param_groups, self.optimizer.param_groups, strict=True):
+                g_member["lr"] = g["lr"]  # the schedule steps the batched optimizer; the checks log the rate
+
+    def sync_optimizer(self) -> None:
+        """Each seed's own optimizer and schedule take its part of the batched state (to save it)."""
+        for i, m in enumerate(self.members):
+            ensemble.member_optimizer_state(self.optimizer, self.model, i, self.n, m.state.optimizer, m.state.model)
+            if self.schedule is not None:
+                m.state.schedule.load_state_dict(self.schedule.state_dict())
+
+
+def _train(members: list[_Member], device: torch.device) -> dict[int, Path]:
+    """The training loop, for one seed or a batch of seeds at the same step."""
+    steps_at = {m.state.step for m in members}
+    if len(steps_at) > 1:
+        raise ConfigError(f"batch_seeds: the unfinished seeds stopped at different steps "
+                          f"({', '.join(f'seed {m.cfg.seed} at step {m.state.step}' for m in members)}); resume them "
+                          "one batch per step (batch_seeds=[...]) or alone")
+    cfg = members[0].cfg
+    trainer = _Trainer(members) if len(members) == 1 else _BatchedTrainer(members)
+    has_running = bool(running_stat_layers(members[0].state.model))
+    sched = _Schedule(cfg, has_running, members[0].state.averages is not None)
+    start = steps_at.pop()
+    results: dict[int, Path] = {}
+    if start == 0:
+        for m in members:
+            _measure(m, 0, None, None, sched)
+    seeds = ",".join(str(m.cfg.seed) for m in members)
+    bar = tqdm(range(start + 1, cfg.scale.steps + 1), desc=f"{cfg.row} seed{'s' * (len(members) > 1)}={seeds}",
                disable=not cfg.progress, dynamic_ncols=True, mininterval=1.0)
     with stop_signals() as caught:
         t_mark = time.perf_counter()
         for step in bar:
             if caught["signum"] is not None:
                 bar.close()
-                return _stop(state, out, caught, t_mark)
-            x, y = task.sample(cfg.task.batch_size, state.g_train)
-            loss = F.cross_entropy(model(x.contiguous(memory_format=fmt)), y)
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            log_now = step in logs
-            w_before = state.monitor.snapshot() if log_now else None
-            optimizer.step()
-            if schedule is not None:
-                schedule.step()
-            if state.averages is not None:  # one EMA update per optimizer step, no host sync
-                state.averages.after_step(model, step)
-            state.first_bad = torch.where((state.first_bad == 0) & ~torch.isfinite(loss.detach()), step,
-                                          state.first_bad)
-            state.step = step
-            if not (log_now or step in checks or step in interventions or step in averaging_at or step in dense):
+                _stop(members, trainer, caught, t_mark)
+            losses = trainer.losses([m.task.sample(m.cfg.task.batch_size, m.state.g_train) for m in members])
+            log_now = step in sched.logs
+            w_before = None
+            if log_now:
+                trainer.sync()
+                w_before = [m.state.monitor.snapshot() for m in members]
+            trainer.step()
+            if members[0].state.averages is not None:  # one EMA update per optimizer step, no host sync
+                trainer.sync()
+            for m, loss in zip(members, losses):
+                if m.state.averages is not None:
+                    m.state.averages.after_step(m.state.model, step)
+                m.state.first_bad = torch.where((m.state.first_bad == 0) & ~torch.isfinite(loss.detach()), step,
+                                                m.state.first_bad)
+                m.state.step = step
+            if not sched.measures(step):
                 continue
-            state.timings["train"] += time.perf_counter() - t_mark
-            bad = int(state.first_bad)
-            if bad:
-                diverged_at = bad
-                bar.write(f"{cfg.row} seed={cfg.seed}: non-finite loss at step {bad}; run ends as diverged")
+            train_seconds = time.perf_counter() - t_mark
+            trainer.sync(grads=True)
+            for i, m in enumerate(members):
+                if m.finished:
+                    continue
+                m.state.timings["train"] += train_seconds / len(members)
+                if bad := int(m.state.first_bad):
+                    bar.write(f"{m.cfg.row} seed={m.cfg.seed}: non-finite loss at step {bad}; run ends as diverged")
+                    results[m.cfg.seed] = _finish(m, diverged_at=bad)
+                    continue
+                _measure(m, step, w_before[i] if w_before else None, losses[i], sched)
+            if all(m.finished for m in members):
                 break
-            _measure(state, step, w_before, loss, cfg, task, x_held, y_held, x_probe, chunk, out, logs, checks,
-                     interventions, averaging_at, dense)
             t_mark = time.perf_counter()
     bar.close()
+    for m in members:
+        if not m.finished:
+            results[m.cfg.seed] = _finish(m)
+    return results
 
+
+@dataclass
+class _Schedule:
+    """The steps at which a run measures what (sets of steps)."""
+
+    logs: set
+    checks: set
+    interventions: set
+    averaging: set
+    dense: set
+
+    def __init__(self, cfg: RunConfig, has_running: bool, averaging: bool):
+        self.logs, self.checks, self.dense = log_steps(cfg), set(check_steps(cfg)), dense_steps(cfg)
+        self.interventions = set(intervention_steps(cfg)) if cfg.interventions and has_running else set()
+        self.averaging = set(averaging_steps(cfg)) if averaging else set()
+
+    def measures(self, step: int) -> bool:
+        return any(step in s for s in (self.logs, self.checks, self.interventions, self.averaging, self.dense))
+
+
+def _finish(m: _Member, diverged_at: int | None = None) -> Path:
+    """Write a seed's tables, its final ``run.json`` and ``DONE``; the resumable state goes."""
+    state, out, cfg = m.state, m.out, m.cfg
     for name in records.TABLE_COLUMNS:
         records.write_table(state.tables.frame(name), out / f"{name}.parquet", name)
     ended = time.time()
-    info.update(status="diverged" if diverged_at else "done", diverged_at_step=diverged_at,
-                steps_completed=(diverged_at - 1) if diverged_at else cfg.scale.steps,
-                ended_at=dt.datetime.fromtimestamp(ended, dt.timezone.utc).isoformat(),
-                wall_seconds=round(ended - started, 3),
-                timings_s={k: round(v, 3) for k, v in state.timings.items()}, resumes=state.resumes)
-    records.write_json(out / "run.json", info)
+    m.info.update(status="diverged" if diverged_at else "done", diverged_at_step=diverged_at,
+                  steps_completed=(diverged_at - 1) if diverged_at else cfg.scale.steps,
+                  ended_at=dt.datetime.fromtimestamp(ended, dt.timezone.utc).isoformat(),
+                  wall_seconds=round(ended - m.started, 3),
+                  timings_s={k: round(v, 3) for k, v in state.timings.items()}, resumes=state.resumes)
+    records.write_json(out / "run.json", m.info)
     (out / RESUME_FILE).unlink(missing_ok=True)
     records.mark_done(out)
+    m.finished = True
     return out
 
 
-def _measure(state: RunState, step: int, w_before, loss, cfg: RunConfig, task, x_held, y_held, x_probe, chunk: int,
-             out: Path, logs, checks, interventions, averaging_at, dense) -> None:
-    """Everything measured at ``step``, in order: the monitor (log steps), the dense statistics, the
-    accuracy check, the interventions and the averaged models. Shares what they have in common: the
-    live model's evaluation-mode accuracy, its fresh statistics, and the step's re-estimation batches."""
+def _measure(m: _Member, step: int, w_before, loss, sched: _Schedule) -> None:
+    """Everything measured at ``step`` on one seed's model, in order: the monitor (log steps), the dense
+    statistics, the accuracy check, the interventions and the averaged models. Shares what they have in
+    common: the live model's evaluation-mode accuracy, its fresh statistics, and the step's re-estimation
+    batches."""
+    state, cfg = m.state, m.cfg
     model, timings = state.model, state.timings
+    chunk = eval_chunk(m.x_held.device, len(m.y_held))
     t0 = time.perf_counter()
     fresh = None
-    if step in logs:
+    if step in sched.logs:
         record = state.monitor.measure(step, w_before)
         state.tables.add("layers", record.layers)
         state.tables.add("channels", record.channels.drop(columns="rotation_deg_per_100"))
         fresh = state.monitor.last_fresh
     t1 = time.perf_counter()
-    if step in dense:
+    if step in sched.dense:
         if fresh is None:
-            fresh = batch_statistics_pass(model, x_probe)[1]
+            fresh = batch_statistics_pass(model, m.x_probe)[1]
         state.tables.add("dense", _dense_lines(model, step, fresh))
     t2 = time.perf_counter()
     acc_eval = None
-    if step in checks:
-        acc_eval = accuracy(model, x_held, y_held, "eval", chunk)
-        acc_train = accuracy(model, x_held, y_held, "train")
+    if step in sched.checks:
+        acc_eval = accuracy(model, m.x_held, m.y_held, "eval", chunk)
+        acc_train = accuracy(model, m.x_held, m.y_held, "train")
         state.tables.add("checks", pd.DataFrame({
             "step": [step], "lr": [state.optimizer.param_groups[0]["lr"]],
             "loss": [loss.item() if loss is not None else np.nan],
             "acc_train_mode": [acc_train], "acc_eval_mode": [acc_eval]}))
     t3 = time.perf_counter()
     batches = None
-    if step in interventions:
+    if step in sched.interventions:
         if cfg.save_checkpoints:
-            save_checkpoint(checkpoint_path(out, step), model, step=step, row=cfg.row, seed=cfg.seed)
-        batches = reestimation_batches(task, cfg, x_held.device, step)
-        df = run_interventions(model, batches, x_held, y_held, chunk, acc_stored=acc_eval).table
+            save_checkpoint(checkpoint_path(m.out, step), model, step=step, row=cfg.row, seed=cfg.seed)
+        batches = reestimation_batches(m.task, cfg, m.x_held.device, step)
+        df = run_interventions(model, batches, m.x_held, m.y_held, chunk, acc_stored=acc_eval).table
         state.tables.add("interventions", df.assign(step=step)[["step", *df.columns]])
     t4 = time.perf_counter()
-    if step in averaging_at:
+    if step in sched.averaging:
         if batches is None:
-            batches = reestimation_batches(task, cfg, x_held.device, step)
-        df = state.averages.evaluate(model, step, x_held, y_held, x_probe, batches, chunk,
+            batches = reestimation_batches(m.task, cfg, m.x_held.device, step)
+        df = state.averages.evaluate(model, step, m.x_held, m.y_held, m.x_probe, batches, chunk,
                                      live_accuracy=acc_eval, live_fresh=fresh)
         state.tables.add("averaging", df.assign(step=step)[["step", *df.columns]])
     t5 = time.perf_counter()
@@ -491,24 +657,29 @@ def _dense_lines(model: torch.nn.Module, step: int, fresh: dict) -> pd.DataFrame
     frames = []
     modules = dict(model.named_modules())
     for name, (mean, var) in fresh.items():
-        m = modules[name]
+        mod = modules[name]
         c = mean.numel()
-        running = getattr(m, "running_mean", None) is not None
+        running = getattr(mod, "running_mean", None) is not None
         frames.append(pd.DataFrame({
             "step": np.full(c, step), "norm_layer": [name] * c, "channel": np.arange(c),
             "fresh_mean": mean.cpu().numpy(), "fresh_var": var.cpu().numpy(),
-            "running_mean": m.running_mean.double().cpu().numpy() if running else np.full(c, np.nan),
-            "running_var": m.running_var.double().cpu().numpy() if running else np.full(c, np.nan)}))
+            "running_mean": mod.running_mean.double().cpu().numpy() if running else np.full(c, np.nan),
+            "running_var": mod.running_var.double().cpu().numpy() if running else np.full(c, np.nan)}))
     return pd.concat(frames, ignore_index=True)
 
 
-def _stop(state: RunState, out: Path, caught: dict, t_mark: float) -> Path:
-    """Save the resumable state after a stop signal; hand submitit's preemption signal on to submitit (which
-    requeues the job and exits), else raise :class:`RunInterrupted`."""
-    state.timings["train"] += time.perf_counter() - t_mark
-    path = out / RESUME_FILE
-    state.save(path)
+def _stop(members: list[_Member], trainer: _Trainer, caught: dict, t_mark: float) -> None:
+    """Save each seed's resumable state after a stop signal; hand submitit's preemption signal on to submitit
+    (which requeues the job and exits), else raise :class:`RunInterrupted`."""
+    trainer.sync()
+    trainer.sync_optimizer()
+    for m in members:
+        if m.finished:
+            continue
+        m.state.timings["train"] += (time.perf_counter() - t_mark) / len(members)
+        m.state.save(m.out / RESUME_FILE)
     signum, previous = caught["signum"], caught["previous"]
     if callable(previous) and getattr(previous, "__module__", "").startswith("submitit"):
-        previous(signum, None)  # submitit: checkpoint, requeue, exit; the requeued job resumes from `path`
-    raise RunInterrupted(signum, state.step, path)
+        previous(signum, None)  # submitit: checkpoint, requeue, exit; the requeued job resumes from the saved states
+    alive = [m for m in members if not m.finished] or members
+    raise RunInterrupted(signum, alive[0].state.step, alive[0].out / RESUME_FILE)
