@@ -680,6 +680,13 @@ def _stop(members: list[_Member], trainer: _Trainer, caught: dict, t_mark: float
         m.state.save(m.out / RESUME_FILE)
     signum, previous = caught["signum"], caught["previous"]
     if callable(previous) and getattr(previous, "__module__", "").startswith("submitit"):
-        previous(signum, None)  # submitit: checkpoint, requeue, exit; the requeued job resumes from the saved states
+        # A SLURM job under submitit: its handler of the preemption / time-out signal checkpoints the Hydra job,
+        # requeues it and exits; the requeued job resumes from the saved states. SIGTERM, which SLURM sends
+        # before it kills a job it requeues or preempts, submitit ignores: wait for the kill, writing no result,
+        # so that submitit waits for the requeued job's.
+        previous(signum, None)
+        if signum == signal.SIGTERM:
+            while True:
+                time.sleep(3600)
     alive = [m for m in members if not m.finished] or members
     raise RunInterrupted(signum, alive[0].state.step, alive[0].out / RESUME_FILE)

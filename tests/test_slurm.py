@@ -1,0 +1,100 @@
+"""Preemption and time-outs on a real scheduler (issue 12, point 5): a one-node SLURM cluster on this machine
+(Debian's slurmctld, slurmd and munge, started by ``tests/slurm/start.sh``), the sweep submitted through
+``hydra/launcher=submitit_slurm``. The job gets SLURM's time-out signal mid-run; submitit's own handler
+requeues it, and the requeued job resumes from the state the run saved, finishing with tables bit-identical
+to an uninterrupted run.
+
+Skipped, with the reason, where SLURM is not installed or the daemons cannot start (they need root);
+``.ci/run`` installs them. SLURM holds a requeued job for about two minutes (its begin time); the test
+releases that hold with ``scontrol update StartTime=now`` instead of waiting.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from bnrotation import records
+from bnrotation.runner import run
+
+from conftest import ROOT
+from test_reliability import assert_same_results, tiny
+
+# A run long enough to be interrupted mid-way on a quiet or a busy machine (tens of seconds on one core).
+OVERRIDES = ("experiment=adam", "scale.steps=3000", "scale.log_every=500", "scale.check_start=2000",
+             "scale.check_every=500", "scale.intervene_every=3000", "averaging.tail_steps=1000",
+             "averaging.tail_every=500")
+TOOLS = ("slurmctld", "slurmd", "munged", "sbatch", "squeue", "scontrol", "scancel")
+
+
+@pytest.fixture(scope="module")
+def slurm(tmp_path_factory):
+    missing = [t for t in TOOLS if shutil.which(t) is None and not Path("/usr/sbin", t).exists()]
+    if missing:
+        pytest.skip(f"SLURM is not installed here (no {', '.join(missing)}): apt-get install slurmctld slurmd "
+                    "slurm-client munge, as .ci/run does")
+    if os.geteuid() != 0:
+        pytest.skip("the one-node SLURM cluster's daemons run as root, and this test does not")
+    folder = tmp_path_factory.mktemp("slurm")
+    start = subprocess.run(["bash", str(ROOT / "tests" / "slurm" / "start.sh"), str(folder)], capture_output=True,
+                           text=True, timeout=120)
+    if start.returncode != 0:
+        pytest.skip(f"the one-node SLURM cluster did not start: {start.stderr.strip()[-500:]}")
+    env = {**os.environ, "SLURM_CONF": start.stdout.strip().splitlines()[-1],
+           "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")])}
+    yield env
+    subprocess.run(["scancel", "--user", "root"], env=env, capture_output=True)
+    subprocess.run(["pkill", "-x", "slurmd"], capture_output=True)
+    subprocess.run(["pkill", "-x", "slurmctld"], capture_output=True)
+
+
+def squeue(env: dict) -> list[tuple[str, str, str]]:
+    """(job id, state, reason) of every job in the queue."""
+    out = subprocess.run(["squeue", "-h", "-o", "%i %T %r"], env=env, capture_output=True, text=True).stdout
+    return [tuple(line.split(maxsplit=2)) for line in out.splitlines() if line.strip()]
+
+
+def test_a_timed_out_slurm_job_requeues_through_submitit_and_resumes_bit_identical(slurm, tmp_path):
+    root = tmp_path / "results"
+    reference = run(tiny(tmp_path / "reference", *OVERRIDES, "threads=1"))
+    cmd = [sys.executable, str(ROOT / "experiments" / "train.py"), "-m", *OVERRIDES, "seed=0", "scale=smoke",
+           "task.image_size=8", "task.batch_size=16", "task.probe_size=16", "scale.heldout_size=32",
+           "model.channels=[4,8,8]", f"results_root={root}", "progress=false", "threads=1",
+           "hydra/launcher=submitit_slurm", "hydra.launcher.timeout_min=30", "hydra.launcher.max_num_timeout=3",
+           "hydra.launcher.cpus_per_task=1", "hydra.launcher.mem_gb=null", f"hydra.sweep.dir={tmp_path / 'sweep'}"]
+    sweep = subprocess.Popen(cmd, cwd=ROOT, env=slurm, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    out = records.run_dir(root, "adam", 0)
+    signalled, released, deadline = None, 0, time.time() + 600
+    try:
+        while sweep.poll() is None and time.time() < deadline:
+            jobs = squeue(slurm)
+            running = [j for j in jobs if j[1] == "RUNNING"]
+            # mid-run: the run's folder exists and its tables are not written yet
+            if signalled is None and running and (out / "run.json").exists() and not (out / "checks.parquet").exists():
+                time.sleep(1.0)
+                subprocess.run(["scancel", "--signal=USR2", running[0][0]], env=slurm, check=True)  # the time-out signal
+                signalled = running[0][0]
+            for job_id, state, reason in jobs:
+                if state == "PENDING" and "BeginTime" in reason:  # requeued: release SLURM's hold on it
+                    subprocess.run(["scontrol", "update", f"jobid={job_id}", "StartTime=now"], env=slurm)
+                    released += 1
+            time.sleep(0.5)
+    finally:
+        if sweep.poll() is None:
+            sweep.kill()
+    log = sweep.stdout.read()
+    logs = "\n".join(p.read_text(errors="replace") for p in (tmp_path / "sweep").glob(".submitit/*/*_log.*"))
+    assert sweep.returncode == 0, f"{log[-3000:]}\n{logs[-3000:]}"
+    assert signalled and released >= 1, f"signalled {signalled}, released {released}\n{logs[-3000:]}"
+    assert "Requeued job" in logs  # submitit's own requeue
+    info = json.loads((out / "run.json").read_text())
+    assert info["status"] == "done" and len(info["resumes"]) >= 1, logs[-3000:]
+    assert not (out / "resume.pt").exists()
+    assert_same_results(out, reference)
