@@ -1,29 +1,29 @@
 """`make bench`: what the suite's measurements cost, against the article's bare training loop.
 
-    python bench/bench.py [--steps 300] [--rounds 3] [--sweep-steps 100] [--out results/bench.md]
+    python bench/bench.py [--steps 300] [--rounds 2] [--process-steps 600] [--out results/bench.md]
 
-Writes a Markdown report (default ``results/bench.md``) with the machine, device,
-threads and torch version, and
+Writes a Markdown report (default ``results/bench.md``): the machine, then one
+section per measurement, each a named pair of functions in :data:`SECTIONS`
+(``measure_<x>`` returns the figures, ``report_<x>`` the section's lines):
 
-(a) the runner's full-scale run time against a bare loop of the same network,
-    data and check schedule with no probes and no logging (the article's
-    snippet, written anew below: default memory format, ``net.train()`` /
-    ``net.eval()`` checks). Both run ``--steps`` steps, interleaved in this
-    process (runner, bare, bare, runner, ...) so that a busy machine slows both
-    alike; each is extrapolated to the full run from its own per-step and
-    per-event times (6,000 steps, 41 checks, 61 log points, 9 intervention
-    points for the runner; 6,000 steps and 41 checks for the bare loop);
-(b) the cost of each probe per call and per full run, and the evaluation
-    chunk size;
-(c) peak memory (RSS of a child process running one job; CUDA max allocated);
-(d) the time of ``make table`` (and ``make figures`` / ``make claims`` where
-    those targets exist) on the results present and on the bench's own runs;
-(e) sweep throughput: jobs in parallel x threads per job against one job at
-    a time, at ``--sweep-steps`` steps.
+(a) the runner's full run against the bare loop in one process: both run
+    ``--steps`` steps interleaved, each extrapolated to the full run from its
+    per-step and per-event times, part by part;
+(b) the same comparison as whole processes in alternation (Hydra's start-up
+    and the imports included), on a quiet machine and beside a process that
+    keeps one core busy, with OpenMP's default and passive wait policy;
+(c) what each probe and the monitor cost per call and per run, and the
+    monitor's share of training time on the study's network and on ResNet-20
+    at one call per 100 steps; evaluation chunk sizes;
+(d) the options: the seeds of a row batched into one model, and
+    ``torch.compile`` (compile time, speed, agreement), each against the bare
+    loop's training step measured in this run;
+(e) peak memory; (f) the analysis targets' time; (g) sweep throughput per
+    split of the cores, and the full sweep's time estimated from (a) and (g).
 
-It needs no results: it makes its own runs in a temporary folder. Timings on
-a machine that other processes keep busy are noisy; the report measures how
-many cores others used while it ran and says so at the top.
+It needs no results (it makes its own runs in a temporary folder). On a machine
+others are using, read the ratios (each side measured interleaved), not the
+absolute times; the report states how busy the machine was.
 """
 
 from __future__ import annotations
@@ -34,46 +34,45 @@ import json
 import os
 import platform
 import re
-import resource
 import shlex
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from hydra import compose, initialize_config_dir
+
+from bnrotation import ensemble, records
+from bnrotation.checkpoints import checkpoint_path, save_checkpoint
+from bnrotation.config import RunConfig, register_configs, to_run_config
+from bnrotation.interventions import run_interventions
+from bnrotation.model import build_model
+from bnrotation.monitor import StalenessMonitor
+from bnrotation.optim import build_optimizer
+from bnrotation.probes import accuracy, eval_chunk, fresh_statistics
+from bnrotation.rows import RESNET_ROWS, ROWS, SEEDS, SETS, SWEEP_ROWS
+from bnrotation.runner import (averaging_steps, check_steps, intervention_steps, log_steps, resolve_device,
+                               run)
+from bnrotation.task import NoisyTemplates, reestimation_batches
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "src"))  # this checkout's sources, whatever the venv's editable install points at
-
-from hydra import compose, initialize_config_dir  # noqa: E402
-
-from bnrotation import records  # noqa: E402
-from bnrotation.checkpoints import checkpoint_path, save_checkpoint  # noqa: E402
-from bnrotation.config import RunConfig, register_configs, to_run_config  # noqa: E402
-from bnrotation.model import build_model  # noqa: E402
-from bnrotation.probes import accuracy, channel_cosines, cosine, fresh_statistics, rotation_deg  # noqa: E402
-from bnrotation.interventions import run_interventions  # noqa: E402
-from bnrotation.monitor import StalenessMonitor  # noqa: E402
-from bnrotation.probes import eval_chunk  # noqa: E402
-from bnrotation.runner import (averaging_steps, check_steps, intervention_steps, log_steps,  # noqa: E402
-                               resolve_device, run)
-from bnrotation.task import reestimation_batches  # noqa: E402
-from bnrotation.task import NoisyTemplates  # noqa: E402
-
-ROW = "adam"  # the row the ratio is measured on: Adam, lr 3e-3, as in the article's snippet
+ROW = "adam"  # the row the ratios are measured on: Adam, lr 3e-3, as in the article's snippet
 HOUR = 3600.0
 # Parts of a run's time, as the report's columns.
 PARTS = {"steps": "steps", "checks": "checks", "probes": "probes", "interventions": "interventions",
          "averaging": "weight averaging", "fixed": "setup, writing"}
+TARGET_RATIO = 0.7  # issue 15: the instrumented full run within 0.7x the bare loop's time
+TARGET_SWEEP_HOURS = 3.0  # and the full 30-run sweep within 3 hours on 2 cores
 
 
-# ----------------------------------------------------------------------------- configs
+# ----------------------------------------------------------------------------- configs and schedules
 def compose_run(overrides: list[str]) -> RunConfig:
     """The config ``experiments/train.py <overrides>`` would get."""
     register_configs()
@@ -173,7 +172,91 @@ def bare_loop(steps: int, checks: set[int], heldout: int, device: torch.device, 
     return {"seconds": seconds, "checks": len([s for s in checks if s <= steps])}
 
 
-# ----------------------------------------------------------------------------- (a) runner vs bare loop
+# ----------------------------------------------------------------------------- shared helpers
+@dataclass
+class Context:
+    """What every section reads: the arguments, the device, a scratch folder, and earlier sections' figures."""
+
+    args: argparse.Namespace
+    device: torch.device
+    tmp: Path
+    results: dict = field(default_factory=dict)
+
+    def sync(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize()
+
+
+def timed(fn: Callable, reps: int, sync: Callable = lambda: None) -> float:
+    """Median seconds of ``reps`` calls (after one warm-up call)."""
+    fn()
+    times = []
+    for _ in range(reps):
+        sync()
+        t0 = time.perf_counter()
+        fn()
+        sync()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def least_disturbed(rounds: list[dict]) -> dict:
+    """Each part's smallest time over the rounds, and their sum as ``total``.
+
+    Other processes only ever add time, so the smallest of repeated
+    measurements is the closest to the undisturbed cost (as ``timeit`` takes
+    the minimum); taking it per part keeps one disturbed stretch from
+    spoiling a whole round.
+    """
+    parts = {p: min(r[p] for r in rounds) for p in rounds[0] if p != "total"}
+    return {**parts, "total": sum(parts.values())}
+
+
+def child(cmd: list[str], env: dict | None = None) -> dict:
+    """Run ``cmd``; its wall seconds, exit status, peak RSS (bytes) and output tail."""
+    t0 = time.perf_counter()
+    with tempfile.TemporaryFile() as log:
+        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
+                                env={**os.environ, **(env or {})})
+        _, status, usage = os.wait4(proc.pid, 0)
+        log.seek(0)
+        tail = log.read().decode(errors="replace")[-2000:]
+    return {"wall": time.perf_counter() - t0, "rc": os.waitstatus_to_exitcode(status),
+            "max_rss": usage.ru_maxrss * 1024, "tail": tail, "cmd": cmd}
+
+
+def checked(c: dict, what: str) -> dict:
+    """``c`` if its command exited 0, else a RuntimeError naming ``what`` and the command."""
+    if c["rc"] != 0:
+        raise RuntimeError(f"{what} failed ({c['rc']}): {shlex.join(c['cmd'])}\n{c['tail']}")
+    return c
+
+
+def train_cmd(overrides: list[str], multirun: bool = False) -> list[str]:
+    return [sys.executable, str(ROOT / "experiments" / "train.py"), *(["-m"] if multirun else []), *overrides]
+
+
+def progress(msg: str) -> None:
+    print(f"[bench {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+def fmt_s(s: float) -> str:
+    if s >= HOUR:
+        return f"{s / HOUR:.2f} h"
+    if s >= 100:
+        return f"{s / 60:.1f} min"
+    return f"{s:.3g} s"
+
+
+def gib(n: float) -> str:
+    return f"{n / 2 ** 30:.2f} GiB"
+
+
+def span(values: list[float], fmt: str = "{:.2f}") -> str:
+    return "–".join(fmt.format(v) for v in (min(values), max(values))) if len(values) > 1 else fmt.format(values[0])
+
+
+# ----------------------------------------------------------------------------- (a) in one process
 def runner_once(cfg: RunConfig) -> dict:
     """One runner run; its own timings (run.json ``timings_s``) and wall time, in seconds."""
     t0 = time.perf_counter()
@@ -212,230 +295,415 @@ def extrapolate_bare(b: dict, steps: int, full: Schedule) -> dict:
     return {**parts, "total": sum(parts.values())}
 
 
-def overhead(args, device: torch.device, tmp: Path) -> dict:
-    """Runner and bare loop, ``args.rounds`` times each, interleaved (ABBA), extrapolated to the full run."""
-    full_cfg = compose_run([f"experiment={ROW}"])
-    full = Schedule.of(full_cfg)
-    cfg = compose_run([f"experiment={ROW}", *reduced_overrides(args.steps), f"results_root={tmp / 'overhead'}",
-                       "progress=false", "force=true", f"threads={args.threads}", f"device={device.type}"])
+def measure_in_process(ctx: Context) -> dict:
+    """Runner and bare loop, ``--rounds`` times each, interleaved (ABBA), extrapolated to the full run."""
+    args = ctx.args
+    full = Schedule.of(compose_run([f"experiment={ROW}"]))
+    cfg = compose_run([f"experiment={ROW}", *reduced_overrides(args.steps), f"results_root={ctx.tmp / 'overhead'}",
+                       "progress=false", "force=true", f"threads={args.threads}", f"device={ctx.device.type}"])
     measured = Schedule.of(cfg)
     checks = set(check_steps(cfg))
     runner_rounds, bare_rounds = [], []
-    if device.type == "cuda":
+    if ctx.device.type == "cuda":
         torch.cuda.reset_peak_memory_stats()
     for r in range(args.rounds):
-        order = ("runner", "bare") if r % 2 == 0 else ("bare", "runner")
-        for which in order:
+        for which in (("runner", "bare") if r % 2 == 0 else ("bare", "runner")):
             if which == "runner":
                 runner_rounds.append(extrapolate_runner(runner_once(cfg), measured, full))
             else:
-                bare_rounds.append(extrapolate_bare(bare_loop(args.steps, checks, cfg.scale.heldout_size, device),
+                bare_rounds.append(extrapolate_bare(bare_loop(args.steps, checks, cfg.scale.heldout_size, ctx.device),
                                                     args.steps, full))
             progress(f"(a) round {r + 1}/{args.rounds}: {which} done")
-    ratios = [a["total"] / b["total"] for a, b in zip(runner_rounds, bare_rounds)]
     runner, bare = least_disturbed(runner_rounds), least_disturbed(bare_rounds)
-    out = {"full": full, "measured": measured, "runner": runner_rounds, "bare": bare_rounds, "ratios": ratios,
+    out = {"full": full, "measured": measured, "runner": runner_rounds, "bare": bare_rounds,
+           "ratios": [a["total"] / b["total"] for a, b in zip(runner_rounds, bare_rounds)],
            "runner_best": runner, "bare_best": bare, "ratio": runner["total"] / bare["total"],
-           "step_ratio": runner["steps"] / bare["steps"]}
-    if device.type == "cuda":
+           "step_ratio": runner["steps"] / bare["steps"], "bare_step": bare["steps"] / full.steps}
+    if ctx.device.type == "cuda":
         out["cuda_max_allocated"] = torch.cuda.max_memory_allocated()
     return out
 
 
-def least_disturbed(rounds: list[dict]) -> dict:
-    """Each part's smallest time over the rounds, and their sum as ``total``.
-
-    Other processes only ever add time, so the smallest of repeated
-    measurements is the closest to the undisturbed cost (as ``timeit`` takes
-    the minimum); taking it per part keeps one disturbed stretch from
-    spoiling a whole round.
-    """
-    parts = {p: min(r[p] for r in rounds) for p in rounds[0] if p != "total"}
-    return {**parts, "total": sum(parts.values())}
-
-
-# ----------------------------------------------------------------------------- (b) probes
-def timed(fn, reps: int, sync) -> float:
-    """Median seconds of ``reps`` calls (after one warm-up call)."""
-    fn()
-    times = []
-    for _ in range(reps):
-        sync()
-        t0 = time.perf_counter()
-        fn()
-        sync()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+def report_in_process(ctx: Context, a: dict) -> list[str]:
+    full, m = a["full"], a["measured"]
+    lines = [f"Row `{ROW}`. Both ran {m.steps} steps with full-size checks ({m.checks} checks on the 4,000 held-out "
+             f"samples), the runner also {m.logs} log points, {m.interventions} intervention point and "
+             f"{m.averaging} weight-averaging point, interleaved over {ctx.args.rounds} rounds; each is "
+             f"extrapolated to the full run ({full.steps:,} steps, {full.checks} checks, {full.logs} log points, "
+             f"{full.interventions} intervention and {full.averaging} averaging points) from its per-step and "
+             "per-event times. The bare loop is the article's snippet written anew (default memory format, "
+             "`net.train()` / `net.eval()` checks, no probes, no logging).", "",
+             "| full run, extrapolated | " + " | ".join(PARTS.values()) + " | total |",
+             "|---|" + "---:|" * (len(PARTS) + 1)]
+    named = [(f"{who}, round {i + 1}", row) for i, (r, b) in enumerate(zip(a["runner"], a["bare"]))
+             for who, row in (("runner", r), ("bare loop", b))]
+    named += [("**runner, least disturbed**", a["runner_best"]), ("**bare loop, least disturbed**", a["bare_best"])]
+    for name, row in named:
+        lines.append(f"| {name} | {' | '.join(fmt_s(row[p]) if p in row else '-' for p in PARTS)} | "
+                     f"{fmt_s(row['total'])} |")
+    verdict = "meets" if a["ratio"] <= TARGET_RATIO else "misses"
+    return lines + ["", f"**Runner / bare loop: {a['ratio']:.2f}x**, from each part's least disturbed round "
+                    f"(rounds alone: {', '.join(f'{x:.2f}' for x in a['ratios'])}); the target is at most "
+                    f"{TARGET_RATIO}x, which this {verdict}. Training steps alone: {a['step_ratio']:.2f}x "
+                    "(channels-last against the default memory format); the measurements are the rest."]
 
 
-def probe_costs(args, device: torch.device, tmp: Path, a: dict | None) -> dict:
-    """Seconds per call of each probe on the runner's own objects, and calls per full run."""
-    cfg = compose_run([f"experiment={ROW}", "progress=false", f"results_root={tmp / 'probes'}",
-                       f"device={device.type}"])
+# ----------------------------------------------------------------------------- (b) whole processes
+def process_overrides(steps: int) -> list[str]:
+    """A tenth of a full run: checks every 100 steps over the second half, one intervention and averaging point."""
+    return ["scale=full", f"scale.steps={steps}", f"scale.check_start={steps // 2}", f"scale.intervene_every={steps}"]
+
+
+def measure_processes(ctx: Context) -> dict:
+    """The runner (``experiments/train.py``) and the bare loop (``bench.py --bare-only``) as child processes in
+    alternation, ``--process-pairs`` pairs per condition: quiet; beside a process that keeps one core busy; and
+    busy with OpenMP's passive wait policy (``OMP_WAIT_POLICY=PASSIVE``) in both children."""
+    args = ctx.args
+    steps = args.process_steps
+    runner = train_cmd([f"experiment={ROW}", *process_overrides(steps), "progress=false", "force=true",
+                        f"results_root={ctx.tmp / 'processes'}", f"device={ctx.device.type}",
+                        f"hydra.run.dir={ctx.tmp / 'processes' / 'hydra'}"])
+    bare = [sys.executable, __file__, "--bare-only", "--steps", str(steps), "--check-start", str(steps // 2),
+            "--device", ctx.device.type]
+    conditions = {"quiet": ({}, False), "one core busy": ({}, True),
+                  "one core busy, OMP_WAIT_POLICY=PASSIVE": ({"OMP_WAIT_POLICY": "PASSIVE"}, True)}
+    out = {}
+    for name, (env, busy) in conditions.items():
+        burner = subprocess.Popen([sys.executable, "-c", "while True: pass"]) if busy else None
+        try:
+            pairs = []
+            for r in range(args.process_pairs):
+                times = {}
+                for which in (("runner", "bare") if r % 2 == 0 else ("bare", "runner")):
+                    c = checked(child(runner if which == "runner" else bare, env), f"(b) {which}, {name}")
+                    times[which] = c["wall"]
+                pairs.append(times)
+                progress(f"(b) {name}: pair {r + 1}/{args.process_pairs}")
+        finally:
+            if burner is not None:
+                burner.kill()
+                burner.wait()
+        out[name] = {"pairs": pairs, "ratios": [p["runner"] / p["bare"] for p in pairs]}
+    return {"steps": steps, "conditions": out}
+
+
+def report_processes(ctx: Context, b: dict) -> list[str]:
+    steps = b["steps"]
+    lines = [f"Row `{ROW}`, {steps} steps (checks every 100 from step {steps // 2} on the 4,000 held-out samples, "
+             "one intervention and one averaging point for the runner), each side a whole process (Python and "
+             "torch start-up, Hydra's for the runner), alternating runner and bare loop. \"One core busy\": a "
+             "child process spinning on one core throughout, as another user's job would.", "",
+             "| condition | pairs | runner | bare loop | runner / bare loop |", "|---|---:|---:|---:|---:|"]
+    for name, c in b["conditions"].items():
+        lines.append(f"| {name} | {len(c['pairs'])} | {span([p['runner'] for p in c['pairs']], '{:.0f}')} s | "
+                     f"{span([p['bare'] for p in c['pairs']], '{:.0f}')} s | "
+                     f"{statistics.median(c['ratios']):.2f}x ({span(c['ratios'])}) |")
+    quiet, busy = (statistics.median(b["conditions"][k]["ratios"]) for k in ("quiet", "one core busy"))
+    passive = statistics.median(b["conditions"]["one core busy, OMP_WAIT_POLICY=PASSIVE"]["ratios"])
+    lines += ["", f"The runner loses {busy / quiet:.2f}x as much against the bare loop when one core is busy as "
+              f"when the machine is quiet; with the passive wait policy {passive / quiet:.2f}x. Both sides use "
+              "every core's thread; a thread that another process holds up makes the others wait at each parallel "
+              "region's barrier, and the runner's measurements (evaluation chunks of 64, the probe passes) run "
+              "many more, shorter parallel regions than the bare loop's whole-set checks."]
+    return lines
+
+
+# ----------------------------------------------------------------------------- (c) probes and the monitor
+def measure_probes(ctx: Context) -> dict:
+    """Seconds per call of each probe on the runner's own objects, calls per full run, and the monitor's share
+    of training time on the study's network and ResNet-20."""
+    args, device = ctx.args, ctx.device
+    cfg = compose_run([f"experiment={ROW}", "progress=false", f"device={device.type}"])
     full = Schedule.of(cfg)
-    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     task = NoisyTemplates.build(cfg.task, cfg.seed, device)
-    model = build_model(cfg.model, cfg.task.num_classes, cfg.seed, device)
-    cl = torch.channels_last if cfg.model.channels_last else torch.contiguous_format
-    x_held, y_held = task.fixed_set(cfg.scale.heldout_size, cfg.seed, "heldout")
-    x_held = x_held.contiguous(memory_format=cl)
-    x_probe, _ = task.fixed_set(cfg.task.probe_size, cfg.seed, "probe")
-    x_probe = x_probe.contiguous(memory_format=cl)
-    x, y = task.sample(cfg.task.batch_size, torch.Generator(device).manual_seed(0))
-    F.cross_entropy(model(x.contiguous(memory_format=cl)), y).backward()  # gradients for the gradient cosine
-    before = {n: c.weight.detach().clone() * 0.99 for n, c, _, _ in model.blocks()}
-    monitor = StalenessMonitor(model, x_probe, warn=False, modes=False, running_statistics_only=False)
-    monitor.measure(0)
-    log_step = iter(range(100, 10 ** 9, 100))
+    fmt = torch.channels_last
+    x_held, y_held = (t.contiguous(memory_format=fmt) if t.dim() == 4 else t
+                      for t in task.fixed_set(cfg.scale.heldout_size, cfg.seed, "heldout"))
+    chunk = eval_chunk(device, len(y_held))
+    rows, monitors = [], {}
+    for arch, experiment in (("the study's network", ROW), ("ResNet-20", RESNET_ROWS[0])):
+        c = compose_run([f"experiment={experiment}", f"device={device.type}"])
+        t = NoisyTemplates.build(c.task, c.seed, device)
+        model = build_model(c.model, c.task.num_classes, c.seed, device)
+        opt = build_optimizer(c.optimizer, model)
+        x_probe = t.fixed_set(c.task.probe_size, c.seed, "probe")[0].contiguous(memory_format=fmt)
+        gen = torch.Generator(device).manual_seed(0)
 
-    def cosines():
-        for name, conv, _, _ in model.blocks():
-            w, wb = conv.weight.detach(), before[name]
-            cosine(w - wb, wb), channel_cosines(w - wb, wb).cpu(), cosine(conv.weight.grad, wb)
+        def train_step():
+            x, y = t.sample(c.task.batch_size, gen)
+            loss = F.cross_entropy(model(x.contiguous(memory_format=fmt)), y)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
 
-    def rotations():
-        for name, conv, _, _ in model.blocks():
-            rotation_deg(before[name], conv.weight).cpu()
+        step = timed(train_step, args.reps * 5, ctx.sync)
+        monitor = StalenessMonitor(model, x_probe, warn=False)
+        before = monitor.snapshot()
+        calls = iter(range(100, 10 ** 9, 100))
+        monitor.measure(0)
+        call = timed(lambda: monitor.measure(next(calls), before), args.reps, ctx.sync)
+        monitors[arch] = {"step": step, "call": call, "share": call / (100 * step), "probe": len(x_probe),
+                          "layers": len(monitor.layers)}
+        if arch == "the study's network":
+            rows += [("fresh statistics (probe set, one pass in training mode)", full.logs,
+                      timed(lambda: fresh_statistics(model, x_probe), args.reps, ctx.sync)),
+                     ("monitor call without the mode check, as the runner makes it at a log point", full.logs,
+                      timed(lambda: StalenessMonitor(model, x_probe, warn=False, modes=False).measure(100, before),
+                            args.reps, ctx.sync)),
+                     (f"accuracy, evaluation mode (chunks of {chunk})", full.checks,
+                      timed(lambda: accuracy(model, x_held, y_held, "eval", chunk), args.reps, ctx.sync)),
+                     ("accuracy, training mode (one pass, batch statistics)", full.checks,
+                      timed(lambda: accuracy(model, x_held, y_held, "train"), args.reps, ctx.sync)),
+                     ("checkpoint save", full.interventions,
+                      timed(lambda: save_checkpoint(checkpoint_path(ctx.tmp / "probes", 0), model, step=0),
+                            args.reps, ctx.sync))]
+            batches = reestimation_batches(task, cfg, device, 100)
+            rows.append((f"intervention point ({cfg.scale.reestimate_batches} re-estimation batches, every swap)",
+                         full.interventions, timed(lambda: run_interventions(model, batches, x_held, y_held, chunk,
+                                                                             acc_stored=0.5), 1, ctx.sync)))
+            chunks = {}
+            sizes = [s for s in (4000, 1000, 256, 128, 64, 32) if s <= len(y_held)]
+            for r in range(args.reps):  # interleaved, so that load shifts hit every size alike
+                for s in (sizes if r % 2 == 0 else sizes[::-1]):
+                    chunks.setdefault(s, []).append(timed(lambda: accuracy(model, x_held, y_held, "eval", s), 1,
+                                                          ctx.sync))
+    progress("(c) probes done")
+    return {"rows": rows, "monitors": monitors, "chunk": chunk, "heldout": len(y_held),
+            "chunks": {s: statistics.median(v) for s, v in chunks.items()}}
 
-    reps, out, chunk = args.reps, tmp / "probes", eval_chunk(device, len(y_held))
-    out.mkdir(parents=True, exist_ok=True)
-    rows = [
-        ("fresh statistics (probe set, one pass)", full.logs,
-         timed(lambda: fresh_statistics(model, x_probe), reps, sync)),
-        ("rotation, 3 conv layers", full.logs, timed(rotations, reps, sync)),
-        ("update and gradient cosines, 3 conv layers", full.logs, timed(cosines, reps, sync)),
-        ("log point, all of the above and its table rows", full.logs,
-         timed(lambda: monitor.measure(next(log_step), before), reps, sync)),
-        (f"accuracy, evaluation mode (chunks of {chunk})", full.checks,
-         timed(lambda: accuracy(model, x_held, y_held, "eval", chunk), reps, sync)),
-        ("accuracy, training mode (one pass, batch statistics)", full.checks,
-         timed(lambda: accuracy(model, x_held, y_held, "train"), reps, sync)),
-        ("checkpoint save", full.interventions,
-         timed(lambda: save_checkpoint(checkpoint_path(out, 0), model, step=0, row=cfg.row, seed=cfg.seed),
-               reps, sync)),
-    ]
-    if a:  # measured in (a), in the runner itself
-        per_call = a["runner_best"]["interventions"] / full.interventions
-        if full.averaging:
-            rows.append(("weight averaging: evaluations of the averages under each BatchNorm policy",
-                         full.averaging, a["runner_best"].get("averaging", 0.0) / full.averaging))
-    else:
-        sync()
+
+def report_probes(ctx: Context, c: dict) -> list[str]:
+    a = ctx.results.get("a")
+    total = a["runner_best"]["total"] if a else None
+    lines = [f"Per call: median of {ctx.args.reps} calls after a warm-up; per run: times the calls a full run makes."
+             + (" Share: of the runner's extrapolated full run in (a)." if total else ""), "",
+             "| probe | per call | calls per run | per run | share |", "|---|---:|---:|---:|---:|"]
+    for name, calls, sec in c["rows"]:
+        share = f"{100 * calls * sec / total:.1f}%" if total else "-"
+        lines.append(f"| {name} | {fmt_s(sec)} | {calls} | {fmt_s(calls * sec)} | {share} |")
+    lines += ["", "**The monitor's overhead** (`StalenessMonitor`, one call: a training-mode and an evaluation-mode "
+              "pass over its probe batch and a pass over the paired weights) at one call per 100 training steps, "
+              "against the time of those 100 steps; the target is at most 3%:", "",
+              "| network | probe batch | norm layers | training step | monitor call | share of training |",
+              "|---|---:|---:|---:|---:|---:|"]
+    for arch, m in c["monitors"].items():
+        lines.append(f"| {arch} | {m['probe']} | {m['layers']} | {fmt_s(m['step'])} | {fmt_s(m['call'])} | "
+                     f"{100 * m['share']:.1f}% |")
+    best = min(c["chunks"], key=c["chunks"].get)
+    lines += ["", f"Evaluation-mode accuracy on the {c['heldout']:,} held-out samples by chunk size (median of "
+              f"{ctx.args.reps}, interleaved; the runner uses {c['chunk']}; training mode is one pass by the "
+              "protocol):", "", "| chunk | seconds |", "|---:|---:|"]
+    return lines + [f"| {s}{' (fastest)' if s == best else ''} | {sec:.3f} |" for s, sec in c["chunks"].items()]
+
+
+# ----------------------------------------------------------------------------- (d) options
+def measure_options(ctx: Context) -> dict:
+    """The batched seeds' training step against one seed's, and ``torch.compile``'s training step and evaluation
+    pass against eager execution: time, compile time, agreement."""
+    args, device = ctx.args, ctx.device
+    cfg = compose_run([f"experiment={ROW}", f"device={device.type}"])
+    task = NoisyTemplates.build(cfg.task, cfg.seed, device)
+    fmt = torch.channels_last
+    n = len(SEEDS)
+
+    def stepper(model, opt, batched: bool):
+        gens = [torch.Generator(device).manual_seed(s) for s in range(n if batched else 1)]
+
+        def step():
+            drawn = [task.sample(cfg.task.batch_size, g) for g in gens]
+            if batched:
+                x = ensemble.stacked_inputs([d[0] for d in drawn]).contiguous(memory_format=fmt)
+                loss = ensemble.member_losses(model(x), [d[1] for d in drawn]).sum()
+            else:
+                loss = F.cross_entropy(model(drawn[0][0].contiguous(memory_format=fmt)), drawn[0][1])
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+        return step
+
+    single = build_model(cfg.model, 10, 0, device)
+    plain = timed(stepper(single, build_optimizer(cfg.optimizer, single), False), args.reps * 5, ctx.sync)
+    batched_model = ensemble.stack_models([build_model(cfg.model, 10, s, device) for s in range(n)])
+    batched = timed(stepper(batched_model, build_optimizer(cfg.optimizer, batched_model, members=n), True),
+                    args.reps * 5, ctx.sync)
+    progress("(d) batched seeds done")
+    compiled = {}
+    for part in ("training step", "evaluation pass"):
+        model = build_model(cfg.model, 10, 0, device)
+        eager = build_model(cfg.model, 10, 0, device)
+        x_held = task.fixed_set(1000, 0, "heldout")[0].contiguous(memory_format=fmt)
+        if part == "training step":
+            opt, opt_e = build_optimizer(cfg.optimizer, model), build_optimizer(cfg.optimizer, eager)
+            fn = torch.compile(model)
+            run_c, run_e = stepper(fn, opt, False), stepper(eager, opt_e, False)
+        else:
+            fn = torch.compile(model.eval())
+            eager.eval()
+            run_c = lambda: fn(x_held)  # noqa: E731
+            run_e = lambda: eager(x_held)  # noqa: E731
         t0 = time.perf_counter()
-        run_interventions(model, reestimation_batches(task, cfg, device, 100), x_held, y_held, chunk,
-                          acc_stored=0.5)
-        sync()
-        per_call = time.perf_counter() - t0
-    rows.append((f"intervention point (re-estimation, {cfg.scale.reestimate_batches} batches, and the "
-                 "evaluations of each swap)", full.interventions, per_call))
-    chunks = {}
-    sizes = sorted({cfg.scale.heldout_size, 1000, 500, 250, 128, 64} & set(range(1, cfg.scale.heldout_size + 1)),
-                   reverse=True)
-    for r in range(reps):  # interleaved, so that load shifts hit every size alike
-        for c in (sizes if r % 2 == 0 else sizes[::-1]):
-            sync()
-            t0 = time.perf_counter()
-            accuracy(model, x_held, y_held, "eval", c)
-            sync()
-            chunks.setdefault(c, []).append(time.perf_counter() - t0)
-    progress("(b) probes done")
-    return {"rows": rows, "chunks": {c: statistics.median(v) for c, v in chunks.items()},
-            "heldout": cfg.scale.heldout_size, "chunk": chunk}
+        try:
+            with torch.no_grad() if part == "evaluation pass" else torch.enable_grad():
+                run_c()
+                run_c()
+        except Exception as err:  # noqa: BLE001 - a compiler that does not work here is a finding, not a crash
+            compiled[part] = {"error": f"{type(err).__name__}: {str(err).splitlines()[0][:200]}"}
+            continue
+        compile_s = time.perf_counter() - t0
+        with torch.no_grad() if part == "evaluation pass" else torch.enable_grad():
+            t_c, t_e = timed(run_c, args.reps * 3, ctx.sync), timed(run_e, args.reps * 3, ctx.sync)
+        model.load_state_dict(eager.state_dict())  # the same weights and buffers: do both compute the same?
+        with torch.no_grad():
+            diff = float((fn(x_held) - eager(x_held)).abs().max())
+        compiled[part] = {"compile": compile_s, "compiled": t_c, "eager": t_e, "diff": diff}
+        progress(f"(d) compile, {part} done")
+    return {"plain": plain, "batched": batched, "seeds": n, "compiled": compiled}
 
 
-# ----------------------------------------------------------------------------- child processes
-def child(cmd: list[str], env: dict | None = None) -> dict:
-    """Run ``cmd``; its wall seconds, exit status, peak RSS (bytes) and output tail."""
-    t0 = time.perf_counter()
-    with tempfile.TemporaryFile() as log:
-        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
-                                env={**os.environ, **(env or {})})
-        _, status, usage = os.wait4(proc.pid, 0)
-        proc.returncode = os.waitstatus_to_exitcode(status)
-        log.seek(0)
-        tail = log.read().decode(errors="replace")[-2000:]
-    return {"wall": time.perf_counter() - t0, "rc": proc.returncode, "max_rss": usage.ru_maxrss * 1024,
-            "tail": tail, "cmd": cmd}
+def report_options(ctx: Context, d: dict) -> list[str]:
+    a = ctx.results.get("a")
+    bare = a["bare_step"] if a else None
+    vs_bare = (lambda s: f"{s / bare:.2f}x") if bare else (lambda s: "-")
+    per_seed = d["batched"] / d["seeds"]
+    keep = "faster: on" if per_seed < d["plain"] else "slower here: off by default"
+    lines = [f"Row `{ROW}`, one training step (batch 128), median of {ctx.args.reps * 5}; \"against the bare loop\": "
+             "per seed, against the bare loop's training step measured in (a).", "",
+             "| training step | time | per seed | against the bare loop |", "|---|---:|---:|---:|",
+             f"| one seed, the runner's step | {fmt_s(d['plain'])} | {fmt_s(d['plain'])} | {vs_bare(d['plain'])} |",
+             f"| {d['seeds']} seeds as one batched model (`batch_seeds`, `make sweep BATCH=1`) | "
+             f"{fmt_s(d['batched'])} | {fmt_s(per_seed)} | {vs_bare(per_seed)} |", "",
+             f"Batched seeds: {d['plain'] / per_seed:.2f}x one seed's throughput, {keep}. On a GPU, where one small "
+             "network cannot fill the device, this is the lever to measure first.", "",
+             "`torch.compile` (default mode, inductor), against eager execution of the same model:", "",
+             "| part | compile | compiled | eager | compiled / eager | largest output difference, same weights |",
+             "|---|---:|---:|---:|---:|---:|"]
+    for part, c in d["compiled"].items():
+        if "error" in c:
+            lines.append(f"| {part} | failed: {c['error']} | - | - | - | - |")
+            continue
+        lines.append(f"| {part} | {fmt_s(c['compile'])} | {fmt_s(c['compiled'])} | {fmt_s(c['eager'])} | "
+                     f"{c['compiled'] / c['eager']:.2f}x | {c['diff']:.1e} |")
+    faster = [p for p, c in d["compiled"].items() if "error" not in c and c["compiled"] < c["eager"]]
+    lines += ["", "`torch.compile` stays off: it " + ("is faster only for " + ", ".join(faster) if faster else
+                                                        "is not faster for either part") +
+              " here, and a compiled part must also compile in seconds and agree to tolerance to be switched on."]
+    return lines
 
 
-def train_cmd(overrides: list[str], multirun: bool = False) -> list[str]:
-    return [sys.executable, str(ROOT / "experiments" / "train.py"), *(["-m"] if multirun else []), *overrides]
-
-
-def peak_memory(args, device: torch.device, tmp: Path) -> dict:
+# ----------------------------------------------------------------------------- (e) peak memory
+def measure_memory(ctx: Context) -> dict:
     """Peak RSS of one runner job (a child process) and of the bare loop (another), at ``--sweep-steps``."""
-    runner = child(train_cmd([f"experiment={ROW}", *reduced_overrides(args.sweep_steps), "progress=false",
-                              f"results_root={tmp / 'memory'}", f"threads={args.threads}",
-                              f"device={device.type}", f"hydra.run.dir={tmp / 'memory' / 'hydra'}"]))
-    bare = child([sys.executable, __file__, "--bare-only", "--steps", str(args.sweep_steps),
-                  "--threads", str(args.threads), "--device", device.type])
-    for name, c in (("runner", runner), ("bare loop", bare)):
-        if c["rc"] != 0:
-            raise RuntimeError(f"(c) the {name} job failed ({c['rc']}): {shlex.join(c['cmd'])}\n{c['tail']}")
-    progress("(c) memory done")
+    args = ctx.args
+    runner = checked(child(train_cmd([f"experiment={ROW}", *reduced_overrides(args.sweep_steps), "progress=false",
+                                      f"results_root={ctx.tmp / 'memory'}", f"device={ctx.device.type}",
+                                      f"hydra.run.dir={ctx.tmp / 'memory' / 'hydra'}"])), "(e) the runner job")
+    bare = checked(child([sys.executable, __file__, "--bare-only", "--steps", str(args.sweep_steps),
+                          "--device", ctx.device.type]), "(e) the bare loop job")
+    progress("(e) memory done")
     return {"runner": runner, "bare": bare}
 
 
-# ----------------------------------------------------------------------------- (d) analysis targets
-def make_targets() -> list[str]:
-    text = (ROOT / "Makefile").read_text()
-    return [t for t in ("table", "figures", "claims") if re.search(rf"^{t}:", text, re.M)]
+def report_memory(ctx: Context, e: dict) -> list[str]:
+    lines = [f"Peak resident set size of a child process running {ctx.args.sweep_steps} steps with full-size checks "
+             "and one intervention point (the runner) or checks (the bare loop); it does not grow with the number "
+             "of steps.", "", "| job | peak RSS |", "|---|---:|",
+             f"| runner (`experiments/train.py`, Hydra included) | {gib(e['runner']['max_rss'])} |",
+             f"| bare loop | {gib(e['bare']['max_rss'])} |"]
+    a = ctx.results.get("a")
+    if a and "cuda_max_allocated" in a:
+        lines.append(f"| CUDA max allocated, runner and bare loop in (a) | {gib(a['cuda_max_allocated'])} |")
+    return lines
 
 
+# ----------------------------------------------------------------------------- (f) analysis targets
 def done_runs(root: Path) -> int:
     return len(list(root.glob("runs/*/*/" + records.DONE)))
 
 
-def analysis_times(args, tmp: Path, own_results: Path) -> list[dict]:
-    """Wall seconds of each analysis target on the results present and on the bench's own runs."""
-    roots = []
-    candidates = [Path(args.results)] if args.results else [ROOT / "results", ROOT / "results" / "reference"]
-    for candidate in candidates:
-        if done_runs(candidate):
-            roots.append((candidate, str(candidate)))
-            break
-    if done_runs(own_results):
-        roots.append((own_results, "the bench's own runs (e)"))
+def measure_analysis(ctx: Context) -> list[dict]:
+    """Wall seconds of each analysis target on the committed reference runs."""
+    root = Path(ctx.args.results) if ctx.args.results else ROOT / "results" / "reference"
     out = []
-    for target in make_targets():
-        for root, where in roots:
-            dest = tmp / f"analysis-{target}-{len(out)}"
-            dest.mkdir(parents=True)
-            cmd = ["make", "-s", "-o", f"{args.venv}/.installed", target, f"PY={sys.executable}",
-                   f"RESULTS={root}", f"OUT={dest}"]
-            c = child(cmd)
-            out.append({"target": target, "where": where, "runs": done_runs(root), **c})
-    progress("(d) analysis targets done")
+    for target in ("table", "figures", "claims"):
+        dest = ctx.tmp / f"analysis-{target}"
+        cmd = ["make", "-s", "-o", f"{ctx.args.venv}/.installed", target, f"PY={sys.executable}", f"RESULTS={root}",
+               f"OUT={dest}"]
+        out.append({"target": target, "where": str(root), "runs": done_runs(root), **child(cmd)})
+    progress("(f) analysis targets done")
     return out
 
 
-# ----------------------------------------------------------------------------- (e) sweep throughput
+def report_analysis(ctx: Context, f: list[dict]) -> list[str]:
+    lines = ["| target | results | runs | seconds | exit |", "|---|---|---:|---:|---:|"]
+    for t in f:
+        lines.append(f"| `make {t['target']}` | {t['where'].removeprefix(str(ROOT) + os.sep)} | {t['runs']} | "
+                     f"{t['wall']:.1f} | {t['rc']} |")
+    return lines
+
+
+# ----------------------------------------------------------------------------- (g) sweep throughput
 def splits(cores: int) -> list[tuple[int, int]]:
     """(jobs in parallel, threads per job) with jobs x threads = cores; one job at a time first."""
     return [(j, cores // j) for j in range(1, cores + 1) if cores % j == 0]
 
 
-def sweep_throughput(args, device: torch.device, tmp: Path) -> dict:
-    """The same small sweep (``--sweep-rows`` x seeds 0..n-1) at each split of the cores."""
+def measure_sweep(ctx: Context) -> dict:
+    """The same small sweep (``--sweep-rows`` x seeds 0..n-1) at each split of the cores, and with each row's
+    seeds batched (``batch_seeds``, one job per row)."""
+    args = ctx.args
     rows = args.sweep_rows.split(",")
     seeds = list(range(args.sweep_seeds))
+    common = [*reduced_overrides(args.sweep_steps), "interventions=false", "averaging.enabled=false",
+              "progress=false", f"device={ctx.device.type}"]
+    variants = [(f"{j} x {t}", j, t, f"seed={','.join(map(str, seeds))}") for j, t in splits(args.cores)]
+    variants.append((f"1 x {args.cores}, seeds batched", 1, args.cores, f"batch_seeds=[{','.join(map(str, seeds))}]"))
     results = []
-    for jobs, threads in splits(args.cores):
-        root = tmp / f"sweep-{jobs}x{threads}"
+    for name, jobs, threads, seed_arg in variants:
+        root = ctx.tmp / f"sweep-{len(results)}"
         launcher = [] if jobs == 1 else ["hydra/launcher=joblib", f"hydra.launcher.n_jobs={jobs}"]
-        cmd = train_cmd([f"experiment={','.join(rows)}", f"seed={','.join(map(str, seeds))}",
-                         *reduced_overrides(args.sweep_steps), "interventions=false", "averaging.enabled=false",
-                         "progress=false",
-                         f"results_root={root}", f"threads={threads}", f"device={device.type}",
-                         f"hydra.sweep.dir={root / 'hydra'}", *launcher], multirun=True)
-        c = child(cmd)
-        n = done_runs(root)
-        if c["rc"] != 0 or n != len(rows) * len(seeds):
-            raise RuntimeError(f"(e) sweep {jobs}x{threads} landed {n} of {len(rows) * len(seeds)} runs "
-                               f"(exit {c['rc']}): {shlex.join(cmd)}\n{c['tail']}")
-        results.append({"jobs": jobs, "threads": threads, "runs": n, "wall": c["wall"], "root": root})
-        progress(f"(e) sweep {jobs}x{threads} done")
-    return {"splits": results, "rows": rows, "seeds": seeds}
+        cmd = train_cmd([seed_arg, f"experiment={','.join(rows)}", *common, f"results_root={root}",
+                         f"threads={threads}", f"hydra.sweep.dir={root / 'hydra'}", *launcher], multirun=True)
+        c = checked(child(cmd), f"(g) sweep {name}")
+        if done_runs(root) != len(rows) * len(seeds):
+            raise RuntimeError(f"(g) sweep {name} landed {done_runs(root)} of {len(rows) * len(seeds)} runs")
+        results.append({"name": name, "runs": done_runs(root), "wall": c["wall"]})
+        progress(f"(g) sweep {name} done")
+    return {"variants": results, "rows": rows, "seeds": seeds}
+
+
+def sweep_sizes() -> dict[str, int]:
+    """Runs of the article's table, of `make sweep` at full scale and of each named set."""
+    return {"article's table": sum(1 for spec in ROWS.values() if spec.published) * len(SEEDS),
+            "`make sweep`": len(SWEEP_ROWS) * len(SEEDS),
+            **{f"`SET={name}`": len(s.rows) * len(s.seeds) for name, s in SETS.items()}}
+
+
+def report_sweep(ctx: Context, g: dict) -> list[str]:
+    a = ctx.results.get("a")
+    total = a["runner_best"]["total"] if a else None
+    base = g["variants"][0]["wall"] / g["variants"][0]["runs"]
+    sizes = sweep_sizes()
+    lines = [f"`make sweep`'s command on {len(g['rows'])} rows x {len(g['seeds'])} seeds, {ctx.args.sweep_steps} steps "
+             "with full-size checks, interventions and weight averaging off, the Hydra process and its start "
+             "included; jobs in parallel through `hydra/launcher=joblib` (`make sweep JOBS=n`).", "",
+             "| jobs x threads | runs | wall | per run | speed-up |"
+             + "".join(f" {name}, {n} runs, estimated |" for name, n in sizes.items() if total),
+             "|---|---:|---:|---:|---:|" + ("---:|" * len(sizes) if total else "")]
+    best = None
+    for v in g["variants"]:
+        per = v["wall"] / v["runs"]
+        est = {name: n * total * per / base for name, n in sizes.items()} if total else {}
+        best = est if best is None or (est and est["`make sweep`"] < best["`make sweep`"]) else best
+        lines.append(f"| {v['name']} | {v['runs']} | {fmt_s(v['wall'])} | {fmt_s(per)} | {base / per:.2f}x |"
+                     + "".join(f" {fmt_s(s)} |" for s in est.values()))
+    if total:
+        hours = best["`make sweep`"] / HOUR
+        lines += ["", f"Estimate: runs x the runner's extrapolated full `{ROW}` run from (a) (one job, all cores) x the "
+                  "split's time per run relative to one job at a time; rows without running statistics skip the "
+                  "interventions and averaging, and the sets `resnet` and `ten_seeds` run without weight averaging, "
+                  f"so these are upper bounds. The full sweep's best estimate: **{hours:.1f} h** against the target "
+                  f"of {TARGET_SWEEP_HOURS:.0f} h."]
+    return lines
 
 
 # ----------------------------------------------------------------------------- the machine
@@ -478,164 +746,57 @@ def machine(device: torch.device, threads: int) -> dict:
         mem = int(re.search(r"MemTotal:\s+(\d+)", Path("/proc/meminfo").read_text()).group(1)) * 1024
     except (OSError, AttributeError):
         mem = None
-    try:
-        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
-                                text=True, timeout=10).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        commit = ""
-    return {
-        "host": platform.node(), "os": platform.platform(), "cpu": cpu,
-        "cores": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
-        "memory": mem, "python": platform.python_version(), "torch": torch.__version__,
-        "device": (f"cuda: {torch.cuda.get_device_name(device)}" if device.type == "cuda" else "cpu"),
-        "threads": threads, "mkldnn": torch.backends.mkldnn.is_available(), "commit": commit,
-    }
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
+                            timeout=10).stdout.strip()
+    return {"os": platform.platform(), "cpu": cpu, "memory": mem, "python": platform.python_version(),
+            "cores": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
+            "torch": torch.__version__, "threads": threads, "mkldnn": torch.backends.mkldnn.is_available(),
+            "device": f"cuda: {torch.cuda.get_device_name(device)}" if device.type == "cuda" else "cpu",
+            "commit": commit}
 
 
-# ----------------------------------------------------------------------------- the report
-def fmt_s(s: float) -> str:
-    if s >= HOUR:
-        return f"{s / HOUR:.2f} h"
-    if s >= 100:
-        return f"{s / 60:.1f} min"
-    return f"{s:.3g} s"
-
-
-def gib(n: float) -> str:
-    return f"{n / 2 ** 30:.2f} GiB"
-
-
-def report(args, info: dict, load: dict, a: dict | None, b: dict | None, c: dict | None,
-           d: list[dict] | None, e: dict | None) -> str:
-    lines = ["# Benchmark: what the measurements cost", ""]
+def machine_lines(args, info: dict, load: dict) -> list[str]:
     busy = load["other_cores"]
+    lines = ["# Benchmark: what the measurements cost", ""]
     if busy is None or busy > 0.25 * info["cores"]:
         said = "could not be measured" if busy is None else f"kept {busy:.2f} of {info['cores']} cores busy"
-        lines += [f"> **Measured under load: other processes {said} while this ran "
-                  f"(load average {load['start'][0]:.2f} at the start, {load['end'][0]:.2f} at the end). "
-                  "Absolute times are inflated and noisy; the runner/bare ratio is measured interleaved and "
-                  "is the figure to read. Rerun `make bench` on a quiet machine before quoting times.**", ""]
-    lines += [f"`{args.command}` on {dt.datetime.now(dt.timezone.utc):%Y-%m-%d %H:%M} UTC, commit "
-              f"`{info['commit']}`, {fmt_s(load['wall'])} in all.", "",
-              "| machine | |", "|---|---|",
-              f"| CPU | {info['cpu']}, {info['cores']} cores available |",
-              f"| memory | {gib(info['memory']) if info['memory'] else 'unknown'} |",
-              f"| device | {info['device']} |",
-              f"| torch threads | {info['threads']} in (a)-(c), MKLDNN {'on' if info['mkldnn'] else 'off'}; (e) splits "
-              f"{args.cores} cores |",
-              f"| versions | torch {info['torch']}, Python {info['python']} |",
-              f"| OS | {info['os']} |",
-              f"| other load | {'unknown' if busy is None else f'{busy:.2f} cores busy with other processes'}; "
-              f"load average {load['start'][0]:.2f} (start), {load['end'][0]:.2f} (end) |", ""]
-    if a:
-        full, m = a["full"], a["measured"]
-        lines += ["## (a) Runner against the bare loop", "",
-                  f"Row `{ROW}`. Both ran {m.steps} steps with full-size checks ({m.checks} checks on the "
-                  f"4,000 held-out samples), the runner also {m.logs} log points and {m.interventions} "
-                  f"intervention point, interleaved over {args.rounds} rounds; each is extrapolated to the full "
-                  f"run ({full.steps:,} steps, {full.checks} checks, {full.logs} log points, "
-                  f"{full.interventions} intervention points) from its per-step and per-event times. The bare "
-                  "loop is the article's snippet written anew (default memory format, `net.train()` / "
-                  "`net.eval()` checks, no probes, no logging).", "",
-                  "| full run, extrapolated | " + " | ".join(PARTS.values()) + " | total |",
-                  "|---|" + "---:|" * (len(PARTS) + 1)]
-        named = [(f"{who}, round {i + 1}", row) for i, (r, bl) in enumerate(zip(a["runner"], a["bare"]))
-                 for who, row in (("runner", r), ("bare loop", bl))]
-        named += [("**runner, least disturbed**", a["runner_best"]), ("**bare loop, least disturbed**", a["bare_best"])]
-        for name, row in named:
-            cells = [fmt_s(row[p]) if p in row else "-" for p in PARTS]
-            lines.append(f"| {name} | {' | '.join(cells)} | {fmt_s(row['total'])} |")
-        target = "meets" if a["ratio"] <= 1.0 else "misses"
-        lines += ["", f"**Runner / bare loop: {a['ratio']:.2f}x**, from each part's least disturbed round (rounds "
-                  f"alone: {', '.join(f'{x:.2f}' for x in a['ratios'])}); the target is at most 1.0x, which this "
-                  f"{target}. Training steps alone: {a['step_ratio']:.2f}x (channels-last against the default "
-                  "memory format).", ""]
-    if b:
-        runner_total = a["runner_best"]["total"] if a else None
-        lines += ["## (b) Probes", "",
-                  f"Per call: median of {args.reps} calls after a warm-up; per run: times the calls a full run "
-                  "makes." + (" Share: of the runner's extrapolated full run in (a)." if runner_total else ""),
-                  "", "| probe | per call | calls per run | per run | share |", "|---|---:|---:|---:|---:|"]
-        for name, calls, sec in b["rows"]:
-            share = f"{100 * calls * sec / runner_total:.1f}%" if runner_total else "-"
-            lines.append(f"| {name} | {fmt_s(sec)} | {calls} | {fmt_s(calls * sec)} | {share} |")
-        best = min(b["chunks"], key=b["chunks"].get)
-        lines += ["", f"Evaluation-mode accuracy on the {b['heldout']:,} held-out samples by chunk size "
-                  f"(median of {args.reps}, interleaved; the runner uses {b['chunk']}; training mode must be "
-                  "one pass by the protocol):", "",
-                  "| chunk | seconds |", "|---:|---:|"]
-        lines += [f"| {ch}{' (fastest)' if ch == best else ''} | {sec:.3f} |" for ch, sec in b["chunks"].items()]
-        lines.append("")
-    if c:
-        lines += ["## (c) Peak memory", "",
-                  f"Peak resident set size of a child process running {args.sweep_steps} steps with full-size "
-                  "checks and one intervention point (the runner) or checks (the bare loop); it does not grow "
-                  "with the number of steps.", "",
-                  "| job | peak RSS |", "|---|---:|",
-                  f"| runner (`experiments/train.py`, Hydra included) | {gib(c['runner']['max_rss'])} |",
-                  f"| bare loop | {gib(c['bare']['max_rss'])} |"]
-        if a and "cuda_max_allocated" in a:
-            lines.append(f"| CUDA max allocated, runner and bare loop in (a) | {gib(a['cuda_max_allocated'])} |")
-        lines.append("")
-    if d is not None:
-        lines += ["## (d) Analysis targets", ""]
-        if not d:
-            lines += ["No results to analyse and no analysis target ran.", ""]
-        else:
-            lines += ["| target | results | runs | seconds | exit |", "|---|---|---:|---:|---:|"]
-            for t in d:
-                where = t["where"].removeprefix(str(ROOT) + os.sep)
-                lines.append(f"| `make {t['target']}` | {where} | {t['runs']} | {t['wall']:.1f} | {t['rc']} |")
-            missing = [x for x in ("figures", "claims") if x not in make_targets()]
-            if missing:
-                lines.append("")
-                lines.append(f"No `make {'` or `make '.join(missing)}` target in this Makefile yet.")
-            lines.append("")
-    if e:
-        first = e["splits"][0]
-        per_job = {(s["jobs"], s["threads"]): s["wall"] / s["runs"] for s in e["splits"]}
-        base = per_job[(first["jobs"], first["threads"])]
-        runner_total = a["runner_best"]["total"] if a else None
-        sizes = sweep_sizes()
-        lines += ["## (e) Sweep throughput", "",
-                  f"`make sweep`'s command on {len(e['rows'])} rows x {len(e['seeds'])} seeds, {args.sweep_steps} "
-                  "steps with full-size checks, interventions and weight averaging off, the Hydra process and "
-                  "its start included; "
-                  "jobs in parallel through `hydra/launcher=joblib` (`make sweep JOBS=n`).", "",
-                  "| jobs x threads | runs | wall | per run | speed-up |"
-                  + "".join(f" {name}, {n} runs, estimated |" for name, n in sizes.items() if runner_total),
-                  "|---|---:|---:|---:|---:|" + ("---:|" * len(sizes) if runner_total else "")]
-        for s in e["splits"]:
-            pj = per_job[(s["jobs"], s["threads"])]
-            est = "".join(f" {fmt_s(n * runner_total * pj / base)} |" for n in sizes.values()) if runner_total else ""
-            lines.append(f"| {s['jobs']} x {s['threads']} | {s['runs']} | {fmt_s(s['wall'])} | {fmt_s(pj)} | "
-                         f"{base / pj:.2f}x |{est}")
-        if runner_total:
-            mismatch = "" if args.threads == args.cores else \
-                f", not the {args.cores} of the first split: a rough estimate"
-            lines += ["", f"Estimate: runs x the runner's extrapolated full `{ROW}` run from (a) (one job, "
-                      f"{args.threads} threads{mismatch}) x the split's time per run relative to one job at a "
-                      "time; rows "
-                      "without running statistics (GroupNorm, LayerNorm) skip the interventions and cost less. "
-                      "The issue's target: the article's 21 runs within 2.5 h on 2 cores."]
-        lines.append("")
-    lines += ["## How to read and rerun", "",
-              "`make bench` (or `python bench/bench.py --help`); `--steps` sets the steps measured for (a), "
-              "`--rounds` the interleaved rounds, `--sweep-steps` the steps per job in (c) and (e). Each "
-              "figure is one measurement on this machine, not a property of the code: rerun it where you run "
-              "the study.", ""]
-    return "\n".join(lines)
+        lines += [f"> **Measured under load: other processes {said} while this ran (load average "
+                  f"{load['start'][0]:.2f} at the start, {load['end'][0]:.2f} at the end). Absolute times are "
+                  "inflated and noisy; the ratios are measured interleaved and are the figures to read.**", ""]
+    return lines + [
+        f"`{args.command}` on {dt.datetime.now(dt.timezone.utc):%Y-%m-%d %H:%M} UTC, commit `{info['commit']}`, "
+        f"{fmt_s(load['wall'])} in all.", "", "| machine | |", "|---|---|",
+        f"| CPU | {info['cpu']}, {info['cores']} cores available |",
+        f"| memory | {gib(info['memory']) if info['memory'] else 'unknown'} |",
+        f"| device | {info['device']} |",
+        f"| torch threads | {info['threads']} in (a), (c), (d); (b) and (e) as the commands choose; (g) splits "
+        f"{args.cores} cores |",
+        f"| versions | torch {info['torch']} (MKLDNN {'on' if info['mkldnn'] else 'off'}), Python {info['python']} |",
+        f"| OS | {info['os']} |",
+        f"| other load | {'unknown' if busy is None else f'{busy:.2f} cores busy with other processes'}; "
+        f"load average {load['start'][0]:.2f} (start), {load['end'][0]:.2f} (end) |", ""]
 
 
-def sweep_sizes() -> dict[str, int]:
-    """Runs in the article's table (rows with published figures x seeds) and in `make sweep` (every row)."""
-    from bnrotation.rows import ROWS, SEEDS, SWEEP_ROWS
-    return {"article's table": sum(1 for spec in ROWS.values() if spec.published) * len(SEEDS),
-            "`make sweep`": len(SWEEP_ROWS) * len(SEEDS)}
+# ----------------------------------------------------------------------------- the sections
+@dataclass(frozen=True)
+class Section:
+    """One section of the report: ``measure(ctx)`` returns its figures, ``report(ctx, figures)`` its lines."""
+
+    key: str
+    title: str
+    measure: Callable[[Context], object]
+    report: Callable[[Context, object], list[str]]
 
 
-def progress(msg: str) -> None:
-    print(f"[bench {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+SECTIONS = (
+    Section("a", "Runner against the bare loop, in one process", measure_in_process, report_in_process),
+    Section("b", "Runner against the bare loop, as whole processes", measure_processes, report_processes),
+    Section("c", "Probes and the monitor", measure_probes, report_probes),
+    Section("d", "Options: batched seeds and torch.compile", measure_options, report_options),
+    Section("e", "Peak memory", measure_memory, report_memory),
+    Section("f", "Analysis targets", measure_analysis, report_analysis),
+    Section("g", "Sweep throughput and the full sweep's time", measure_sweep, report_sweep),
+)
 
 
 # ----------------------------------------------------------------------------- main
@@ -644,56 +805,66 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", default=str(ROOT / "results" / "bench.md"), help="report path (default %(default)s)")
     p.add_argument("--steps", type=int, default=300, help="steps measured for (a), >= 100 (default %(default)s)")
-    p.add_argument("--rounds", type=int, default=3, help="interleaved runner/bare rounds (default %(default)s)")
-    p.add_argument("--reps", type=int, default=3, help="calls per probe timing in (b) (default %(default)s)")
-    p.add_argument("--sweep-steps", type=int, default=100, help="steps per job in (c) and (e) (default %(default)s)")
-    p.add_argument("--sweep-rows", default="sgd,adam", help="rows of the sweep in (e) (default %(default)s)")
-    p.add_argument("--sweep-seeds", type=int, default=2, help="seeds per row in (e) (default %(default)s)")
-    p.add_argument("--threads", type=int, default=0, help="torch threads in (a)-(c); 0: every core available")
-    p.add_argument("--cores", type=int, default=0, help="cores split into jobs x threads in (e); 0: every core")
+    p.add_argument("--rounds", type=int, default=2, help="interleaved runner/bare rounds in (a) (default %(default)s)")
+    p.add_argument("--process-steps", type=int, default=600, help="steps per process in (b) (default %(default)s)")
+    p.add_argument("--process-pairs", type=int, default=2, help="runner/bare pairs per condition in (b)")
+    p.add_argument("--reps", type=int, default=3, help="calls per timing in (c) and (d) (default %(default)s)")
+    p.add_argument("--sweep-steps", type=int, default=100, help="steps per job in (e) and (g) (default %(default)s)")
+    p.add_argument("--sweep-rows", default="sgd,adam", help="rows of the sweep in (g) (default %(default)s)")
+    p.add_argument("--sweep-seeds", type=int, default=2, help="seeds per row in (g) (default %(default)s)")
+    p.add_argument("--threads", type=int, default=0, help="torch threads in (a), (c), (d); 0: every core available")
+    p.add_argument("--cores", type=int, default=0, help="cores split into jobs x threads in (g); 0: every core")
     p.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
     p.add_argument("--venv", default=".venv", help="the Makefile's VENV, for the nested `make table`")
-    p.add_argument("--results", default="", help="results root timed in (d); default: results/, else "
-                   "results/reference/, whichever has finished runs")
-    p.add_argument("--skip", default="", help="sections to leave out, e.g. 'c,d,e'")
-    p.add_argument("--bare-only", action="store_true", help=argparse.SUPPRESS)  # the child of (c)
+    p.add_argument("--results", default="", help="results root timed in (f) (default: results/reference)")
+    p.add_argument("--skip", default="", help="sections to leave out, e.g. 'b,e,g'")
+    p.add_argument("--bare-only", action="store_true", help=argparse.SUPPRESS)  # the child of (b) and (e)
+    p.add_argument("--check-start", type=int, default=100, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     available = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     args.threads, args.cores = args.threads or available, args.cores or available
-    if args.steps < 100 or args.sweep_steps < 100:
-        p.error("--steps and --sweep-steps must be >= 100 (one check)")
-    if args.rounds < 1 or args.reps < 1:
-        p.error("--rounds and --reps must be >= 1")
+    if min(args.steps, args.sweep_steps, args.process_steps) < 100:
+        p.error("--steps, --process-steps and --sweep-steps must be >= 100 (one check)")
+    if min(args.rounds, args.reps, args.process_pairs) < 1:
+        p.error("--rounds, --process-pairs and --reps must be >= 1")
+    unknown = set(args.skip.split(",")) - {""} - {s.key for s in SECTIONS}
+    if unknown:
+        p.error(f"--skip: unknown sections {sorted(unknown)}; sections are {', '.join(s.key for s in SECTIONS)}")
     args.command = shlex.join(["python", "bench/bench.py", *(argv if argv is not None else sys.argv[1:])])
     return args
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
-    torch.set_num_threads(args.threads)
     device = resolve_device(args.device)
     if args.bare_only:
-        bare_loop(args.steps, set(range(100, args.steps + 1, 100)), 4000, device)
+        bare_loop(args.steps, set(range(args.check_start, args.steps + 1, 100)), 4000, device)
         return 0
+    torch.set_num_threads(args.threads)
     skip = set(args.skip.split(",")) - {""}
     load = OtherLoad()
     info = machine(device, args.threads)
     progress(f"{info['cpu']}, {info['cores']} cores, {info['device']}, {args.threads} threads; "
              f"load average {load.load0[0]:.2f}")
+    body = []
     with tempfile.TemporaryDirectory(prefix="bnrotation-bench-") as tmp_name:
-        tmp = Path(tmp_name)
-        a = overhead(args, device, tmp) if "a" not in skip else None
-        b = probe_costs(args, device, tmp, a) if "b" not in skip else None
-        c = peak_memory(args, device, tmp) if "c" not in skip else None
-        e = sweep_throughput(args, device, tmp) if "e" not in skip else None
-        own = e["splits"][0]["root"] if e else tmp / "overhead"
-        d = analysis_times(args, tmp, own) if "d" not in skip else None
-        loads = {"start": load.load0, "end": os.getloadavg(), "other_cores": load.cores(),
-                 "wall": time.time() - load.t0}
-        text = report(args, info, loads, a, b, c, d, e)
-    out = Path(args.out)
-    records.atomic_write_text(out, text)
-    progress(f"wrote {out}")
+        ctx = Context(args, device, Path(tmp_name))
+        for section in SECTIONS:
+            if section.key in skip:
+                continue
+            ctx.results[section.key] = section.measure(ctx)
+        for section in SECTIONS:  # reports after every measurement: a section may read a later one's figures
+            if section.key in ctx.results:
+                body += [f"## ({section.key}) {section.title}", "", *section.report(ctx, ctx.results[section.key]), ""]
+    loads = {"start": load.load0, "end": os.getloadavg(), "other_cores": load.cores(), "wall": time.time() - load.t0}
+    text = "\n".join(machine_lines(args, info, loads) + body + [
+        "## How to read and rerun", "",
+        "`make bench` (or `python bench/bench.py --help`): `--steps` and `--rounds` for (a), `--process-steps` and "
+        "`--process-pairs` for (b), `--reps` for (c) and (d), `--sweep-steps` for (e) and (g), `--skip` to leave "
+        "sections out. Each figure is one measurement on this machine, not a property of the code: rerun it where "
+        "you run the study.", ""])
+    records.atomic_write_text(args.out, text)
+    progress(f"wrote {args.out}")
     return 0
 
 

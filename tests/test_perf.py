@@ -14,7 +14,7 @@ from bnrotation.config import ModelConfig, TaskConfig
 from bnrotation.model import build_model
 from bnrotation.probes import accuracy
 from bnrotation.interventions import run_interventions
-from bnrotation.probes import eval_chunk
+from bnrotation.probes import EVAL_CHUNK, eval_chunk
 from bnrotation.task import NoisyTemplates, generator
 
 from conftest import ROOT, compose_cfg
@@ -73,8 +73,8 @@ def test_evaluation_accuracy_in_training_batch_chunks_equals_one_pass(stale):
         accuracy(model, x, y, "eval", chunk=len(y))
 
 
-def test_eval_chunk_is_one_batch_on_cpu_and_everything_on_a_gpu():
-    assert eval_chunk(torch.device("cpu"), 4000) == 128
+def test_eval_chunk_is_small_on_cpu_and_everything_on_a_gpu():
+    assert eval_chunk(torch.device("cpu"), 4000) == EVAL_CHUNK == 64
     assert eval_chunk(torch.device("cpu"), 64) == 64
     assert eval_chunk(torch.device("cuda"), 4000) == 4000
 
