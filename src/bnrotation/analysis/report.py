@@ -38,19 +38,20 @@ def theory_lines(ev: Evidence) -> list[str]:
              "|---|---|---:|---:|---:|---:|---:|"]
     for row in sorted(ev.per_run["row"].unique(), key=row_order):
         run = ev.runs_of(row)[0]
-        fan_in = int(run.config["model"]["channels"][1]) * 9
+        fan_in = metrics.last_conv_fan_in(run)
+        last = metrics.last_conv(run)
         pred = theory.predict(run.config["optimizer"], fan_in=fan_in)
         measured = ev.stat(row, "rotation_per_100_deg").describe("deg")
         if not pred.applies:
             lines.append(f"| `{row}` | none: {pred.reason} | – | – | – | {measured} | – |")
             continue
-        norms = [float(r.tables["channels"].query(f"layer == '{metrics.LAST_CONV}'").pipe(
+        norms = [float(r.tables["channels"].query(f"layer == '{last}'").pipe(
             lambda c: c[c["step"] == c["step"].max()])["weight_norm"].median()) for r in ev.runs_of(row)]
         lines.append(f"| `{row}` | {pred.formula} ({pred.source}); equilibrium after ~1/(2ηλ) = "
                      f"{pred.equilibrium_steps:,.0f} steps | {pred.per_step_rad:.2e} rad "
                      f"({pred.per_step_rad * theory.RAD_TO_DEG:.3f}°) | {pred.net_deg_per_100:.2f}° | "
                      f"{pred.path_deg_per_100:.1f}° | {measured} | {pred.equilibrium_norm:.2f} / "
-                     f"{float(np.mean(norms)):.2f} ({metrics.LAST_CONV}, median channel) |")
+                     f"{float(np.mean(norms)):.2f} ({last}, median channel) |")
     return lines
 
 
