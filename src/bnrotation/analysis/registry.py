@@ -18,7 +18,7 @@ import numpy as np
 
 from .. import article as A
 from ..rows import ROWS
-from . import lag, metrics
+from . import carryover, lag, metrics
 from .claim_kinds import (Z, Above, Below, MatchesPublished, Outcome, RankOrder, RecoveryShare, above, bespoke, said,
                           table_figure)
 from .evidence import Evidence, middle_lag_at_failing
@@ -318,6 +318,8 @@ CLAIMS = (
                   f"{quoted(COS, ACC, 'pct', 0)}.", COS, lost=ADAM, reference=SGD),
     small_learning_rate_matches_sgd,
     adamw_between_adam_and_sgd,
+    # Does it carry over? ResNet-20 (claims.md lists these under their own heading; analysis/carryover.py)
+    *carryover.CHECKS,
 )
 
 # The article's table, cell by cell: every published cell against the measured row mean.
