@@ -63,6 +63,8 @@ def mixed(tmp_path_factory):
     return _data(tmp_path_factory.mktemp("mixed"), SCALE, resnet=True)
 
 
+NEEDS_RESNET = ("10_lag_by_depth", "12_top_k_both_networks")  # not drawn without ResNet-20 runs
+
 
 def _texts(fig) -> list[str]:
     """The figure's own texts (outside every axes), line breaks undone."""
@@ -73,6 +75,10 @@ def _texts(fig) -> list[str]:
 def test_every_image_states_n_and_warns_when_the_runs_are_not_at_the_articles_scale(name, at_scale, below_scale,
                                                                                     mixed):
     for d, warned in ((at_scale, False), (below_scale, True), (mixed, False)):
+        if name in NEEDS_RESNET and d is at_scale:
+            with pytest.raises(figures.Skip, match="ResNet-20"):
+                DRAW[name](d)
+            continue
         fig, caption = DRAW[name](d)
         texts = _texts(fig)
         assert [t for t in texts if t.startswith("n = ")], (name, texts)  # in the image, not only the caption
@@ -159,4 +165,22 @@ def test_each_networks_panels_keep_their_own_layers_and_channels(mixed):
     assert any(t.endswith("of 42") and t.startswith("ResNet-20") for t in titles)
     assert any(t.endswith("of 16") and t.startswith("Adam, lr 3e-3 (the study's ConvNet)") for t in titles)
     assert "all channels of the row's network (the study's ConvNet: 16, ResNet-20: 42)" in caption
+    matplotlib.pyplot.close(fig)
+
+
+def test_lag_by_depth_cosine_and_both_networks_top_k(mixed):
+    fig, caption = DRAW["10_lag_by_depth"](mixed)
+    assert len(fig.axes) == 2 and all(len(ax.get_xticks()) == 21 for ax in fig.axes)
+    assert "(n = 4 runs, 2 rows × 2 seeds; 21 BatchNorm layers per run" in caption
+    assert any("ρ of the median with depth +1.00" in t.get_text() for t in fig.legends[0].get_texts())
+    matplotlib.pyplot.close(fig)
+    fig, caption = DRAW["11_cosine_mid_run"](mixed)
+    labels = [t.get_text() for t in fig.legends[0].get_texts()]
+    assert "Adam, lr 3e-3, cosine decay to 0 (the study's ConvNet)" in labels
+    assert any(label.startswith("ResNet-20: triangles, dashed") for label in labels)
+    assert "(n = 4 runs, 2 rows × 2 seeds; 1 row of the study's ConvNet, 1 of ResNet-20; 41 checks per run" in caption
+    matplotlib.pyplot.close(fig)
+    fig, caption = DRAW["12_top_k_both_networks"](mixed)
+    assert [ax.get_title() for ax in fig.axes] == ["the study's ConvNet: 16 channels", "ResNet-20: 42 channels"]
+    assert "54 failing checks in all" in caption  # 9 intervention steps x 2 seeds x 3 failing rows
     matplotlib.pyplot.close(fig)

@@ -31,7 +31,7 @@ import seaborn as sns
 from .. import article, records
 from ..article import FAIL_BELOW
 from ..rows import ROWS, network_label, row_order
-from . import averaging, depth, interventions, lag, metrics, theory
+from . import averaging, depth, interventions, lag, metrics, midrun, theory
 from .results import (ALL_TABLES, Run, add_results_arguments, at_protocol_scale, describe_scale, output_folder,
                       output_problem, protocol_scale, runs_for_command, scale_note)
 from .stats import cell
@@ -646,6 +646,163 @@ def fig_averaging(d: Data) -> tuple[plt.Figure, str]:
                  f"averaging.md (make table).")
 
 
+# ----------------------------------------------------------------------------- 10: lag against depth (ResNet-20)
+def fig_lag_by_depth(d: Data) -> tuple[plt.Figure, str]:
+    rows = [r for r in d.rows if d.arch(r) == "resnet20"]
+    runs = {row: [r for r in d.runs if r.row == row] for row in rows}
+    per_seed = {row: [depth.layer_profile(r) for r in runs[row]] for row in rows}
+    rows = [row for row in rows if any(len(p) for p in per_seed[row])]
+    if not rows:
+        raise Skip(f"no {network_label('resnet20')} run with a logged lag (rows resnet20_*): the study's network has "
+                   "only three BatchNorm layers")
+    fig, axes = plt.subplots(1, 2, figsize=(11.5, 4.4), sharey=True)
+    columns = (("median_abs_lag_sigma", "median |lag| over the layer's (step, channel) pairs"),
+               ("worst_abs_lag_sigma", "worst channel: largest |lag| over the same pairs"))
+    names = []
+    for ax, (column, title) in zip(axes, columns):
+        for row in rows:
+            profile = depth.row_profile(runs[row])
+            names = names if len(names) >= len(profile) else list(profile["norm_layer"].where(
+                profile["norm_layer"] != "", profile["layer"]))
+            seeds = pd.concat([p.assign(seed=i) for i, p in enumerate(per_seed[row]) if len(p)])
+            band = seeds.groupby("depth")[column].agg(["min", "max"])
+            ax.fill_between(band.index, band["min"], band["max"], color=d.palette[row], alpha=0.15, lw=0)
+            rho = depth.depth_rho(profile)
+            ax.plot(profile["depth"], profile[column], color=d.palette[row], lw=1.6, marker="^", markersize=4,
+                    label=f"{d.label(row)} (ρ of the median with depth {cell(rho, 'rho')})")
+        ax.set_yscale("log")
+        ax.set_title(title)
+        ax.set_xticks(range(len(names)), [depth.short_name(n) for n in names], rotation=90, fontsize="x-small")
+        for i in range(1, len(names)):  # stage boundaries: the stem, then layer1, layer2, layer3
+            if names[i].split(".")[0] != names[i - 1].split(".")[0]:
+                ax.axvline(i - 0.5, color="0.6", lw=0.8, ls=":")
+        ax.set_xlabel("BatchNorm layer, in forward order (depth 0: the stem)")
+    axes[0].set_ylabel("|running-mean lag| (σ, log scale)")
+    fig.tight_layout()
+    fig.legend(*axes[0].get_legend_handles_labels(), loc="lower center", bbox_to_anchor=(0.5, 1.0), ncol=2)
+    pairs = pd.concat([p for row in rows for p in per_seed[row]])["n"]
+    text = (f"{runs_text(d.per_run[d.per_run['row'].isin(rows)])}; {len(names)} BatchNorm layers per run; "
+            f"{span(pairs)} (step, channel) pairs per layer and run, in the check window. Line: mean over seeds of "
+            "each run's value per layer; band: lowest to highest seed.")
+    footnote(fig, d, text)
+    return fig, (f"Running-mean lag against depth in {network_label('resnet20')}: per BatchNorm layer, in the "
+                 "forward order the runner logs the layers in (the two projection shortcuts' norm layers, "
+                 "`…sc`, after their block's second conv), the median |running mean − fresh mean| / fresh std over "
+                 "the layer's (step, channel) pairs in the check window (left) and the largest (right), per row "
+                 f"({text.rstrip('.')}). Dotted: stage boundaries. In the key, Spearman's ρ of each row's profile "
+                 "with depth; "
+                 "estimation shift (Huang et al., CVPR 2022) predicts the lag to grow with depth "
+                 "(`resnet_lag_grows_with_depth` tests it on the Adam row).")
+
+
+# ----------------------------------------------------------------------------- 11: cosine decay, mid-run
+def fig_cosine_mid_run(d: Data) -> tuple[plt.Figure, str]:
+    rows = [r for r in d.rows if r in ROWS and ROWS[r].schedule == "cosine"]
+    if not rows:
+        raise Skip("no runs of a cosine-decay row (adam_cosine, resnet20_adam_cosine)")
+    frames = [midrun.over_checks(r).assign(row=r.row, seed=r.seed) for r in d.runs if r.row in rows]
+    checks = pd.concat(frames, ignore_index=True)
+    fig, axes = plt.subplots(1, 2, figsize=(11.0, 4.0))
+    panels = (("acc_eval_mode", "evaluation-mode accuracy"),
+              ("median_abs_lag_sigma", "median |running-mean lag| over every\nBatchNorm channel (σ, log scale)"))
+    for ax, (column, ylabel) in zip(axes, panels):
+        for row in rows:
+            g = checks[checks["row"] == row]
+            marker, ls = network_style(d, row)
+            ax.scatter(g["lr"], g[column], color=d.palette[row], marker=marker, s=10, alpha=0.35, lw=0)
+            mean = g.groupby("step")[[column, "lr"]].mean()
+            ax.plot(mean["lr"], mean[column], color=d.palette[row], ls=ls, lw=1.6, label=d.label(row))
+            split = float(g.groupby("seed")["lr"].median().mean())
+            ax.axvline(split, color=d.palette[row], ls=ls, lw=0.8, alpha=0.6)
+        ax.invert_xaxis()  # the rate decays: the run goes from left to right
+        ax.set_xlabel("learning rate at the check (decays left to right)")
+        ax.set_ylabel(ylabel)
+        ax.xaxis.get_offset_text().set_fontsize("x-small")
+    axes[0].set_ylim(0, 1.04)
+    _pct(axes[0])
+    axes[0].axhline(FAIL_BELOW, color="0.3", ls=":", lw=1)
+    if checks["median_abs_lag_sigma"].gt(0).any():
+        axes[1].set_yscale("log")
+    from matplotlib.lines import Line2D
+    handles, labels = axes[0].get_legend_handles_labels()
+    styles = {d.arch(r) for r in rows}
+    for arch in NETWORK_STYLE:
+        if arch in styles:
+            marker, ls = NETWORK_STYLE[arch]
+            handles.append(Line2D([], [], color="0.3", ls=ls, marker=marker, markersize=5))
+            labels.append(f"{network_label(arch)}: {'triangles, dashed' if arch == 'resnet20' else 'circles, solid'} "
+                          "(one point per check and seed; line: mean over seeds)")
+    handles.append(Line2D([], [], color="0.3", lw=0.8))
+    labels.append("thin vertical: the median rate of the window, which splits high- from low-rate checks")
+    fig.tight_layout()
+    fig.legend(handles, labels, loc="lower center", bbox_to_anchor=(0.5, 1.0), ncol=1)
+    per_run = checks.groupby(["row", "seed"]).size()
+    text = (f"{runs_text(d.per_run[d.per_run['row'].isin(rows)])}; {span(per_run)} checks per run, "
+            f"{len(checks):,} in all.")
+    footnote(fig, d, text)
+    return fig, ("Checkpoints under cosine decay to 0, against the learning rate at each check of the window: "
+                 "evaluation-mode accuracy (left; dotted: 90%) and the median |running-mean lag| over every "
+                 f"BatchNorm channel of the network at that check (right), per cosine row ({text.rstrip('.')}). "
+                 "The same colour "
+                 "for both networks' cosine rows: the study's ConvNet in circles and solid lines, ResNet-20 in "
+                 "triangles and dashed lines. The article expects the failures of a decaying schedule to fall on "
+                 "checkpoints taken while the rate is still high (`resnet_cosine_high_rate_checks_exposed`).")
+
+
+# ----------------------------------------------------------------------------- 12: top-k, both networks
+def fig_top_k_networks(d: Data) -> tuple[plt.Figure, str]:
+    iv = failing_lines(d)
+    top = iv[iv["intervention"] == "top_k"] if len(iv) else iv
+    rows = [r for r in d.rows if len(top) and (top["row"] == r).any()]
+    archs = list(dict.fromkeys(d.arch(r) for r in rows))
+    if "resnet20" not in archs:
+        raise Skip(f"no failing check in a {network_label('resnet20')} run: nothing to set beside the study's network")
+    fig, axes = plt.subplots(1, len(archs), figsize=(5.4 * len(archs), 3.9), sharey=True, squeeze=False)
+    threshold = interventions.RECOVERY_THRESHOLD
+    counts = []
+    for ax, arch in zip(axes[0], archs):
+        totals = []
+        for row in [r for r in rows if d.arch(r) == arch]:
+            g = top[(top["row"] == row) & (top["k"] > 0)]
+            total = int(g["k"].max())
+            totals.append(total)
+            marker, ls = network_style(d, row)
+            for _, c in g.groupby(["seed", "step"]):
+                c = c.sort_values("k")
+                ax.plot(c["k"] / total, c["acc_eval_mode"], color=d.palette[row], lw=0.7, alpha=0.2, ls=ls)
+            median = g.groupby("k")["acc_eval_mode"].median()
+            n = g.groupby(["seed", "step"]).ngroups
+            counts.append(f"{row} {n}")
+            ax.plot(median.index / total, median.to_numpy(), color=d.palette[row], lw=2.0, ls=ls, marker=marker,
+                    markersize=4, label=f"{d.label(row)}: {n} failing check{'s' * (n != 1)}")
+        ax.set_xscale("log")
+        ax.xaxis.set_major_formatter(matplotlib.ticker.PercentFormatter(1.0, decimals=1))
+        ax.axhline(threshold, color="0.3", ls=":", lw=1)
+        ax.set_ylim(0, 1.04)
+        _pct(ax)
+        ax.set_title(f"{network_label(arch)}: {' / '.join(map(str, sorted(set(totals))))} channels")
+        ax.set_xlabel("share of all channels given fresh statistics\n(largest |lag| first; log scale)")
+    axes[0][0].set_ylabel("evaluation-mode accuracy")
+    fig.tight_layout()
+    from matplotlib.lines import Line2D
+    handles = [h for ax in axes[0] for h in ax.get_legend_handles_labels()[0]]
+    labels = [label for ax in axes[0] for label in ax.get_legend_handles_labels()[1]]
+    fig.legend(handles + [Line2D([], [], color="0.3", ls=":", lw=1)],
+               labels + [f"{threshold:.0%}, the recovery threshold"], loc="lower center", bbox_to_anchor=(0.5, 1.0),
+               ncol=2 if len(labels) > 3 else 1, fontsize="small")
+    text = (f"{runs_text(d.per_run[d.per_run['row'].isin(rows)])}; "
+            f"{top.groupby(['row', 'seed', 'step']).ngroups} failing checks in all (below {FAIL_BELOW:.0%} with the "
+            "stored statistics, at an intervention step): " + ", ".join(counts) + ".")
+    footnote(fig, d, text)
+    return fig, ("How many channels carry the damage, in both networks side by side: evaluation-mode accuracy at "
+                 "the failing checks against the share of all BatchNorm channels given fresh statistics, channels "
+                 "ranked by |running-mean lag| across the network (k = 1, 2, 4, … and all, as a share of the "
+                 "network's channels; k = 0, the stored statistics, is left off the log axis). Thin lines: each "
+                 f"failing check; thick: their median per row; dotted: {threshold:.0%}. The study's ConvNet in "
+                 f"circles and solid lines, ResNet-20 in triangles and dashed lines, in the colour of the row's "
+                 f"optimizer ({text.rstrip('.')}). `resnet_top_k_channel_share` gives the shares.")
+
+
 FIGURES: tuple[tuple[str, str, Callable[[Data], tuple[plt.Figure, str]]], ...] = (
     ("01_accuracy_vs_rotation", "Evaluation-mode accuracy against rotation", fig_accuracy_vs_rotation),
     ("02_accuracy_vs_norm_growth", "Evaluation-mode accuracy against norm growth", fig_accuracy_vs_norm_growth),
@@ -659,6 +816,11 @@ FIGURES: tuple[tuple[str, str, Callable[[Data], tuple[plt.Figure, str]]], ...] =
     ("07_top_k_channels", "Accuracy against the number of top-lag channels given fresh statistics", fig_top_k),
     ("08_drift_per_channel", "Drift per channel of the middle layer", fig_drift),
     ("09_averaging", "Weight averaging (EMA, tail average) and BatchNorm statistics policies", fig_averaging),
+    ("10_lag_by_depth", "ResNet-20: running-mean lag against depth, per BatchNorm layer", fig_lag_by_depth),
+    ("11_cosine_mid_run", "Cosine decay: accuracy and lag against the learning rate at each check",
+     fig_cosine_mid_run),
+    ("12_top_k_both_networks", "How many channels carry the damage, both networks side by side",
+     fig_top_k_networks),
 )
 
 
