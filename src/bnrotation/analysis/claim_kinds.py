@@ -313,8 +313,18 @@ class RecoveryShare(Claim):
                        f"{Z:g} standard errors (paired by seed; one seed: the mean alone)", ok)
 
 
+class DeclaredRows:
+    """For a kind of claim that declares its ``rows`` and its ``published`` text as fields."""
+
+    def rows_needed(self) -> tuple[str, ...]:
+        return self.rows
+
+    def published_text(self) -> str:
+        return self.published
+
+
 @dataclass(frozen=True)
-class Bespoke(Claim):
+class Bespoke(DeclaredRows, Claim):
     """A check of its own: ``evaluate`` weighs the evidence (it runs only when every row of ``rows`` has
     runs). Declared with :func:`bespoke`."""
 
@@ -325,12 +335,6 @@ class Bespoke(Claim):
     rows: tuple[str, ...] = ()
     section: str = ARTICLE
     exploratory: bool = False
-
-    def rows_needed(self) -> tuple[str, ...]:
-        return self.rows
-
-    def published_text(self) -> str:
-        return self.published
 
     def outcome(self, ev: Evidence) -> Outcome:
         return self.evaluate(ev)
@@ -346,7 +350,7 @@ def bespoke(claim: str, published: str, rows: tuple[str, ...] = (), *, section: 
 
 
 @dataclass(frozen=True)
-class Ordering(Claim):
+class Ordering(DeclaredRows, Claim):
     """Spearman's ρ between ``column`` and evaluation-mode accuracy over the row means of ``rows`` (every one
     needed): accuracy must fall in the column's order, ρ at or below minus the exact one-sided :data:`ALPHA`
     critical value for that many rows (:func:`.stats.spearman_critical`). ``published`` says what the article
@@ -359,12 +363,6 @@ class Ordering(Claim):
     published: str
     section: str = RESNET
     exploratory: bool = False
-
-    def rows_needed(self) -> tuple[str, ...]:
-        return self.rows
-
-    def published_text(self) -> str:
-        return self.published
 
     def outcome(self, ev: Evidence) -> Outcome:
         runs = ev.per_run[ev.per_run["row"].isin(self.rows)]
