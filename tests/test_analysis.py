@@ -10,6 +10,7 @@ and the notebooks run on what the runner writes.
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import os
@@ -40,7 +41,7 @@ SPREAD = np.linspace(0.5, 1.5, 6)  # per-channel factors: median 1 over 6 channe
 
 
 # ----------------------------------------------------------------------------- a synthetic results set
-def _run_json(row: str, seed: int) -> dict:
+def _run_json(row: str, seed: int, layers: dict = LAYERS) -> dict:
     spec = ROWS[row]
     modes = {"adam_projected": ["always", "never"], "adamp": ["adamp"]}.get(spec.optimizer, [])
     norm = ({"class": "BatchNorm2d", "momentum": spec.bn_momentum} if spec.norm == "batch"
@@ -50,49 +51,56 @@ def _run_json(row: str, seed: int) -> dict:
                           "param_groups": [{"name": "conv", "lr": spec.lr, "weight_decay": spec.weight_decay}]},
             "projection": {"mode": modes},
             "schedule": {"class": "CosineAnnealingLR"} if spec.schedule == "cosine" else None,
-            "norm_layers": {bn: dict(norm) for bn, _ in LAYERS.values()}, "wall_seconds": 1.0}
+            "norm_layers": {bn: dict(norm) for bn, _ in layers.values()}, "wall_seconds": 1.0}
 
 
 def write_run(root: Path, row: str, seed: int, *, rotation: float, norm_growth: float, acc_eval: float,
               acc_train: float = 1.0, update_cos: float = 0.01, grad_cos: float = 1e-6, drift: float = 0.001,
               abs_mean: float = 1.7, stale_channel_sigma: float = 0.0, lifted: float = 0.9, reestimated: float = 1.0,
               averaging: pd.DataFrame | None = None, scale: dict = SCALE, rotation_before_window: float | None = None,
-              lowest: float | None = None):
+              lowest: float | None = None, layers: dict = LAYERS, model: dict | None = None,
+              lag_scale: dict | None = None, lifted_layer: str = "bn2", acc_eval_at=None, lr_at=None):
     """One finished run whose every summary is known in closed form.
 
     Every logged step has the same values: channel c of a layer turns ``rotation * SPREAD[c]`` degrees per
     ``log_every`` steps (median ``rotation``), drifts ``drift * SPREAD[c]`` sigma per step, lags by the formula's
     prediction with alternating sign; evaluation-mode accuracy is ``acc_eval`` at every check but the one at step
     4,000, which is ``lowest`` if given.
+
+    Another network: ``layers`` ({conv: (norm layer, width)}, in forward order) and ``model`` (the config's
+    ``model`` section); ``lag_scale`` ({conv: factor}) multiplies a layer's lag, ``lifted_layer`` is the norm layer
+    whose fresh statistics alone give ``lifted``; ``acc_eval_at(step)`` and ``lr_at(step)`` replace the constant
+    evaluation-mode accuracy (checks and stored-statistics interventions) and learning rate.
     """
     spec = ROWS[row]
+    acc_at = acc_eval_at or (lambda s: lowest if lowest is not None and s == 4000 else acc_eval)
     m = spec.bn_momentum
     out = records.run_dir(root, row, seed)
     out.mkdir(parents=True, exist_ok=True)
     cfg = {"row": row, "seed": seed, "scale": dict(scale),
            "optimizer": {"name": spec.optimizer, "lr": spec.lr, "weight_decay": spec.weight_decay,
                          "momentum": 0.9, "beta1": 0.9},
-           "model": {"channels": [c for _, c in LAYERS.values()]}, "task": {"probe_size": 512}}
+           "model": model or {"channels": [c for _, c in LAYERS.values()]}, "task": {"probe_size": 512}}
     (out / "config.yaml").write_text(yaml.safe_dump(cfg))
-    (out / "run.json").write_text(json.dumps(_run_json(row, seed)))
+    (out / "run.json").write_text(json.dumps(_run_json(row, seed, layers)))
     steps = list(range(0, scale["steps"] + 1, scale["log_every"]))
     checks = list(range(scale["check_start"], scale["steps"] + 1, scale["check_every"]))
     base = dict(row=row, seed=seed)
-    records.write_table(pd.DataFrame([dict(base, step=s, lr=spec.lr, loss=0.1, acc_train_mode=acc_train,
-                                           acc_eval_mode=lowest if lowest is not None and s == 4000 else acc_eval)
+    records.write_table(pd.DataFrame([dict(base, step=s, lr=lr_at(s) if lr_at else spec.lr, loss=0.1,
+                                           acc_train_mode=acc_train, acc_eval_mode=acc_at(s))
                                       for s in checks]), out / "checks.parquet", "checks")
-    layers, channels = [], []
+    layer_lines, channels = [], []
     for s in steps:
-        for layer, (bn, width) in LAYERS.items():
+        for layer, (bn, width) in layers.items():
             w = 1.0 + (norm_growth - 1.0) * s / scale["steps"]
-            layers.append(dict(base, step=s, layer=layer, weight_norm=w, update_cos=update_cos if s else math.nan,
-                               grad_cos=grad_cos if s else math.nan))
+            layer_lines.append(dict(base, step=s, layer=layer, weight_norm=w,
+                                    update_cos=update_cos if s else math.nan, grad_cos=grad_cos if s else math.nan))
             rot = rotation if rotation_before_window is None or s >= scale["check_start"] else rotation_before_window
             for c in range(width):
                 f = SPREAD[c] if width == 6 else 1.0
                 d = drift * f
                 pred = d * (1 - m) / m
-                lag = pred * (-1) ** c
+                lag = pred * (-1) ** c * (lag_scale or {}).get(layer, 1.0)
                 if stale_channel_sigma and layer == "conv2" and c == width - 1:
                     lag = stale_channel_sigma
                 channels.append(dict(base, step=s, layer=layer, norm_layer=bn, channel=c,
@@ -100,22 +108,53 @@ def write_run(root: Path, row: str, seed: int, *, rotation: float, norm_growth: 
                                      running_mean=0.0, running_var=1.0, fresh_mean=0.0, fresh_var=1.0,
                                      lag_sigma=lag if s else 0.0, drift_sigma_per_step=d if s else math.nan,
                                      predicted_lag_sigma=pred if s else math.nan, abs_mean_over_std=abs_mean * f))
-    records.write_table(pd.DataFrame(layers), out / "layers.parquet", "layers")
+    records.write_table(pd.DataFrame(layer_lines), out / "layers.parquet", "layers")
     records.write_table(pd.DataFrame(channels), out / "channels.parquet", "channels")
     iv = []
     for s in sorted(set(range(scale["check_start"], scale["steps"] + 1, scale["intervene_every"])) | {scale["steps"]}):
-        iv += [dict(base, step=s, intervention="none", k=-1, layer="", acc_eval_mode=acc_eval),
+        stored = acc_eval_at(s) if acc_eval_at else acc_eval  # ``lowest`` is a check's, not an intervention's
+        iv += [dict(base, step=s, intervention="none", k=-1, layer="", acc_eval_mode=stored),
                dict(base, step=s, intervention="reestimate", k=-1, layer="", acc_eval_mode=reestimated)]
         iv += [dict(base, step=s, intervention="layer", k=-1, layer=bn,
-                    acc_eval_mode=lifted if bn == "bn2" else acc_eval) for bn, _ in LAYERS.values()]
-        for k in (0, 1, 2, 4, 8, 16):  # half the gain at k = 2, all of it at k = 8
+                    acc_eval_mode=lifted if bn == lifted_layer else stored) for bn, _ in layers.values()]
+        total = sum(width for _, width in layers.values())
+        for k in [0] + [2 ** i for i in range(total.bit_length()) if 2 ** i < total] + [total]:
+            # half the gain at k = 2, all of it at k = 8 (0, 1, 2, 4, 8, 16 for the 16 channels of LAYERS)
             iv.append(dict(base, step=s, intervention="top_k", k=k, layer="",
-                           acc_eval_mode=acc_eval + (reestimated - acc_eval) * min(1.0, {0: 0, 1: .2, 2: .5, 4: .8}
-                                                                                       .get(k, 1.0))))
+                           acc_eval_mode=stored + (reestimated - stored) * min(1.0, {0: 0, 1: .2, 2: .5, 4: .8}
+                                                                                   .get(k, 1.0))))
     records.write_table(pd.DataFrame(iv), out / "interventions.parquet", "interventions")
     if averaging is not None:
         records.write_table(averaging.assign(row=row, seed=seed), out / "averaging.parquet", "averaging")
     records.mark_done(out)
+
+
+@functools.lru_cache(maxsize=None)
+def _resnet_pairs() -> tuple[tuple[str, str], ...]:
+    from bnrotation.config import ModelConfig
+    from bnrotation.model import build_model
+    from bnrotation.monitor import find_pairs
+    model = build_model(ModelConfig(arch="resnet20", channels=[16, 32, 64]), 10, seed=0)
+    return tuple((p.weight, p.norm) for p in find_pairs(model).pairs)
+
+
+def resnet_layers(width: int = 2) -> dict:
+    """ResNet-20's {conv: (norm layer, ``width``)} in the forward order the runner logs them: the real model's
+    pairing (:func:`bnrotation.monitor.find_pairs`), at a toy width per layer (21 layers)."""
+    return {conv: (norm, width) for conv, norm in _resnet_pairs()}
+
+
+RESNET_MODEL = {"arch": "resnet20", "channels": [16, 32, 64]}
+
+
+def write_resnet_run(root: Path, row: str, seed: int, **kw) -> None:
+    """:func:`write_run` for a ResNet-20 row: its 21 BatchNorm layers, two channels each (42 in all)."""
+    write_run(root, row, seed, layers=resnet_layers(), model=RESNET_MODEL, **kw)
+
+
+def cosine_lr(step: int, lr: float = 3e-3, steps: int = 6000) -> float:
+    """Cosine decay to 0 over ``steps``, as the ``cosine`` schedule logs it at a check."""
+    return 0.5 * lr * (1 + math.cos(math.pi * step / steps))
 
 
 PUBLISHED_LIKE = {  # row: cosine of the update, middle-layer drift; the rest comes from the published table
@@ -329,7 +368,10 @@ def test_equilibrium_angular_update_matches_a_simulated_random_walk():
 # ----------------------------------------------------------------------------- claims: statistics and verdicts
 def test_every_claim_is_declared_once_and_bespoke_checks_register_under_their_name():
     names = [c.name for c in registry.CLAIMS]
-    assert len(names) == len(set(names)) == 27
+    assert len(names) == len(set(names))
+    sections = [c.section for c in registry.CLAIMS]
+    assert sections.count(claim_kinds.ARTICLE) == 27 and sections.count(claim_kinds.RESNET) == 9
+    assert sections == sorted(sections, key=[claim_kinds.ARTICLE, claim_kinds.RESNET].index)  # the ResNet-20 ones last
     assert registry.training_mode_stays_at_100.name == "training_mode_stays_at_100"
     assert isinstance(registry.training_mode_stays_at_100, claim_kinds.Bespoke)
     # the article's table, cell by cell: every published cell that is not NaN (6 rows x 4 + the window test's 3)

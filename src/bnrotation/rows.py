@@ -101,6 +101,8 @@ PUBLISHED_ROWS = ("sgd", "adam_lr3e-4", "adam_cosine", "adamw", "adam", "adam_pr
 # Every row of the default full sweep: the article's network (the ResNet-20 rows are a named set of their own).
 SWEEP_ROWS = tuple(name for name, spec in ROWS.items() if spec.arch == "convnet")
 RESNET_ROWS = tuple(name for name, spec in ROWS.items() if spec.arch == "resnet20")
+# What a table's Network column and a figure's key call each network (RowSpec.arch, model.arch).
+NETWORKS = {"convnet": "the study's ConvNet", "resnet20": "ResNet-20"}
 SEEDS = (0, 1, 2)
 # The rows the contested claims compare, run at seven more seeds; their dense windows measure drift below
 # the 100-step log interval (start steps: early, middle and end of the check window). Weight averaging, the
@@ -128,6 +130,11 @@ SETS = {"resnet": Sweep(RESNET_ROWS, SEEDS),
         "ten_seeds": Sweep(TEN_SEED_ROWS, tuple(range(3, 10)),
                            (f"scale.dense_windows=[{','.join(map(str, DENSE_WINDOWS))}]", "averaging.enabled=false"),
                            ("full",))}
+
+
+def network_label(arch: str) -> str:
+    """The network ``arch`` (``model.arch``) names, in words (:data:`NETWORKS`); an unknown one as it is."""
+    return NETWORKS.get(arch, arch)
 
 
 def row_order(name: str) -> tuple[int, str]:

@@ -22,6 +22,16 @@ needs are missing.
   another that a third wins back, paired by seed; "most" is more than half.
 - :class:`Bespoke`: any other check, a function registered with
   :func:`bespoke`.
+- :class:`Ordering`: a Spearman rank correlation with evaluation-mode accuracy
+  across named rows of another network (the ResNet-20 rows), every one needed.
+- :class:`RecoveryShareBeside`: :class:`RecoveryShare` on another network's
+  rows, with the study's share beside it.
+
+Every claim belongs to a section of ``claims.md`` (``section``: :data:`ARTICLE`,
+the article's claims, or :data:`RESNET`, "Does it carry over? ResNet-20").
+An *exploratory* claim (``exploratory=True``) measures without a tolerance fixed
+in advance: it gives MEASURED, never PASS or FAIL (NOT RUN when its runs are
+missing).
 
 The article's figures come from :mod:`bnrotation.rows` (its table) and
 :mod:`bnrotation.article` (its text), through :func:`published`.
@@ -42,6 +52,8 @@ from .stats import (SeedStat, cell, decimals_shown, half_unit, rho_at_or_beyond,
 from .table import COLUMNS as TABLE_COLUMNS
 
 PASS, FAIL, NOT_RUN = "PASS", "FAIL", "NOT RUN"
+MEASURED = "MEASURED"  # the verdict of an exploratory claim with runs: measured, no PASS or FAIL
+ARTICLE, RESNET = "article", "resnet"  # the sections of claims.md a claim belongs to
 Z = 2.0  # standard errors a difference must exceed
 ALPHA = 0.05  # one-sided level of an ordering across rows
 MIN_RANK_ROWS = 4  # an ordering needs at least this many of the article's rows (4 rows: 1 order in 24 is 4%)
@@ -94,6 +106,8 @@ class Check:
     tolerance: str
     verdict: str
     note: str = ""
+    section: str = ARTICLE  # ARTICLE or RESNET: where claims.md lists it
+    exploratory: bool = False  # measured without a tolerance fixed in advance: MEASURED, never PASS or FAIL
 
 
 @dataclass(frozen=True)
@@ -109,10 +123,13 @@ class Outcome:
 
 class Claim:
     """What every kind of claim has: ``name``, ``claim`` (the article's statement), the rows it needs, the
-    published figure as text, and :meth:`outcome`. :meth:`check` gives NOT RUN when a needed row has no run."""
+    published figure as text, and :meth:`outcome`; ``section`` (:data:`ARTICLE` unless a kind says otherwise)
+    and ``exploratory``. :meth:`check` gives NOT RUN when a needed row has no run."""
 
     name: str
     claim: str
+    section: str = ARTICLE
+    exploratory: bool = False
 
     def rows_needed(self) -> tuple[str, ...]:
         return ()
@@ -128,10 +145,15 @@ class Claim:
         missing = [r for r in self.rows_needed() if not ev.has(r)]
         if missing:
             return Check(self.name, self.claim, published_text,
-                         f"missing runs of {', '.join(f'`{r}`' for r in missing)}", "–", NOT_RUN)
+                         f"missing runs of {', '.join(f'`{r}`' for r in missing)}", "–", NOT_RUN,
+                         section=self.section, exploratory=self.exploratory)
         o = self.outcome(ev)
-        verdict = NOT_RUN if o.passed is None else PASS if o.passed else FAIL
-        return Check(self.name, self.claim, published_text, o.measured, o.tolerance, verdict, o.note)
+        if self.exploratory:  # ``passed`` only says whether there was anything to measure (None: nothing)
+            verdict = NOT_RUN if o.passed is None else MEASURED
+        else:
+            verdict = NOT_RUN if o.passed is None else PASS if o.passed else FAIL
+        return Check(self.name, self.claim, published_text, o.measured, o.tolerance, verdict, o.note,
+                     section=self.section, exploratory=self.exploratory)
 
 
 @dataclass(frozen=True)
@@ -291,8 +313,18 @@ class RecoveryShare(Claim):
                        f"{Z:g} standard errors (paired by seed; one seed: the mean alone)", ok)
 
 
+class DeclaredRows:
+    """For a kind of claim that declares its ``rows`` and its ``published`` text as fields."""
+
+    def rows_needed(self) -> tuple[str, ...]:
+        return self.rows
+
+    def published_text(self) -> str:
+        return self.published
+
+
 @dataclass(frozen=True)
-class Bespoke(Claim):
+class Bespoke(DeclaredRows, Claim):
     """A check of its own: ``evaluate`` weighs the evidence (it runs only when every row of ``rows`` has
     runs). Declared with :func:`bespoke`."""
 
@@ -301,22 +333,101 @@ class Bespoke(Claim):
     published: str
     evaluate: Callable[[Evidence], Outcome]
     rows: tuple[str, ...] = ()
-
-    def rows_needed(self) -> tuple[str, ...]:
-        return self.rows
-
-    def published_text(self) -> str:
-        return self.published
+    section: str = ARTICLE
+    exploratory: bool = False
 
     def outcome(self, ev: Evidence) -> Outcome:
         return self.evaluate(ev)
 
 
-def bespoke(claim: str, published: str, rows: tuple[str, ...] = ()) -> Callable[[Callable], Bespoke]:
-    """Decorator: the function becomes a :class:`Bespoke` claim named after it, ready for the registry."""
+def bespoke(claim: str, published: str, rows: tuple[str, ...] = (), *, section: str = ARTICLE,
+            exploratory: bool = False) -> Callable[[Callable], Bespoke]:
+    """Decorator: the function becomes a :class:`Bespoke` claim named after it, ready for the registry
+    (``section`` and ``exploratory``: see :class:`Claim`)."""
     def declare(evaluate: Callable[[Evidence], Outcome]) -> Bespoke:
-        return Bespoke(evaluate.__name__, claim, published, evaluate, tuple(rows))
+        return Bespoke(evaluate.__name__, claim, published, evaluate, tuple(rows), section, exploratory)
     return declare
+
+
+@dataclass(frozen=True)
+class Ordering(DeclaredRows, Claim):
+    """Spearman's ρ between ``column`` and evaluation-mode accuracy over the row means of ``rows`` (every one
+    needed): accuracy must fall in the column's order, ρ at or below minus the exact one-sided :data:`ALPHA`
+    critical value for that many rows (:func:`.stats.spearman_critical`). ``published`` says what the article
+    has to compare (it ran one network)."""
+
+    name: str
+    claim: str
+    rows: tuple[str, ...]
+    column: str
+    published: str
+    section: str = RESNET
+    exploratory: bool = False
+
+    def outcome(self, ev: Evidence) -> Outcome:
+        runs = ev.per_run[ev.per_run["row"].isin(self.rows)]
+        means = runs.groupby("row")[[self.column, "acc_eval_mode"]].mean().reindex(list(self.rows))
+        rho = spearman_rho(means[self.column], means["acc_eval_mode"])
+        per_seed = [spearman_rho(g.set_index("row").loc[list(self.rows), self.column],
+                                 g.set_index("row").loc[list(self.rows), "acc_eval_mode"])
+                    for _, g in runs.groupby("seed") if set(self.rows) <= set(g["row"])]
+        n = len(self.rows)
+        crit = spearman_critical(n, ALPHA)
+        orders = math.factorial(n)
+        seeds = f"; per seed {', '.join(cell(r, 'rho') for r in per_seed)}" if per_seed else ""
+        order = " > ".join(f"`{r}` {cell(means.loc[r, 'acc_eval_mode'], 'pct')}"
+                           for r in means.sort_values("acc_eval_mode", ascending=False).index)
+        return Outcome(f"rho = {cell(rho, 'rho')} over the row means of {n} rows{seeds}; by accuracy: {order}",
+                       f"rho ≤ −{crit:.2f}, the exact one-sided {cell(ALPHA, 'pct', digits=0)} critical value for "
+                       f"{n} rows" + (f" (only the perfect order: 1 of {orders} orders, "
+                                      f"{cell(1 / orders, 'pct')} under chance)" if crit >= 1 else ""),
+                       rho_at_or_beyond(rho, -crit))
+
+
+@dataclass(frozen=True)
+class RecoveryShareBeside(RecoveryShare):
+    """:class:`RecoveryShare` for ``row``, ``lost`` and ``reference`` of another network, with the same rule
+    ("most": above half, and above 0 by 2 standard errors, paired by seed), and beside it the study's
+    network's share for the rows ``beside`` (row, lost, reference): the article's figure as published, and the
+    share its runs measure where present (no verdict on that). No verdict when ``lost`` loses nothing against
+    ``reference`` (not below it by more than 2 standard errors): there is nothing to recover."""
+
+    beside: tuple[str, str, str] = ()
+    section: str = RESNET
+    exploratory: bool = False
+
+    def published_text(self) -> str:
+        return f"beyond the article (it ran one network); its network: {RecoveryShare.published_text(self._study())}"
+
+    def _study(self) -> RecoveryShare:
+        row, lost, reference = self.beside
+        return RecoveryShare(self.name, self.claim, row, lost, reference)
+
+    def outcome(self, ev: Evidence) -> Outcome:
+        lost_stat, ref_stat = ev.stat(self.lost, "acc_eval_mode"), ev.stat(self.reference, "acc_eval_mode")
+        loses, how = above(ref_stat, lost_stat)
+        row, lost, reference = self.beside
+        study = recovery_share(ev, row, lost, reference)
+        beside = (f"The study's network measured here: `{row}` recovers {study.describe('plain')} of "
+                  f"`{lost}`'s loss against `{reference}` (no verdict on it: the rule was fixed after those runs "
+                  "existed)." if study.n else "")
+        if not loses:
+            return Outcome(f"`{self.lost}` {lost_stat.describe('pct')}, `{self.reference}` "
+                           f"{ref_stat.describe('pct')}: nothing lost to recover ({how})",
+                           f"needs `{self.lost}` below `{self.reference}` by more than {Z:g} standard errors", None,
+                           beside)
+        o = super().outcome(ev)
+        share = recovery_share(ev, self.row, self.lost, self.reference)
+        if share.n:  # the rows by name: they share their optimizer's short name across networks
+            o = Outcome(f"`{self.row}` {ev.stat(self.row, 'acc_eval_mode').describe('pct')}, `{self.lost}` "
+                        f"{lost_stat.describe('pct')}, `{self.reference}` {ref_stat.describe('pct')}; share of "
+                        f"`{self.lost}`'s loss against `{self.reference}` recovered, per seed: "
+                        f"{share.describe('plain')}", o.tolerance, o.passed)
+        se = se_of_difference(share, study)
+        diff = (f" This network's share minus the study's: {share.mean - study.mean:+.2f}"
+                + (f" ({Z:g} standard errors of the difference: {Z * se:.2f})." if not math.isnan(se) else ".")
+                if study.n and share.n else "")
+        return Outcome(o.measured, o.tolerance, o.passed, (beside + diff).strip())
 
 
 def withhold_verdicts(checks: list[Check]) -> None:

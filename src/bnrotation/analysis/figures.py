@@ -30,8 +30,8 @@ import seaborn as sns
 
 from .. import article, records
 from ..article import FAIL_BELOW
-from ..rows import ROWS, row_order
-from . import averaging, interventions, lag, metrics, theory
+from ..rows import ROWS, network_label, row_order
+from . import averaging, depth, interventions, lag, metrics, midrun, theory
 from .results import (ALL_TABLES, Run, add_results_arguments, at_protocol_scale, describe_scale, output_folder,
                       output_problem, protocol_scale, runs_for_command, scale_note)
 from .stats import cell
@@ -57,8 +57,21 @@ class Data:
     def rows(self) -> list[str]:
         return sorted(self.per_run["row"].unique(), key=row_order)
 
+    def arch(self, row: str) -> str:
+        """The network ``row``'s runs trained (``model.arch``: ``convnet``, ``resnet20``)."""
+        return str(self.per_run.loc[self.per_run["row"] == row, "arch"].iloc[0])
+
+    @property
+    def mixed(self) -> bool:
+        """Whether the runs trained more than one network: then every row's label names its network."""
+        return self.per_run["arch"].nunique() > 1
+
     def label(self, row: str) -> str:
-        return ROWS[row].label if row in ROWS else row
+        """The row's label; where the runs mix networks, with its network when the label does not name it
+        (``'Adam, lr 3e-3 (the study's ConvNet)'``; ``'ResNet-20, Adam, lr 3e-3'`` names it already)."""
+        label = ROWS[row].label if row in ROWS else row
+        network = network_label(self.arch(row))
+        return f"{label} ({network})" if self.mixed and network not in label else label
 
     def table(self, name: str) -> pd.DataFrame:
         return metrics.tidy(self.runs, name)
@@ -97,15 +110,21 @@ def load_data(root: Path, runs: list[Run]) -> Data:
 
 
 def runs_text(per_run: pd.DataFrame) -> str:
-    """'n = 21 runs, 7 rows × 3 seeds', or the seeds per row when they differ."""
+    """'n = 21 runs, 7 rows × 3 seeds', or the seeds per row when they differ; where the runs trained more than
+    one network, how many rows each: '…; 10 rows of the study's ConvNet, 5 of ResNet-20'."""
     counts = per_run.groupby("row")["seed"].nunique()
     n_runs, n_rows = len(per_run), len(counts)
+    networks = ""
+    if "arch" in per_run and per_run["arch"].nunique() > 1:
+        rows_of = per_run.drop_duplicates("row").groupby("arch", sort=False)["row"].count()
+        networks = "; " + ", ".join(f"{k} row{'s' * (k != 1)} of {network_label(a)}" if i == 0 else
+                                    f"{k} of {network_label(a)}" for i, (a, k) in enumerate(rows_of.items()))
     if counts.nunique() == 1:
         seeds = int(counts.iloc[0])
         return f"n = {n_runs} run{'s' * (n_runs != 1)}, {n_rows} row{'s' * (n_rows != 1)} × {seeds} " \
-               f"seed{'s' * (seeds != 1)}"
+               f"seed{'s' * (seeds != 1)}" + networks
     per = ", ".join(f"{r} {int(counts[r])}" for r in sorted(counts.index, key=row_order))
-    return f"n = {n_runs} runs; seeds per row: {per}"
+    return f"n = {n_runs} runs; seeds per row: {per}" + networks
 
 
 def span(counts: pd.Series) -> str:
@@ -184,8 +203,16 @@ def _log_axis(axis, which: str) -> None:
 
 
 # ----------------------------------------------------------------------------- 1, 2: one point per run
-# Rows without running statistics (GroupNorm, LayerNorm) are drawn as squares, rows with them as circles.
-NO_RUNNING_STATS_MARKER, RUNNING_STATS_MARKER = "s", "o"
+# Rows without running statistics (GroupNorm, LayerNorm) are drawn as squares, rows with them as circles; rows of
+# ResNet-20, which share the colour of the study's row with the same optimizer, as triangles (dashed lines).
+NO_RUNNING_STATS_MARKER, RUNNING_STATS_MARKER, RESNET_MARKER = "s", "o", "^"
+NETWORK_STYLE = {"convnet": ("o", "-"), "resnet20": ("^", "--")}  # (marker, line style) per network
+
+
+def network_style(d: Data, row: str) -> tuple[str, str]:
+    """(marker, line style) of ``row``: the study's ConvNet circles and solid lines, ResNet-20 triangles and
+    dashed lines (:data:`NETWORK_STYLE`; another network like the study's)."""
+    return NETWORK_STYLE.get(d.arch(row), NETWORK_STYLE["convnet"])
 
 
 def _accuracy_scatter(d: Data, x: str, published_attr: str, xlabel: str, log: bool) -> plt.Figure:
@@ -196,8 +223,10 @@ def _accuracy_scatter(d: Data, x: str, published_attr: str, xlabel: str, log: bo
         g = d.per_run[d.per_run["row"] == row]
         color = d.palette[row]
         batch = norm.get(row, "batch") == "batch"
+        marker = (RESNET_MARKER if d.arch(row) == "resnet20" else RUNNING_STATS_MARKER) if batch \
+            else NO_RUNNING_STATS_MARKER
         h = ax.scatter(g[x], g["acc_eval_mode"], s=42 if batch else 38, color=color, edgecolor="white",
-                       linewidth=0.6, zorder=3, marker=RUNNING_STATS_MARKER if batch else NO_RUNNING_STATS_MARKER)
+                       linewidth=0.6, zorder=3, marker=marker)
         handles.append(h)
         labels.append(d.label(row) + ("" if batch else ": no running statistics"))
         spec = ROWS.get(row)
@@ -221,9 +250,14 @@ def _accuracy_scatter(d: Data, x: str, published_attr: str, xlabel: str, log: bo
                 Line2D([], [], ls="", marker=NO_RUNNING_STATS_MARKER, color="0.3", markersize=6),
                 Line2D([], [], ls="", marker="o", markerfacecolor="none", markeredgecolor="0.3",
                        markersize=9, markeredgewidth=1.6)]
-    labels += ["one run, BatchNorm (filled circle)",
+    labels += ["one run, BatchNorm (filled circle)" if not d.mixed else
+               f"one run, {network_label('convnet')}, BatchNorm (filled circle)",
                "one run, no running statistics: GroupNorm or\nLayerNorm, nothing to go stale (filled square)",
                "published row mean (hollow)"]
+    if any(d.arch(row) == "resnet20" for row in d.rows):  # same colours as the study's rows: another marker
+        handles.insert(-2, Line2D([], [], ls="", marker=RESNET_MARKER, color="0.3", markersize=7))
+        labels.insert(-2, f"one run, {network_label('resnet20')}, BatchNorm (filled triangle;\nthe colour of the "
+                          "study's row with its optimizer)")
     ax.legend(handles, labels, loc="center left", bbox_to_anchor=(1.01, 0.5))
     footnote(fig, d, f"{runs_text(d.per_run)}: one point per run; accuracy: mean of each run's checks.")
     return fig
@@ -419,16 +453,19 @@ def fig_single_layer(d: Data) -> tuple[plt.Figure, str]:
     if wide.empty:
         raise Skip(f"no failing check (evaluation-mode accuracy below {FAIL_BELOW:.0%} with the stored "
                    "statistics at an intervention step) in these runs")
-    layers = sorted(c for c in wide.columns if c not in ("step", "stored", "reestimated", "k_needed", "channels",
-                                                         "row", "seed"))
-    columns = ["stored", *layers, "reestimated"]
-    order = ["stored"] + [f"{name} fresh" for name in layers] + ["all fresh"]
+    all_layers = sorted(c for c in wide.columns if c not in ("step", "stored", "reestimated", "k_needed", "channels",
+                                                             "row", "seed"))
     lift = article.MIDDLE_LIFT[0]  # the lowest accuracy the article reports with the middle layer alone fresh
     lift_text = cell(lift.value, "pct", digits=0)
     rows = [r for r in d.rows if (wide["row"] == r).any()]
-    fig, axes = _facets(len(rows), size=(3.6, 3.0))
+    layers_of = {row: [la for la in all_layers if wide.loc[wide["row"] == row, la].notna().any()] for row in rows}
+    same = len({tuple(v) for v in layers_of.values()}) == 1  # one network: one set of layers, shared x axes
+    fig, axes = _facets(len(rows), size=(3.6, 3.0) if same else (5.2, 3.2), sharex=same)
     counts = []
     for ax, row in zip(axes, rows):
+        layers = layers_of[row]
+        columns = ["stored", *layers, "reestimated"]
+        order = ["stored"] + [f"{depth.short_name(name)} fresh" for name in layers] + ["all fresh"]
         g = wide.loc[wide["row"] == row, columns]
         counts.append(f"{row} {len(g)}")
         for _, line in g.iterrows():
@@ -439,7 +476,8 @@ def fig_single_layer(d: Data) -> tuple[plt.Figure, str]:
         if f"{metrics.MIDDLE_NORM} fresh" in order:  # the article's figure belongs to the middle layer's column only
             x = order.index(f"{metrics.MIDDLE_NORM} fresh")
             ax.hlines(lift.value, x - 0.45, x + 0.45, color="0.3", ls="--", lw=1.2, zorder=3)
-        ax.set_xticks(range(len(order)), order, rotation=35, ha="right")
+        ax.set_xticks(range(len(order)), order, rotation=35 if same else 90, ha="right" if same else "center",
+                      fontsize=None if len(order) < 10 else "xx-small")
         ax.set_ylim(0, 1.04)
         _pct(ax)
         ax.set_title(_wrap(d.label(row), 34) + f"\n{len(g)} failing check{'s' * (len(g) != 1)}")
@@ -469,12 +507,18 @@ def fig_top_k(d: Data) -> tuple[plt.Figure, str]:
         raise Skip(f"no failing check (evaluation-mode accuracy below {FAIL_BELOW:.0%}) in these runs")
     top = iv[iv["intervention"] == "top_k"]
     rows = [r for r in d.rows if (top["row"] == r).any()]
-    total = int(top["k"].max())
+    totals = {row: int(top.loc[top["row"] == row, "k"].max()) for row in rows}  # all channels of the row's network
+    total = max(totals.values())
+    one_total = len(set(totals.values())) == 1
+    networks = {d.arch(r): totals[r] for r in rows}
+    all_k = f"k = {total}" if one_total else "k = all channels of the row's network (" + ", ".join(
+        f"{network_label(a)}: {k}" for a, k in networks.items()) + ")"
     threshold = interventions.RECOVERY_THRESHOLD
     k_needed = metrics.failing_checks(d.runs, FAIL_BELOW)  # the smallest grid k reaching it, per failing check
-    fig, axes = _facets(len(rows), size=(3.9, 2.8))
+    fig, axes = _facets(len(rows), size=(3.9, 2.8), sharex=one_total)
     counts = []
     for ax, row in zip(axes, rows):  # one panel per row: its failing checks, thin, and their median
+        n_all = totals[row]
         g = top[top["row"] == row]
         checks = g.groupby(["seed", "step"])
         counts.append(f"{row} {checks.ngroups}")
@@ -488,15 +532,17 @@ def fig_top_k(d: Data) -> tuple[plt.Figure, str]:
         reach = (f"; k to {threshold:.0%}: {needed.median():g}" if len(needed) else f"; none reaches {threshold:.0%}") \
             + (f" ({needed.min():g}–{needed.max():g})" if needed.nunique() > 1 else "")
         ax.set_xscale("symlog", base=2, linthresh=1)
-        ax.xaxis.set_major_locator(matplotlib.ticker.FixedLocator([0, 1, 4, 16, 64, total]))
+        ax.xaxis.set_major_locator(matplotlib.ticker.FixedLocator([t for t in (0, 1, 4, 16, 64) if 2 * t <= n_all]
+                                                                  + [n_all]))
         ax.xaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}"))
         ax.xaxis.set_minor_locator(matplotlib.ticker.NullLocator())
-        ax.set_xlim(0, total * 1.1)
+        ax.set_xlim(0, n_all * 1.1)
         ax.set_ylim(0, 1.04)
         _pct(ax)
         ax.set_title(_wrap(d.label(row), 34) + f"\n{checks.ngroups} failing check{'s' * (checks.ngroups != 1)}"
-                     + reach)
-    _outer_labels(axes, f"channels given fresh statistics, k\n(largest |lag| first, of {total})",
+                     + reach + ("" if one_total else f"; of {n_all}"))
+    _outer_labels(axes, f"channels given fresh statistics, k\n(largest |lag| first, of {total})" if one_total else
+                  "channels given fresh statistics, k\n(largest |lag| first; the right end: all)",
                   "evaluation-mode accuracy")
     from matplotlib.lines import Line2D
     key = [(Line2D([], [], color="0.45", lw=0.8, alpha=0.5), "one failing check (seed × step), in the row's colour"),
@@ -506,15 +552,16 @@ def fig_top_k(d: Data) -> tuple[plt.Figure, str]:
     fig.legend(*zip(*key), loc="lower center", bbox_to_anchor=(0.5, 1.0), ncol=3)
     footnote(fig, d, f"{runs_text(d.per_run[d.per_run['row'].isin(rows)])}; "
                      f"{top.groupby(['row', 'seed', 'step']).ngroups} failing checks in all (below {FAIL_BELOW:.0%} "
-                     "with the stored statistics, at an intervention step); k = 0: stored statistics, "
-                     f"k = {total}: all re-estimated.")
+                     f"with the stored statistics, at an intervention step); k = 0: stored statistics, {all_k}: "
+                     "all re-estimated.")
     return fig, (f"Evaluation-mode accuracy against the number k of channels given fresh statistics, channels "
-                 f"ranked by |running-mean lag| across all BatchNorm layers (k = 0: stored statistics; k = {total}: "
+                 f"ranked by |running-mean lag| across all BatchNorm layers (k = 0: stored statistics; {all_k}: "
                  f"all re-estimated), at the failing checks (below {FAIL_BELOW:.0%} with stored statistics), one "
                  f"panel per row: thin lines, each failing check; thick line, their median; dotted, "
                  f"{threshold:.0%}; in each title, the median (and range) over the row's failing checks of the "
-                 "smallest k on the grid 0, 1, 2, 4, ... that reaches it. Failing checks per row: {', '.join(counts)}. An open question of the article: how few "
-                 "channels carry the damage.")
+                 "smallest k on the grid 0, 1, 2, 4, ... that reaches it. Failing checks per row: "
+                 f"{', '.join(counts)}. "
+                 "An open question of the article: how few channels carry the damage.")
 
 
 # ----------------------------------------------------------------------------- 8: drift per channel
@@ -524,6 +571,7 @@ def fig_drift(d: Data) -> tuple[plt.Figure, str]:
     if ch.empty:
         raise Skip("no drift logged in the middle layer inside the check window")
     rows = [r for r in d.rows if (ch["row"] == r).any()]
+    ch = ch.assign(label=ch["row"].map(d.label))  # the label the order below uses (with its network, if mixed)
     fig, ax = plt.subplots(figsize=(7.6, 0.55 * len(rows) + 1.6))
     with warnings.catch_warnings():  # seaborn 0.13.2 passes matplotlib 3.11's deprecated `vert`
         warnings.simplefilter("ignore", matplotlib.MatplotlibDeprecationWarning)
@@ -598,6 +646,163 @@ def fig_averaging(d: Data) -> tuple[plt.Figure, str]:
                  f"averaging.md (make table).")
 
 
+# ----------------------------------------------------------------------------- 10: lag against depth (ResNet-20)
+def fig_lag_by_depth(d: Data) -> tuple[plt.Figure, str]:
+    rows = [r for r in d.rows if d.arch(r) == "resnet20"]
+    runs = {row: [r for r in d.runs if r.row == row] for row in rows}
+    per_seed = {row: [depth.layer_profile(r) for r in runs[row]] for row in rows}
+    rows = [row for row in rows if any(len(p) for p in per_seed[row])]
+    if not rows:
+        raise Skip(f"no {network_label('resnet20')} run with a logged lag (rows resnet20_*): the study's network has "
+                   "only three BatchNorm layers")
+    fig, axes = plt.subplots(1, 2, figsize=(11.5, 4.4), sharey=True)
+    columns = (("median_abs_lag_sigma", "median |lag| over the layer's (step, channel) pairs"),
+               ("worst_abs_lag_sigma", "worst channel: largest |lag| over the same pairs"))
+    names = []
+    for ax, (column, title) in zip(axes, columns):
+        for row in rows:
+            profile = depth.row_profile(runs[row])
+            names = names if len(names) >= len(profile) else list(profile["norm_layer"].where(
+                profile["norm_layer"] != "", profile["layer"]))
+            seeds = pd.concat([p.assign(seed=i) for i, p in enumerate(per_seed[row]) if len(p)])
+            band = seeds.groupby("depth")[column].agg(["min", "max"])
+            ax.fill_between(band.index, band["min"], band["max"], color=d.palette[row], alpha=0.15, lw=0)
+            rho = depth.depth_rho(profile)
+            ax.plot(profile["depth"], profile[column], color=d.palette[row], lw=1.6, marker="^", markersize=4,
+                    label=f"{d.label(row)} (ρ of the median with depth {cell(rho, 'rho')})")
+        ax.set_yscale("log")
+        ax.set_title(title)
+        ax.set_xticks(range(len(names)), [depth.short_name(n) for n in names], rotation=90, fontsize="x-small")
+        for i in range(1, len(names)):  # stage boundaries: the stem, then layer1, layer2, layer3
+            if names[i].split(".")[0] != names[i - 1].split(".")[0]:
+                ax.axvline(i - 0.5, color="0.6", lw=0.8, ls=":")
+        ax.set_xlabel("BatchNorm layer, in forward order (depth 0: the stem)")
+    axes[0].set_ylabel("|running-mean lag| (σ, log scale)")
+    fig.tight_layout()
+    fig.legend(*axes[0].get_legend_handles_labels(), loc="lower center", bbox_to_anchor=(0.5, 1.0), ncol=2)
+    pairs = pd.concat([p for row in rows for p in per_seed[row]])["n"]
+    text = (f"{runs_text(d.per_run[d.per_run['row'].isin(rows)])}; {len(names)} BatchNorm layers per run; "
+            f"{span(pairs)} (step, channel) pairs per layer and run, in the check window. Line: mean over seeds of "
+            "each run's value per layer; band: lowest to highest seed.")
+    footnote(fig, d, text)
+    return fig, (f"Running-mean lag against depth in {network_label('resnet20')}: per BatchNorm layer, in the "
+                 "forward order the runner logs the layers in (the two projection shortcuts' norm layers, "
+                 "`…sc`, after their block's second conv), the median |running mean − fresh mean| / fresh std over "
+                 "the layer's (step, channel) pairs in the check window (left) and the largest (right), per row "
+                 f"({text.rstrip('.')}). Dotted: stage boundaries. In the key, Spearman's ρ of each row's profile "
+                 "with depth; "
+                 "estimation shift (Huang et al., CVPR 2022) predicts the lag to grow with depth "
+                 "(`resnet_lag_grows_with_depth` tests it on the Adam row).")
+
+
+# ----------------------------------------------------------------------------- 11: cosine decay, mid-run
+def fig_cosine_mid_run(d: Data) -> tuple[plt.Figure, str]:
+    rows = [r for r in d.rows if r in ROWS and ROWS[r].schedule == "cosine"]
+    if not rows:
+        raise Skip("no runs of a cosine-decay row (adam_cosine, resnet20_adam_cosine)")
+    frames = [midrun.over_checks(r).assign(row=r.row, seed=r.seed) for r in d.runs if r.row in rows]
+    checks = pd.concat(frames, ignore_index=True)
+    fig, axes = plt.subplots(1, 2, figsize=(11.0, 4.0))
+    panels = (("acc_eval_mode", "evaluation-mode accuracy"),
+              ("median_abs_lag_sigma", "median |running-mean lag| over every\nBatchNorm channel (σ, log scale)"))
+    for ax, (column, ylabel) in zip(axes, panels):
+        for row in rows:
+            g = checks[checks["row"] == row]
+            marker, ls = network_style(d, row)
+            ax.scatter(g["lr"], g[column], color=d.palette[row], marker=marker, s=10, alpha=0.35, lw=0)
+            mean = g.groupby("step")[[column, "lr"]].mean()
+            ax.plot(mean["lr"], mean[column], color=d.palette[row], ls=ls, lw=1.6, label=d.label(row))
+            split = float(g.groupby("seed")["lr"].median().mean())
+            ax.axvline(split, color=d.palette[row], ls=ls, lw=0.8, alpha=0.6)
+        ax.invert_xaxis()  # the rate decays: the run goes from left to right
+        ax.set_xlabel("learning rate at the check (decays left to right)")
+        ax.set_ylabel(ylabel)
+        ax.xaxis.get_offset_text().set_fontsize("x-small")
+    axes[0].set_ylim(0, 1.04)
+    _pct(axes[0])
+    axes[0].axhline(FAIL_BELOW, color="0.3", ls=":", lw=1)
+    if checks["median_abs_lag_sigma"].gt(0).any():
+        axes[1].set_yscale("log")
+    from matplotlib.lines import Line2D
+    handles, labels = axes[0].get_legend_handles_labels()
+    styles = {d.arch(r) for r in rows}
+    for arch in NETWORK_STYLE:
+        if arch in styles:
+            marker, ls = NETWORK_STYLE[arch]
+            handles.append(Line2D([], [], color="0.3", ls=ls, marker=marker, markersize=5))
+            labels.append(f"{network_label(arch)}: {'triangles, dashed' if arch == 'resnet20' else 'circles, solid'} "
+                          "(one point per check and seed; line: mean over seeds)")
+    handles.append(Line2D([], [], color="0.3", lw=0.8))
+    labels.append("thin vertical: the median rate of the window, which splits high- from low-rate checks")
+    fig.tight_layout()
+    fig.legend(handles, labels, loc="lower center", bbox_to_anchor=(0.5, 1.0), ncol=1)
+    per_run = checks.groupby(["row", "seed"]).size()
+    text = (f"{runs_text(d.per_run[d.per_run['row'].isin(rows)])}; {span(per_run)} checks per run, "
+            f"{len(checks):,} in all.")
+    footnote(fig, d, text)
+    return fig, ("Checkpoints under cosine decay to 0, against the learning rate at each check of the window: "
+                 "evaluation-mode accuracy (left; dotted: 90%) and the median |running-mean lag| over every "
+                 f"BatchNorm channel of the network at that check (right), per cosine row ({text.rstrip('.')}). "
+                 "The same colour "
+                 "for both networks' cosine rows: the study's ConvNet in circles and solid lines, ResNet-20 in "
+                 "triangles and dashed lines. The article expects the failures of a decaying schedule to fall on "
+                 "checkpoints taken while the rate is still high (`resnet_cosine_high_rate_checks_exposed`).")
+
+
+# ----------------------------------------------------------------------------- 12: top-k, both networks
+def fig_top_k_networks(d: Data) -> tuple[plt.Figure, str]:
+    iv = failing_lines(d)
+    top = iv[iv["intervention"] == "top_k"] if len(iv) else iv
+    rows = [r for r in d.rows if len(top) and (top["row"] == r).any()]
+    archs = list(dict.fromkeys(d.arch(r) for r in rows))
+    if "resnet20" not in archs:
+        raise Skip(f"no failing check in a {network_label('resnet20')} run: nothing to set beside the study's network")
+    fig, axes = plt.subplots(1, len(archs), figsize=(5.4 * len(archs), 3.9), sharey=True, squeeze=False)
+    threshold = interventions.RECOVERY_THRESHOLD
+    counts = []
+    for ax, arch in zip(axes[0], archs):
+        totals = []
+        for row in [r for r in rows if d.arch(r) == arch]:
+            g = top[(top["row"] == row) & (top["k"] > 0)]
+            total = int(g["k"].max())
+            totals.append(total)
+            marker, ls = network_style(d, row)
+            for _, c in g.groupby(["seed", "step"]):
+                c = c.sort_values("k")
+                ax.plot(c["k"] / total, c["acc_eval_mode"], color=d.palette[row], lw=0.7, alpha=0.2, ls=ls)
+            median = g.groupby("k")["acc_eval_mode"].median()
+            n = g.groupby(["seed", "step"]).ngroups
+            counts.append(f"{row} {n}")
+            ax.plot(median.index / total, median.to_numpy(), color=d.palette[row], lw=2.0, ls=ls, marker=marker,
+                    markersize=4, label=f"{d.label(row)}: {n} failing check{'s' * (n != 1)}")
+        ax.set_xscale("log")
+        ax.xaxis.set_major_formatter(matplotlib.ticker.PercentFormatter(1.0, decimals=1))
+        ax.axhline(threshold, color="0.3", ls=":", lw=1)
+        ax.set_ylim(0, 1.04)
+        _pct(ax)
+        ax.set_title(f"{network_label(arch)}: {' / '.join(map(str, sorted(set(totals))))} channels")
+        ax.set_xlabel("share of all channels given fresh statistics\n(largest |lag| first; log scale)")
+    axes[0][0].set_ylabel("evaluation-mode accuracy")
+    fig.tight_layout()
+    from matplotlib.lines import Line2D
+    handles = [h for ax in axes[0] for h in ax.get_legend_handles_labels()[0]]
+    labels = [label for ax in axes[0] for label in ax.get_legend_handles_labels()[1]]
+    fig.legend(handles + [Line2D([], [], color="0.3", ls=":", lw=1)],
+               labels + [f"{threshold:.0%}, the recovery threshold"], loc="lower center", bbox_to_anchor=(0.5, 1.0),
+               ncol=2 if len(labels) > 3 else 1, fontsize="small")
+    text = (f"{runs_text(d.per_run[d.per_run['row'].isin(rows)])}; "
+            f"{top.groupby(['row', 'seed', 'step']).ngroups} failing checks in all (below {FAIL_BELOW:.0%} with the "
+            "stored statistics, at an intervention step): " + ", ".join(counts) + ".")
+    footnote(fig, d, text)
+    return fig, ("How many channels carry the damage, in both networks side by side: evaluation-mode accuracy at "
+                 "the failing checks against the share of all BatchNorm channels given fresh statistics, channels "
+                 "ranked by |running-mean lag| across the network (k = 1, 2, 4, … and all, as a share of the "
+                 "network's channels; k = 0, the stored statistics, is left off the log axis). Thin lines: each "
+                 f"failing check; thick: their median per row; dotted: {threshold:.0%}. The study's ConvNet in "
+                 f"circles and solid lines, ResNet-20 in triangles and dashed lines, in the colour of the row's "
+                 f"optimizer ({text.rstrip('.')}). `resnet_top_k_channel_share` gives the shares.")
+
+
 FIGURES: tuple[tuple[str, str, Callable[[Data], tuple[plt.Figure, str]]], ...] = (
     ("01_accuracy_vs_rotation", "Evaluation-mode accuracy against rotation", fig_accuracy_vs_rotation),
     ("02_accuracy_vs_norm_growth", "Evaluation-mode accuracy against norm growth", fig_accuracy_vs_norm_growth),
@@ -611,6 +816,11 @@ FIGURES: tuple[tuple[str, str, Callable[[Data], tuple[plt.Figure, str]]], ...] =
     ("07_top_k_channels", "Accuracy against the number of top-lag channels given fresh statistics", fig_top_k),
     ("08_drift_per_channel", "Drift per channel of the middle layer", fig_drift),
     ("09_averaging", "Weight averaging (EMA, tail average) and BatchNorm statistics policies", fig_averaging),
+    ("10_lag_by_depth", "ResNet-20: running-mean lag against depth, per BatchNorm layer", fig_lag_by_depth),
+    ("11_cosine_mid_run", "Cosine decay: accuracy and lag against the learning rate at each check",
+     fig_cosine_mid_run),
+    ("12_top_k_both_networks", "How many channels carry the damage, both networks side by side",
+     fig_top_k_networks),
 )
 
 

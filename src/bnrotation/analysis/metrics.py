@@ -35,6 +35,14 @@ def last_conv(run: Run) -> str:
     return layers[-1] if layers else LAST_CONV
 
 
+def last_conv_fan_in(run: Run) -> int:
+    """Coordinates per output channel of :func:`last_conv` (C_in × 3 × 3), from ``model.channels``: conv3 of the
+    study's network reads the second block's channels, ResNet-20's last conv (3×3, inside the third stage) the
+    third stage's."""
+    channels = run.config["model"]["channels"]
+    return int(channels[2] if run.arch == "resnet20" else channels[1]) * 9
+
+
 def check_window(run: Run) -> tuple[int, int]:
     """(first, last) step of the check window, from the run's own config."""
     scale = run.config["scale"]

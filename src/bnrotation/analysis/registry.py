@@ -18,7 +18,7 @@ import numpy as np
 
 from .. import article as A
 from ..rows import ROWS
-from . import lag, metrics
+from . import carryover, lag, metrics
 from .claim_kinds import (Z, Above, Below, MatchesPublished, Outcome, RankOrder, RecoveryShare, above, bespoke, said,
                           table_figure)
 from .evidence import Evidence, middle_lag_at_failing
@@ -33,6 +33,7 @@ MODEL_FACTOR = 2.0  # a priori tolerance for claims about a model, not a mean (l
 TRAIN_MODE_FLOOR = 0.99  # no single training-mode check below 99%
 CHANCE_MARGIN = 0.05  # "dips to chance": the lowest check within 5 points of the article's 10%
 MATCH_MARGIN = 0.01  # "matches SGD": not below it by more than 1 point (or 2 standard errors, if larger)
+STUDY_ARCH = "convnet"  # the article's claims are about its network only (RowSpec.arch)
 
 
 def quoted(row: str, column: str, unit: str, digits: int | None = None) -> str:
@@ -41,8 +42,9 @@ def quoted(row: str, column: str, unit: str, digits: int | None = None) -> str:
 
 
 def bn_rows(runs: list[Run]) -> list[str]:
-    """The rows of ``runs`` with BatchNorm (rows not in the registry count as BatchNorm)."""
-    return [r.row for r in runs if ROWS.get(r.row) is None or ROWS[r.row].norm == "batch"]
+    """The rows of ``runs`` that trained the study's network with BatchNorm (rows not in the registry count as
+    BatchNorm). Other networks' rows (ResNet-20) have checks of their own (:mod:`.carryover`)."""
+    return [r.row for r in runs if r.arch == STUDY_ARCH and (ROWS.get(r.row) is None or ROWS[r.row].norm == "batch")]
 
 
 # ----------------------------------------------------------------------------- bespoke checks
@@ -96,9 +98,9 @@ def evaluation_mode_falls_below_training_mode(ev: Evidence) -> Outcome:
 @bespoke("The raw gradient's cosine with the weights is zero to four decimal places (scale invariance).",
          said(A.GRADIENT_COSINE, "plain"))
 def gradient_cosine_is_zero(ev: Evidence) -> Outcome:
-    if ev.per_run.empty:
+    bn = ev.per_run[ev.per_run["row"].isin(bn_rows(ev.runs))] if len(ev.per_run) else ev.per_run
+    if bn.empty:
         return Outcome("no runs", "–", None)
-    bn = ev.per_run[ev.per_run["row"].isin(bn_rows(ev.runs))]
     worst = bn.loc[bn["grad_cos_max_abs"].idxmax()]
     rounds_to_zero = half_unit(A.GRADIENT_COSINE.decimals)
     run = next(r for r in ev.runs if r.row == worst["row"] and r.seed == worst["seed"])
@@ -182,7 +184,7 @@ def stale_middle_channel_at_failing_check(ev: Evidence) -> Outcome:
 @bespoke(f"Re-estimating the statistics brought every final checkpoint back to {said(A.REESTIMATED, 'pct')}.",
          f"{said(A.REESTIMATED, 'pct')} for every run")
 def reestimation_restores_every_final_checkpoint(ev: Evidence) -> Outcome:
-    finals = ev.per_run.dropna(subset=["acc_reestimated_final"])
+    finals = ev.per_run[ev.per_run["arch"] == STUDY_ARCH].dropna(subset=["acc_reestimated_final"])
     if finals.empty:
         return Outcome("no re-estimation results", "–", None)
     worst = finals.loc[finals["acc_reestimated_final"].idxmin()]
@@ -316,6 +318,8 @@ CLAIMS = (
                   f"{quoted(COS, ACC, 'pct', 0)}.", COS, lost=ADAM, reference=SGD),
     small_learning_rate_matches_sgd,
     adamw_between_adam_and_sgd,
+    # Does it carry over? ResNet-20 (claims.md lists these under their own heading; analysis/carryover.py)
+    *carryover.CHECKS,
 )
 
 # The article's table, cell by cell: every published cell against the measured row mean.

@@ -12,7 +12,7 @@ from .. import records
 from ..article import FAIL_BELOW
 from ..rows import PUBLISHED_SEEDS, row_order
 from . import metrics, theory
-from .claim_kinds import ALPHA, FAIL, NOT_RUN, PASS, Z, Check
+from .claim_kinds import ALPHA, ARTICLE, FAIL, MEASURED, NOT_RUN, PASS, RESNET, Z, Check
 from .evidence import Evidence
 from .findings import findings
 from .results import count, scale_note
@@ -24,9 +24,14 @@ def md_cell(text: str) -> str:
     return str(text).replace("|", "\\|")
 
 
+def label(c: Check) -> str:
+    """A check's name as headings and summaries show it, marked when it is exploratory (no verdict)."""
+    return f"`{c.name}`" + (" *(exploratory)*" if c.exploratory else "")
+
+
 def check_block(c: Check) -> list[str]:
     """One check as a section: verdict, claim, published, measured, tolerance and note."""
-    return [f"### `{c.name}`: {c.verdict}\n", f"{c.claim}\n", f"- Published: {c.published}",
+    return [f"### {label(c)}: {c.verdict}\n", f"{c.claim}\n", f"- Published: {c.published}",
             f"- Measured: {c.measured}", f"- Tolerance: {c.tolerance}"] + ([f"- Note: {c.note}"] if c.note else []) \
         + [""]
 
@@ -38,25 +43,50 @@ def theory_lines(ev: Evidence) -> list[str]:
              "|---|---|---:|---:|---:|---:|---:|"]
     for row in sorted(ev.per_run["row"].unique(), key=row_order):
         run = ev.runs_of(row)[0]
-        fan_in = int(run.config["model"]["channels"][1]) * 9
+        fan_in = metrics.last_conv_fan_in(run)
+        last = metrics.last_conv(run)
         pred = theory.predict(run.config["optimizer"], fan_in=fan_in)
         measured = ev.stat(row, "rotation_per_100_deg").describe("deg")
         if not pred.applies:
             lines.append(f"| `{row}` | none: {pred.reason} | – | – | – | {measured} | – |")
             continue
-        norms = [float(r.tables["channels"].query(f"layer == '{metrics.LAST_CONV}'").pipe(
+        norms = [float(r.tables["channels"].query(f"layer == '{last}'").pipe(
             lambda c: c[c["step"] == c["step"].max()])["weight_norm"].median()) for r in ev.runs_of(row)]
         lines.append(f"| `{row}` | {pred.formula} ({pred.source}); equilibrium after ~1/(2ηλ) = "
                      f"{pred.equilibrium_steps:,.0f} steps | {pred.per_step_rad:.2e} rad "
                      f"({pred.per_step_rad * theory.RAD_TO_DEG:.3f}°) | {pred.net_deg_per_100:.2f}° | "
                      f"{pred.path_deg_per_100:.1f}° | {measured} | {pred.equilibrium_norm:.2f} / "
-                     f"{float(np.mean(norms)):.2f} ({metrics.LAST_CONV}, median channel) |")
+                     f"{float(np.mean(norms)):.2f} ({last}, median channel) |")
     return lines
 
 
+def carryover_lines(checks: list[Check]) -> list[str]:
+    """The section "Does it carry over? ResNet-20": what the checks are, then each (``checks``: the
+    :data:`.claim_kinds.RESNET` ones)."""
+    out = ["## Does it carry over? ResNet-20\n",
+           "The study ran one small network. These checks ask whether its mechanism carries over to a residual "
+           "network, ResNet-20 (16×16 images, the study's protocol otherwise; rows `resnet20_*`). Each tolerance was "
+           "fixed before the ResNet-20 runs existed, and each check gives its reason; an *exploratory* check measures "
+           "without one (MEASURED, no PASS or FAIL). Where the study's network has the same measurement it is shown "
+           "beside, without a verdict: its runs existed before these rules. NOT RUN: the rows' runs are missing.\n"]
+    for c in checks:
+        out += check_block(c)
+    return out
+
+
+def summary_line(checks: list[Check]) -> str:
+    """``'**3 PASS, 1 FAIL, 2 NOT RUN**'``, with ``', 2 exploratory (MEASURED, no verdict)'`` when any are."""
+    counts = {v: sum(c.verdict == v for c in checks) for v in (PASS, FAIL, NOT_RUN, MEASURED)}
+    return (f"**{counts[PASS]} PASS, {counts[FAIL]} FAIL, {counts[NOT_RUN]} NOT RUN**"
+            + (f", {counts[MEASURED]} exploratory (MEASURED, no verdict)" if counts[MEASURED] else ""))
+
+
 def to_markdown(ev: Evidence, checks: list[Check], cells: list[tuple[str, str, Check]]) -> str:
-    """The whole of ``claims.md``: ``checks`` (named claims) and ``cells`` ((row, column title, check) of the
-    article's table) as weighed on ``ev``."""
+    """The whole of ``claims.md``: ``checks`` (named claims: the article's, then those of the section "Does it
+    carry over? ResNet-20") and ``cells`` ((row, column title, check) of the article's table) as weighed on
+    ``ev``."""
+    resnet = [c for c in checks if c.section == RESNET]
+    checks = [c for c in checks if c.section == ARTICLE]
     counts = {v: sum(c.verdict == v for c in checks) for v in (PASS, FAIL, NOT_RUN)}
     cell_counts = {v: sum(c.verdict == v for _, _, c in cells) for v in (PASS, FAIL, NOT_RUN)}
     seeds = ev.per_run.groupby("row")["seed"].apply(lambda s: ",".join(map(str, sorted(s))))
@@ -72,7 +102,10 @@ def to_markdown(ev: Evidence, checks: list[Check], cells: list[tuple[str, str, C
            f"accuracy with the stored statistics is below {cell(FAIL_BELOW, 'pct', digits=0)}. Per-channel "
            "quantities are medians over the layer's channels at each logged step, averaged over the steps in the "
            f"window; the middle layer is {metrics.MIDDLE_CONV} (→ {metrics.MIDDLE_NORM}); cosines are of the last "
-           f"conv layer ({metrics.LAST_CONV}), the layer the table's rotation and norm columns use.\n",
+           f"conv layer ({metrics.LAST_CONV}), the layer the table's rotation and norm columns use."
+           + (" The article's claims are weighed on the study's network only; the ResNet-20 runs have a section of "
+              "their own, at the end, and their rotation and norm are those of their last conv layer "
+              "(layer3.2.conv2)." if any(r.arch == "resnet20" for r in ev.runs) else "") + "\n",
            f"**Tolerances.** A measured mean matches a published one (a mean of {PUBLISHED_SEEDS} seeds) when they "
            f"differ by at most {Z:g} · s · √(1/n + 1/{PUBLISHED_SEEDS}): two standard errors of the difference of "
            "two means, the measured seed spread s standing in for the article's, never tighter than the rounding of "
@@ -86,6 +119,10 @@ def to_markdown(ev: Evidence, checks: list[Check], cells: list[tuple[str, str, C
            f"Table cells: {cell_counts[PASS]} PASS, {cell_counts[FAIL]} FAIL, {cell_counts[NOT_RUN]} NOT RUN.\n",
            "| Check | Verdict | Published | Measured |", "|---|---|---|---|"]
     out += [f"| `{c.name}` | {c.verdict} | {md_cell(c.published)} | {md_cell(c.measured)} |" for c in checks]
+    if resnet:
+        out += ["", f"Does it carry over? ResNet-20 (its own section, at the end): {summary_line(resnet)}.\n",
+                "| Check | Verdict | Measured |", "|---|---|---|"]
+        out += [f"| {label(c)} | {c.verdict} | {md_cell(c.measured)} |" for c in resnet]
     out += ["", "## Checks\n"]
     for c in checks:
         out += check_block(c)
@@ -105,4 +142,6 @@ def to_markdown(ev: Evidence, checks: list[Check], cells: list[tuple[str, str, C
             "β = 0.9 (`theory.random_walk_factor`). Rows without weight decay (SGD and every Adam row but AdamW) "
             "have no equilibrium and no prediction.\n", *theory_lines(ev), "",
             "## Findings on the article's open questions\n", *findings(ev)]
+    if resnet:
+        out += carryover_lines(resnet)
     return "\n".join(out) + "\n"

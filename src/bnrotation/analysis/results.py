@@ -52,6 +52,16 @@ class Run:
         return int(self.info["seed"])
 
     @property
+    def arch(self) -> str:
+        """The network the run trained: ``model.arch`` in its ``config.yaml`` (``convnet``, ``resnet20``); where
+        the config does not say (runs written before the suite had two networks), its row's, else ``convnet``."""
+        arch = (self.config.get("model") or {}).get("arch")
+        if arch:
+            return str(arch)
+        spec = ROWS.get(self.row)
+        return spec.arch if spec else "convnet"
+
+    @property
     def diverged(self) -> bool:
         return self.info.get("status") == "diverged"
 

@@ -26,7 +26,7 @@ import pandas as pd
 
 from .. import records
 from ..article import FAIL_BELOW
-from ..rows import ROWS, SEEDS, row_order
+from ..rows import ROWS, SEEDS, network_label, row_order
 from . import lag, metrics
 from .averaging import write_averaging
 from .results import (ALL_TABLES, Run, add_results_arguments, count, output_folder, output_problem, runs_for_command,
@@ -62,7 +62,8 @@ def run_metrics(run: Run) -> dict:
     """One run's value for every column."""
     below, n_checks = metrics.checks_below(run)
     return {
-        "row": run.row, "seed": run.seed, "diverged": run.diverged,
+        "row": run.row, "seed": run.seed, "diverged": run.diverged, "arch": run.arch,
+        "network": network_label(run.arch), "last_conv": metrics.last_conv(run),
         "rotation_per_100_deg": metrics.rotation_per_100_deg(run),
         "norm_growth": metrics.norm_growth(run),
         "acc_eval_mode": metrics.acc_eval_mode(run),
@@ -76,8 +77,10 @@ def run_metrics(run: Run) -> dict:
 
 def build_table(runs: list[Run], seeds_expected: int = len(SEEDS)) -> pd.DataFrame:
     """One line per row: ``<col>_mean``, ``<col>_std``, ``<col>_published`` for each column, plus
-    ``n_seeds``, ``seeds_expected``, ``seeds``, ``diverged``, ``diverged_seeds``, ``label``, ``scale`` (the
-    runs' scale name), ``wall_seconds_mean`` (mean wall time of a finished run, seconds), ``schema_version``.
+    ``n_seeds``, ``seeds_expected``, ``seeds``, ``diverged``, ``diverged_seeds``, ``label``, ``network`` (the
+    network in words, :func:`bnrotation.rows.network_label`) and ``arch`` (``model.arch``), ``last_conv`` (the
+    layer of the rotation and norm columns, :func:`.metrics.last_conv`), ``scale`` (the runs' scale name),
+    ``wall_seconds_mean`` (mean wall time of a finished run, seconds), ``schema_version``.
 
     Means and spreads are over the runs that finished; ``n_seeds`` and ``seeds``
     count those only, and runs that diverged are counted in ``diverged``
@@ -94,7 +97,8 @@ def build_table(runs: list[Run], seeds_expected: int = len(SEEDS)) -> pd.DataFra
         spec = ROWS.get(row)
         g = runs_of_row[~runs_of_row["diverged"].astype(bool)]  # finished runs only
         diverged = runs_of_row[runs_of_row["diverged"].astype(bool)]
-        line = {"row": row, "label": spec.label if spec else row, "n_seeds": len(g),
+        line = {"row": row, "label": spec.label if spec else row, "network": runs_of_row["network"].iloc[0],
+                "arch": runs_of_row["arch"].iloc[0], "last_conv": runs_of_row["last_conv"].iloc[0], "n_seeds": len(g),
                 "seeds_expected": seeds_expected, "seeds": ",".join(map(str, sorted(g["seed"]))),
                 "diverged": len(diverged), "diverged_seeds": ",".join(map(str, sorted(diverged["seed"]))),
                 "scale": runs_of_row["scale"].iloc[0],
@@ -114,16 +118,21 @@ def to_markdown(table: pd.DataFrame, root: Path, skipped: list[str] = (), scale:
     runs' scale, :func:`.results.scale_note`) in the header; ``skipped`` (bad runs left out with ``--skip-bad``)
     listed under it."""
     heads = [col.header for col in COLUMNS]
+    layers = "; ".join(f"`{layer}` in {network}" for network, layer in
+                       dict.fromkeys(zip(table["network"], table["last_conv"])) if isinstance(layer, str)) \
+        if len(table) else ""
     out = [f"# The rotation study's table, measured\n",
            f"Rebuilt by `make table` from the runs under `{root}` (schema version {records.SCHEMA_VERSION}). "
            "Each cell: mean over seeds ± sample standard deviation over seeds, and [the published figure]. "
            + (scale + " " if scale else "") +
+           (f"Rotation and norm growth are those of each run's last conv layer ({layers}); the published figures "
+            "are the study's network's only. " if layers else "") +
            "\"Checks below 90%\" pools every check of the row's runs, as the article does. "
            "Runs that diverged (non-finite loss) are counted under Diverged and left out of every mean. "
            "Minutes per run: mean wall time of the row's finished runs, as `run.json` records it (it depends on "
            "the machine and on what else ran beside it).\n",
-           "| Row | Seeds | " + " | ".join(heads) + " | Diverged | Minutes per run |",
-           "|---|---|" + "---:|" * len(heads) + "---:|---:|"]
+           "| Row | Network | Seeds | " + " | ".join(heads) + " | Diverged | Minutes per run |",
+           "|---|---|---|" + "---:|" * len(heads) + "---:|---:|"]
     for _, r in table.iterrows():
         seeds = f"{r['n_seeds']} of {r['seeds_expected']}" + (" (fewer seeds than asked)"
                                                                if r["n_seeds"] < r["seeds_expected"] else "")
@@ -137,7 +146,8 @@ def to_markdown(table: pd.DataFrame, root: Path, skipped: list[str] = (), scale:
         diverged = f"{r['diverged']} (seeds {r['diverged_seeds']})" if r["diverged"] else "0"
         wall = r.get("wall_seconds_mean", math.nan)
         minutes = "–" if wall is None or math.isnan(wall) else f"{wall / 60:.0f}"
-        out.append(f"| {r['label']} (`{r['row']}`) | {seeds} | " + " | ".join(cells) + f" | {diverged} | {minutes} |")
+        out.append(f"| {r['label']} (`{r['row']}`) | {r['network']} | {seeds} | " + " | ".join(cells)
+                   + f" | {diverged} | {minutes} |")
     if skipped:
         out += ["", f"Left out with --skip-bad ({len(skipped)}):", ""] + [f"- {p}" for p in skipped]
     return "\n".join(out) + "\n"
