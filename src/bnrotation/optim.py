@@ -87,14 +87,19 @@ class ProjectedAdam(torch.optim.Optimizer):
 
     @staticmethod
     def _adamp_projection(p: torch.Tensor, grad: torch.Tensor, perturb: torch.Tensor, delta: float,
-                          eps: float) -> tuple[torch.Tensor, bool]:
-        for rows in (p.shape[0], 1):  # channel view first, then the whole layer
+                          eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+        """AdamP's test and projection (Heo et al. 2021, Algorithm 1): the channel view first, else the whole
+        layer, else no projection. Both views are computed and chosen with ``torch.where``, so the decision
+        never synchronises with the device. Returns the update and a 0-dim bool tensor: projected or not."""
+        out, projected = perturb, torch.zeros((), dtype=torch.bool, device=p.device)
+        for rows in (1, p.shape[0]):  # the whole layer, then the channel view, which takes precedence
             w, g = p.reshape(rows, -1), grad.reshape(rows, -1)
             cos = torch.nn.functional.cosine_similarity(g, w, dim=1, eps=eps).abs()
-            if cos.max() < delta / math.sqrt(w.shape[1]):
-                flat = perturb.reshape(rows, -1)
-                return (flat - radial_coefficient(flat, w) * w).reshape(p.shape), True
-        return perturb, False
+            hit = cos.max() < delta / math.sqrt(w.shape[1])
+            flat = perturb.reshape(rows, -1)
+            out = torch.where(hit, (flat - radial_coefficient(flat, w) * w).reshape(p.shape), out)
+            projected = projected | hit
+        return out, projected
 
     @torch.no_grad()
     def step(self, closure=None):
@@ -134,7 +139,10 @@ class ProjectedAdam(torch.optim.Optimizer):
                         u = project_tangential(u, w)
                     else:  # adamp: the test and the projection on this member's weights alone
                         u, projected = self._adamp_projection(w, g, u, group["delta"], group["eps"])
-                        wd_scale = group["wd_ratio"] if projected else 1.0
+                        # a 0-dim float64 tensor acts as a Python float would: no host sync, the same rounding
+                        wd_scale = torch.where(projected, torch.tensor(group["wd_ratio"], dtype=torch.float64,
+                                                                       device=w.device),
+                                               torch.tensor(1.0, dtype=torch.float64, device=w.device))
                     if group["weight_decay"] > 0:
                         w.mul_(1 - group["lr"] * group["weight_decay"] * wd_scale)
                     w.add_(u, alpha=-step_size)
