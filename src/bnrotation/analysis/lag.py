@@ -24,7 +24,9 @@ The lag of a moving mean in closed form, for a steady drift, a random walk,
 both, and a walk whose steps are correlated: :func:`predicted_lag_steady`
 (which derives the weights every one of them rests on),
 :func:`predicted_lag_random_walk`, :func:`predicted_lag_combined`,
-:func:`predicted_lag_correlated_walk`.
+:func:`predicted_lag_correlated_walk`; :mod:`.dense` tests them on the fresh
+means of the dense windows, and ``lag.md`` ends with both sections
+(:func:`dense_markdown`).
 """
 
 from __future__ import annotations
@@ -290,7 +292,8 @@ def drift_markdown(scaling: pd.DataFrame) -> list[str]:
     return out
 
 
-def to_markdown(table: pd.DataFrame, without: list[str], root: Path, scaling: pd.DataFrame | None = None) -> str:
+def to_markdown(table: pd.DataFrame, without: list[str], root: Path, scaling: pd.DataFrame | None = None,
+                dense_sections: list[str] | None = None) -> str:
     """``results/lag.md``: one line per row and layer, ``mean ± spread`` in each cell."""
     out = ["# The lag formula, channel by channel\n",
            f"Rebuilt by `make table` from the runs under `{root}` (schema version {records.SCHEMA_VERSION}). "
@@ -312,12 +315,25 @@ def to_markdown(table: pd.DataFrame, without: list[str], root: Path, scaling: pd
         out.append("\nNo running statistics, so no lag to measure: " + ", ".join(f"`{w}`" for w in without) + ".")
     if scaling is not None:
         out += drift_markdown(scaling)
+    if dense_sections:
+        out += dense_sections
     return "\n".join(out) + "\n"
+
+
+def dense_markdown(runs: list[Run]) -> list[str]:
+    """The two sections of ``lag.md`` from the dense windows (:mod:`.dense`): drift at short intervals, and
+    the lag of a wandering mean against the steady-drift and random-walk models."""
+    from . import dense  # dense builds on this module's closed forms, so it is imported here, not at the top
+
+    return ["\n## Drift at short intervals, from the dense windows\n",
+            *dense.drift_markdown(*dense.dense_drift_table(runs)),
+            "\n## The lag of a wandering mean: steady drift or random walk\n",
+            *dense.models_markdown(dense.lag_model_table(runs))]
 
 
 def write_lag(runs: list[Run], out: Path, root: Path) -> str:
     """Write ``<out>/lag.md`` atomically and return its text."""
     table, without = lag_table(runs)
-    md = to_markdown(table, without, root, drift_scaling_table(runs))
+    md = to_markdown(table, without, root, drift_scaling_table(runs), dense_markdown(runs))
     records.atomic_write_text(Path(out) / "lag.md", md)
     return md
