@@ -37,8 +37,8 @@ from .. import article
 from ..article import Figure
 from ..rows import PUBLISHED_DECIMALS, PUBLISHED_ROWS, PUBLISHED_SEEDS, ROWS
 from .evidence import Evidence, recovery_share
-from .stats import (SeedStat, cell, decimals_shown, half_unit, rho_at_or_beyond, se_of_difference, spearman_critical,
-                    spearman_rho, spread)
+from .stats import (SeedStat, cell, decimals_shown, half_unit, rho_at_or_beyond, se_of_difference, seed_ranges,
+                    spearman_critical, spearman_rho, spread)
 from .table import COLUMNS as TABLE_COLUMNS
 
 PASS, FAIL, NOT_RUN = "PASS", "FAIL", "NOT RUN"
@@ -242,11 +242,12 @@ class RankOrder(Claim):
         runs = ev.per_run[ev.per_run["row"].isin(rows)]
         means = runs.groupby("row")[[self.column, "acc_eval_mode"]].mean()
         rho = spearman_rho(means[self.column], means["acc_eval_mode"])
-        per_seed = [spearman_rho(g[self.column], g["acc_eval_mode"]) for _, g in runs.groupby("seed")
-                    if g["row"].nunique() == len(rows)]
+        full = {seed: g for seed, g in runs.groupby("seed") if g["row"].nunique() == len(rows)}
+        per_seed = [spearman_rho(g[self.column], g["acc_eval_mode"]) for g in full.values()]
         crit = spearman_critical(len(rows), ALPHA)
-        seeds = f"; per seed {', '.join(cell(r, 'rho') for r in per_seed)}" if per_seed else ""
-        measured = f"rho = {cell(rho, 'rho')} over row means of {len(rows)} rows{seeds}"
+        seeds = (f"; per seed {', '.join(cell(r, 'rho') for r in per_seed)} (seeds {seed_ranges(full)}, those all "
+                 f"{len(rows)} rows ran)" if per_seed else "")
+        measured = f"rho = {cell(rho, 'rho')} over row means of {len(rows)} rows ({ev.seeds_per_row(rows)}){seeds}"
         ordered = rho_at_or_beyond(rho, -crit)
         level = cell(ALPHA, "pct", digits=0)
         if self.orders:

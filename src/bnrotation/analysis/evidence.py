@@ -10,14 +10,16 @@ claim the per-seed values of one row (:class:`.stats.SeedStat`).
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
 
+from ..rows import row_order
 from . import lag, metrics
-from .results import Run
-from .stats import SeedStat
+from .results import Run, count
+from .stats import SeedStat, seed_ranges
 from .table import run_metrics
 
 CONV_LAYERS = ("conv1", "conv2", "conv3")
@@ -45,6 +47,18 @@ class Evidence:
 
     def runs_of(self, row: str) -> list[Run]:
         return [r for r in self.runs if r.row == row]
+
+    def seeds_per_row(self, rows: Iterable[str] | None = None) -> str:
+        """n per row, in words, rows with the same seeds together: ``'n per row: 10 seeds (0–9) for `sgd`,
+        `adam`; 3 seeds (0–2) for `adamw`'`` (every row with runs, or those of ``rows`` that have runs)."""
+        have = self.per_run.groupby("row")["seed"].apply(lambda s: tuple(sorted(s)))
+        rows = [r for r in dict.fromkeys(have.index if rows is None else rows) if r in have.index]
+        groups: dict[tuple[int, ...], list[str]] = {}
+        for row in sorted(rows, key=row_order):
+            groups.setdefault(have[row], []).append(row)
+        parts = [f"{count(len(seeds), 'seed')} ({seed_ranges(seeds)}) for " + ", ".join(f"`{r}`" for r in group)
+                 for seeds, group in sorted(groups.items(), key=lambda kv: -len(kv[0]))]
+        return "n per row: " + "; ".join(parts) if parts else "no runs"
 
 
 def per_run_values(run: Run) -> dict:

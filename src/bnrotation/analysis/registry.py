@@ -59,7 +59,7 @@ def training_mode_stays_at_100(ev: Evidence) -> Outcome:
     heldout = int(ev.runs[0].config["scale"]["heldout_size"])
     return Outcome(f"mean {cell(mean, 'pct')} over {len(checks)} checks of {checks.groupby(['row', 'seed']).ngroups} "
                    f"runs; lowest {cell(float(lowest['acc_train_mode']), 'pct')} (`{lowest['row']}` seed "
-                   f"{lowest['seed']}, step {lowest['step']})",
+                   f"{lowest['seed']}, step {lowest['step']}); {ev.seeds_per_row(bn_rows(ev.runs))}",
                    f"mean ≥ {cell(rounds_up, 'pct')} (rounds to {said(A.TRAINING_MODE, 'pct')}) and no check below "
                    f"{cell(TRAIN_MODE_FLOOR, 'pct', digits=0)} ({round((1 - TRAIN_MODE_FLOOR) * heldout):,} errors in "
                    f"{heldout:,} samples)",
@@ -77,7 +77,7 @@ def adam_dips_to_chance(ev: Evidence) -> Outcome:
     ceiling = A.LOWEST_CHECK.value + CHANCE_MARGIN
     return Outcome(f"lowest check {cell(float(lowest['acc_eval_mode']), 'pct')} (seed {lowest['seed']}, step "
                    f"{lowest['step']}); lowest per seed {', '.join(cell(float(v), 'pct') for v in per_run)} "
-                   f"({len(checks)} checks of {count(len(per_run), 'run')})",
+                   f"({len(checks)} checks of {count(len(per_run), 'run')}; {ev.seeds_per_row((ADAM,))})",
                    f"the lowest check within {spread(CHANCE_MARGIN, 'pct', digits=0)} of chance "
                    f"(≤ {cell(ceiling, 'pct', digits=0)})", float(lowest["acc_eval_mode"]) <= ceiling)
 
@@ -103,7 +103,8 @@ def gradient_cosine_is_zero(ev: Evidence) -> Outcome:
     rounds_to_zero = half_unit(A.GRADIENT_COSINE.decimals)
     run = next(r for r in ev.runs if r.row == worst["row"] and r.seed == worst["seed"])
     return Outcome(f"largest |cos(∇L, w)| at any logged step of the check window, any conv layer, any of "
-                   f"{len(bn)} runs: {worst['grad_cos_max_abs']:.2e} (`{worst['row']}` seed {worst['seed']})",
+                   f"{len(bn)} runs: {worst['grad_cos_max_abs']:.2e} (`{worst['row']}` seed {worst['seed']}); "
+                   f"{ev.seeds_per_row(bn['row'].unique())}",
                    f"|cos| < {cell(rounds_to_zero, 'plain', digits=A.GRADIENT_COSINE.decimals + 1)} everywhere "
                    f"(rounds to {said(A.GRADIENT_COSINE, 'plain')})",
                    float(worst["grad_cos_max_abs"]) < rounds_to_zero, _epsilon_note(run))
@@ -171,7 +172,7 @@ def stale_middle_channel_at_failing_check(ev: Evidence) -> Outcome:
     top, stale = max(worst), A.STALE_CHANNEL.value
     return Outcome(f"largest middle-layer |lag| at any failing check: {top:.2g}σ; per failing check from "
                    f"{min(worst):.2g}σ to {top:.2g}σ, median {float(np.median(worst)):.2g}σ, over {len(worst)} "
-                   f"failing checks (`{ADAM}`)",
+                   f"failing checks (`{ADAM}`; {ev.seeds_per_row((ADAM,))})",
                    f"the largest within a factor of {MODEL_FACTOR:g} of {said(A.STALE_CHANNEL, 'sigma')}: the article "
                    "shows one checkpoint, so the claim is that such a channel exists, not that it is typical",
                    stale / MODEL_FACTOR <= top <= stale * MODEL_FACTOR,
@@ -189,7 +190,7 @@ def reestimation_restores_every_final_checkpoint(ev: Evidence) -> Outcome:
     rounds_up = A.REESTIMATED.value - half_unit(A.REESTIMATED.decimals)
     return Outcome(f"lowest {cell(float(worst['acc_reestimated_final']), 'pct')} (`{worst['row']}` seed "
                    f"{worst['seed']}); mean {cell(float(finals['acc_reestimated_final'].mean()), 'pct')} over "
-                   f"{count(len(finals), 'run')}",
+                   f"{count(len(finals), 'run')}; {ev.seeds_per_row(finals['row'].unique())}",
                    f"every run ≥ {cell(rounds_up, 'pct')} (rounds to {said(A.REESTIMATED, 'pct')})",
                    float(worst["acc_reestimated_final"]) >= rounds_up)
 
@@ -212,7 +213,7 @@ def middle_layer_alone_lifts_failing_checks(ev: Evidence) -> Outcome:
     return Outcome(f"from as low as {cell(min(stored), 'pct')} to {cell(min(lifted), 'pct')}–"
                    f"{cell(max(lifted), 'pct')} (median {cell(float(np.median(lifted)), 'pct')}); "
                    f"{cell(share, 'pct', digits=0)} of {len(lifted)} failing checks reach {low} (`{ADAM}`, "
-                   f"{metrics.MIDDLE_NORM} given fresh statistics)",
+                   f"{metrics.MIDDLE_NORM} given fresh statistics; {ev.seeds_per_row((ADAM,))})",
                    f"every failing check lifted to ≥ {low}, the article's own lower end (its claim covers every "
                    "failing checkpoint)", min(lifted) >= LIFT_LOW.value)
 
