@@ -51,7 +51,8 @@ MOST = 0.5  # "most" of the accuracy lost: more than half of it
 TABLE_FIGURES = {col.key: col.published for col in TABLE_COLUMNS if col.published}
 # ... or its text (article.py, by row).
 TEXT_FIGURES = {"update_cos": article.UPDATE_COSINE, "drift_mid": article.MIDDLE_DRIFT,
-                "predicted_lag_mid": article.PREDICTED_LAG, "abs_mean_over_std_mid": article.ABS_MEAN_OVER_STD}
+                "predicted_lag_mid": article.PREDICTED_LAG, "abs_mean_over_std_mid": article.ABS_MEAN_OVER_STD,
+                "drift_mid_at_age": article.MIDDLE_DRIFT, "predicted_lag_mid_at_age": article.PREDICTED_LAG}
 
 
 def published(row: str, column: str) -> Figure | None:
@@ -134,6 +135,22 @@ class Claim:
         return Check(self.name, self.claim, published_text, o.measured, o.tolerance, verdict, o.note)
 
 
+def match_tolerance(s: SeedStat, figure: Figure) -> float:
+    """How far a measured mean may lie from a published one and still match it: max(2 · s · √(1/n + 1/3),
+    half a unit of the figure's last digit), two standard errors of the difference of two means (the article's
+    are 3-seed means, the measured seed spread s standing in for its), never tighter than its rounding. NaN
+    for n < 2 (no spread)."""
+    if s.n < 2:
+        return math.nan
+    return max(Z * s.sd * math.sqrt(1 / s.n + 1 / PUBLISHED_SEEDS), half_unit(figure.decimals))
+
+
+def matches(s: SeedStat, figure: Figure) -> bool | None:
+    """Whether ``s``'s mean matches ``figure`` within :func:`match_tolerance`; None for n < 2."""
+    tol = match_tolerance(s, figure)
+    return None if math.isnan(tol) else abs(s.mean - figure.value) <= tol
+
+
 @dataclass(frozen=True)
 class MatchesPublished(Claim):
     """``row``'s mean of ``column`` (in ``unit``) against the article's figure (:func:`published`), within
@@ -162,7 +179,7 @@ class MatchesPublished(Claim):
             return Outcome(s.describe(self.unit), "needs ≥ 2 seeds: with one there is no seed spread to set the "
                            "tolerance", None, note)
         floor = half_unit(fig.decimals)
-        tol = max(Z * s.sd * math.sqrt(1 / s.n + 1 / PUBLISHED_SEEDS), floor)
+        tol = match_tolerance(s, fig)
         off = abs(s.mean - fig.value)
         return Outcome(s.describe(self.unit),
                        f"|measured − published| ≤ {spread(tol, self.unit)} = max({Z:g} · s · √(1/{s.n} + "

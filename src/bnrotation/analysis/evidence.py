@@ -17,7 +17,7 @@ from pathlib import Path
 import pandas as pd
 
 from ..rows import row_order
-from . import lag, metrics
+from . import dense, lag, metrics
 from .results import Run, count
 from .stats import SeedStat, seed_ranges
 from .table import run_metrics
@@ -66,7 +66,8 @@ def per_run_values(run: Run) -> dict:
     ``update_cos`` and ``grad_cos`` (mean over the window, last conv layer), ``grad_cos_max_abs`` (largest
     |cos(∇L, w)| of any conv layer), the middle layer's ``drift_mid`` (σ/step), ``drift_exponent_mid``
     (slope of log drift on log Δ over the first doubling of Δ), ``predicted_lag_mid``, ``lag_mid`` (σ),
-    ``lag_ratio_mid``, ``lag_spearman_mid``, ``abs_mean_over_std_mid``, and ``checks_below_90`` (fraction)."""
+    ``lag_ratio_mid``, ``lag_spearman_mid``, ``abs_mean_over_std_mid``, the drift from the dense windows
+    (:func:`dense_values`), and ``checks_below_90`` (fraction)."""
     values = run_metrics(run)
     lags = lag.run_lags(run)
     mid = lags[lags["layer"] == metrics.MIDDLE_CONV] if len(lags) else lags
@@ -86,9 +87,26 @@ def per_run_values(run: Run) -> dict:
         lag_spearman_mid=middle("spearman"),
         abs_mean_over_std_mid=metrics.channel_median(run, "abs_mean_over_std"),
     )
+    values.update(dense_values(run))
     below, n = values["checks_below"], values["n_checks"]
     values["checks_below_90"] = below / n if n else math.nan
     return values
+
+
+def dense_values(run: Run) -> dict:
+    """The middle layer's drift from the dense windows (:func:`.dense.dense_drift`), NaN for a run without
+    them: ``dense_drift_<Δ>`` (σ/step) at each Δ of :data:`.dense.DENSE_INTERVALS`; ``age_interval`` (steps),
+    the running average's age (1 − m)/m rounded (:func:`.lag.age_interval`, 32 at m = 0.03);
+    ``drift_mid_at_age`` (σ/step), the drift over that Δ; ``predicted_lag_mid_at_age`` (σ), the article's
+    formula on it, drift · (1 − m)/m (:func:`.lag.predicted_lag_steady`)."""
+    m = dense.momentum(run)
+    age = lag.age_interval(m) if math.isfinite(m) else None
+    intervals = tuple(sorted(set(dense.DENSE_INTERVALS) | ({age} if age else set())))
+    drift = dense.dense_drift(run, intervals) if age else pd.Series(dtype=float)
+    at = drift.get(age, math.nan) if age else math.nan
+    return {**{f"dense_drift_{d}": float(drift.get(d, math.nan)) for d in dense.DENSE_INTERVALS},
+            "age_interval": age if age else math.nan, "drift_mid_at_age": float(at),
+            "predicted_lag_mid_at_age": lag.predicted_lag_steady(at, m) if age else math.nan}
 
 
 def collect(root: Path, runs: list[Run]) -> Evidence:
