@@ -1,6 +1,6 @@
 """Issue 17's analysis on synthetic results with known answers: every seed found and n stated, how much a
-3-seed mean varies, the drift claims judged at the running average's age from the dense windows and the lag of a
-wandering mean in claims.md; no torch."""
+3-seed mean varies, the drift claims judged at the running average's age from the dense windows, the lag of a
+wandering mean in claims.md, and the update cosine per layer; no torch."""
 
 from __future__ import annotations
 
@@ -147,3 +147,17 @@ def test_without_dense_windows_the_sections_say_which_rows_lack_them(replication
     md, _ = _checks(replication)
     assert "No run here has dense windows" in md and "`adam` (seeds 0–2)" in md
     assert "needs dense windows of both `adam` and `sgd`" in md and "no model is fitted" in md
+
+
+# ----------------------------------------------------------------------------- the update cosine, per layer
+def test_the_update_cosine_note_says_whether_the_gap_is_the_definitions_or_the_datas(tmp_path):
+    write_replication(tmp_path, rows=("sgd", "adam"))  # every layer at the article's +0.005 under SGD
+    md, checks = _checks(tmp_path)
+    note = checks["update_cosine_sgd"].note
+    assert "the step the optimizer actually takes" in note and "momentum" in note
+    assert "matched, within the same tolerance, by conv1 (the whole window, its start, its end)" in note
+    assert "| `sgd` [+0.005] | conv2 | +0.0050 ± 0.0001 (n = 3 seeds) |" in md
+    low = tmp_path / "low"
+    write_replication(low, rows=("sgd", "adam"), sgd={"update_cos": 0.0024})
+    note = _checks(low)[1]["update_cosine_sgd"].note
+    assert "None of them matches the published +0.005 within the same tolerance: the gap comes from the data" in note

@@ -67,7 +67,8 @@ def per_run_values(run: Run) -> dict:
     |cos(∇L, w)| of any conv layer), the middle layer's ``drift_mid`` (σ/step), ``drift_exponent_mid``
     (slope of log drift on log Δ over the first doubling of Δ), ``predicted_lag_mid``, ``lag_mid`` (σ),
     ``lag_ratio_mid``, ``lag_spearman_mid``, ``abs_mean_over_std_mid``, the drift from the dense windows
-    (:func:`dense_values`), and ``checks_below_90`` (fraction)."""
+    (:func:`dense_values`), each conv layer's update cosine over the parts of the window
+    (:func:`update_cosines`), and ``checks_below_90`` (fraction)."""
     values = run_metrics(run)
     lags = lag.run_lags(run)
     mid = lags[lags["layer"] == metrics.MIDDLE_CONV] if len(lags) else lags
@@ -88,6 +89,7 @@ def per_run_values(run: Run) -> dict:
         abs_mean_over_std_mid=metrics.channel_median(run, "abs_mean_over_std"),
     )
     values.update(dense_values(run))
+    values.update(update_cosines(run))
     below, n = values["checks_below"], values["n_checks"]
     values["checks_below_90"] = below / n if n else math.nan
     return values
@@ -107,6 +109,14 @@ def dense_values(run: Run) -> dict:
     return {**{f"dense_drift_{d}": float(drift.get(d, math.nan)) for d in dense.DENSE_INTERVALS},
             "age_interval": age if age else math.nan, "drift_mid_at_age": float(at),
             "predicted_lag_mid_at_age": lag.predicted_lag_steady(at, m) if age else math.nan}
+
+
+def update_cosines(run: Run) -> dict:
+    """``update_cos_<layer>_<part>``: the mean of cos(w(t+1) − w(t), w(t)) (the ``layers`` table) of each conv
+    layer of :data:`CONV_LAYERS` over each part of the check window (:func:`.metrics.window_ends`: ``window``,
+    ``start``, ``end``)."""
+    return {f"update_cos_{layer}_{part}": metrics.layer_mean_between(run, "update_cos", layer, first, last)
+            for layer in CONV_LAYERS for part, (first, last) in metrics.window_ends(run).items()}
 
 
 def collect(root: Path, runs: list[Run]) -> Evidence:

@@ -13,12 +13,12 @@ import math
 
 import numpy as np
 
-from ..article import ADAM_RERUN_ACC_EVAL, FAIL_BELOW, MIDDLE_DRIFT
+from ..article import ADAM_RERUN_ACC_EVAL, FAIL_BELOW, MIDDLE_DRIFT, UPDATE_COSINE
 from ..rows import PUBLISHED_SEEDS, ROWS, row_order
 from . import averaging, dense, interventions, metrics
 from .claim_kinds import matches, said
 from .dense import DENSE_INTERVALS
-from .evidence import Evidence
+from .evidence import CONV_LAYERS, Evidence
 from .results import count
 from .stats import cell, seed_ranges, share_at_or_below, spread, subset_means
 
@@ -204,7 +204,28 @@ def finding_lag_models(ev: Evidence) -> list[str]:
     return lines + [""]
 
 
+def finding_update_cosine(ev: Evidence) -> list[str]:
+    """The update's cosine with the weights per conv layer, over the whole check window and at its start and end
+    (:func:`.evidence.update_cosines`), for the rows whose cosine the article gives."""
+    lines = ["### The update's cosine per layer, at the start and end of the window\n"]
+    rows = sorted((r for r in UPDATE_COSINE if ev.has(r)), key=row_order)
+    if not rows:
+        return lines + [f"NOT RUN: no runs of {', '.join(f'`{r}`' for r in UPDATE_COSINE)}.\n"]
+    parts = metrics.window_ends(ev.runs_of(rows[0])[0])
+    lines += ["cos(w(t+1) − w(t), w(t)) of the step the optimizer takes (momentum included), over each conv layer's "
+              "whole weight, mean over the logged steps of each part of the check window, then over seeds ± sample "
+              f"standard deviation. The claims use {metrics.LAST_CONV} over the whole window; the article names no "
+              "layer. [The article's figure.]\n",
+              "| Row | Layer | " + " | ".join(f"Steps {a:,}–{b:,}" for a, b in parts.values()) + " |",
+              "|---|---|" + "---:|" * len(parts)]
+    for row in rows:
+        for layer in CONV_LAYERS:
+            cells = [ev.stat(row, f"update_cos_{layer}_{part}").describe("cos") for part in parts]
+            lines.append(f"| `{row}` [{said(UPDATE_COSINE[row], 'cos')}] | {layer} | " + " | ".join(cells) + " |")
+    return lines + [""]
+
+
 def findings(ev: Evidence) -> list[str]:
     """Every finding, in the order ``claims.md`` gives them."""
     return [*finding_averaging(ev), *finding_norm_free(ev), *finding_channels(ev), *finding_one_draw(ev),
-            *finding_dense_drift(ev), *finding_lag_models(ev)]
+            *finding_dense_drift(ev), *finding_lag_models(ev), *finding_update_cosine(ev)]

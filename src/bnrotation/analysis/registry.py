@@ -20,9 +20,9 @@ import numpy as np
 from .. import article as A
 from ..rows import ROWS
 from . import lag, metrics
-from .claim_kinds import (Z, Above, Below, MatchesPublished, Outcome, RankOrder, RecoveryShare, above, bespoke, said,
-                          table_figure)
-from .evidence import Evidence, middle_lag_at_failing
+from .claim_kinds import (Z, Above, Below, MatchesPublished, Outcome, RankOrder, RecoveryShare, above, bespoke, matches,
+                          said, table_figure)
+from .evidence import CONV_LAYERS, Evidence, middle_lag_at_failing
 from .results import Run, count
 from .stats import SeedStat, cell, half_unit, se_of_difference, seed_ranges, spread
 from .table import COLUMNS as TABLE_COLUMNS
@@ -123,6 +123,44 @@ def _epsilon_note(run: Run) -> str:
             f"⟨∇L, w⟩ carries a factor ε/(σ² + ε). The largest cosine is in {layer} of that run, whose median "
             f"channel variance σ² (fresh statistics) is {var:.3g}: ε/σ² = {eps / var:.1e}, the cosine's order of "
             "size there.")
+
+
+PARTS = {"window": "the whole window", "start": "its start", "end": "its end"}  # metrics.window_ends, in words
+
+
+def update_cosine_note(ev: Evidence, claim: MatchesPublished) -> str:
+    """Whether a gap between the measured update cosine and the article's comes from the definition or the data.
+
+    The definition is the article's words: the update is the step the optimizer takes, w(t+1) − w(t) across
+    ``optimizer.step()`` (the runner snapshots the weights just before it, ``monitor.StalenessMonitor.snapshot``,
+    and the monitor takes the difference after it), so SGD's includes its momentum. What the article leaves
+    open is the layer and the part of the window: each conv layer's cosine over the whole check window, its
+    first and its last 500 steps (:func:`.evidence.update_cosines`), against the published figure with the
+    claim's own tolerance (:func:`.claim_kinds.matches`)."""
+    fig = claim.figure()
+    stats = {(layer, part): ev.stat(claim.row, f"update_cos_{layer}_{part}") for layer in CONV_LAYERS
+             for part in PARTS}
+    if not any(st.n for st in stats.values()):
+        return ""
+    per_layer = "; ".join(f"{layer} " + ", ".join(f"{cell(stats[layer, part].mean, 'cos')} ({PARTS[part]})"
+                                                  for part in PARTS) for layer in CONV_LAYERS)
+    met = {layer: [PARTS[part] for part in PARTS if matches(stats[layer, part], fig)] for layer in CONV_LAYERS}
+    met = [f"{layer} ({', '.join(parts)})" for layer, parts in met.items() if parts]
+    ends = metrics.window_ends(ev.runs_of(claim.row)[0])
+    seeds = ev.stat(claim.row, claim.column)
+    text = ("Definition: the update is w(t+1) − w(t) across `optimizer.step()`, the step the optimizer actually "
+            "takes (the runner snapshots the weights just before it; for SGD the step includes its momentum), "
+            "and the cosine is over the whole layer, in float64: the article's \"cosine between each update and "
+            "the weight vector\". The article does not say which layer, nor over which steps. Mean cosine per conv "
+            f"layer over the whole check window, its start (steps {ends['start'][0]:,}–{ends['start'][1]:,}) and "
+            f"its end (steps {ends['end'][0]:,}–{ends['end'][1]:,}), mean over {count(seeds.n, 'seed')} "
+            f"({seed_ranges(seeds.seeds)}): {per_layer}. ")
+    if met:
+        return text + (f"The published {said(fig, 'cos')} is matched, within the same tolerance, by "
+                       f"{', '.join(met)}: the gap comes from the choice of layer or steps (the definition), not "
+                       "from the data.")
+    return text + (f"None of them matches the published {said(fig, 'cos')} within the same tolerance: the gap "
+                   "comes from the data, not from the definition of the update, the layer or the steps.")
 
 
 def drift_interval_note(drift: SeedStat, exponent: SeedStat, published: float, run: Run) -> str:
@@ -328,7 +366,7 @@ CLAIMS = (
                      f"{quoted(ADAM, 'update_cos', 'cos')} under Adam (last conv layer, mean over the check window).",
                      ADAM, "update_cos", "cos"),
     MatchesPublished("update_cosine_sgd", f"…and about {quoted(SGD, 'update_cos', 'cos')} under SGD.", SGD,
-                     "update_cos", "cos"),
+                     "update_cos", "cos", note=update_cosine_note),
     Above("update_cosine_adam_above_sgd", "The update leans outward more under Adam than under SGD.", ADAM, SGD,
           "update_cos", "cos"),
     gradient_cosine_is_zero,
