@@ -136,17 +136,18 @@ def test_no_single_interval_meets_both_figures_when_the_walk_crosses_adams_at_on
     add_dense_seeds(tmp_path, "sgd", (3, 4, 5), r=4 * DRIFT["sgd"])
     md, _ = _checks(tmp_path)
     text = next(ln for ln in md.splitlines() if ln.startswith("No single Δ meets both"))
-    assert re.search(r"Adam's would need Δ (= [\d, ]+|≈ \d+ \(between Δ = \d+ and \d+)", text), text
-    assert "SGD's none measured: even Δ = " in text and "gives 0.004σ/step" in text
+    assert re.search(r"Adam's (holds at Δ = [\d, ]+|would need Δ ≈ \d+ \(between Δ = \d+ and \d+)", text), text
+    assert "SGD's holds at no measured Δ: even Δ = " in text and "gives 0.004σ/step" in text
     # the lag of a wandering mean, as a finding: the random walk, not the steady drift, for Adam
-    line = next(ln for ln in md.splitlines() if ln.startswith("- `adam` (3 seeds, 3–5): the "))
+    line = next(ln for ln in md.splitlines() if ln.startswith("- `adam` (3 seeds: 3–5): the "))
     assert "walk model predicts the measured lag best" in line
 
 
 def test_without_dense_windows_the_sections_say_which_rows_lack_them(replication):
     md, _ = _checks(replication)
     assert "No run here has dense windows" in md and "`adam` (seeds 0–2)" in md
-    assert "needs dense windows of both `adam` and `sgd`" in md and "no model is fitted" in md
+    assert "needs dense windows of two or more seeds of both `adam` and `sgd`" in md and "no model is fitted" in md
+    assert "dense windows: `adam` 0 seeds, `sgd` 0 seeds." in md
 
 
 # ----------------------------------------------------------------------------- the update cosine, per layer

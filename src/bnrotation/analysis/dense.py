@@ -39,7 +39,7 @@ import pandas as pd
 from ..rows import ROWS, row_order
 from . import lag
 from .metrics import MIDDLE_NORM
-from .results import Run
+from .results import Run, count
 from .stats import cell, over_seeds, seed_ranges
 
 DENSE_INTERVALS = (1, 2, 4, 8, 16, 32, 64, 128)  # Δ in steps, up to scale.dense_length (128 in ten_seeds)
@@ -352,5 +352,5 @@ def models_markdown(table: pd.DataFrame) -> list[str]:
         models = [", ".join(cell(r[f"{m}_{k}_mean"], "plain", r[f"{m}_{k}_std"])  # 3 significant digits
                             for k in ("rms_ratio", "log_error", "ratio")) for m in MODELS]
         out.append(f"| {r['label']} (`{r['row']}`) | {r['seeds']} ({r['n_seeds']}) | " + " | ".join(head + models)
-                   + f" | {MODEL_NAMES[r['best']]} ({r['best_seeds']} of {r['n_seeds']} seeds) |")
+                   + f" | {MODEL_NAMES[r['best']]} ({r['best_seeds']} of {count(r['n_seeds'], 'seed')}) |")
     return out
