@@ -22,6 +22,7 @@ from ..rows import ROWS
 from . import lag, metrics
 from .claim_kinds import (Z, Above, Below, MatchesPublished, Outcome, RankOrder, RecoveryShare, above, bespoke, matches,
                           said, table_figure)
+from .dense import DENSE_INTERVALS
 from .evidence import CONV_LAYERS, Evidence, middle_lag_at_failing
 from .results import Run, count
 from .stats import SeedStat, cell, half_unit, se_of_difference, seed_ranges, spread
@@ -217,7 +218,8 @@ class MatchesPublishedAtAge(MatchesPublished):
                                                          f"{starts}" if starts else "") + ")")
             note = (f"At Δ = {interval} steps, the log interval (the figure this check used before the dense "
                     f"windows), over seeds {seed_ranges(logged.seeds)}: {logged.describe(self.unit)}. Drift at "
-                    "every Δ from 1 to 128 steps: the finding \"Drift at short intervals\" below and `lag.md`.")
+                    f"every Δ from {DENSE_INTERVALS[0]} to {DENSE_INTERVALS[-1]} steps: the finding \"Drift at short "
+                    "intervals\" below and `lag.md`.")
         else:
             where = (f"at Δ = {interval} steps, the log interval: no run of `{self.row}` has dense windows, so not at "
                      f"Δ = {AGE}")
