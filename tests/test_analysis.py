@@ -271,7 +271,9 @@ def test_the_rank_claims_use_ranks_not_values():
                              "norm_growth": 1.0, "acc_eval_mode": accuracy[r]} for r in PUBLISHED_ROWS for s in (0, 1, 2)])
     claim = next(c for c in registry.CLAIMS if c.name == "rotation_orders_accuracy")
     check = claim.check(evidence.Evidence(Path("."), [], per_run))
-    assert check.measured == "rho = -1.00 over row means of 6 rows; per seed -1.00, -1.00, -1.00"
+    assert check.measured == ("rho = -1.00 over row means of 6 rows (n per row: 3 seeds (0–2) for `sgd`, "
+                              "`adam_lr3e-4`, `adam_cosine`, `adamw`, `adam`, `adam_projected`); per seed -1.00, "
+                              "-1.00, -1.00 (seeds 0–2, those all 6 rows ran)")
     assert check.verdict == "PASS"
     published = spearmanr([ROWS[r].published.rotation_deg_per_100 for r in PUBLISHED_ROWS],
                           [ROWS[r].published.acc_eval_mode for r in PUBLISHED_ROWS]).statistic

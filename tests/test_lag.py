@@ -1,4 +1,5 @@
-"""The lag table (results/lag.md) on channel tables with known answers; no torch."""
+"""The lag table (results/lag.md) on channel tables with known answers, and the lag of a moving mean in closed
+form against PyTorch's own running average (the only use of torch here: as the oracle)."""
 
 from __future__ import annotations
 
@@ -9,8 +10,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from bnrotation.analysis.lag import (drift_exponent, drift_markdown, drift_over_intervals, drift_scaling_table,
-                                     lag_table, run_lags, to_markdown, write_lag)
+from bnrotation.analysis.lag import (age_interval, drift_exponent, drift_markdown, drift_over_intervals,
+                                     drift_scaling_table, lag_table, predicted_lag_combined,
+                                     predicted_lag_correlated_walk, predicted_lag_random_walk, predicted_lag_steady,
+                                     run_lags, running_average_age, to_markdown, write_lag)
 from bnrotation.analysis.results import Run
 
 CONFIG = {"scale": {"check_start": 2000, "steps": 2200, "log_every": 100}}
@@ -143,3 +146,84 @@ def test_drift_section_of_lag_md(tmp_path):
     line = next(ln for ln in md.splitlines() if ln.startswith("| Adam") and "0.00200" in ln)
     assert line.count("0.00200") == 5
     assert [abs(float(c)) for c in line.strip("| ").split(" | ")[-2:]] == [0.0, 0.0]  # both exponents
+
+
+# ----------------------------------------------------------------------------- the lag of a moving mean, closed forms
+M = 0.03  # the article's BatchNorm momentum
+
+
+def _torch_running_lag(increments: np.ndarray, m: float, after_step: bool) -> np.ndarray:
+    """Feed a channel mean whose increments are ``increments`` (steps, walks) through PyTorch's own BatchNorm1d
+    running average (momentum m, float64), one batch per step whose mean is the channel's mean, and return the
+    lag running − mean after the last step, per walk. ``after_step``: the runner's timing, the batch of step t
+    at the mean before its increment; else the article's, the batch at the mean after it."""
+    import torch
+    steps, walks = increments.shape
+    bn = torch.nn.BatchNorm1d(walks, momentum=m).double().train()
+    spread = torch.tensor([[-1.0], [1.0]], dtype=torch.float64)  # two samples around the mean: batch mean = mean
+    mean = torch.zeros(walks, dtype=torch.float64)
+    d = torch.from_numpy(increments)
+    with torch.no_grad():
+        for t in range(steps):
+            if after_step:
+                bn(mean + spread)
+                mean = mean + d[t]
+            else:
+                mean = mean + d[t]
+                bn(mean + spread)
+    return (bn.running_mean - mean).numpy()
+
+
+@pytest.mark.parametrize("after_step", [False, True])
+def test_a_steady_drift_lags_by_its_rate_times_the_running_averages_age(after_step):
+    """Exact: after 2,000 steps the start is forgotten to (1 − m)^2000 ≈ 3e-27; the two timings differ by 1 − m."""
+    r = 0.0074
+    lag_measured = _torch_running_lag(np.full((2000, 1), r), M, after_step)[0]
+    assert -lag_measured == pytest.approx(predicted_lag_steady(r, M, measured_after_step=after_step), rel=1e-9)
+    assert predicted_lag_steady(r, M) == pytest.approx(r * (1 - M) / M) == pytest.approx(0.239, abs=1e-3)
+    assert predicted_lag_steady(r, M, measured_after_step=True) == pytest.approx(r / M)
+
+
+@pytest.mark.parametrize("after_step", [False, True])
+def test_a_random_walk_lags_by_its_step_times_one_over_root_m_two_minus_m(after_step):
+    """20,000 independent walks of 600 steps (the start forgotten to (1 − m)^1200): the lag's RMS estimated
+    from 20,000 Gaussian values has a relative standard error of 1/√(2 · 20,000) = 0.5%; tolerance 4 of them,
+    2%, less than the 3% (a factor 1 − m) that separates the two timings."""
+    s, walks = 0.01, 20_000
+    rng = np.random.default_rng(1)
+    lag = _torch_running_lag(s * rng.normal(size=(600, walks)), M, after_step)
+    rms, tol = float(np.sqrt(np.mean(lag ** 2))), 4 / math.sqrt(2 * walks)
+    assert rms == pytest.approx(predicted_lag_random_walk(s, M, measured_after_step=after_step), rel=tol)
+    assert predicted_lag_random_walk(s, M) == pytest.approx(s * (1 - M) / math.sqrt(M * (2 - M)))
+    assert predicted_lag_random_walk(1.0, M) == pytest.approx(3.99, abs=0.01)  # about 4 s, where drift gives 32 r
+    assert abs(float(np.mean(lag))) < 4 * rms / math.sqrt(walks)  # no drift, no mean lag
+    # both at once: the mean and the spread add in quadrature
+    assert predicted_lag_combined(0.003, s, M) == pytest.approx(
+        math.hypot(predicted_lag_steady(0.003, M), predicted_lag_random_walk(s, M)))
+
+
+def test_a_walk_with_correlated_steps_lags_by_the_ar1_closed_form():
+    """Steps that are an exponential average (factor 0.9, Adam's β1) of white noise: AR(1) with ρ = 0.9, started
+    stationary. Same tolerance as the uncorrelated walk (the lags are still 20,000 independent Gaussians)."""
+    s, rho, walks, steps = 0.01, 0.9, 20_000, 600
+    rng = np.random.default_rng(2)
+    x = np.empty((steps, walks))
+    x[0] = rng.normal(size=walks)
+    for t in range(1, steps):
+        x[t] = rho * x[t - 1] + math.sqrt(1 - rho ** 2) * rng.normal(size=walks)
+    lag = _torch_running_lag(s * x, M, after_step=True)
+    rms = float(np.sqrt(np.mean(lag ** 2)))
+    predicted = predicted_lag_correlated_walk(s, rho, M, measured_after_step=True)
+    assert rms == pytest.approx(predicted, rel=4 / math.sqrt(2 * walks))
+    assert predicted > 3.5 * predicted_lag_random_walk(s, M, measured_after_step=True)  # correlation adds up
+    assert predicted_lag_correlated_walk(s, 0.0, M) == pytest.approx(predicted_lag_random_walk(s, M))
+
+
+def test_lag_closed_forms_refuse_a_momentum_outside_zero_to_one_and_name_the_running_averages_age():
+    assert running_average_age(M) == pytest.approx(97 / 3) and age_interval(M) == 32
+    assert age_interval(0.1) == 9 and age_interval(0.3) == 2  # PyTorch's default, the window test
+    for bad in (0.0, -0.1, 1.5, math.nan):
+        with pytest.raises(ValueError, match="momentum m"):
+            predicted_lag_random_walk(0.01, bad)
+    with pytest.raises(ValueError, match="autocorrelation"):
+        predicted_lag_correlated_walk(0.01, 1.0, M)

@@ -15,7 +15,8 @@ from scipy.stats import spearmanr
 
 from bnrotation.analysis import stats
 from bnrotation.analysis.stats import (SeedStat, cell, half_unit, over_seeds, rank_distance_counts, rho_at_or_beyond,
-                                       se_of_difference, spearman_critical, spearman_rho, spread)
+                                       se_of_difference, seed_ranges, share_at_or_below, spearman_critical,
+                                       spearman_rho, spread, subset_means)
 
 
 # ----------------------------------------------------------------------------- mean and sample sd over seeds
@@ -183,3 +184,37 @@ def test_spearman_critical_value_beyond_the_exact_count():
     assert abs(float((rho >= crit - stats.RHO_TOLERANCE).mean()) - 0.05) < 0.002
     with pytest.raises(ValueError, match="n >= 4"):
         stats.spearman_critical_t(3)
+
+
+# ----------------------------------------------------------------------------- what a 3-seed mean could have been
+def test_subset_means_of_four_seeds_are_the_four_leave_one_out_means():
+    values = (0.5, 0.6, 0.8, 1.0)
+    means = subset_means(values, 3)
+    # C(4, 3) = 4 subsets, each leaving one seed out: (sum − v) / 3
+    assert len(means) == math.comb(4, 3) == 4
+    assert sorted(means) == pytest.approx(sorted((sum(values) - v) / 3 for v in values))
+    # leaving out 0.6 gives the 2nd largest mean, 2.3 / 3: it and the two below it, 3 of 4
+    assert share_at_or_below(means, (sum(values) - 0.6) / 3) == 0.75
+
+
+def test_subset_means_enumerate_every_subset_whatever_the_order():
+    values = [0.1, 0.9, 0.4, 0.7, 0.3, 0.2, 0.8]
+    means = subset_means(values, 3)
+    assert len(means) == math.comb(7, 3)
+    assert sorted(subset_means(values[::-1], 3)) == pytest.approx(sorted(means))  # the seeds' order is irrelevant
+    assert means.mean() == pytest.approx(np.mean(values))  # each value lies in the same number of subsets
+    assert subset_means(values, len(values)) == pytest.approx([np.mean(values)])
+    for k in (0, 8):
+        with pytest.raises(ValueError, match="need 1 <= k <= n"):
+            subset_means(values, k)
+
+
+def test_share_at_or_below_counts_ties_and_is_nan_for_nothing():
+    assert share_at_or_below([0.6, 0.6, 0.7, 0.5], 0.6) == 0.75
+    assert share_at_or_below([0.6], 0.59) == 0.0 and math.isnan(share_at_or_below([], 0.5))
+
+
+def test_seed_ranges():
+    assert seed_ranges(range(10)) == "0–9"
+    assert seed_ranges([8, 7, 0, 1, 2, 5]) == "0–2, 5, 7, 8"  # two consecutive seeds are listed, three are a range
+    assert seed_ranges([3]) == "3" and seed_ranges([]) == "–"

@@ -137,6 +137,16 @@ def network_label(arch: str) -> str:
     return NETWORKS.get(arch, arch)
 
 
+def expected_seeds(row: str, scale: str = "full") -> tuple[int, ...]:
+    """The seeds ``make sweep`` runs for ``row`` at ``scale``: those of the default sweep (:data:`SWEEPS`) and
+    of every named set (:data:`SETS`) that holds the row at that scale, ascending (``sgd`` at full scale: 0-2
+    from the default sweep and 3-9 from ``ten_seeds``). Empty for a row no sweep runs (a variant of one's
+    own). A scale name :data:`SWEEPS` does not know counts as ``full``."""
+    scale = scale if scale in SWEEPS else "full"
+    sweeps = [SWEEPS[scale], *(s for s in SETS.values() if scale in s.scales)]
+    return tuple(sorted({seed for s in sweeps if row in s.rows for seed in s.seeds}))
+
+
 def row_order(name: str) -> tuple[int, str]:
     """Sort key: registry order first, unknown (user-made) rows after, by name."""
     names = list(ROWS)

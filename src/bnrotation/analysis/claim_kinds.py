@@ -47,8 +47,8 @@ from .. import article
 from ..article import Figure
 from ..rows import PUBLISHED_DECIMALS, PUBLISHED_ROWS, PUBLISHED_SEEDS, ROWS
 from .evidence import Evidence, recovery_share
-from .stats import (SeedStat, cell, decimals_shown, half_unit, rho_at_or_beyond, se_of_difference, spearman_critical,
-                    spearman_rho, spread)
+from .stats import (SeedStat, cell, decimals_shown, half_unit, rho_at_or_beyond, se_of_difference, seed_ranges,
+                    spearman_critical, spearman_rho, spread)
 from .table import COLUMNS as TABLE_COLUMNS
 
 PASS, FAIL, NOT_RUN = "PASS", "FAIL", "NOT RUN"
@@ -63,7 +63,8 @@ MOST = 0.5  # "most" of the accuracy lost: more than half of it
 TABLE_FIGURES = {col.key: col.published for col in TABLE_COLUMNS if col.published}
 # ... or its text (article.py, by row).
 TEXT_FIGURES = {"update_cos": article.UPDATE_COSINE, "drift_mid": article.MIDDLE_DRIFT,
-                "predicted_lag_mid": article.PREDICTED_LAG, "abs_mean_over_std_mid": article.ABS_MEAN_OVER_STD}
+                "predicted_lag_mid": article.PREDICTED_LAG, "abs_mean_over_std_mid": article.ABS_MEAN_OVER_STD,
+                "drift_mid_at_age": article.MIDDLE_DRIFT, "predicted_lag_mid_at_age": article.PREDICTED_LAG}
 
 
 def published(row: str, column: str) -> Figure | None:
@@ -156,6 +157,22 @@ class Claim:
                      section=self.section, exploratory=self.exploratory)
 
 
+def match_tolerance(s: SeedStat, figure: Figure) -> float:
+    """How far a measured mean may lie from a published one and still match it: max(2 · s · √(1/n + 1/3),
+    half a unit of the figure's last digit), two standard errors of the difference of two means (the article's
+    are 3-seed means, the measured seed spread s standing in for its), never tighter than its rounding. NaN
+    for n < 2 (no spread)."""
+    if s.n < 2:
+        return math.nan
+    return max(Z * s.sd * math.sqrt(1 / s.n + 1 / PUBLISHED_SEEDS), half_unit(figure.decimals))
+
+
+def matches(s: SeedStat, figure: Figure) -> bool | None:
+    """Whether ``s``'s mean matches ``figure`` within :func:`match_tolerance`; None for n < 2."""
+    tol = match_tolerance(s, figure)
+    return None if math.isnan(tol) else abs(s.mean - figure.value) <= tol
+
+
 @dataclass(frozen=True)
 class MatchesPublished(Claim):
     """``row``'s mean of ``column`` (in ``unit``) against the article's figure (:func:`published`), within
@@ -184,7 +201,7 @@ class MatchesPublished(Claim):
             return Outcome(s.describe(self.unit), "needs ≥ 2 seeds: with one there is no seed spread to set the "
                            "tolerance", None, note)
         floor = half_unit(fig.decimals)
-        tol = max(Z * s.sd * math.sqrt(1 / s.n + 1 / PUBLISHED_SEEDS), floor)
+        tol = match_tolerance(s, fig)
         off = abs(s.mean - fig.value)
         return Outcome(s.describe(self.unit),
                        f"|measured − published| ≤ {spread(tol, self.unit)} = max({Z:g} · s · √(1/{s.n} + "
@@ -264,11 +281,12 @@ class RankOrder(Claim):
         runs = ev.per_run[ev.per_run["row"].isin(rows)]
         means = runs.groupby("row")[[self.column, "acc_eval_mode"]].mean()
         rho = spearman_rho(means[self.column], means["acc_eval_mode"])
-        per_seed = [spearman_rho(g[self.column], g["acc_eval_mode"]) for _, g in runs.groupby("seed")
-                    if g["row"].nunique() == len(rows)]
+        full = {seed: g for seed, g in runs.groupby("seed") if g["row"].nunique() == len(rows)}
+        per_seed = [spearman_rho(g[self.column], g["acc_eval_mode"]) for g in full.values()]
         crit = spearman_critical(len(rows), ALPHA)
-        seeds = f"; per seed {', '.join(cell(r, 'rho') for r in per_seed)}" if per_seed else ""
-        measured = f"rho = {cell(rho, 'rho')} over row means of {len(rows)} rows{seeds}"
+        seeds = (f"; per seed {', '.join(cell(r, 'rho') for r in per_seed)} (seeds {seed_ranges(full)}, those all "
+                 f"{len(rows)} rows ran)" if per_seed else "")
+        measured = f"rho = {cell(rho, 'rho')} over row means of {len(rows)} rows ({ev.seeds_per_row(rows)}){seeds}"
         ordered = rho_at_or_beyond(rho, -crit)
         level = cell(ALPHA, "pct", digits=0)
         if self.orders:

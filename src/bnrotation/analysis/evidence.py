@@ -10,14 +10,16 @@ claim the per-seed values of one row (:class:`.stats.SeedStat`).
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
 
-from . import lag, metrics
-from .results import Run
-from .stats import SeedStat
+from ..rows import row_order
+from . import dense, lag, metrics
+from .results import Run, count
+from .stats import SeedStat, seed_ranges
 from .table import run_metrics
 
 CONV_LAYERS = ("conv1", "conv2", "conv3")
@@ -46,13 +48,27 @@ class Evidence:
     def runs_of(self, row: str) -> list[Run]:
         return [r for r in self.runs if r.row == row]
 
+    def seeds_per_row(self, rows: Iterable[str] | None = None) -> str:
+        """n per row, in words, rows with the same seeds together: ``'n per row: 10 seeds (0–9) for `sgd`,
+        `adam`; 3 seeds (0–2) for `adamw`'`` (every row with runs, or those of ``rows`` that have runs)."""
+        have = self.per_run.groupby("row")["seed"].apply(lambda s: tuple(sorted(s)))
+        rows = [r for r in dict.fromkeys(have.index if rows is None else rows) if r in have.index]
+        groups: dict[tuple[int, ...], list[str]] = {}
+        for row in sorted(rows, key=row_order):
+            groups.setdefault(have[row], []).append(row)
+        parts = [f"{count(len(seeds), 'seed')} ({seed_ranges(seeds)}) for " + ", ".join(f"`{r}`" for r in group)
+                 for seeds, group in sorted(groups.items(), key=lambda kv: -len(kv[0]))]
+        return "n per row: " + "; ".join(parts) if parts else "no runs"
+
 
 def per_run_values(run: Run) -> dict:
     """Every per-run quantity the claims use, in the units of its source: the table's columns, then
     ``update_cos`` and ``grad_cos`` (mean over the window, last conv layer), ``grad_cos_max_abs`` (largest
     |cos(∇L, w)| of any conv layer), the middle layer's ``drift_mid`` (σ/step), ``drift_exponent_mid``
     (slope of log drift on log Δ over the first doubling of Δ), ``predicted_lag_mid``, ``lag_mid`` (σ),
-    ``lag_ratio_mid``, ``lag_spearman_mid``, ``abs_mean_over_std_mid``, and ``checks_below_90`` (fraction)."""
+    ``lag_ratio_mid``, ``lag_spearman_mid``, ``abs_mean_over_std_mid``, the drift from the dense windows
+    (:func:`dense_values`), each conv layer's update cosine over the parts of the window
+    (:func:`update_cosines`), and ``checks_below_90`` (fraction)."""
     values = run_metrics(run)
     lags = lag.run_lags(run)
     mid = lags[lags["layer"] == metrics.MIDDLE_CONV] if len(lags) else lags
@@ -72,9 +88,35 @@ def per_run_values(run: Run) -> dict:
         lag_spearman_mid=middle("spearman"),
         abs_mean_over_std_mid=metrics.channel_median(run, "abs_mean_over_std"),
     )
+    values.update(dense_values(run))
+    values.update(update_cosines(run))
     below, n = values["checks_below"], values["n_checks"]
     values["checks_below_90"] = below / n if n else math.nan
     return values
+
+
+def dense_values(run: Run) -> dict:
+    """The middle layer's drift from the dense windows (:func:`.dense.dense_drift`), NaN for a run without
+    them: ``dense_drift_<Δ>`` (σ/step) at each Δ of :data:`.dense.DENSE_INTERVALS`; ``age_interval`` (steps),
+    the running average's age (1 − m)/m rounded (:func:`.lag.age_interval`, 32 at m = 0.03);
+    ``drift_mid_at_age`` (σ/step), the drift over that Δ; ``predicted_lag_mid_at_age`` (σ), the article's
+    formula on it, drift · (1 − m)/m (:func:`.lag.predicted_lag_steady`)."""
+    m = dense.momentum(run)
+    age = lag.age_interval(m) if math.isfinite(m) else None
+    intervals = tuple(sorted(set(dense.DENSE_INTERVALS) | ({age} if age else set())))
+    drift = dense.dense_drift(run, intervals) if age else pd.Series(dtype=float)
+    at = drift.get(age, math.nan) if age else math.nan
+    return {**{f"dense_drift_{d}": float(drift.get(d, math.nan)) for d in dense.DENSE_INTERVALS},
+            "age_interval": age if age else math.nan, "drift_mid_at_age": float(at),
+            "predicted_lag_mid_at_age": lag.predicted_lag_steady(at, m) if age else math.nan}
+
+
+def update_cosines(run: Run) -> dict:
+    """``update_cos_<layer>_<part>``: the mean of cos(w(t+1) − w(t), w(t)) (the ``layers`` table) of each conv
+    layer of :data:`CONV_LAYERS` over each part of the check window (:func:`.metrics.window_ends`: ``window``,
+    ``start``, ``end``)."""
+    return {f"update_cos_{layer}_{part}": metrics.layer_mean_between(run, "update_cos", layer, first, last)
+            for layer in CONV_LAYERS for part, (first, last) in metrics.window_ends(run).items()}
 
 
 def collect(root: Path, runs: list[Run]) -> Evidence:

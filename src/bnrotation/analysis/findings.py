@@ -9,11 +9,20 @@ check (:func:`.interventions.smallest_k`).
 
 from __future__ import annotations
 
-from ..article import FAIL_BELOW
-from ..rows import ROWS, row_order
-from . import averaging, interventions, metrics
-from .evidence import Evidence
-from .stats import cell, spread
+import math
+
+import numpy as np
+
+from ..article import ADAM_RERUN_ACC_EVAL, FAIL_BELOW, MIDDLE_DRIFT, UPDATE_COSINE
+from ..rows import PUBLISHED_SEEDS, ROWS, row_order
+from . import averaging, dense, interventions, metrics
+from .claim_kinds import matches, said
+from .dense import DENSE_INTERVALS
+from .evidence import CONV_LAYERS, Evidence
+from .results import count
+from .stats import cell, seed_ranges, share_at_or_below, spread, subset_means
+
+ADAM, SGD, ACC = "adam", "sgd", "acc_eval_mode"
 
 COMPARED_WITH = "adam"  # the BatchNorm row the norms without running statistics are set beside
 NORM_FREE_ROWS = tuple(row for row, spec in ROWS.items() if spec.norm != "batch")
@@ -89,6 +98,137 @@ def finding_norm_free(ev: Evidence) -> list[str]:
     return lines + [""]
 
 
+DRAW_SEEDS = PUBLISHED_SEEDS  # the article's rows are 3-seed means: how much does such a mean vary?
+MIN_DRAW_SEEDS = DRAW_SEEDS + 1  # with 3 seeds there is one 3-seed mean and nothing to compare it with
+
+
+def finding_one_draw(ev: Evidence) -> list[str]:
+    """How much a 3-seed mean of evaluation-mode accuracy varies, from every 3-seed subset of a row's seeds
+    (:func:`.stats.subset_means`, exact), and where the article's Adam figures fall among them."""
+    lines = ["### How much one draw varies\n"]
+    rows = [r for r in sorted(ev.per_run["row"].unique(), key=row_order) if ev.stat(r, ACC).n >= MIN_DRAW_SEEDS]
+    if not rows:
+        return lines + [f"NOT RUN: no row has {MIN_DRAW_SEEDS} or more seeds yet ({ev.seeds_per_row()}); with "
+                        f"{DRAW_SEEDS} there is a single {DRAW_SEEDS}-seed mean.\n"]
+    pub, rerun = ROWS[ADAM].published.acc_eval_mode, ADAM_RERUN_ACC_EVAL
+    lines += [f"The article's table gives {DRAW_SEEDS}-seed means, and the article warns that a rerun gave Adam "
+              f"{said(rerun, 'pct')} instead of {cell(pub, 'pct')}. Here, per row with {MIN_DRAW_SEEDS} or more "
+              f"seeds, the mean evaluation-mode accuracy of every subset of {DRAW_SEEDS} of its seeds (all C(n, "
+              f"{DRAW_SEEDS}), exact, no random resampling): what one {DRAW_SEEDS}-seed draw could have given. "
+              "Percentiles interpolate linearly between the ordered means.\n",
+              f"| Row | Seeds (n) | {DRAW_SEEDS}-seed means | Median | 5th–95th percentile | Min–max | Mean of all seeds |",
+              "|---|---|---:|---:|---:|---:|---:|"]
+    draws = {}
+    for row in rows:
+        s = ev.stat(row, ACC)
+        means = subset_means(s.values, DRAW_SEEDS)
+        draws[row] = means
+        lo, mid, hi = np.percentile(means, [5, 50, 95])
+        lines.append(f"| `{row}` | {seed_ranges(s.seeds)} ({s.n}) | {len(means)} | {cell(mid, 'pct')} | "
+                     f"{cell(lo, 'pct')}–{cell(hi, 'pct')} | {cell(means.min(), 'pct')}–{cell(means.max(), 'pct')} | "
+                     f"{s.describe('pct')} |")
+    lines.append("")
+    if ADAM in draws:
+        means = draws[ADAM]
+        lines.append(f"- `{ADAM}`: {cell(share_at_or_below(means, pub), 'pct', digits=0)} of its {len(means)} "
+                     f"{DRAW_SEEDS}-seed means lie at or below the article's {cell(pub, 'pct')}, and "
+                     f"{cell(share_at_or_below(means, rerun.value), 'pct', digits=0)} at or below its rerun's "
+                     f"{said(rerun, 'pct')}.")
+    else:
+        lines.append(f"- `{ADAM}` has fewer than {MIN_DRAW_SEEDS} seeds: where the article's {cell(pub, 'pct')} and "
+                     f"its rerun's {said(rerun, 'pct')} fall is not known yet.")
+    return lines + [""]
+
+
+def _interval_needed(ev: Evidence, row: str, figure) -> str:
+    """The Δ at which ``row``'s drift from the dense windows matches ``figure`` (the claims' tolerance), or, where
+    none does, where the published drift falls between two measured Δ (log–log interpolation), or outside."""
+    stats = {d: ev.stat(row, f"dense_drift_{d}") for d in DENSE_INTERVALS}
+    stats = {d: s for d, s in stats.items() if s.n}
+    met = [d for d, s in stats.items() if matches(s, figure)]
+    if met:
+        return f"holds at Δ = {', '.join(map(str, met))}"
+    ds = sorted(stats)
+    drift = [stats[d].mean for d in ds]
+    for (d0, v0), (d1, v1) in zip(zip(ds, drift), zip(ds[1:], drift[1:])):
+        if min(v0, v1) <= figure.value <= max(v0, v1) and v0 > 0 and v1 > 0 and v0 != v1:
+            at = math.exp(math.log(d0) + (math.log(figure.value) - math.log(v0)) * (math.log(d1) - math.log(d0))
+                          / (math.log(v1) - math.log(v0)))
+            return f"would need Δ ≈ {at:.0f} (between Δ = {d0} and {d1}, interpolated on log drift against log Δ)"
+    lowest, highest = min(ds, key=lambda d: stats[d].mean), max(ds, key=lambda d: stats[d].mean)
+    if figure.value > stats[highest].mean:
+        return f"holds at no measured Δ: even Δ = {highest} gives only {cell(stats[highest].mean, 'drift')}"
+    return f"holds at no measured Δ: even Δ = {lowest} gives {cell(stats[lowest].mean, 'drift')}"
+
+
+def finding_dense_drift(ev: Evidence) -> list[str]:
+    """The middle layer's drift at Δ = 1 to 128 steps from the dense windows, and the Δ, if any, at which both of
+    the article's drift figures hold at once (:func:`.claim_kinds.matches`, the claims' tolerance)."""
+    lines = ["### Drift at short intervals, from the dense windows\n"]
+    table, lacking = dense.dense_drift_table(ev.runs)
+    lines += [*dense.drift_markdown(table, lacking), ""]
+    rows = (ADAM, SGD)
+    if any(ev.stat(r, f"dense_drift_{DENSE_INTERVALS[0]}").n < 2 for r in rows):
+        return lines + [f"Whether one Δ gives both of the article's drift figures ({said(MIDDLE_DRIFT[ADAM], 'drift')} "
+                        f"under Adam, {said(MIDDLE_DRIFT[SGD], 'drift')} under SGD) needs dense windows of two or more "
+                        f"seeds of both `{ADAM}` and `{SGD}` (the claims' tolerance rests on the seed spread); "
+                        f"{ev.seeds_per_row(rows)}, dense windows: "
+                        + ", ".join(f"`{r}` {count(ev.stat(r, f'dense_drift_{DENSE_INTERVALS[0]}').n, 'seed')}"
+                                    for r in rows) + ".\n"]
+    both = [d for d in DENSE_INTERVALS if all(matches(ev.stat(r, f"dense_drift_{d}"), MIDDLE_DRIFT[r]) for r in rows)]
+    figures = f"{said(MIDDLE_DRIFT[ADAM], 'drift')} (Adam) and {said(MIDDLE_DRIFT[SGD], 'drift')} (SGD)"
+    if both:
+        lines.append(f"Both of the article's figures, {figures}, are met at once (each within the claims' tolerance, "
+                     f"two standard errors of the difference) at Δ = {', '.join(map(str, both))} steps.")
+    else:
+        lines.append(f"No single Δ meets both of the article's figures, {figures}, within the claims' tolerance "
+                     f"(two standard errors of the difference): Adam's {_interval_needed(ev, ADAM, MIDDLE_DRIFT[ADAM])}; "
+                     f"SGD's {_interval_needed(ev, SGD, MIDDLE_DRIFT[SGD])}.")
+    return lines + [""]
+
+
+def finding_lag_models(ev: Evidence) -> list[str]:
+    """The measured lag at the end of each dense window against the steady-drift, random-walk and combined
+    predictions from the fresh mean's own increments (:func:`.dense.lag_model_table`)."""
+    lines = ["### The lag of a wandering mean: steady drift or random walk\n",
+             "The article's lag formula assumes a steady drift r, lag = r(1 − m)/m, about 32 r at m = 0.03. A mean "
+             "that wanders as a random walk with step size s lags by s(1 − m)/√(m(2 − m)) in root mean square, "
+             "about 4 s; if its steps are correlated, as when an optimizer's momentum averages the gradients over "
+             "about ten steps, by more (`lag.predicted_lag_steady`, `lag.predicted_lag_random_walk`, "
+             "`lag.predicted_lag_correlated_walk` derive each).\n"]
+    table = dense.lag_model_table(ev.runs)
+    lines += [*dense.models_markdown(table), ""]
+    for _, r in table.iterrows():
+        errors = "; ".join(f"{dense.MODEL_NAMES[m]} RMS ratio {cell(r[f'{m}_rms_ratio_mean'], 'plain')}, median abs "
+                           f"log error {cell(r[f'{m}_log_error_mean'], 'plain')}" for m in dense.MODELS)
+        lines.append(f"- `{r['row']}` ({count(r['n_seeds'], 'seed')}: {r['seeds']}): the "
+                     f"{dense.MODEL_NAMES[r['best']]} model predicts the measured lag best, on "
+                     f"{r['best_seeds']} of {count(r['n_seeds'], 'seed')} ({errors}).")
+    return lines + [""]
+
+
+def finding_update_cosine(ev: Evidence) -> list[str]:
+    """The update's cosine with the weights per conv layer, over the whole check window and at its start and end
+    (:func:`.evidence.update_cosines`), for the rows whose cosine the article gives."""
+    lines = ["### The update's cosine per layer, at the start and end of the window\n"]
+    rows = sorted((r for r in UPDATE_COSINE if ev.has(r)), key=row_order)
+    if not rows:
+        return lines + [f"NOT RUN: no runs of {', '.join(f'`{r}`' for r in UPDATE_COSINE)}.\n"]
+    parts = metrics.window_ends(ev.runs_of(rows[0])[0])
+    lines += ["cos(w(t+1) − w(t), w(t)) of the step the optimizer takes (momentum included), over each conv layer's "
+              "whole weight, mean over the logged steps of each part of the check window, then over seeds ± sample "
+              f"standard deviation. The claims use {metrics.LAST_CONV} over the whole window; the article names no "
+              "layer. [The article's figure.]\n",
+              "| Row | Layer | " + " | ".join(f"Steps {a:,}–{b:,}" for a, b in parts.values()) + " |",
+              "|---|---|" + "---:|" * len(parts)]
+    for row in rows:
+        for layer in CONV_LAYERS:
+            cells = [ev.stat(row, f"update_cos_{layer}_{part}").describe("cos") for part in parts]
+            lines.append(f"| `{row}` [{said(UPDATE_COSINE[row], 'cos')}] | {layer} | " + " | ".join(cells) + " |")
+    return lines + [""]
+
+
 def findings(ev: Evidence) -> list[str]:
     """Every finding, in the order ``claims.md`` gives them."""
-    return [*finding_averaging(ev), *finding_norm_free(ev), *finding_channels(ev)]
+    return [*finding_averaging(ev), *finding_norm_free(ev), *finding_channels(ev), *finding_one_draw(ev),
+            *finding_dense_drift(ev), *finding_lag_models(ev), *finding_update_cosine(ev)]

@@ -19,6 +19,14 @@ layer's drift from the logged fresh statistics at multiples of that interval,
 and :func:`drift_exponent` fits how it scales: a mean that moves at a steady
 rate gives the same drift at every Δ (exponent 0), a random walk gives drift
 falling as Δ^-1/2 (net displacement grows as √Δ).
+
+The lag of a moving mean in closed form, for a steady drift, a random walk,
+both, and a walk whose steps are correlated: :func:`predicted_lag_steady`
+(which derives the weights every one of them rests on),
+:func:`predicted_lag_random_walk`, :func:`predicted_lag_combined`,
+:func:`predicted_lag_correlated_walk`; :mod:`.dense` tests them on the fresh
+means of the dense windows, and ``lag.md`` ends with both sections
+(:func:`dense_markdown`).
 """
 
 from __future__ import annotations
@@ -44,6 +52,120 @@ COLUMNS = (
     ("spearman", "Spearman ρ", 2),
 )
 INTERVAL_MULTIPLES = (1, 2, 4, 8, 16)  # drift over Δ = k log intervals (100 to 1,600 steps at full scale)
+
+
+# ----------------------------------------------------------------------------- the lag of a moving mean, closed forms
+def _weight_sums(m: float, measured_after_step: bool) -> tuple[float, float]:
+    """(Σ a_j, Σ a_j²) of the weights a_j with which the running average's lag sums a channel's past increments
+    (:func:`predicted_lag_steady` derives them): a_j = (1 − m)^(j+1) for j ≥ 0, or (1 − m)^j with
+    ``measured_after_step``.
+
+    Raises:
+        ValueError: unless 0 < m ≤ 1.
+    """
+    if not 0 < m <= 1:
+        raise ValueError(f"BatchNorm momentum m must lie in (0, 1], got {m}")
+    first = 1.0 if measured_after_step else 1.0 - m  # a_0
+    return first / m, first ** 2 / (m * (2.0 - m))
+
+
+def running_average_age(m: float) -> float:
+    """(1 − m)/m, in steps: the mean age Σ_k k · m(1 − m)^k of the batches in PyTorch's running average with
+    momentum m (the article's "average age of the estimate", about 32 steps at m = 0.03).
+
+    Raises:
+        ValueError: unless 0 < m ≤ 1.
+    """
+    return _weight_sums(m, False)[0]
+
+
+def predicted_lag_steady(r: float, m: float, measured_after_step: bool = False) -> float:
+    """The lag, in σ, of PyTorch's running average (momentum m) behind a channel mean that drifts at a steady
+    r σ per step: r · (1 − m)/m (Pradeep 2026, "From rotation to a wrong mean"); r/m ``measured_after_step``.
+
+    Derivation. Let μ_t be the channel's mean (in σ) at the weights after optimizer step t and d_t = μ_t −
+    μ_(t−1) its increments. PyTorch updates ``running = (1 − m) · running + m · batch_mean`` in the forward
+    pass, so in the steady state R_t = Σ_(k≥0) m(1 − m)^k B_(t−k), a weighted sum of past batch means whose
+    weights sum to 1. The lag is R_t − μ_t.
+
+    - The article's timing: the batch mean B_t is μ_t and the lag is read after that update. Then
+      μ_t − μ_(t−k) = d_t + … + d_(t−k+1), and collecting the weight each increment gets,
+      R_t − μ_t = −Σ_(j≥0) a_j d_(t−j) with a_j = Σ_(k>j) m(1 − m)^k = (1 − m)^(j+1):
+      an exponentially weighted sum of past increments.
+    - The runner's timing (``measured_after_step``): the batch of step t is normalised at the weights before
+      the step (B_t = μ_(t−1)) and the lag is read after it, one increment later, so a_j = (1 − m)^j: every
+      weight divided by (1 − m), the latest increment d_t counted in full.
+
+    A steady drift, d_t = r for every t, gives |lag| = r Σ a_j = r (1 − m)/m (article) or r/m (runner):
+    32.3 r and 33.3 r at m = 0.03.
+
+    Raises:
+        ValueError: unless 0 < m ≤ 1.
+    """
+    return r * _weight_sums(m, measured_after_step)[0]
+
+
+def predicted_lag_random_walk(s: float, m: float, measured_after_step: bool = False) -> float:
+    """The root-mean-square lag, in σ, of PyTorch's running average (momentum m) behind a channel mean that
+    moves as a random walk, i.i.d. increments of mean 0 and standard deviation s σ per step:
+    s · (1 − m)/√(m(2 − m)); s/√(m(2 − m)) ``measured_after_step``.
+
+    Derivation: the lag is −Σ_(j≥0) a_j d_(t−j) (:func:`predicted_lag_steady`), a sum of independent
+    increments, so its variance is s² Σ a_j² = s² (1 − m)² Σ_(j≥0) (1 − m)^(2j) = s² (1 − m)²/(1 − (1 − m)²)
+    = s² (1 − m)²/(m(2 − m)), and s²/(m(2 − m)) with the runner's timing. At m = 0.03: 3.99 s and 4.11 s,
+    where a steady drift r gives 32.3 r: a wandering mean's increments partly cancel inside the running
+    average's window, a steady drift's add up. The lag is then Gaussian with mean 0 (for Gaussian increments),
+    so its median |lag| is 0.674 times this RMS.
+
+    Raises:
+        ValueError: unless 0 < m ≤ 1.
+    """
+    return s * math.sqrt(_weight_sums(m, measured_after_step)[1])  # s may be an array, one value per channel
+
+
+def predicted_lag_combined(r: float, s: float, m: float, measured_after_step: bool = False) -> float:
+    """Root-mean-square lag, in σ, behind a mean that drifts at r σ per step and wanders with i.i.d. increments
+    of standard deviation s σ per step (d_t = r + s ξ_t, ξ of mean 0 and variance 1): the lag −Σ a_j d_(t−j)
+    has mean −r Σ a_j and variance s² Σ a_j², so E[lag²] = (r Σ a_j)² + s² Σ a_j², i.e.
+    lag² = (r(1 − m)/m)² + s²(1 − m)²/(m(2 − m)) (:func:`predicted_lag_steady`,
+    :func:`predicted_lag_random_walk`).
+
+    Raises:
+        ValueError: unless 0 < m ≤ 1.
+    """
+    return np.hypot(predicted_lag_steady(r, m, measured_after_step),
+                    predicted_lag_random_walk(s, m, measured_after_step))
+
+
+def predicted_lag_correlated_walk(s: float, rho: float, m: float, measured_after_step: bool = False) -> float:
+    """The root-mean-square lag, in σ, of PyTorch's running average (momentum m) behind a channel mean that moves
+    as a random walk whose steps are correlated: stationary increments of mean 0, standard deviation s σ per
+    step and autocorrelation ρ^k at k steps apart (AR(1), as when each step is a momentum average of
+    independent gradients: an exponential average with factor β has ρ = β). With q = 1 − m:
+    s · √((1 + qρ)/((1 − q²)(1 − qρ))) with the runner's timing (``measured_after_step``), q times that with the
+    article's; ρ = 0 gives :func:`predicted_lag_random_walk`.
+
+    Derivation: the lag is −Σ_(j≥0) a_j d_(t−j) (:func:`predicted_lag_steady`), a_j = q^j (runner's timing), so
+    Var = s² Σ_i Σ_j q^(i+j) ρ^|i−j| = s² Σ_i q^(2i) (1 + 2 Σ_(k≥1) (qρ)^k) = s² (1 + 2qρ/(1 − qρ))/(1 − q²)
+    = s² (1 + qρ)/((1 − q²)(1 − qρ)); the article's a_j = q^(j+1) multiply it by q². At m = 0.03 and ρ = 0.9,
+    3.8 times the uncorrelated walk's lag: steps that keep their direction for about 1/(1 − ρ) steps add up
+    inside the running average's window like a drift, and cancel beyond it like a walk.
+
+    Raises:
+        ValueError: unless 0 < m ≤ 1 and −1 < ρ < 1.
+    """
+    rho = np.asarray(rho, dtype=float)
+    if not np.all((rho > -1) & (rho < 1)):
+        raise ValueError(f"the steps' lag-1 autocorrelation ρ must lie in (−1, 1), got {rho}")
+    q = 1.0 - m
+    return s * np.sqrt(_weight_sums(m, measured_after_step)[1] * (1 + q * rho) / (1 - q * rho))
+
+
+def age_interval(m: float) -> int:
+    """The drift interval Δ, in steps, that the lag formula's drift most plausibly refers to: the running
+    average's age (1 − m)/m rounded to whole steps (32 at m = 0.03). The drift claims use it where a run
+    has dense windows (:mod:`.dense`)."""
+    return max(1, round(running_average_age(m)))
 
 
 def run_lags(run: Run) -> pd.DataFrame:
@@ -170,7 +292,8 @@ def drift_markdown(scaling: pd.DataFrame) -> list[str]:
     return out
 
 
-def to_markdown(table: pd.DataFrame, without: list[str], root: Path, scaling: pd.DataFrame | None = None) -> str:
+def to_markdown(table: pd.DataFrame, without: list[str], root: Path, scaling: pd.DataFrame | None = None,
+                dense_sections: list[str] | None = None) -> str:
     """``results/lag.md``: one line per row and layer, ``mean ± spread`` in each cell."""
     out = ["# The lag formula, channel by channel\n",
            f"Rebuilt by `make table` from the runs under `{root}` (schema version {records.SCHEMA_VERSION}). "
@@ -192,12 +315,25 @@ def to_markdown(table: pd.DataFrame, without: list[str], root: Path, scaling: pd
         out.append("\nNo running statistics, so no lag to measure: " + ", ".join(f"`{w}`" for w in without) + ".")
     if scaling is not None:
         out += drift_markdown(scaling)
+    if dense_sections:
+        out += dense_sections
     return "\n".join(out) + "\n"
+
+
+def dense_markdown(runs: list[Run]) -> list[str]:
+    """The two sections of ``lag.md`` from the dense windows (:mod:`.dense`): drift at short intervals, and
+    the lag of a wandering mean against the steady-drift and random-walk models."""
+    from . import dense  # dense builds on this module's closed forms, so it is imported here, not at the top
+
+    return ["\n## Drift at short intervals, from the dense windows\n",
+            *dense.drift_markdown(*dense.dense_drift_table(runs)),
+            "\n## The lag of a wandering mean: steady drift or random walk\n",
+            *dense.models_markdown(dense.lag_model_table(runs))]
 
 
 def write_lag(runs: list[Run], out: Path, root: Path) -> str:
     """Write ``<out>/lag.md`` atomically and return its text."""
     table, without = lag_table(runs)
-    md = to_markdown(table, without, root, drift_scaling_table(runs))
+    md = to_markdown(table, without, root, drift_scaling_table(runs), dense_markdown(runs))
     records.atomic_write_text(Path(out) / "lag.md", md)
     return md

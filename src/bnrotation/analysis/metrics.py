@@ -143,6 +143,25 @@ def layer_mean(run: Run, column: str, layer: str = LAST_CONV) -> float:
     return float(sel[column].mean()) if sel[column].notna().any() else math.nan
 
 
+WINDOW_END_STEPS = 500  # the check window's start and end, for quantities that may change along it
+
+
+def window_ends(run: Run) -> dict[str, tuple[int, int]]:
+    """(first, last) step of the whole check window (``window``), of its first :data:`WINDOW_END_STEPS` steps
+    (``start``: 2,000-2,500 at full scale) and of its last (``end``: 5,500-6,000), from the run's config."""
+    first, last = check_window(run)
+    return {"window": (first, last), "start": (first, min(first + WINDOW_END_STEPS, last)),
+            "end": (max(last - WINDOW_END_STEPS, first), last)}
+
+
+def layer_mean_between(run: Run, column: str, layer: str, first: int, last: int) -> float:
+    """Mean of a ``layers`` column of ``layer`` over its logged steps from ``first`` to ``last`` inclusive
+    (:func:`layer_mean` over the whole check window); NaN if nothing finite is logged there."""
+    lay = run.tables["layers"]
+    sel = lay[(lay["layer"] == layer) & (lay["step"] >= first) & (lay["step"] <= last)][column]
+    return float(sel.mean()) if sel.notna().any() else math.nan
+
+
 def layer_max_abs(run: Run, column: str, layer: str = LAST_CONV) -> float:
     """Largest ``|column|`` of ``layer`` over its logged steps inside the check window."""
     lay = run.tables["layers"]

@@ -13,17 +13,19 @@ below.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import numpy as np
 
 from .. import article as A
 from ..rows import ROWS
 from . import carryover, lag, metrics
-from .claim_kinds import (Z, Above, Below, MatchesPublished, Outcome, RankOrder, RecoveryShare, above, bespoke, said,
-                          table_figure)
-from .evidence import Evidence, middle_lag_at_failing
+from .claim_kinds import (Z, Above, Below, MatchesPublished, Outcome, RankOrder, RecoveryShare, above, bespoke, matches,
+                          said, table_figure)
+from .dense import DENSE_INTERVALS
+from .evidence import CONV_LAYERS, Evidence, middle_lag_at_failing
 from .results import Run, count
-from .stats import SeedStat, cell, half_unit, se_of_difference, spread
+from .stats import SeedStat, cell, half_unit, se_of_difference, seed_ranges, spread
 from .table import COLUMNS as TABLE_COLUMNS
 
 SGD, ADAM, ADAMW, PROJ, COS, SMALL_LR, WINDOW = ("sgd", "adam", "adamw", "adam_projected", "adam_cosine",
@@ -61,7 +63,7 @@ def training_mode_stays_at_100(ev: Evidence) -> Outcome:
     heldout = int(ev.runs[0].config["scale"]["heldout_size"])
     return Outcome(f"mean {cell(mean, 'pct')} over {len(checks)} checks of {checks.groupby(['row', 'seed']).ngroups} "
                    f"runs; lowest {cell(float(lowest['acc_train_mode']), 'pct')} (`{lowest['row']}` seed "
-                   f"{lowest['seed']}, step {lowest['step']})",
+                   f"{lowest['seed']}, step {lowest['step']}); {ev.seeds_per_row(bn_rows(ev.runs))}",
                    f"mean ≥ {cell(rounds_up, 'pct')} (rounds to {said(A.TRAINING_MODE, 'pct')}) and no check below "
                    f"{cell(TRAIN_MODE_FLOOR, 'pct', digits=0)} ({round((1 - TRAIN_MODE_FLOOR) * heldout):,} errors in "
                    f"{heldout:,} samples)",
@@ -79,7 +81,7 @@ def adam_dips_to_chance(ev: Evidence) -> Outcome:
     ceiling = A.LOWEST_CHECK.value + CHANCE_MARGIN
     return Outcome(f"lowest check {cell(float(lowest['acc_eval_mode']), 'pct')} (seed {lowest['seed']}, step "
                    f"{lowest['step']}); lowest per seed {', '.join(cell(float(v), 'pct') for v in per_run)} "
-                   f"({len(checks)} checks of {count(len(per_run), 'run')})",
+                   f"({len(checks)} checks of {count(len(per_run), 'run')}; {ev.seeds_per_row((ADAM,))})",
                    f"the lowest check within {spread(CHANCE_MARGIN, 'pct', digits=0)} of chance "
                    f"(≤ {cell(ceiling, 'pct', digits=0)})", float(lowest["acc_eval_mode"]) <= ceiling)
 
@@ -105,7 +107,8 @@ def gradient_cosine_is_zero(ev: Evidence) -> Outcome:
     rounds_to_zero = half_unit(A.GRADIENT_COSINE.decimals)
     run = next(r for r in ev.runs if r.row == worst["row"] and r.seed == worst["seed"])
     return Outcome(f"largest |cos(∇L, w)| at any logged step of the check window, any conv layer, any of "
-                   f"{len(bn)} runs: {worst['grad_cos_max_abs']:.2e} (`{worst['row']}` seed {worst['seed']})",
+                   f"{len(bn)} runs: {worst['grad_cos_max_abs']:.2e} (`{worst['row']}` seed {worst['seed']}); "
+                   f"{ev.seeds_per_row(bn['row'].unique())}",
                    f"|cos| < {cell(rounds_to_zero, 'plain', digits=A.GRADIENT_COSINE.decimals + 1)} everywhere "
                    f"(rounds to {said(A.GRADIENT_COSINE, 'plain')})",
                    float(worst["grad_cos_max_abs"]) < rounds_to_zero, _epsilon_note(run))
@@ -123,6 +126,44 @@ def _epsilon_note(run: Run) -> str:
             f"⟨∇L, w⟩ carries a factor ε/(σ² + ε). The largest cosine is in {layer} of that run, whose median "
             f"channel variance σ² (fresh statistics) is {var:.3g}: ε/σ² = {eps / var:.1e}, the cosine's order of "
             "size there.")
+
+
+PARTS = {"window": "the whole window", "start": "its start", "end": "its end"}  # metrics.window_ends, in words
+
+
+def update_cosine_note(ev: Evidence, claim: MatchesPublished) -> str:
+    """Whether a gap between the measured update cosine and the article's comes from the definition or the data.
+
+    The definition is the article's words: the update is the step the optimizer takes, w(t+1) − w(t) across
+    ``optimizer.step()`` (the runner snapshots the weights just before it, ``monitor.StalenessMonitor.snapshot``,
+    and the monitor takes the difference after it), so SGD's includes its momentum. What the article leaves
+    open is the layer and the part of the window: each conv layer's cosine over the whole check window, its
+    first and its last 500 steps (:func:`.evidence.update_cosines`), against the published figure with the
+    claim's own tolerance (:func:`.claim_kinds.matches`)."""
+    fig = claim.figure()
+    stats = {(layer, part): ev.stat(claim.row, f"update_cos_{layer}_{part}") for layer in CONV_LAYERS
+             for part in PARTS}
+    if not any(st.n for st in stats.values()):
+        return ""
+    per_layer = "; ".join(f"{layer} " + ", ".join(f"{cell(stats[layer, part].mean, 'cos')} ({PARTS[part]})"
+                                                  for part in PARTS) for layer in CONV_LAYERS)
+    met = {layer: [PARTS[part] for part in PARTS if matches(stats[layer, part], fig)] for layer in CONV_LAYERS}
+    met = [f"{layer} ({', '.join(parts)})" for layer, parts in met.items() if parts]
+    ends = metrics.window_ends(ev.runs_of(claim.row)[0])
+    seeds = ev.stat(claim.row, claim.column)
+    text = ("Definition: the update is w(t+1) − w(t) across `optimizer.step()`, the step the optimizer actually "
+            "takes (the runner snapshots the weights just before it; for SGD the step includes its momentum), "
+            "and the cosine is over the whole layer, in float64: the article's \"cosine between each update and "
+            "the weight vector\". The article does not say which layer, nor over which steps. Mean cosine per conv "
+            f"layer over the whole check window, its start (steps {ends['start'][0]:,}–{ends['start'][1]:,}) and "
+            f"its end (steps {ends['end'][0]:,}–{ends['end'][1]:,}), mean over {count(seeds.n, 'seed')} "
+            f"({seed_ranges(seeds.seeds)}): {per_layer}. ")
+    if met:
+        return text + (f"The published {said(fig, 'cos')} is matched, within the same tolerance, by "
+                       f"{', '.join(met)}: the gap comes from the choice of layer or steps (the definition), not "
+                       "from the data.")
+    return text + (f"None of them matches the published {said(fig, 'cos')} within the same tolerance: the gap "
+                   "comes from the data, not from the definition of the update, the layer or the steps.")
 
 
 def drift_interval_note(drift: SeedStat, exponent: SeedStat, published: float, run: Run) -> str:
@@ -145,6 +186,48 @@ def drift_note(ev: Evidence, claim: MatchesPublished) -> str:
     """:func:`drift_interval_note` for a drift claim's row."""
     return drift_interval_note(ev.stat(claim.row, claim.column), ev.stat(claim.row, "drift_exponent_mid"),
                                claim.figure().value, ev.runs_of(claim.row)[0])
+
+
+AGE_M = ROWS[ADAM].bn_momentum  # the article's m, 0.03 (SGD's is the same)
+AGE = lag.age_interval(AGE_M)  # the running average's age (1 − m)/m, in whole steps: 32
+AGE_RULE = (f"Judged at the drift interval Δ = {AGE} steps, the running average's age (1 − m)/m at m = {AGE_M:g}: "
+            "the formula drift·(1 − m)/m multiplies the drift by that age, so it is the interval the article most "
+            "plausibly measured its drift over (it states none). Measured from the dense windows (fresh statistics at "
+            "every step, `scale.dense_windows`) of the row's runs that have them; where none has, over the log "
+            "interval, as the check then says. Rule fixed before the ten-seed runs with dense windows came in.")
+
+
+@dataclass(frozen=True)
+class MatchesPublishedAtAge(MatchesPublished):
+    """A claim about the middle layer's drift (or the lag the formula predicts from it), judged at the drift
+    interval Δ = the running average's age (:data:`AGE_RULE`): ``column`` is the value at that Δ from the dense
+    windows (:func:`.evidence.dense_values`), used when any run of the row has them, over those runs only;
+    ``fallback`` is the value over the log interval, used otherwise. The tolerance is
+    :class:`.claim_kinds.MatchesPublished`'s. The note keeps the figure at the log interval beside it."""
+
+    fallback: str = ""
+
+    def outcome(self, ev: Evidence) -> Outcome:
+        at_age, logged = ev.stat(self.row, self.column), ev.stat(self.row, self.fallback)
+        column = self.column if at_age.n else self.fallback
+        o = MatchesPublished(self.name, self.claim, self.row, column, self.unit).outcome(ev)
+        interval = int(ev.runs_of(self.row)[0].config["scale"]["log_every"])
+        if at_age.n:
+            scale = next(r.config["scale"] for r in ev.runs_of(self.row) if r.seed in at_age.seeds)
+            starts = ", ".join(f"{w:,}" for w in scale.get("dense_windows") or ())
+            where = (f"at Δ = {AGE} steps from the dense windows of {count(at_age.n, 'seed')} "
+                     f"({seed_ranges(at_age.seeds)}" + (f"; windows of {scale['dense_length']} steps from steps "
+                                                         f"{starts}" if starts else "") + ")")
+            note = (f"At Δ = {interval} steps, the log interval (the figure this check used before the dense "
+                    f"windows), over seeds {seed_ranges(logged.seeds)}: {logged.describe(self.unit)}. Drift at "
+                    f"every Δ from {DENSE_INTERVALS[0]} to {DENSE_INTERVALS[-1]} steps: the finding \"Drift at short "
+                    "intervals\" below and `lag.md`.")
+        else:
+            where = (f"at Δ = {interval} steps, the log interval: no run of `{self.row}` has dense windows, so not at "
+                     f"Δ = {AGE}")
+            note = self.note(ev, MatchesPublished(self.name, self.claim, self.row, self.fallback, self.unit)) \
+                if self.note else ""
+        return Outcome(f"{where}: {o.measured}", o.tolerance, o.passed, note)
 
 
 @bespoke("The running mean trails the drifting fresh mean by drift·(1 − m)/m: the formula's "
@@ -173,7 +256,7 @@ def stale_middle_channel_at_failing_check(ev: Evidence) -> Outcome:
     top, stale = max(worst), A.STALE_CHANNEL.value
     return Outcome(f"largest middle-layer |lag| at any failing check: {top:.2g}σ; per failing check from "
                    f"{min(worst):.2g}σ to {top:.2g}σ, median {float(np.median(worst)):.2g}σ, over {len(worst)} "
-                   f"failing checks (`{ADAM}`)",
+                   f"failing checks (`{ADAM}`; {ev.seeds_per_row((ADAM,))})",
                    f"the largest within a factor of {MODEL_FACTOR:g} of {said(A.STALE_CHANNEL, 'sigma')}: the article "
                    "shows one checkpoint, so the claim is that such a channel exists, not that it is typical",
                    stale / MODEL_FACTOR <= top <= stale * MODEL_FACTOR,
@@ -191,7 +274,7 @@ def reestimation_restores_every_final_checkpoint(ev: Evidence) -> Outcome:
     rounds_up = A.REESTIMATED.value - half_unit(A.REESTIMATED.decimals)
     return Outcome(f"lowest {cell(float(worst['acc_reestimated_final']), 'pct')} (`{worst['row']}` seed "
                    f"{worst['seed']}); mean {cell(float(finals['acc_reestimated_final'].mean()), 'pct')} over "
-                   f"{count(len(finals), 'run')}",
+                   f"{count(len(finals), 'run')}; {ev.seeds_per_row(finals['row'].unique())}",
                    f"every run ≥ {cell(rounds_up, 'pct')} (rounds to {said(A.REESTIMATED, 'pct')})",
                    float(worst["acc_reestimated_final"]) >= rounds_up)
 
@@ -214,7 +297,7 @@ def middle_layer_alone_lifts_failing_checks(ev: Evidence) -> Outcome:
     return Outcome(f"from as low as {cell(min(stored), 'pct')} to {cell(min(lifted), 'pct')}–"
                    f"{cell(max(lifted), 'pct')} (median {cell(float(np.median(lifted)), 'pct')}); "
                    f"{cell(share, 'pct', digits=0)} of {len(lifted)} failing checks reach {low} (`{ADAM}`, "
-                   f"{metrics.MIDDLE_NORM} given fresh statistics)",
+                   f"{metrics.MIDDLE_NORM} given fresh statistics; {ev.seeds_per_row((ADAM,))})",
                    f"every failing check lifted to ≥ {low}, the article's own lower end (its claim covers every "
                    "failing checkpoint)", min(lifted) >= LIFT_LOW.value)
 
@@ -287,22 +370,22 @@ CLAIMS = (
                      f"{quoted(ADAM, 'update_cos', 'cos')} under Adam (last conv layer, mean over the check window).",
                      ADAM, "update_cos", "cos"),
     MatchesPublished("update_cosine_sgd", f"…and about {quoted(SGD, 'update_cos', 'cos')} under SGD.", SGD,
-                     "update_cos", "cos"),
+                     "update_cos", "cos", note=update_cosine_note),
     Above("update_cosine_adam_above_sgd", "The update leans outward more under Adam than under SGD.", ADAM, SGD,
           "update_cos", "cos"),
     gradient_cosine_is_zero,
-    MatchesPublished("drift_middle_adam", "Median drift of the middle layer's fresh means under Adam.", ADAM,
-                     "drift_mid", "drift", note=drift_note),
-    MatchesPublished("drift_middle_sgd", "Median drift of the middle layer's fresh means under SGD.", SGD,
-                     "drift_mid", "drift", note=drift_note),
+    MatchesPublishedAtAge("drift_middle_adam", "Median drift of the middle layer's fresh means under Adam. "
+                          + AGE_RULE, ADAM, "drift_mid_at_age", "drift", note=drift_note, fallback="drift_mid"),
+    MatchesPublishedAtAge("drift_middle_sgd", "Median drift of the middle layer's fresh means under SGD. " + AGE_RULE,
+                          SGD, "drift_mid_at_age", "drift", note=drift_note, fallback="drift_mid"),
     Above("drift_adam_above_sgd", "The middle layer drifts faster under Adam than under SGD "
           f"({cell(A.MIDDLE_DRIFT[ADAM].value / A.MIDDLE_DRIFT[SGD].value, 'x', digits=1)}).", ADAM, SGD,
           "drift_mid", "drift"),
-    MatchesPublished("predicted_lag_middle_adam", "The lag formula drift·(1 − m)/m puts a typical middle-layer "
-                     f"channel about {quoted(ADAM, 'predicted_lag_mid', 'sigma')} behind under Adam…", ADAM,
-                     "predicted_lag_mid", "sigma"),
-    MatchesPublished("predicted_lag_middle_sgd", f"…and {quoted(SGD, 'predicted_lag_mid', 'sigma')} under SGD.", SGD,
-                     "predicted_lag_mid", "sigma"),
+    MatchesPublishedAtAge("predicted_lag_middle_adam", "The lag formula drift·(1 − m)/m puts a typical middle-layer "
+                          f"channel about {quoted(ADAM, 'predicted_lag_mid', 'sigma')} behind under Adam… " + AGE_RULE,
+                          ADAM, "predicted_lag_mid_at_age", "sigma", fallback="predicted_lag_mid"),
+    MatchesPublishedAtAge("predicted_lag_middle_sgd", f"…and {quoted(SGD, 'predicted_lag_mid', 'sigma')} under SGD. "
+                          + AGE_RULE, SGD, "predicted_lag_mid_at_age", "sigma", fallback="predicted_lag_mid"),
     lag_formula_predicts_measured_lag,
     stale_middle_channel_at_failing_check,
     MatchesPublished("abs_mean_over_std_middle", "The median |mean|/std of the middle layer's channels is about "

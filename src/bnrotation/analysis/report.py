@@ -16,7 +16,7 @@ from .claim_kinds import ALPHA, ARTICLE, FAIL, MEASURED, NOT_RUN, PASS, RESNET, 
 from .evidence import Evidence
 from .findings import findings
 from .results import count, scale_note
-from .stats import cell
+from .stats import cell, seed_ranges
 
 
 def md_cell(text: str) -> str:
@@ -89,7 +89,7 @@ def to_markdown(ev: Evidence, checks: list[Check], cells: list[tuple[str, str, C
     checks = [c for c in checks if c.section == ARTICLE]
     counts = {v: sum(c.verdict == v for c in checks) for v in (PASS, FAIL, NOT_RUN)}
     cell_counts = {v: sum(c.verdict == v for _, _, c in cells) for v in (PASS, FAIL, NOT_RUN)}
-    seeds = ev.per_run.groupby("row")["seed"].apply(lambda s: ",".join(map(str, sorted(s))))
+    seeds = ev.per_run.groupby("row")["seed"].apply(seed_ranges)
     intervene_every = int(ev.runs[0].config["scale"]["intervene_every"])
     k100 = theory.random_walk_factor(100, 0.9)
     out = ["# The article's claims, checked against the measured results\n",

@@ -12,6 +12,7 @@ both driven by one table of units, :data:`UNITS`.
 
 from __future__ import annotations
 
+import itertools
 import math
 import numbers
 from collections.abc import Iterable, Sequence
@@ -79,6 +80,30 @@ def se_of_difference(a: SeedStat, b: SeedStat) -> float:
     """Standard error of the difference of two independent means, √(s_a²/n_a + s_b²/n_b) (Welch 1947,
     Biometrika 34:28); NaN unless both sides have two or more values."""
     return math.sqrt(a.sd ** 2 / a.n + b.sd ** 2 / b.n) if a.n > 1 and b.n > 1 else math.nan
+
+
+def subset_means(values: Sequence[float], k: int) -> np.ndarray:
+    """The mean of every k-element subset of ``values`` (one value per seed), exactly: all C(n, k) subsets,
+    in :func:`itertools.combinations` order, no random resampling. What a k-seed mean could have been, drawn
+    from these n seeds without replacement.
+
+    Returns:
+        (C(n, k),) array of means, in the values' unit.
+
+    Raises:
+        ValueError: for k < 1 or k > n.
+    """
+    v = np.asarray(values, dtype=float)
+    if not 1 <= k <= len(v):
+        raise ValueError(f"subset_means: k = {k} seeds out of n = {len(v)}; need 1 <= k <= n")
+    return np.array([v[list(c)].mean() for c in itertools.combinations(range(len(v)), k)])
+
+
+def share_at_or_below(values: Sequence[float], x: float) -> float:
+    """The share (0..1) of ``values`` at or below ``x``: the empirical distribution function at x. NaN when
+    ``values`` is empty."""
+    v = np.asarray(values, dtype=float)
+    return float(np.mean(v <= x)) if len(v) else math.nan
 
 
 def half_unit(decimals: int) -> float:
@@ -261,6 +286,20 @@ def cell(value: float, unit: str = "plain", sd: float | None = None, *, n: int |
     if n is not None:
         text += f" (n = {n} seed{'s' * (n != 1)})"
     return text
+
+
+def seed_ranges(seeds: Iterable[int]) -> str:
+    """Seeds as a reader scans them: three or more consecutive seeds as a range, ``'0–9'``, ``'0–2, 5, 7, 8'``;
+    ``'–'`` for none."""
+    seeds = sorted({int(s) for s in seeds})
+    runs: list[list[int]] = []
+    for s in seeds:
+        if runs and s == runs[-1][-1] + 1:
+            runs[-1].append(s)
+        else:
+            runs.append([s])
+    parts = [f"{r[0]}–{r[-1]}" if len(r) >= 3 else ", ".join(map(str, r)) for r in runs]
+    return ", ".join(parts) if parts else "–"
 
 
 def decimals_shown(decimals: int, unit: str) -> int:

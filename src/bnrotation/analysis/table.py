@@ -26,12 +26,12 @@ import pandas as pd
 
 from .. import records
 from ..article import FAIL_BELOW
-from ..rows import ROWS, SEEDS, network_label, row_order
+from ..rows import ROWS, SETS, SWEEPS, expected_seeds, network_label, row_order
 from . import lag, metrics
 from .averaging import write_averaging
 from .results import (ALL_TABLES, Run, add_results_arguments, count, output_folder, output_problem, runs_for_command,
                       scale_note)
-from .stats import cell, over_seeds
+from .stats import cell, over_seeds, seed_ranges
 
 
 @dataclass(frozen=True)
@@ -75,12 +75,17 @@ def run_metrics(run: Run) -> dict:
     }
 
 
-def build_table(runs: list[Run], seeds_expected: int = len(SEEDS)) -> pd.DataFrame:
+def build_table(runs: list[Run], seeds_expected: int | None = None) -> pd.DataFrame:
     """One line per row: ``<col>_mean``, ``<col>_std``, ``<col>_published`` for each column, plus
-    ``n_seeds``, ``seeds_expected``, ``seeds``, ``diverged``, ``diverged_seeds``, ``label``, ``network`` (the
-    network in words, :func:`bnrotation.rows.network_label`) and ``arch`` (``model.arch``), ``last_conv`` (the
-    layer of the rotation and norm columns, :func:`.metrics.last_conv`), ``scale`` (the runs' scale name),
+    ``n_seeds``, ``seeds_expected`` (how many), ``seeds``, ``seeds_missing`` (expected seeds with no run,
+    finished or diverged), ``diverged``, ``diverged_seeds``, ``label``, ``network`` (the network in words,
+    :func:`bnrotation.rows.network_label`) and ``arch`` (``model.arch``), ``last_conv`` (the layer of the
+    rotation and norm columns, :func:`.metrics.last_conv`), ``scale`` (the runs' scale name),
     ``wall_seconds_mean`` (mean wall time of a finished run, seconds), ``schema_version``.
+
+    The seeds a row should have are those its sweeps run (:func:`bnrotation.rows.expected_seeds`, at the runs'
+    scale: the default sweep's 0-2, and 3-9 for the rows of the ``ten_seeds`` set at full scale), or seeds
+    0 to ``seeds_expected`` − 1 for every row when given.
 
     Means and spreads are over the runs that finished; ``n_seeds`` and ``seeds``
     count those only, and runs that diverged are counted in ``diverged``
@@ -97,11 +102,15 @@ def build_table(runs: list[Run], seeds_expected: int = len(SEEDS)) -> pd.DataFra
         spec = ROWS.get(row)
         g = runs_of_row[~runs_of_row["diverged"].astype(bool)]  # finished runs only
         diverged = runs_of_row[runs_of_row["diverged"].astype(bool)]
+        scale = runs_of_row["scale"].iloc[0]
+        expected = (expected_seeds(row, scale) if seeds_expected is None else tuple(range(seeds_expected)))
+        missing = sorted(set(expected) - set(runs_of_row["seed"]))
         line = {"row": row, "label": spec.label if spec else row, "network": runs_of_row["network"].iloc[0],
                 "arch": runs_of_row["arch"].iloc[0], "last_conv": runs_of_row["last_conv"].iloc[0], "n_seeds": len(g),
-                "seeds_expected": seeds_expected, "seeds": ",".join(map(str, sorted(g["seed"]))),
+                "seeds_expected": len(expected), "seeds": ",".join(map(str, sorted(g["seed"]))),
+                "seeds_missing": ",".join(map(str, missing)),
                 "diverged": len(diverged), "diverged_seeds": ",".join(map(str, sorted(diverged["seed"]))),
-                "scale": runs_of_row["scale"].iloc[0],
+                "scale": scale,
                 "schema_version": records.SCHEMA_VERSION, "wall_seconds_mean": float(g["wall_seconds"].mean())}
         for col in COLUMNS:
             line |= over_seeds(g, [col.key])
@@ -111,6 +120,18 @@ def build_table(runs: list[Run], seeds_expected: int = len(SEEDS)) -> pd.DataFra
         line["checks_below_90_mean"] = float(g["checks_below"].sum() / total) if total else math.nan
         lines.append(line)
     return pd.DataFrame(lines)
+
+
+def _seed_list(text) -> list[int]:
+    return [int(s) for s in str(text).split(",") if s.strip() not in ("", "nan")]
+
+
+def seeds_cell(line: pd.Series) -> str:
+    """The table's Seeds cell: which seeds the row's finished runs are and how many, ``'0–9 (10)'``; with the
+    seeds its sweeps run that have no run yet, ``'0–4 (5; not run: 5–9)'``."""
+    text = f"{seed_ranges(_seed_list(line['seeds']))} ({line['n_seeds']})"
+    missing = _seed_list(line.get("seeds_missing", ""))
+    return text[:-1] + f"; not run: {seed_ranges(missing)})" if missing else text
 
 
 def to_markdown(table: pd.DataFrame, root: Path, skipped: list[str] = (), scale: str = "") -> str:
@@ -127,6 +148,9 @@ def to_markdown(table: pd.DataFrame, root: Path, skipped: list[str] = (), scale:
            + (scale + " " if scale else "") +
            (f"Rotation and norm growth are those of each run's last conv layer ({layers}); the published figures "
             "are the study's network's only. " if layers else "") +
+           f"Seeds: those of the row's finished runs (how many), and any its sweeps run (`rows.py`: "
+           f"{seed_ranges(SWEEPS['full'].seeds)} in the default sweep, {seed_ranges(SETS['ten_seeds'].seeds)} more "
+           "for the rows of the `ten_seeds` set) that have no run yet. "
            "\"Checks below 90%\" pools every check of the row's runs, as the article does. "
            "Runs that diverged (non-finite loss) are counted under Diverged and left out of every mean. "
            "Minutes per run: mean wall time of the row's finished runs, as `run.json` records it (it depends on "
@@ -134,8 +158,7 @@ def to_markdown(table: pd.DataFrame, root: Path, skipped: list[str] = (), scale:
            "| Row | Network | Seeds | " + " | ".join(heads) + " | Diverged | Minutes per run |",
            "|---|---|---|" + "---:|" * len(heads) + "---:|---:|"]
     for _, r in table.iterrows():
-        seeds = f"{r['n_seeds']} of {r['seeds_expected']}" + (" (fewer seeds than asked)"
-                                                               if r["n_seeds"] < r["seeds_expected"] else "")
+        seeds = seeds_cell(r)
         cells = []
         for col in COLUMNS:
             text = cell(r[f"{col.key}_mean"], col.unit, r[f"{col.key}_std"], digits=col.digits,
@@ -158,7 +181,8 @@ def main(argv: list[str] | None = None) -> int:
     add_results_arguments(p)
     p.add_argument("--out", default=None, help="folder for table.md, table.csv, lag.md and averaging.md/.csv "
                    "(default: the results root read)")
-    p.add_argument("--seeds", type=int, default=len(SEEDS), help="seeds each row should have")
+    p.add_argument("--seeds", type=int, default=None, help="seeds each row should have, 0 to SEEDS - 1 "
+                   "(default: the seeds its sweeps run, from rows.py)")
     args = p.parse_args(argv)
     skipped: list[str] = []
     found = runs_for_command(args.results, args.skip_bad, ALL_TABLES, skipped,
