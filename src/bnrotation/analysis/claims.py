@@ -24,8 +24,7 @@ from .claim_kinds import Check, withhold_verdicts
 from .evidence import collect
 from .registry import CLAIMS, TABLE_CELLS
 from .report import to_markdown
-from .results import (ALL_TABLES, Run, add_results_arguments, at_protocol_scale, count, output_folder, output_problem,
-                      runs_for_command)
+from .results import ALL_TABLES, Run, add_results_arguments, at_protocol_scale, command_inputs, count
 
 TABLES = ALL_TABLES
 
@@ -46,15 +45,10 @@ def main(argv: list[str] | None = None) -> int:
     add_results_arguments(p)
     p.add_argument("--out", default=None, help="folder for claims.md (default: the results root read)")
     args = p.parse_args(argv)
-    found = runs_for_command(args.results, args.skip_bad, TABLES)
+    found = command_inputs(args, TABLES)
     if found is None:
         return 2
-    root, runs = found
-    out = output_folder(args.out, root)
-    problem = output_problem(out, root)
-    if problem:
-        print(f"error: {problem}", file=sys.stderr)
-        return 2
+    root, runs, out = found
     md, checks = build_report(root, runs)
     records.atomic_write_text(out / "claims.md", md)
     for c in checks:

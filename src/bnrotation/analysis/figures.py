@@ -32,8 +32,8 @@ from .. import article, records
 from ..article import FAIL_BELOW
 from ..rows import ROWS, network_label, row_order
 from . import averaging, depth, interventions, lag, metrics, midrun, theory
-from .results import (ALL_TABLES, Run, add_results_arguments, at_protocol_scale, describe_scale, output_folder,
-                      output_problem, protocol_scale, runs_for_command, scale_note)
+from .results import (ALL_TABLES, Run, add_results_arguments, at_protocol_scale, command_inputs, describe_scale,
+                      protocol_scale, scale_note)
 from .stats import cell
 from .table import run_metrics
 
@@ -885,15 +885,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--only", nargs="*", default=(), help="names of the figures to draw (default: all)")
     args = p.parse_args(argv)
     matplotlib.use("Agg")  # files only, no window
-    found = runs_for_command(args.results, args.skip_bad, TABLES)
+    found = command_inputs(args, TABLES, subfolder="figures")
     if found is None:
         return 2
-    root, runs = found
-    out = Path(args.out) if args.out else output_folder(None, root) / "figures"
-    problem = output_problem(out, root)
-    if problem:
-        print(f"error: {problem}", file=sys.stderr)
-        return 2
+    root, runs, out = found
     done = make_figures(root, runs, out, tuple(args.only))
     for f in done:
         print(f"{'skipped' if f.skipped else 'wrote  '} {out / f.name}" + (f" ({f.skipped})" if f.skipped else ""),

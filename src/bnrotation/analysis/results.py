@@ -407,6 +407,28 @@ def runs_for_command(results: str | None, skip_bad: bool, tables: tuple[str, ...
     return root, runs
 
 
+def command_inputs(args, tables: tuple[str, ...], subfolder: str = "", skipped: list[str] | None = None,
+                   allow_all_diverged: bool = False) -> tuple[Path, list[Run], Path] | None:
+    """What an analysis command (table, figures, claims) works on, from its ``--results``, ``--skip-bad`` and
+    ``--out`` arguments: the results root, its runs (:func:`runs_for_command`) and the folder to write into
+    (``--out``, else ``<root>/<subfolder>``: :func:`output_folder`).
+
+    Returns:
+        None, after printing the reason on stderr in one line, when the runs cannot be read or the folder
+        cannot be written (:func:`output_problem`).
+    """
+    found = runs_for_command(args.results, args.skip_bad, tables, skipped, allow_all_diverged)
+    if found is None:
+        return None
+    root, runs = found
+    out = Path(args.out) if args.out else output_folder(None, root) / subfolder
+    problem = output_problem(out, root)
+    if problem:
+        print(f"error: {problem}", file=sys.stderr)
+        return None
+    return root, runs, out
+
+
 def main(argv: list[str] | None = None) -> int:
     """``python -m bnrotation.analysis.results [--results R] [--out O]``: print the folder the analysis of
     that root writes into (:func:`output_folder`), for the Makefile; exit status 2 with one line naming the

@@ -29,8 +29,7 @@ from ..article import FAIL_BELOW
 from ..rows import ROWS, SETS, SWEEPS, expected_seeds, network_label, row_order
 from . import lag, metrics
 from .averaging import write_averaging
-from .results import (ALL_TABLES, Run, add_results_arguments, count, output_folder, output_problem, runs_for_command,
-                      scale_note)
+from .results import ALL_TABLES, Run, add_results_arguments, command_inputs, count, scale_note
 from .stats import cell, over_seeds, seed_ranges
 
 
@@ -185,16 +184,10 @@ def main(argv: list[str] | None = None) -> int:
                    "(default: the seeds its sweeps run, from rows.py)")
     args = p.parse_args(argv)
     skipped: list[str] = []
-    found = runs_for_command(args.results, args.skip_bad, ALL_TABLES, skipped,
-                             allow_all_diverged=True)  # the table counts diverged runs
+    found = command_inputs(args, ALL_TABLES, skipped=skipped, allow_all_diverged=True)  # the table counts diverged runs
     if found is None:
         return 2
-    root, runs = found
-    out = output_folder(args.out, root)
-    problem = output_problem(out, root)
-    if problem:
-        print(f"error: {problem}", file=sys.stderr)
-        return 2
+    root, runs, out = found
     table = build_table(runs, args.seeds)
     md = to_markdown(table, root, skipped, scale_note(runs))
     records.atomic_write_text(out / "table.md", md)
