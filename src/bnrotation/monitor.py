@@ -227,6 +227,11 @@ class Thresholds:
             if not (isinstance(value, (int, float)) and math.isfinite(value) and value >= 0):
                 raise ValueError(f"Thresholds.{key}: expected a finite number >= 0, got {value!r}")
 
+    def crossed(self, mode_gap: float, lag_sigma: float) -> bool:
+        """The rule: ``mode_gap`` (fraction) at least :attr:`mode_gap` and ``lag_sigma`` (the worst layer's median
+        |lag|, σ) at least :attr:`lag_sigma`. NaN never crosses."""
+        return bool(mode_gap >= self.mode_gap and lag_sigma >= self.lag_sigma)
+
 
 # ----------------------------------------------------------------------------- one call's records
 @dataclass
@@ -471,7 +476,7 @@ class StalenessMonitor:
         gap = float(record.checks["mode_gap"].iloc[0])
         lag = record.layers["lag_median_abs_sigma"]
         worst_median = float(lag.max()) if lag.notna().any() else math.nan
-        return bool(gap >= self.thresholds.mode_gap and worst_median >= self.thresholds.lag_sigma)
+        return self.thresholds.crossed(gap, worst_median)
 
     def _summary(self, record: MonitorRecord) -> str:
         c = record.checks.iloc[0]
