@@ -30,8 +30,9 @@
 # ```
 #
 # Measured with `time` on the 2-core CPU this suite was developed on, while two training sweeps and other jobs
-# shared it (load average 6 to 7): the default run took 3 min 38 s of wall time and 60 s of CPU time (it trains
-# on one thread), the test size 16 s of wall time and 8 s of CPU time. Not interactive (a script), the figure
+# shared it (load average 5 to 7): the default run took 1 min 30 s of wall time and 53 s of CPU time (it trains
+# on one thread; 3 min 38 s of wall time with a test running beside it), the test size 16 s of wall time and 8 s
+# of CPU time. Not interactive (a script), the figure
 # goes to `monitor_your_model.png` in `BNROTATION_NOTEBOOK_OUT` (default `results/`, which git ignores).
 
 # %%

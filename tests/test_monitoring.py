@@ -103,8 +103,10 @@ def test_the_report_states_the_counts_the_grid_and_what_was_left_out(tmp_path):
     assert path == tmp_path / "monitor.md"
     assert "| Adam, lr 3e-3 (`adam`) | 0 | 1/2 (50%) | 1/2 (50%) |" in md
     assert "| **All rows** |  | 1/2 (50%) | 1/2 (50%) |" in md
-    assert "| gap ≥ 0.05 | 100% / 50% | 100% / 50% | **50% / 50%** | 0% / 0% | 0% / 0% |" in md
-    assert "| lag alone | 100% / 100% | 100% / 100% | 50% / 100% | 0% / 50% | 0% / 0% |" in md
+    assert ("| gap ≥ 0.05 | 100% (2) / 50% (1) | 100% (2) / 50% (1) | **50% (1) / 50% (1)** | 0% (0) / 0% (0) | "
+            "0% (0) / 0% (0) |") in md
+    assert ("| lag alone | 100% (2) / 100% (2) | 100% (2) / 100% (2) | 50% (1) / 100% (2) | 0% (0) / 50% (1) | "
+            "0% (0) / 0% (0) |") in md
     assert "held-out set (4,000 samples)" in md and "probe set (512 samples)" in md
     assert "every failing check has a gap of at least 0.150, so the gap threshold (0.05) holds" in md
     assert "(left out): adam_groupnorm seed=0." in md

@@ -197,7 +197,7 @@ def to_markdown(table: pd.DataFrame, signals: pd.DataFrame, without: list[str], 
         overall = table[table["row"] == ALL]
         gaps, lags = sorted(overall["mode_gap"].unique()), sorted(overall["lag_sigma"].unique())
         head = ["lag alone" if g == 0 else f"gap ≥ {g:g}" for g in gaps]
-        out += ["", "## Around the defaults, all rows: caught / false alarms\n",
+        out += ["", "## Around the defaults, all rows: caught / false alarms, share (count)\n",
                 f"{int(overall['failing'].iloc[0])} failing and {int(overall['passing'].iloc[0])} passing checks. "
                 "Columns: the lag threshold (0: the gap alone decides); lines: the gap threshold (0: the lag alone).\n",
                 "| | " + " | ".join("gap alone" if lg == 0 else f"lag ≥ {lg:g}σ" for lg in lags) + " |",
@@ -206,7 +206,7 @@ def to_markdown(table: pd.DataFrame, signals: pd.DataFrame, without: list[str], 
             cells = []
             for lg in lags:
                 r = overall[(overall["mode_gap"] == g) & (overall["lag_sigma"] == lg)].iloc[0]
-                text = f"{100 * r['tpr']:.0f}% / {100 * r['fpr']:.0f}%"
+                text = f"{100 * r['tpr']:.0f}% ({r['caught']}) / {100 * r['fpr']:.0f}% ({r['false_alarms']})"
                 cells.append(f"**{text}**" if (g, lg) == (gap, lag) else text)
             out.append(f"| {name} | " + " | ".join(cells) + " |")
         fail, ok = signals[signals["failing"]], signals[~signals["failing"]]
