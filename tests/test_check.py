@@ -3,18 +3,15 @@ a stale one, a re-estimated one, a hand computation, and every bad input."""
 
 from __future__ import annotations
 
-import copy
 import importlib
 import math
 import os
 import subprocess
 import sys
-import textwrap
 from pathlib import Path
 
 import pytest
 import torch
-import torch.nn.functional as F
 
 from bnrotation.bnstats import batch_statistics, reestimate
 from bnrotation.check import CheckInputError, check_checkpoint, load_batches, main

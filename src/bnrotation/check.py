@@ -38,11 +38,10 @@ import argparse
 import copy
 import importlib
 import itertools
-import math
 import os
 import re
 import sys
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -251,54 +250,32 @@ class CheckReport:
             :func:`interventions.layer_lags`'s columns (``layer`` is the norm layer, ``median_abs_lag_sigma``,
             ``worst_channel``, ``worst_lag_sigma`` in σ, ...) and ``weight_layer``, the convolution or linear
             layer feeding it (:func:`monitor.find_pairs`; "" when unpaired).
-        checks: :func:`monitor.mode_check` lines over all samples, ``state`` "stored" (the weights' own running
-            statistics) and "re-estimated" (on the same batches): ``acc_train_mode``, ``acc_eval_mode``
-            (fractions; NaN without labels), ``mode_agreement``, ``mode_gap``, ``probe_size`` (samples).
-        stale: whether the thresholds' rule fires on the stored statistics' mode gap and
-            :attr:`worst_median_lag_sigma`.
+        mode_gap: with the stored statistics, training- minus evaluation-mode accuracy, or without labels the
+            share of samples predicted differently in the two modes (:func:`monitor.mode_check`), a fraction.
+        acc_train_mode, acc_eval_mode: accuracies over all samples (fractions; NaN without labels); training
+            mode normalises each batch with its own statistics.
+        mode_gap_reestimated, acc_eval_mode_reestimated: the same after re-estimation on the same batches: a
+            diagnostic of the statistics, not a held-out score.
+        stale: whether the thresholds' rule fires on ``mode_gap`` and :attr:`worst_median_lag_sigma`.
         thresholds: the :class:`monitor.Thresholds` used.
-        batches: how many batches were measured; truncated: whether more were offered (``max_batches``).
+        batches, samples: how many were measured; truncated: whether more batches were offered (``max_batches``).
         labelled: whether the batches had labels.
         weights: what the weights loaded were (:func:`load_weights`); "" when none were given.
     """
 
     layers: pd.DataFrame
-    checks: pd.DataFrame
+    mode_gap: float
+    acc_train_mode: float
+    acc_eval_mode: float
+    mode_gap_reestimated: float
+    acc_eval_mode_reestimated: float
     stale: bool
     thresholds: Thresholds
     batches: int
+    samples: int
     labelled: bool
     truncated: bool = False
     weights: str = ""
-
-    def _check(self, state: str, column: str) -> float:
-        return float(self.checks.set_index("state").loc[state, column])
-
-    @property
-    def mode_gap(self) -> float:
-        """Training- minus evaluation-mode accuracy (or the share predicted differently) with the stored statistics."""
-        return self._check("stored", "mode_gap")
-
-    @property
-    def acc_train_mode(self) -> float:
-        return self._check("stored", "acc_train_mode")
-
-    @property
-    def acc_eval_mode(self) -> float:
-        return self._check("stored", "acc_eval_mode")
-
-    @property
-    def acc_eval_mode_reestimated(self) -> float:
-        """Evaluation-mode accuracy after re-estimation on the same batches: a diagnostic, not a held-out score."""
-        return self._check("re-estimated", "acc_eval_mode")
-
-    @property
-    def mode_gap_reestimated(self) -> float:
-        return self._check("re-estimated", "mode_gap")
-
-    @property
-    def samples(self) -> int:
-        return int(self._check("stored", "probe_size"))
 
     @property
     def worst_median_lag_sigma(self) -> float:
@@ -341,7 +318,7 @@ def check_checkpoint(model: nn.Module, batches, *, weights=None, thresholds: Thr
     pairing = find_pairs(model, data[0][0])
     feeding = {p.norm: p.weight or "" for p in pairing.pairs + pairing.unpaired}
     fresh_model = copy.deepcopy(model)
-    out_train, out_eval, out_fresh = [], [], []
+    out_train, out_eval = [], []
     for i, (x, _) in enumerate(data):
         try:
             out_train.append(batch_statistics_pass(model, x, [], keep_frozen=True)[0])
@@ -354,14 +331,15 @@ def check_checkpoint(model: nn.Module, batches, *, weights=None, thresholds: Thr
     labelled = data[0][1] is not None
     y = torch.cat([y for _, y in data]) if labelled else None
     train = torch.cat(out_train)
-    checks = pd.concat([mode_check(0, train, torch.cat(out_eval), y).assign(state="stored"),
-                        mode_check(0, train, torch.cat(out_fresh), y).assign(state="re-estimated")],
-                       ignore_index=True).drop(columns="step")
+    stored = mode_check(0, train, torch.cat(out_eval), y).iloc[0]
+    fresh = mode_check(0, train, torch.cat(out_fresh), y).iloc[0]
     layers = layer_lags(running_stats(model), running_stats(fresh_model))
     layers.insert(1, "weight_layer", layers["layer"].map(feeding).fillna(""))
-    worst = float(layers["median_abs_lag_sigma"].max())
-    stale = thresholds.crossed(float(checks.loc[0, "mode_gap"]), worst)
-    return CheckReport(layers, checks, stale, thresholds, len(data), labelled, truncated, kind)
+    gap = float(stored["mode_gap"])
+    return CheckReport(layers, gap, float(stored["acc_train_mode"]), float(stored["acc_eval_mode"]),
+                       float(fresh["mode_gap"]), float(fresh["acc_eval_mode"]),
+                       thresholds.crossed(gap, float(layers["median_abs_lag_sigma"].max())), thresholds, len(data),
+                       int(stored["probe_size"]), labelled, truncated, kind)
 
 
 # ----------------------------------------------------------------------------- the report
