@@ -53,7 +53,7 @@ $(error JOBS=$(JOBS): expected a whole number >= 1 (runs at once))
 endif
 endif
 
-.PHONY: help install test sweep reproduce places row table diagnose figures claims notebooks bench clean
+.PHONY: help install test sweep reproduce places row table diagnose check figures claims notebooks bench clean
 .DEFAULT_GOAL := help
 
 help: ## list the targets
@@ -102,6 +102,9 @@ table: $(VENV)/.installed ## <root>/table.md, table.csv, lag.md, averaging.md fr
 
 diagnose: $(VENV)/.installed ## stale statistics and fixes of one run: make diagnose RUN=<run folder> [STEP=<n>|last|worst]
 	$(PY) experiments/diagnose.py run=$(RUN) $(if $(STEP),step=$(STEP),)
+
+check: $(VENV)/.installed ## are a saved model's BatchNorm statistics stale? make check MODEL=<module:function> WEIGHTS=<file.pt> BATCHES=<file.pt|module:function> [CHECK_ARGS='--input-key image'] (fails when stale)
+	$(PY) -m bnrotation.check --model '$(MODEL)' --weights '$(WEIGHTS)' --batches '$(BATCHES)' $(CHECK_ARGS)
 
 bench: $(VENV)/.installed ## results/bench.md: runner vs the article's bare loop, probe costs, memory, sweep throughput
 	$(PY) bench/bench.py --venv $(VENV) --out $(or $(OUT),results)/bench.md $(BENCH_ARGS)

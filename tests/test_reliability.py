@@ -30,7 +30,7 @@ from bnrotation import cli, records, runner
 from bnrotation.analysis import metrics
 from bnrotation.analysis.results import BadRunError, has_runs, load_run, load_runs, read_table
 from bnrotation.analysis.table import build_table, main as table_main
-from bnrotation.checkpoints import UnsafeCheckpointError, load_checkpoint, save_checkpoint
+from bnrotation.checkpoints import BadCheckpointError, UnsafeCheckpointError, load_checkpoint, save_checkpoint
 from bnrotation.config import ConfigError, RunConfig, to_run_config
 from bnrotation.runner import run
 
@@ -374,6 +374,9 @@ def test_checkpoint_round_trip_and_a_truncated_one_named(tmp_path):
     _truncate(path)
     with pytest.raises(ValueError, match=r"step=10\.pt: unreadable checkpoint"):
         load_checkpoint(path)
+    (tmp_path / "notes.pt").write_text("not a torch file")  # no pickle at all: unreadable, not unsafe
+    with pytest.raises(BadCheckpointError, match=r"notes\.pt: unreadable checkpoint"):
+        load_checkpoint(tmp_path / "notes.pt")
 
 
 # ----------------------------------------------------------------------------- 7. the config that was never applied

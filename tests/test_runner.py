@@ -99,6 +99,7 @@ def test_table_from_smoke_results(smoke_results, tmp_path, capsys):
     assert math.isnan(csv.set_index("row").loc["adam_groupnorm", "acc_reestimated_final_mean"])
     lag = (tmp_path / "lag.md").read_text()  # make table writes the lag table too
     assert "| Adam, lr 3e-3 (`adam`) | conv2 (bn2) |" in lag and "`adam_groupnorm`, `adam_layernorm`" in lag
+    assert "adam_groupnorm seed=0" in (tmp_path / "monitor.md").read_text()  # and the monitor's rule on the checks
 
 
 def test_finished_run_is_skipped_and_a_changed_config_refused(tmp_path, smoke_cfg):

@@ -54,7 +54,8 @@ def load_checkpoint(path: str | os.PathLike, map_location: str | torch.device = 
     try:
         return torch.load(path, map_location=map_location, weights_only=True)
     except pickle.UnpicklingError as err:
-        if "Weights only load failed" not in str(err):
+        # "Unsupported operand": not a pickle stream at all (a text or random file), not code to refuse
+        if "Weights only load failed" not in str(err) or "Unsupported operand" in str(err):
             raise BadCheckpointError(f"{path}: unreadable checkpoint ({str(err).splitlines()[0]})") from err
         found = re.search(r"Unsupported global: GLOBAL (\S+)", str(err))
         what = found.group(1) if found else "an object that is not a tensor or a plain value"

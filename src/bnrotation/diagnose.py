@@ -34,7 +34,7 @@ from .analysis.results import BadRunError, load_run, read_table
 from .checkpoints import checkpoint_path, load_checkpoint
 from .config import ConfigError, RunConfig, to_run_config
 from .model import build_model
-from .interventions import Interventions, run_interventions, top_k_accuracy
+from .interventions import Interventions, layer_lags, run_interventions, top_k_accuracy
 from .probes import eval_chunk
 from .runner import resolve_device
 from .task import NoisyTemplates, heldout_set, reestimation_batches
@@ -131,7 +131,7 @@ class CheckpointDiagnosis:
     """What :func:`diagnose_checkpoint` found.
 
     Attributes:
-        lags: one line per BatchNorm layer: ``layer``, ``channels``,
+        lags: one line per BatchNorm layer (:func:`interventions.layer_lags`): ``layer``, ``channels``,
             ``median_abs_lag_sigma``, ``worst_channel``, ``worst_lag_sigma``
             (signed), ``median_var_ratio`` (stored / fresh running variance).
         k_refined: smallest k reaching ``threshold`` by bisection between the
@@ -148,19 +148,6 @@ class CheckpointDiagnosis:
     threshold: float
     k_refined: int | None
     logged: pd.DataFrame | None
-
-
-def layer_lags(result: Interventions) -> pd.DataFrame:
-    """Per layer: how far the stored running statistics are from the fresh ones (see :class:`CheckpointDiagnosis`)."""
-    lines = []
-    for name, lag in result.lag_sigma.items():  # lag: (C,) float64, sigma
-        lag = lag.cpu()
-        worst = int(lag.abs().argmax())
-        ratio = result.stored[name][1].double().cpu() / result.fresh[name][1].double().cpu()  # (C,)
-        lines.append({"layer": name, "channels": lag.numel(), "median_abs_lag_sigma": float(lag.abs().median()),
-                      "worst_channel": worst, "worst_lag_sigma": float(lag[worst]),
-                      "median_var_ratio": float(ratio.median())})
-    return pd.DataFrame(lines)
 
 
 def refine_k(model: torch.nn.Module, result: Interventions, x: torch.Tensor, y: torch.Tensor,
@@ -217,7 +204,7 @@ def diagnose_checkpoint(run_dir: str | Path, step: str | int, device: str = "aut
     if file.exists():
         iv = read_table(file, "interventions")
         logged_here = iv[iv["step"] == n] if (iv["step"] == n).any() else None
-    return CheckpointDiagnosis(run_dir, cfg, n, str(dev), result, layer_lags(result), threshold,
+    return CheckpointDiagnosis(run_dir, cfg, n, str(dev), result, layer_lags(result.stored, result.fresh), threshold,
                                refine_k(model, result, x, y, threshold), logged_here)
 
 

@@ -37,6 +37,30 @@ def top_k_accuracy(model: nn.Module, fresh: dict[str, tuple[torch.Tensor, torch.
         return accuracy(model, x, y, "eval", chunk)
 
 
+def layer_lags(stored: dict[str, tuple[torch.Tensor, torch.Tensor]],
+               fresh: dict[str, tuple[torch.Tensor, torch.Tensor]]) -> pd.DataFrame:
+    """Per BatchNorm layer, how far the stored running statistics are from the fresh (re-estimated) ones.
+
+    Args:
+        stored, fresh: ``{norm layer: (mean (C,), var (C,))}``; the layers of ``fresh``, in its order.
+
+    Returns:
+        One line per layer: ``layer`` (the norm layer), ``channels``, ``median_abs_lag_sigma`` (median over
+        channels of |lag|, lag = (stored - fresh mean) / fresh std, :func:`probes.lag_sigma`, in σ),
+        ``worst_channel`` (largest |lag|), ``worst_lag_sigma`` (its lag, signed), ``median_var_ratio``
+        (median of stored / fresh running variance).
+    """
+    lines = []
+    for name, (mean, var) in fresh.items():
+        lag = lag_sigma(stored[name][0], mean.double(), var.double()).cpu()  # (C,)
+        worst = int(lag.abs().argmax())
+        ratio = stored[name][1].double().cpu() / var.double().cpu()  # (C,)
+        lines.append({"layer": name, "channels": lag.numel(), "median_abs_lag_sigma": float(lag.abs().median()),
+                      "worst_channel": worst, "worst_lag_sigma": float(lag[worst]),
+                      "median_var_ratio": float(ratio.median())})
+    return pd.DataFrame(lines)
+
+
 @dataclass
 class Interventions:
     """What :func:`run_interventions` measured at one checkpoint.

@@ -30,6 +30,7 @@ Nothing here imports the suite's task or network.
 from __future__ import annotations
 
 import math
+import sys
 import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -227,6 +228,46 @@ class Thresholds:
             if not (isinstance(value, (int, float)) and math.isfinite(value) and value >= 0):
                 raise ValueError(f"Thresholds.{key}: expected a finite number >= 0, got {value!r}")
 
+    def crossed(self, mode_gap: float, lag_sigma: float) -> bool:
+        """The rule: ``mode_gap`` (fraction) at least :attr:`mode_gap` and ``lag_sigma`` (the worst layer's median
+        |lag|, σ) at least :attr:`lag_sigma`. NaN never crosses."""
+        return bool(mode_gap >= self.mode_gap and lag_sigma >= self.lag_sigma)
+
+
+# ----------------------------------------------------------------------------- the mode check
+def evaluation_forward(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """The model's output on ``x`` (N, ...) in evaluation mode (running statistics); every module's training
+    flag is restored after, also when it raises."""
+    flags = {m: m.training for m in model.modules()}
+    try:
+        model.eval()
+        return model(x)
+    finally:
+        for m, f in flags.items():
+            m.training = f
+
+
+def mode_check(step: int, out_train: torch.Tensor, out_eval: torch.Tensor | None,
+               y: torch.Tensor | None) -> pd.DataFrame:
+    """One ``checks`` line (see :class:`MonitorRecord`) from the outputs (N, classes) of the same N inputs in
+    training mode (batch statistics) and in evaluation mode, and their labels (N,) if any.
+
+    The mode gap is training- minus evaluation-mode accuracy with labels, else the share of samples whose
+    predicted class (argmax over dim 1) differs between the modes; all fractions. Without ``out_eval``
+    every measure is NaN.
+    """
+    nan = math.nan
+    acc_train = acc_eval = agreement = nan
+    if out_eval is not None:
+        pred_train, pred_eval = out_train.argmax(1), out_eval.argmax(1)
+        agreement = float((pred_train == pred_eval).double().mean())
+        if y is not None:
+            acc_train = float((pred_train == y).double().mean())
+            acc_eval = float((pred_eval == y).double().mean())
+    gap = acc_train - acc_eval if y is not None else 1.0 - agreement
+    return pd.DataFrame({"step": [step], "acc_train_mode": [acc_train], "acc_eval_mode": [acc_eval],
+                         "mode_agreement": [agreement], "mode_gap": [gap], "probe_size": [len(out_train)]})
+
 
 # ----------------------------------------------------------------------------- one call's records
 @dataclass
@@ -271,6 +312,17 @@ class _Previous:
     step: int
     weights: dict[str, torch.Tensor]
     fresh_mean: dict[str, torch.Tensor] = field(default_factory=dict)
+
+
+def _caller_stacklevel() -> int:
+    """``warnings.warn``'s stacklevel, from :meth:`StalenessMonitor.measure`, that names the first line outside
+    this module and torch's decorators: the user's ``monitor(step)`` or ``monitor.measure(step)``, not
+    ``torch.no_grad``'s wrapper."""
+    frame, level = sys._getframe(1), 1  # level 1: the function that warns
+    while frame.f_back is not None and (frame.f_code.co_filename == __file__
+                                        or frame.f_globals.get("__name__", "").startswith("torch.")):
+        frame, level = frame.f_back, level + 1
+    return level
 
 
 def _rng_devices(model: nn.Module) -> list[int]:
@@ -395,31 +447,15 @@ class StalenessMonitor:
             where = f"{worst[0]} channel {worst[1]} ({worst[2]:+.2f}σ)" if worst else "?"
             warnings.warn(f"step {step}: running statistics are stale: {record.summary}; worst channel {where}. "
                           "Re-estimate them (bnrotation.bnstats.reestimate) before evaluating or saving this "
-                          "model", StaleStatisticsWarning, stacklevel=2)
+                          "model", StaleStatisticsWarning, stacklevel=_caller_stacklevel())
         return record
 
     # ------------------------------------------------------------------------- parts of a call
     def _eval_forward(self) -> torch.Tensor:
-        flags = {m: m.training for m in self.model.modules()}
-        try:
-            self.model.eval()
-            return self.model(self.x)
-        finally:
-            for m, f in flags.items():
-                m.training = f
+        return evaluation_forward(self.model, self.x)
 
     def _checks(self, step: int, out_train: torch.Tensor, out_eval: torch.Tensor | None) -> pd.DataFrame:
-        nan = math.nan
-        acc_train = acc_eval = agreement = nan
-        if out_eval is not None:
-            pred_train, pred_eval = out_train.argmax(1), out_eval.argmax(1)
-            agreement = float((pred_train == pred_eval).double().mean())
-            if self.y is not None:
-                acc_train = float((pred_train == self.y).double().mean())
-                acc_eval = float((pred_eval == self.y).double().mean())
-        gap = acc_train - acc_eval if self.y is not None else 1.0 - agreement
-        return pd.DataFrame({"step": [step], "acc_train_mode": [acc_train], "acc_eval_mode": [acc_eval],
-                             "mode_agreement": [agreement], "mode_gap": [gap], "probe_size": [len(self.x)]})
+        return mode_check(step, out_train, out_eval, self.y)
 
     def _layer(self, step: int, interval: int | None, pair: NormPair, norm: nn.Module, weight: nn.Module | None,
                moments: tuple[torch.Tensor, torch.Tensor], before: Mapping[str, torch.Tensor] | None):
@@ -471,7 +507,7 @@ class StalenessMonitor:
         gap = float(record.checks["mode_gap"].iloc[0])
         lag = record.layers["lag_median_abs_sigma"]
         worst_median = float(lag.max()) if lag.notna().any() else math.nan
-        return bool(gap >= self.thresholds.mode_gap and worst_median >= self.thresholds.lag_sigma)
+        return self.thresholds.crossed(gap, worst_median)
 
     def _summary(self, record: MonitorRecord) -> str:
         c = record.checks.iloc[0]

@@ -27,7 +27,7 @@ import pandas as pd
 from .. import records
 from ..article import FAIL_BELOW
 from ..rows import ROWS, SETS, SWEEPS, expected_seeds, network_label, row_order
-from . import lag, metrics
+from . import lag, metrics, monitoring
 from .averaging import write_averaging
 from .results import ALL_TABLES, Run, add_results_arguments, command_inputs, count, scale_note
 from .stats import cell, over_seeds, seed_ranges
@@ -199,6 +199,7 @@ def main(argv: list[str] | None = None) -> int:
     averaging_md = write_averaging(runs, out, root)  # issue 4: averaged weights under each buffer policy
     if averaging_md is not None:
         print(f"wrote {averaging_md} and {averaging_md.with_suffix('.csv')}", file=sys.stderr)
+    print(f"wrote {monitoring.write_monitor(runs, out, root)}", file=sys.stderr)  # the monitor's rule on these runs
     return 0
 
 

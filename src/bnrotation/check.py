@@ -1,0 +1,427 @@
+"""Are a saved model's BatchNorm running statistics stale? The monitor's measurements on a checkpoint.
+
+    python -m bnrotation.check --model mynets:make_net --weights net.pt --batches batches.pt
+    make check MODEL=mynets:make_net WEIGHTS=net.pt BATCHES=batches.pt
+
+Works on any model (:mod:`bnrotation.monitor`'s semantics; nothing here knows the suite's network):
+
+* ``--model module:function``: a factory, imported from the current directory or ``PYTHONPATH``, that
+  returns the ``nn.Module`` (called without arguments);
+* ``--weights file``: loaded with ``torch.load(weights_only=True)`` (:func:`checkpoints.load_checkpoint`):
+  a plain state dict, or a checkpoint dict holding the state dict under ``"model"`` (the suite's);
+* ``--batches``: a file (``torch.load(weights_only=True)``) holding one batch (a tensor (N, ...), an
+  ``(x, y)`` tuple, or a dict with the input under ``--input-key`` and the labels under ``--target-key``) or a
+  list of such batches; or ``module:function`` returning an iterable of them (a ``DataLoader``). Labels
+  (class indices, (N,)) are optional, but all batches have them or none does. At most ``--max-batches``
+  are read, so an endless loader stops.
+
+What it measures on those batches:
+
+* per BatchNorm layer, the lag of the stored running mean behind the fresh one, ``(stored - fresh mean) /
+  fresh std`` in σ (median |lag| over channels, and the worst channel), where the fresh statistics are those
+  re-estimated on the batches (:func:`bnstats.reestimate` on a copy: the definition ``make diagnose``
+  uses; on a single batch they equal the monitor's batch statistics of its probe);
+* the mode gap (:func:`monitor.mode_check`): training-mode (each batch's own statistics) minus
+  evaluation-mode accuracy with labels, else the share of samples whose predicted class differs between
+  the modes;
+* the evaluation-mode accuracy (or the mode gap) after re-estimation. Re-estimated and evaluated on the
+  same batches, it is a diagnostic of the statistics, not a held-out score.
+
+The statistics are stale when the monitor's rule (:class:`monitor.Thresholds`) fires on the mode gap and
+the worst layer's median |lag|. Exit status 0: not stale; 1: stale; 2: bad input, one line naming the
+argument or file, before any measurement.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import importlib
+import itertools
+import os
+import re
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+import pandas as pd
+import torch
+import torch.nn as nn
+
+from .averaging import state_of
+from .bnstats import reestimate, running_stat_layers, running_stats
+from .checkpoints import BadCheckpointError, UnsafeCheckpointError, load_checkpoint
+from .interventions import layer_lags
+from .monitor import Thresholds, evaluation_forward, find_pairs, mode_check, split_probe
+from .probes import batch_statistics_pass
+
+DEFAULT_MAX_BATCHES = 100
+SPEC = re.compile(r"[A-Za-z_][\w.]*:[A-Za-z_][\w.]*")  # module:function
+
+
+class CheckInputError(ValueError):
+    """An argument of the check cannot be used; the message names it (``--model``, ``--weights``,
+    ``--batches``) and what is wrong, in one line."""
+
+
+# ----------------------------------------------------------------------------- inputs
+def load_function(spec: str, argument: str):
+    """The object named by ``module:function`` (a dotted attribute path after the colon), imported with the
+    current directory on ``sys.path``.
+
+    Raises:
+        CheckInputError: naming ``argument`` when ``spec`` is not ``module:function``, the module does not
+            import, it has no such attribute, or the attribute is not callable.
+    """
+    if not SPEC.fullmatch(spec or ""):
+        raise CheckInputError(f"{argument} {spec!r}: expected module:function (e.g. mynets:make_net)")
+    module_name, attribute = spec.split(":")
+    if os.getcwd() not in sys.path and "" not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    try:
+        obj = importlib.import_module(module_name)
+    except Exception as err:  # noqa: BLE001 - any import failure is the argument's problem
+        raise CheckInputError(f"{argument} {spec}: cannot import {module_name!r} from the current directory or "
+                              f"PYTHONPATH ({type(err).__name__}: {_first_line(err)})") from None
+    for part in attribute.split("."):
+        if not hasattr(obj, part):
+            raise CheckInputError(f"{argument} {spec}: module {module_name!r} has no {attribute!r}")
+        obj = getattr(obj, part)
+    if not callable(obj):
+        raise CheckInputError(f"{argument} {spec}: {attribute!r} is a {type(obj).__name__}, not a function")
+    return obj
+
+
+def build_model(spec: str) -> nn.Module:
+    """Call the factory ``module:function`` without arguments.
+
+    Raises:
+        CheckInputError: naming ``--model`` for a factory that does not import, raises, or returns anything
+            but an ``nn.Module`` (a model without running statistics is refused by :func:`check_checkpoint`).
+    """
+    factory = load_function(spec, "--model")
+    try:
+        model = factory()
+    except Exception as err:  # noqa: BLE001 - the user's factory failed: its problem, reported in one line
+        raise CheckInputError(f"--model {spec}: the factory raised {type(err).__name__}: {_first_line(err)}") from None
+    if not isinstance(model, nn.Module):
+        raise CheckInputError(f"--model {spec}: the factory returned a {type(model).__name__}, not a torch.nn.Module")
+    return model
+
+
+def load_weights(model: nn.Module, weights, device: str | torch.device = "cpu") -> str:
+    """Load ``weights`` (a file, or an already loaded state dict or checkpoint dict) into ``model``.
+
+    Returns:
+        What the weights were: ``"a state dict"`` or ``"a checkpoint dict, its 'model' entry"``.
+
+    Raises:
+        CheckInputError: naming ``--weights`` and the file for a missing, unreadable or unsafe file
+            (:func:`checkpoints.load_checkpoint`), contents that hold no state dict, or weights that do not
+            fit the model: the first missing and the first unexpected key, or the first key whose shape
+            differs.
+    """
+    where = f"--weights {weights}" if isinstance(weights, (str, os.PathLike)) else "--weights"
+    if isinstance(weights, (str, os.PathLike)):
+        try:
+            weights = load_checkpoint(weights, map_location=device)
+        except (FileNotFoundError, UnsafeCheckpointError, BadCheckpointError) as err:
+            raise CheckInputError(f"--weights: {err}") from None
+    kind = ("a checkpoint dict, its 'model' entry" if isinstance(weights, Mapping)
+            and isinstance(weights.get("model"), Mapping) else "a state dict")
+    try:
+        state = state_of(weights)
+    except TypeError as err:
+        raise CheckInputError(f"{where}: {err}") from None
+    try:
+        missing, unexpected = model.load_state_dict(state, strict=False)
+    except RuntimeError as err:
+        found = re.search(r"size mismatch for ([^:]+): (.*?)(?:\.\n|$)", str(err))
+        what = f"key {found.group(1)!r}: {found.group(2)}" if found else _first_line(err)
+        raise CheckInputError(f"{where}: does not fit the model: {what}") from None
+    if missing or unexpected:
+        parts = [f"{label} key {keys[0]!r}" + (f" (and {len(keys) - 1} more)" if len(keys) > 1 else "")
+                 for label, keys in (("missing", missing), ("unexpected", unexpected)) if keys]
+        raise CheckInputError(f"{where}: does not fit the model: " + "; ".join(parts))
+    return kind
+
+
+def _items(contents, spec: str) -> list:
+    """The batches in a batch file's contents: a tuple, a tensor or a mapping is one batch, a list is batches."""
+    if isinstance(contents, (torch.Tensor, tuple, Mapping)):
+        return [contents]
+    if isinstance(contents, list):
+        return contents
+    raise CheckInputError(f"--batches {spec}: holds a {type(contents).__name__}; expected a tensor (N, ...), an "
+                          "(x, y) tuple, a dict, or a list of them")
+
+
+def load_batches(batches, input_key: str = "input", target_key: str = "target",
+                 max_batches: int = DEFAULT_MAX_BATCHES, device: str | torch.device = "cpu"
+                 ) -> tuple[list[tuple[torch.Tensor, torch.Tensor | None]], bool]:
+    """The batches to measure on, as ``(x (N, ...), y (N,) or None)``, and whether there were more than
+    ``max_batches`` (only the first ``max_batches`` are kept; one more is drawn to tell).
+
+    Args:
+        batches: a file name, ``module:function`` (called without arguments, returning an iterable), or an
+            iterable of batches (tensors, ``(x, y)`` tuples or lists, mappings).
+
+    Raises:
+        CheckInputError: naming ``--batches`` for a file that is missing, unreadable or unsafe, a factory
+            that does not import or returns no iterable, no batch at all, a batch it cannot read (naming
+            its index), a batch of fewer than 2 samples, labels that are not class indices (N,), or
+            batches with labels mixed with batches without.
+    """
+    spec = batches if isinstance(batches, (str, os.PathLike)) else "(given)"
+    if isinstance(batches, (torch.Tensor, tuple, Mapping)):
+        batches = _items(batches, spec)
+    elif isinstance(batches, (str, os.PathLike)):
+        if Path(batches).exists() or not SPEC.fullmatch(str(batches)):
+            try:
+                batches = _items(load_checkpoint(batches, map_location="cpu"), spec)
+            except FileNotFoundError:
+                raise CheckInputError(f"--batches {spec}: no such file (nor module:function)") from None
+            except (UnsafeCheckpointError, BadCheckpointError) as err:
+                raise CheckInputError(f"--batches: {err}") from None
+        else:
+            loader = load_function(str(batches), "--batches")
+            try:
+                batches = loader()
+                iter(batches)
+            except TypeError:
+                raise CheckInputError(f"--batches {spec}: returned a {type(batches).__name__}, not an iterable "
+                                      "of batches") from None
+            except Exception as err:  # noqa: BLE001 - the user's loader failed: reported in one line
+                raise CheckInputError(f"--batches {spec}: raised {type(err).__name__}: {_first_line(err)}") from None
+    drawn = list(itertools.islice(batches, max_batches + 1))
+    more = len(drawn) > max_batches
+    out = []
+    for i, batch in enumerate(drawn[:max_batches]):
+        try:
+            x, y = split_probe(batch, input_key, target_key)
+        except (TypeError, ValueError) as err:
+            raise CheckInputError(f"--batches {spec}: batch {i}: {err}") from None
+        if len(x) < 2:
+            raise CheckInputError(f"--batches {spec}: batch {i} has {len(x)} sample(s); training mode (batch "
+                                  "statistics) needs at least 2")
+        if y is not None and (y.dim() != 1 or y.is_floating_point() or y.is_complex()):
+            raise CheckInputError(f"--batches {spec}: batch {i}: labels must be class indices, integers of shape "
+                                  f"(N,), got {y.dtype} {tuple(y.shape)}")
+        out.append((x.to(device), y.to(device) if y is not None else None))
+    if not out:
+        raise CheckInputError(f"--batches {spec}: no batches")
+    if len({y is None for _, y in out}) > 1:
+        raise CheckInputError(f"--batches {spec}: some batches have labels and some do not (the first without: "
+                              f"batch {next(i for i, (_, y) in enumerate(out) if y is None)})")
+    return out, more
+
+
+def parse_device(name: str) -> torch.device:
+    """``torch.device(name)``, refused when it names a CUDA device this machine does not have.
+
+    Raises:
+        CheckInputError: naming ``--device``.
+    """
+    try:
+        device = torch.device(name)
+    except RuntimeError as err:
+        raise CheckInputError(f"--device {name}: {_first_line(err)}") from None
+    if device.type == "cuda" and (not torch.cuda.is_available() or (device.index or 0) >= torch.cuda.device_count()):
+        raise CheckInputError(f"--device {name}: torch sees {torch.cuda.device_count()} CUDA device(s) here")
+    return device
+
+
+def _first_line(err: BaseException) -> str:
+    text = str(err).strip()
+    return text.splitlines()[0] if text else ""
+
+
+# ----------------------------------------------------------------------------- the check
+@dataclass
+class CheckReport:
+    """What :func:`check_checkpoint` measured.
+
+    Attributes:
+        layers: one line per BatchNorm layer with running statistics, in the model's order:
+            :func:`interventions.layer_lags`'s columns (``layer`` is the norm layer, ``median_abs_lag_sigma``,
+            ``worst_channel``, ``worst_lag_sigma`` in σ, ...) and ``weight_layer``, the convolution or linear
+            layer feeding it (:func:`monitor.find_pairs`; "" when unpaired).
+        mode_gap: with the stored statistics, training- minus evaluation-mode accuracy, or without labels the
+            share of samples predicted differently in the two modes (:func:`monitor.mode_check`), a fraction.
+        acc_train_mode, acc_eval_mode: accuracies over all samples (fractions; NaN without labels); training
+            mode normalises each batch with its own statistics.
+        mode_gap_reestimated, acc_eval_mode_reestimated: the same after re-estimation on the same batches: a
+            diagnostic of the statistics, not a held-out score.
+        stale: whether the thresholds' rule fires on ``mode_gap`` and :attr:`worst_median_lag_sigma`.
+        thresholds: the :class:`monitor.Thresholds` used.
+        batches, samples: how many were measured; truncated: whether more batches were offered (``max_batches``).
+        labelled: whether the batches had labels.
+        weights: what the weights loaded were (:func:`load_weights`); "" when none were given.
+    """
+
+    layers: pd.DataFrame
+    mode_gap: float
+    acc_train_mode: float
+    acc_eval_mode: float
+    mode_gap_reestimated: float
+    acc_eval_mode_reestimated: float
+    stale: bool
+    thresholds: Thresholds
+    batches: int
+    samples: int
+    labelled: bool
+    truncated: bool = False
+    weights: str = ""
+
+    @property
+    def worst_median_lag_sigma(self) -> float:
+        """The largest, over layers, median |lag| in σ: the lag the rule reads."""
+        return float(self.layers["median_abs_lag_sigma"].max())
+
+    @property
+    def worst_layer(self) -> str:
+        return str(self.layers.loc[self.layers["median_abs_lag_sigma"].idxmax(), "layer"])
+
+
+@torch.no_grad()
+def check_checkpoint(model: nn.Module, batches, *, weights=None, thresholds: Thresholds = Thresholds(),
+                     input_key: str = "input", target_key: str = "target", max_batches: int = DEFAULT_MAX_BATCHES,
+                     device: str | torch.device = "cpu") -> CheckReport:
+    """Measure how stale ``model``'s running statistics are on ``batches``.
+
+    Args:
+        model: any ``nn.Module`` with BatchNorm layers that keep running statistics; moved to ``device``.
+            Its buffers, parameters and flags are left as they are (re-estimation runs on a copy).
+        batches: a batch file, ``module:function``, or an iterable of batches (see :func:`load_batches`).
+        weights: if given, a weights file, state dict or checkpoint dict loaded first (:func:`load_weights`).
+        thresholds: when the statistics count as stale (:class:`monitor.Thresholds`).
+        input_key, target_key: where a mapping batch holds the inputs and labels.
+        max_batches: read at most this many batches.
+
+    Returns:
+        A :class:`CheckReport`.
+
+    Raises:
+        CheckInputError: for inputs it cannot use, before any measurement (naming the argument); also for a
+            model that fails on a batch (naming the batch).
+    """
+    if not running_stat_layers(model):
+        raise CheckInputError("--model: the model has no BatchNorm layer with running statistics "
+                              "(track_running_stats=True): there are no running statistics to go stale")
+    model.to(device)
+    kind = load_weights(model, weights, device) if weights is not None else ""
+    data, truncated = load_batches(batches, input_key, target_key, max_batches, device)
+    pairing = find_pairs(model, data[0][0])
+    feeding = {p.norm: p.weight or "" for p in pairing.pairs + pairing.unpaired}
+    out_train, out_eval = [], []
+    for i, (x, _) in enumerate(data):
+        try:
+            out_train.append(batch_statistics_pass(model, x, [], keep_frozen=True)[0])
+            out_eval.append(evaluation_forward(model, x))
+        except RuntimeError as err:
+            raise CheckInputError(f"--batches: the model fails on batch {i} of shape {tuple(x.shape)}: "
+                                  f"{_first_line(err)}") from None
+    fresh_model = copy.deepcopy(model)
+    try:
+        reestimate(fresh_model, [x for x, _ in data])
+    except ValueError as err:  # an uninitialised lazy BatchNorm, named by reestimate
+        raise CheckInputError(f"--model: {err}") from None
+    out_fresh = [evaluation_forward(fresh_model, x) for x, _ in data]
+    labelled = data[0][1] is not None
+    y = torch.cat([y for _, y in data]) if labelled else None
+    train = torch.cat(out_train)
+    stored = mode_check(0, train, torch.cat(out_eval), y).iloc[0]
+    fresh = mode_check(0, train, torch.cat(out_fresh), y).iloc[0]
+    layers = layer_lags(running_stats(model), running_stats(fresh_model))
+    layers.insert(1, "weight_layer", layers["layer"].map(feeding).fillna(""))
+    gap = float(stored["mode_gap"])
+    return CheckReport(layers, gap, float(stored["acc_train_mode"]), float(stored["acc_eval_mode"]),
+                       float(fresh["mode_gap"]), float(fresh["acc_eval_mode"]),
+                       thresholds.crossed(gap, float(layers["median_abs_lag_sigma"].max())), thresholds, len(data),
+                       int(stored["probe_size"]), labelled, truncated, kind)
+
+
+# ----------------------------------------------------------------------------- the report
+def format_report(report: CheckReport, model: str = "the model", weights: str = "", batches: str = "") -> str:
+    """The printed report: what was read (``model``, ``weights``, ``batches``: how to name them), one line per
+    layer, the mode gap and accuracies, the verdict."""
+    r, t = report, report.thresholds
+    head = (f"Checked {model}" + (f" with {weights} ({r.weights})" if weights else "")
+            + (f" on {batches}" if batches else ""))
+    out = [f"{head}: {r.batches} batch{'es' * (r.batches != 1)}, {r.samples:,} samples, "
+           + ("with labels" if r.labelled else "without labels")
+           + (f" (stopped after the first {r.batches}: --max-batches)" if r.truncated else "") + ".",
+           "",
+           "Running-mean lag = (stored − fresh mean) / fresh std, in σ; fresh: re-estimated on these batches:",
+           "| norm layer | after | channels | median abs lag (σ) | worst channel | its lag (σ) |",
+           "|---|---|---:|---:|---:|---:|"]
+    for _, s in r.layers.iterrows():
+        out.append(f"| {s['layer']} | {s['weight_layer'] or '–'} | {s['channels']} | {s['median_abs_lag_sigma']:.3f} | "
+                   f"{s['worst_channel']} | {s['worst_lag_sigma']:+.3f} |")
+    out.append("")
+    if r.labelled:
+        out += [f"Mode gap on these batches: training mode {r.acc_train_mode:.1%} (each batch's own statistics), "
+                f"evaluation mode {r.acc_eval_mode:.1%}: gap {r.mode_gap:.3f}.",
+                f"After re-estimation: evaluation mode {r.acc_eval_mode_reestimated:.1%} (gap "
+                f"{r.mode_gap_reestimated:.3f}). Re-estimated and evaluated on the same batches: a diagnostic of the "
+                "statistics, not a held-out score."]
+    else:
+        out += [f"Mode gap on these batches (no labels): {r.mode_gap:.1%} of the samples are predicted differently in "
+                "training mode (each batch's own statistics) and evaluation mode.",
+                f"After re-estimation: {r.mode_gap_reestimated:.1%}. Re-estimated and evaluated on the same batches: "
+                "a diagnostic of the statistics, not a held-out score."]
+    rule = (f"mode gap {r.mode_gap:.3f} {'≥' if r.mode_gap >= t.mode_gap else '<'} {t.mode_gap:g} and worst median "
+            f"|lag| {r.worst_median_lag_sigma:.3f}σ ({r.worst_layer}) "
+            f"{'≥' if r.worst_median_lag_sigma >= t.lag_sigma else '<'} {t.lag_sigma:g}σ")
+    if r.stale:
+        out.append(f"STALE: {rule}. Re-estimate the running statistics (bnrotation.bnstats.reestimate) before "
+                   "evaluating or saving this model.")
+    else:
+        out.append(f"Not stale: {rule} (both are needed to warn).")
+    return "\n".join(out) + "\n"
+
+
+# ----------------------------------------------------------------------------- the command line
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m bnrotation.check", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", required=True, help="module:function returning the nn.Module")
+    p.add_argument("--weights", required=True, help="state dict or checkpoint file (weights only)")
+    p.add_argument("--batches", required=True, help="batch file, or module:function returning an iterable")
+    p.add_argument("--input-key", default="input", help="input key of a dict batch (default: input)")
+    p.add_argument("--target-key", default="target", help="label key of a dict batch (default: target)")
+    p.add_argument("--max-batches", type=int, default=DEFAULT_MAX_BATCHES,
+                   help=f"read at most this many batches (default {DEFAULT_MAX_BATCHES})")
+    p.add_argument("--mode-gap", type=float, default=Thresholds().mode_gap,
+                   help=f"mode gap threshold, a fraction (default {Thresholds().mode_gap:g})")
+    p.add_argument("--lag-sigma", type=float, default=Thresholds().lag_sigma,
+                   help=f"worst layer's median |lag| threshold, in σ (default {Thresholds().lag_sigma:g})")
+    p.add_argument("--device", default="cpu", help="cpu (default), cuda, cuda:1, ...")
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Print the report; exit status 0 (not stale), 1 (stale), 2 (bad input: one line on stderr)."""
+    args = parse_args(argv)
+    try:
+        if args.max_batches < 1:
+            raise CheckInputError(f"--max-batches {args.max_batches}: expected a whole number >= 1")
+        try:
+            thresholds = Thresholds(mode_gap=args.mode_gap, lag_sigma=args.lag_sigma)
+        except ValueError as err:
+            raise CheckInputError(f"{'--mode-gap' if 'mode_gap' in str(err) else '--lag-sigma'}: {err}") from None
+        device = parse_device(args.device)
+        model = build_model(args.model)
+        report = check_checkpoint(model, args.batches, weights=args.weights, thresholds=thresholds,
+                                  input_key=args.input_key, target_key=args.target_key,
+                                  max_batches=args.max_batches, device=device)
+    except CheckInputError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    print(format_report(report, args.model, args.weights, args.batches), end="")
+    return 1 if report.stale else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

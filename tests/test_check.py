@@ -1,0 +1,299 @@
+"""The offline check of a saved model (python -m bnrotation.check, make check) on models the suite did not define:
+a stale one, a re-estimated one, a hand computation, and every bad input."""
+
+from __future__ import annotations
+
+import importlib
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from bnrotation.bnstats import batch_statistics, reestimate
+from bnrotation.check import CheckInputError, check_checkpoint, load_batches, main
+from bnrotation.monitor import StalenessMonitor, Thresholds
+
+ROOT = Path(__file__).resolve().parents[1]
+MODULE = "check_nets"  # the user's module, imported by name from the current directory
+SOURCE = '''
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+class Res(nn.Module):
+    """A stem and one residual block, BatchNorm after each convolution."""
+
+    def __init__(self):
+        super().__init__()
+        self.stem, self.bn0 = nn.Conv2d(3, 8, 3, padding=1, bias=False), nn.BatchNorm2d(8)
+        self.conv1, self.bn1 = nn.Conv2d(8, 8, 3, padding=1, bias=False), nn.BatchNorm2d(8)
+        self.conv2, self.bn2 = nn.Conv2d(8, 8, 3, padding=1, bias=False), nn.BatchNorm2d(8)
+        self.head = nn.Linear(8, 5)
+
+    def forward(self, x):
+        x = F.relu(self.bn0(self.stem(x)))
+        x = F.relu(x + self.bn2(self.conv2(F.relu(self.bn1(self.conv1(x))))))
+        return self.head(x.mean((2, 3)))
+
+
+class Marker:
+    """Pickled by reference: a checkpoint holding one needs arbitrary code to load."""
+
+
+def make():
+    torch.manual_seed(0)
+    return Res()
+
+
+def make_gn():
+    return nn.Sequential(nn.Conv2d(3, 4, 3), nn.GroupNorm(2, 4), nn.Flatten(), nn.Linear(144, 2))
+
+
+def not_a_module():
+    return 3
+
+
+def broken():
+    raise RuntimeError("no weights here")
+
+
+NOT_CALLABLE = 5
+
+
+def loader():
+    return iter(torch.load("batches.pt", weights_only=True))
+
+
+def endless():
+    g = torch.Generator().manual_seed(0)
+    while True:
+        yield torch.randn(4, 3, 8, 8, generator=g)
+
+
+def number():
+    return 7
+'''
+
+
+@pytest.fixture(scope="module")
+def nets(tmp_path_factory):
+    """A folder holding the user's module, a stale checkpoint, a re-estimated one and the batches:
+    labels are the model's own training-mode predictions, so training-mode accuracy is 100%."""
+    folder = tmp_path_factory.mktemp("user")
+    (folder / f"{MODULE}.py").write_text(SOURCE)
+    sys.path.insert(0, str(folder))
+    user = importlib.import_module(MODULE)
+    model = user.make()
+    g = torch.Generator().manual_seed(1)
+    xs = [torch.randn(32, 3, 8, 8, generator=g) for _ in range(3)]
+    with torch.no_grad(), batch_statistics(model):
+        batches = [(x, model(x).argmax(1)) for x in xs]
+    reestimate(model, xs)
+    torch.save(model.state_dict(), folder / "fresh.pt")
+    with torch.no_grad():
+        model.bn1.running_mean += 2.0 * model.bn1.running_var.sqrt()  # stale by 2σ in every channel of bn1
+    torch.save({"model": model.state_dict(), "step": 100}, folder / "stale.pt")  # the suite's checkpoint layout
+    torch.save(batches, folder / "batches.pt")
+    yield folder, user, batches
+    sys.path.remove(str(folder))
+    sys.modules.pop(MODULE, None)
+
+
+def run_main(nets, monkeypatch, capsys, *args: str, weights: str = "stale.pt", batches: str = "batches.pt",
+             model: str = f"{MODULE}:make"):
+    monkeypatch.chdir(nets[0])
+    code = main(["--model", model, "--weights", weights, "--batches", batches, *args])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+# ----------------------------------------------------------------------------- stale, re-estimated
+def test_a_stale_model_exits_1_naming_the_layer_and_a_re_estimated_one_exits_0(nets, monkeypatch, capsys):
+    code, out, err = run_main(nets, monkeypatch, capsys)
+    assert code == 1 and err == ""
+    assert "| bn1 | conv1 | 8 | 2.000 |" in out  # the shifted layer: 2σ in every channel
+    assert "| bn2 | conv2 | 8 | 0.000 |" in out
+    assert "STALE: mode gap" in out and "2.000σ (bn1) ≥ 0.25σ" in out
+    assert "training mode 100.0%" in out and "not a held-out score" in out
+    assert "stale.pt (a checkpoint dict, its 'model' entry)" in out and "3 batches, 96 samples, with labels" in out
+    code, out, _ = run_main(nets, monkeypatch, capsys, weights="fresh.pt")
+    assert code == 0 and "Not stale: mode gap 0.000 < 0.05" in out and "(a state dict)" in out
+
+
+def test_the_report_is_the_monitors_on_one_batch_and_the_re_estimated_accuracy_recovers(nets):
+    folder, user, batches = nets
+    model = user.make()
+    report = check_checkpoint(model, [batches[0]], weights=folder / "stale.pt")
+    # one batch: the re-estimated statistics are that batch's, the monitor's fresh statistics of its probe
+    record = StalenessMonitor(model, batches[0], warn=False)(1)
+    monitor = record.layers.set_index("norm_layer")["lag_median_abs_sigma"]
+    lags = report.layers.set_index("layer")
+    for name in ("bn0", "bn1", "bn2"):
+        assert lags.loc[name, "median_abs_lag_sigma"] == pytest.approx(monitor[name], rel=1e-5, abs=1e-6)
+    assert lags["weight_layer"].tolist() == ["stem", "conv1", "conv2"]
+    assert report.mode_gap == pytest.approx(float(record.checks["mode_gap"].iloc[0]))
+    assert report.stale == record.stale is True
+    assert report.acc_train_mode == 1.0 and report.acc_eval_mode < 0.95, report.checks
+    assert report.acc_eval_mode_reestimated > report.acc_eval_mode and report.mode_gap_reestimated < 0.05
+    assert report.weights == "a checkpoint dict, its 'model' entry" and report.batches == 1
+    strict = check_checkpoint(model, [batches[0]], thresholds=Thresholds(lag_sigma=2.5))
+    assert not strict.stale and strict.thresholds.lag_sigma == 2.5
+
+
+def test_numbers_equal_a_hand_computation_on_a_tiny_model():
+    """Linear (3 -> 4) -> BatchNorm1d(4) -> Linear (4 -> 3), two batches of 6: every number by hand."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(3, 4, bias=False), torch.nn.BatchNorm1d(4), torch.nn.Linear(4, 3))
+    bn = model[1]
+    with torch.no_grad():
+        bn.weight.copy_(torch.tensor([1.0, 2.0, 0.5, 1.5]))
+        bn.bias.copy_(torch.tensor([0.1, -0.2, 0.3, 0.0]))
+        bn.running_mean.copy_(torch.tensor([0.5, -1.0, 0.0, 2.0]))
+        bn.running_var.copy_(torch.tensor([1.0, 4.0, 0.25, 2.0]))
+    xs = [torch.randn(6, 3), torch.randn(6, 3) + 1.0]
+    ys = [torch.tensor([0, 1, 2, 0, 1, 2]), torch.tensor([2, 2, 1, 1, 0, 0])]
+    report = check_checkpoint(model, list(zip(xs, ys)))
+
+    w, eps = model[0].weight.detach().double(), bn.eps
+    zs = [x.double() @ w.T for x in xs]  # (6, 4): the BatchNorm's inputs
+    fresh_mean = sum(z.mean(0) for z in zs) / 2  # the cumulative average of the two batch means
+    fresh_var = sum(z.var(0, unbiased=True) for z in zs) / 2
+    lag = (bn.running_mean.double() - fresh_mean) / fresh_var.sqrt()  # (4,)
+    line = report.layers.iloc[0]
+    assert line["median_abs_lag_sigma"] == pytest.approx(float(lag.abs().median()), rel=1e-5)
+    assert line["worst_channel"] == int(lag.abs().argmax())
+    assert line["worst_lag_sigma"] == pytest.approx(float(lag[lag.abs().argmax()]), rel=1e-5)
+
+    def head(u):
+        normed = u * bn.weight.detach().double() + bn.bias.detach().double()
+        return normed @ model[2].weight.detach().double().T + model[2].bias.detach().double()
+
+    train = [head((z - z.mean(0)) / (z.var(0, unbiased=False) + eps).sqrt()) for z in zs]  # batch statistics
+    stored = [head((z - bn.running_mean.double()) / (bn.running_var.double() + eps).sqrt()) for z in zs]
+    fresh = [head((z - fresh_mean) / (fresh_var + eps).sqrt()) for z in zs]
+    y = torch.cat(ys)
+
+    def acc(outs):
+        return float((torch.cat(outs).argmax(1) == y).double().mean())
+
+    assert report.acc_train_mode == acc(train) and report.acc_eval_mode == acc(stored)
+    assert report.acc_eval_mode_reestimated == acc(fresh)
+    assert report.mode_gap == pytest.approx(acc(train) - acc(stored))
+    assert report.samples == 12 and report.labelled
+    assert report.stale == (acc(train) - acc(stored) >= 0.05 and float(lag.abs().median()) >= 0.25)
+    # without labels: the share of samples predicted differently in the two modes
+    unlabelled = check_checkpoint(model, xs)
+    differ = float((torch.cat(train).argmax(1) != torch.cat(stored).argmax(1)).double().mean())
+    assert unlabelled.mode_gap == pytest.approx(differ) and math.isnan(unlabelled.acc_eval_mode)
+    assert torch.equal(bn.running_mean, torch.tensor([0.5, -1.0, 0.0, 2.0]))  # re-estimated on a copy
+
+
+def test_batches_from_a_function_a_dict_and_an_endless_loader(nets, monkeypatch, capsys):
+    folder, _, batches = nets
+    code, out, _ = run_main(nets, monkeypatch, capsys, batches=f"{MODULE}:loader")
+    assert code == 1 and "on check_nets:loader: 3 batches, 96 samples" in out
+    torch.save({"image": batches[0][0], "label": batches[0][1]}, folder / "dict.pt")
+    code, out, _ = run_main(nets, monkeypatch, capsys, "--input-key", "image", "--target-key", "label",
+                            batches="dict.pt")
+    assert code == 1 and "1 batch, 32 samples, with labels" in out
+    code, out, _ = run_main(nets, monkeypatch, capsys, "--max-batches", "5", batches=f"{MODULE}:endless")
+    assert code in (0, 1) and "5 batches, 20 samples, without labels (stopped after the first 5" in out
+    data, more = load_batches(batches[0][0])  # a tensor is one batch
+    assert len(data) == 1 and data[0][1] is None and not more
+
+
+# ----------------------------------------------------------------------------- bad input: one line, exit 2
+def _save(folder: Path, name: str, obj) -> str:
+    torch.save(obj, folder / name)
+    return name
+
+
+BAD = {
+    "module that does not import": (dict(model="no_such_module_xyz:make"), "cannot import 'no_such_module_xyz'"),
+    "no such function": (dict(model=f"{MODULE}:missing"), "module 'check_nets' has no 'missing'"),
+    "not module:function": (dict(model=MODULE), "expected module:function"),
+    "not callable": (dict(model=f"{MODULE}:NOT_CALLABLE"), "'NOT_CALLABLE' is a int, not a function"),
+    "factory returns no module": (dict(model=f"{MODULE}:not_a_module"), "returned a int, not a torch.nn.Module"),
+    "factory raises": (dict(model=f"{MODULE}:broken"), "the factory raised RuntimeError: no weights here"),
+    "no running statistics": (dict(model=f"{MODULE}:make_gn"), "no BatchNorm layer with running statistics"),
+    "weights file missing": (dict(weights="nothing.pt"), "--weights: nothing.pt: no such checkpoint"),
+    "weights missing a key": ("missing_key", "missing key 'bn1.running_mean'"),
+    "weights with an extra key": ("extra_key", "unexpected key 'extra.weight'"),
+    "weights of another shape": ("shape", "does not fit the model: key 'head.weight'"),
+    "weights not a state dict": ("a_list", "cannot read a state dict from a list"),
+    "unsafe checkpoint": ("unsafe", "refused: loading it would run arbitrary code"),
+    "unreadable batch file": ("garbage", "--batches: garbage.pt: unreadable checkpoint"),
+    "batch file missing": (dict(batches="none.pt"), "--batches none.pt: no such file"),
+    "batch file of a number": ("number", "holds a int; expected a tensor"),
+    "labels that do not match": ("short_labels", "batch 0: probe: 8 inputs but labels"),
+    "labels that are not class indices": ("float_labels", "labels must be class indices"),
+    "labels on some batches only": ("mixed", "some batches have labels and some do not (the first without: batch 1)"),
+    "a batch of one sample": ("one_sample", "batch 0 has 1 sample(s)"),
+    "a dict batch without the key": ("dict_batch", "keys: ['image']"),
+    "loader returns no iterable": (dict(batches=f"{MODULE}:number"), "returned a int, not an iterable"),
+    "model fails on the batch": ("wrong_shape", "the model fails on batch 0 of shape (4, 2, 8, 8)"),
+    "empty batch list": ("empty", "no batches"),
+    "negative threshold": (dict(args=("--lag-sigma", "-1")), "--lag-sigma: Thresholds.lag_sigma: expected"),
+    "no CUDA here": (dict(args=("--device", "cuda:7")), "--device cuda:7: torch sees"),
+}
+
+
+def _bad_files(folder: Path, user, case: str) -> dict:
+    state = user.make().state_dict()
+    x = torch.randn(8, 3, 8, 8)
+    if case == "missing_key":
+        return {"weights": _save(folder, "w.pt", {k: v for k, v in state.items() if k != "bn1.running_mean"})}
+    if case == "extra_key":
+        return {"weights": _save(folder, "w.pt", {**state, "extra.weight": torch.zeros(2)})}
+    if case == "shape":
+        return {"weights": _save(folder, "w.pt", {**state, "head.weight": torch.zeros(3, 8)})}
+    if case == "a_list":
+        return {"weights": _save(folder, "w.pt", [torch.zeros(2)])}
+    if case == "unsafe":
+        return {"weights": _save(folder, "w.pt", {"model": state, "marker": user.Marker()})}
+    if case == "garbage":
+        (folder / "garbage.pt").write_bytes(b"not a torch file")
+        return {"batches": "garbage.pt"}
+    files = {"number": 7, "short_labels": (x, torch.zeros(5, dtype=torch.long)),
+             "float_labels": (x, torch.zeros(8)), "mixed": [(x, torch.zeros(8, dtype=torch.long)), x],
+             "one_sample": x[:1], "dict_batch": {"image": x}, "wrong_shape": torch.randn(4, 2, 8, 8), "empty": []}
+    return {"batches": _save(folder, f"{case}.pt", files[case])}
+
+
+@pytest.mark.parametrize("case", list(BAD))
+def test_bad_input_is_one_line_and_exit_2_before_any_work(nets, monkeypatch, capsys, case):
+    folder, user, _ = nets
+    given, message = BAD[case]
+    given = dict(given) if isinstance(given, dict) else _bad_files(folder, user, given)
+    args = given.pop("args", ())
+    code, out, err = run_main(nets, monkeypatch, capsys, *args, **given)
+    assert code == 2 and out == "", (case, out)
+    assert err.startswith("error: ") and len(err.strip().splitlines()) == 1, err
+    assert message in err, err
+
+
+def test_a_bad_input_raises_from_the_function_too(nets):
+    _, user, batches = nets
+    with pytest.raises(CheckInputError, match="no batches"):
+        check_checkpoint(user.make(), [])
+    with pytest.raises(CheckInputError, match="no BatchNorm layer"):
+        check_checkpoint(user.make_gn(), batches)
+
+
+# ----------------------------------------------------------------------------- the real commands
+def test_the_command_and_make_check_in_a_subprocess(nets):
+    folder = nets[0]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(folder), str(ROOT / "src")]))
+    done = subprocess.run([sys.executable, "-m", "bnrotation.check", "--model", f"{MODULE}:make", "--weights",
+                           "stale.pt", "--batches", "batches.pt"], cwd=folder, env=env, capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 1 and "STALE" in done.stdout and "(bn1)" in done.stdout, done.stderr
+    made = subprocess.run(["make", "-s", "check", f"PY={sys.executable}", f"MODEL={MODULE}:make",
+                           f"WEIGHTS={folder / 'fresh.pt'}", f"BATCHES={folder / 'batches.pt'}"], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert made.returncode == 0 and "Not stale" in made.stdout, made.stderr
