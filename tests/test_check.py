@@ -118,7 +118,7 @@ def test_a_stale_model_exits_1_naming_the_layer_and_a_re_estimated_one_exits_0(n
     assert code == 1 and err == ""
     assert "| bn1 | conv1 | 8 | 2.000 |" in out  # the shifted layer: 2σ in every channel
     assert "| bn2 | conv2 | 8 | 0.000 |" in out
-    assert "STALE: mode gap" in out and "2.000σ (bn1) ≥ 0.25σ" in out
+    assert "STALE: mode gap" in out and "2.000σ (bn1) ≥ 0.1σ" in out
     assert "training mode 100.0%" in out and "not a held-out score" in out
     assert "stale.pt (a checkpoint dict, its 'model' entry)" in out and "3 batches, 96 samples, with labels" in out
     code, out, _ = run_main(nets, monkeypatch, capsys, weights="fresh.pt")

@@ -20,7 +20,7 @@ CONFIG = {"scale": {"check_start": 2000, "steps": 2300, "log_every": 100, "heldo
 # 1900 lies before the check window; 2250 is a check without a log step (no lag): both are left out.
 CHECKS = {1900: (0.10, 5.0),
           2000: (0.50, 0.30),  # failing, caught by the default rule
-          2100: (0.85, 0.12),  # failing, missed at lag >= 0.25, caught at lag >= 0.1
+          2100: (0.85, 0.12),  # failing, missed at lag >= 0.25, caught at lag >= 0.1 (the default)
           2200: (0.93, 0.30),  # passing with a gap of 0.07: a false alarm of the default rule
           2250: (0.10, None),
           2300: (0.98, 0.60)}  # passing with a gap of 0.02: fires only with a gap threshold <= 0.02
@@ -101,9 +101,9 @@ def test_the_report_states_the_counts_the_grid_and_what_was_left_out(tmp_path):
     path = write_monitor(runs, tmp_path, Path("results"))
     md = path.read_text()
     assert path == tmp_path / "monitor.md"
-    assert "| Adam, lr 3e-3 (`adam`) | 0 | 1/2 (50%) | 1/2 (50%) |" in md
-    assert "| **All rows** |  | 1/2 (50%) | 1/2 (50%) |" in md
-    assert ("| gap ≥ 0.05 | 100% (2) / 50% (1) | 100% (2) / 50% (1) | **50% (1) / 50% (1)** | 0% (0) / 0% (0) | "
+    assert "| Adam, lr 3e-3 (`adam`) | 0 | 2/2 (100%) | 1/2 (50%) |" in md
+    assert "| **All rows** |  | 2/2 (100%) | 1/2 (50%) |" in md
+    assert ("| gap ≥ 0.05 | 100% (2) / 50% (1) | **100% (2) / 50% (1)** | 50% (1) / 50% (1) | 0% (0) / 0% (0) | "
             "0% (0) / 0% (0) |") in md
     assert ("| lag alone | 100% (2) / 100% (2) | 100% (2) / 100% (2) | 50% (1) / 100% (2) | 0% (0) / 50% (1) | "
             "0% (0) / 0% (0) |") in md

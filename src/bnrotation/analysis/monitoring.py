@@ -42,7 +42,7 @@ from .results import Run
 # monitor.Thresholds' defaults (monitor.py imports torch, the analysis never does); tests/test_monitoring.py
 # checks that the two agree, and that rule_fires decides as monitor.Thresholds.crossed does.
 DEFAULT_MODE_GAP = 0.05  # fraction
-DEFAULT_LAG_SIGMA = 0.25  # σ
+DEFAULT_LAG_SIGMA = 0.1  # σ
 # The grid around the defaults; 0 is "that signal alone" (the other one decides).
 MODE_GAPS = (0.0, 0.01, 0.02, 0.05, 0.10)
 LAG_SIGMAS = (0.0, 0.1, 0.25, 0.5, 1.0)
