@@ -88,8 +88,8 @@ def stack_models(models: list[nn.Module]) -> nn.Module:
     """
     if not models:
         raise ValueError("stack_models: no models")
-    names = [n for n, _ in models[0].named_modules()]
-    if any([n for n, _ in m.named_modules()] != names for m in models[1:]):
+    names = [(n, type(m)) for n, m in models[0].named_modules()]
+    if any([(n, type(m)) for n, m in other.named_modules()] != names for other in models[1:]):
         raise ValueError("stack_models: the models differ in structure")
     s = len(models)
     batched = copy.deepcopy(models[0])
