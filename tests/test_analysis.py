@@ -14,6 +14,7 @@ import functools
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -484,8 +485,10 @@ def test_runs_below_the_article_scale_get_no_verdict(tmp_path):
             write_run(root, row, seed, rotation=pub.rotation_deg_per_100, norm_growth=pub.norm_growth,
                       acc_eval=pub.acc_eval_mode, scale=quick)
     md, checks = claims.build_report(root, _load(root))
-    assert {c.verdict for c in checks} == {"NOT RUN"}
+    assert {c.verdict for c in checks} == {"NOT RUN", "not judged at this scale"}  # NOT RUN: rows never run
+    assert all(c.verdict == "NOT RUN" for c in checks if "it would read" not in c.note)
     assert any("it would read PASS" in c.note for c in checks)
+    assert re.search(r"Named checks: \*\*0 PASS, 0 FAIL, \d+ NOT RUN, \d+ not judged at this scale\*\*", md)
     assert "**Not the article's scale.**" in md and "2,000 steps" in md and "6,000 steps" in md
     assert table.main(["--results", str(root), "--out", str(tmp_path / "out")]) == 0
     assert "**Not the article's scale.**" in (tmp_path / "out" / "table.md").read_text()

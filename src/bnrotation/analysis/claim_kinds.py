@@ -52,6 +52,7 @@ from .stats import (SeedStat, cell, decimals_shown, half_unit, rho_at_or_beyond,
 from .table import COLUMNS as TABLE_COLUMNS
 
 PASS, FAIL, NOT_RUN = "PASS", "FAIL", "NOT RUN"
+NOT_JUDGED = "not judged at this scale"  # runs below the article's scale: measured, weighed against nothing
 MEASURED = "MEASURED"  # the verdict of an exploratory claim with runs: measured, no PASS or FAIL
 ARTICLE, RESNET = "article", "resnet"  # the sections of claims.md a claim belongs to
 Z = 2.0  # standard errors a difference must exceed
@@ -450,9 +451,9 @@ class RecoveryShareBeside(RecoveryShare):
 
 def withhold_verdicts(checks: list[Check]) -> None:
     """Below the article's scale a verdict against its figures means nothing: every PASS or FAIL becomes
-    NOT RUN, the verdict it would have had kept in the check's note."""
+    :data:`NOT_JUDGED` ("not judged at this scale"), the verdict it would have had kept in the check's note."""
     for c in checks:
         if c.verdict in (PASS, FAIL):
             c.note = (c.note + " " if c.note else "") + (f"Not at the article's scale: no verdict (at this scale "
                                                          f"it would read {c.verdict}).")
-            c.verdict = NOT_RUN
+            c.verdict = NOT_JUDGED

@@ -12,7 +12,7 @@ from .. import records
 from ..article import FAIL_BELOW
 from ..rows import PUBLISHED_SEEDS, row_order
 from . import metrics, theory
-from .claim_kinds import ALPHA, ARTICLE, FAIL, MEASURED, NOT_RUN, PASS, RESNET, Z, Check
+from .claim_kinds import ALPHA, ARTICLE, FAIL, MEASURED, NOT_JUDGED, NOT_RUN, PASS, RESNET, Z, Check
 from .evidence import Evidence
 from .findings import findings
 from .results import count, scale_note
@@ -76,9 +76,18 @@ def carryover_lines(checks: list[Check]) -> list[str]:
 
 def summary_line(checks: list[Check]) -> str:
     """``'**3 PASS, 1 FAIL, 2 NOT RUN**'``, with ``', 2 exploratory (MEASURED, no verdict)'`` when any are."""
-    counts = {v: sum(c.verdict == v for c in checks) for v in (PASS, FAIL, NOT_RUN, MEASURED)}
-    return (f"**{counts[PASS]} PASS, {counts[FAIL]} FAIL, {counts[NOT_RUN]} NOT RUN**"
-            + (f", {counts[MEASURED]} exploratory (MEASURED, no verdict)" if counts[MEASURED] else ""))
+    measured = sum(c.verdict == MEASURED for c in checks)
+    return (f"**{verdict_counts(checks)}**"
+            + (f", {measured} exploratory (MEASURED, no verdict)" if measured else ""))
+
+
+def verdict_counts(checks) -> str:
+    """``'3 PASS, 1 FAIL, 2 NOT RUN'``, and ``', 24 not judged at this scale'`` when any are (``checks``: any
+    iterable of :class:`.Check`)."""
+    checks = list(checks)
+    counts = {v: sum(c.verdict == v for c in checks) for v in (PASS, FAIL, NOT_RUN, NOT_JUDGED)}
+    return (f"{counts[PASS]} PASS, {counts[FAIL]} FAIL, {counts[NOT_RUN]} NOT RUN"
+            + (f", {counts[NOT_JUDGED]} {NOT_JUDGED}" if counts[NOT_JUDGED] else ""))
 
 
 def to_markdown(ev: Evidence, checks: list[Check], cells: list[tuple[str, str, Check]]) -> str:
@@ -87,8 +96,6 @@ def to_markdown(ev: Evidence, checks: list[Check], cells: list[tuple[str, str, C
     ``ev``."""
     resnet = [c for c in checks if c.section == RESNET]
     checks = [c for c in checks if c.section == ARTICLE]
-    counts = {v: sum(c.verdict == v for c in checks) for v in (PASS, FAIL, NOT_RUN)}
-    cell_counts = {v: sum(c.verdict == v for _, _, c in cells) for v in (PASS, FAIL, NOT_RUN)}
     seeds = ev.per_run.groupby("row")["seed"].apply(seed_ranges)
     intervene_every = int(ev.runs[0].config["scale"]["intervene_every"])
     k100 = theory.random_walk_factor(100, 0.9)
@@ -115,8 +122,7 @@ def to_markdown(ev: Evidence, checks: list[Check], cells: list[tuple[str, str, C
            f"{cell(ALPHA, 'pct', digits=0)} critical value for the number of rows. Claims about a model rather than a "
            "mean (the lag formula) use a factor fixed in advance, with the seed spread shown beside it.\n",
            "## Summary\n",
-           f"Named checks: **{counts[PASS]} PASS, {counts[FAIL]} FAIL, {counts[NOT_RUN]} NOT RUN**. "
-           f"Table cells: {cell_counts[PASS]} PASS, {cell_counts[FAIL]} FAIL, {cell_counts[NOT_RUN]} NOT RUN.\n",
+           f"Named checks: **{verdict_counts(checks)}**. Table cells: {verdict_counts(c for _, _, c in cells)}.\n",
            "| Check | Verdict | Published | Measured |", "|---|---|---|---|"]
     out += [f"| `{c.name}` | {c.verdict} | {md_cell(c.published)} | {md_cell(c.measured)} |" for c in checks]
     if resnet:
