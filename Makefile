@@ -15,7 +15,9 @@ RESULTS ?=
 STEP ?=
 RUN ?= $(or $(RESULTS),results)/runs/$(ROW)/seed=$(SEED)
 OUT ?=
-JOBS ?= 1
+# Runs at once: one per core by default (one thread each; on 2 cores this beat one run of 2 threads in every
+# measurement of `make bench`, section (g)).
+JOBS ?= $(shell nproc)
 BENCH_ARGS ?=
 SCALES := $(sort $(basename $(notdir $(wildcard conf/scale/*.yaml))))
 
@@ -64,7 +66,7 @@ help: ## list the targets
 	@for s in $(SCALES); do echo "      SCALE=$$s: $$(PYTHONPATH=src $(PYTHON) -m bnrotation.rows $$s)"; done
 	@for s in resnet ten_seeds; do echo "      SET=$$s: $$(PYTHONPATH=src $(PYTHON) -m bnrotation.rows full $$s)"; done
 	@echo "      ]   SET=resnet|ten_seeds [none: the article's network]"
-	@echo "    JOBS=<n> runs at once (sweep) [1]"
+	@echo "    JOBS=<n> runs at once (sweep), one thread each when n >= cores [nproc: $(shell nproc)]"
 	@echo "    RESULTS=<root> [sweep, row: results; table, figures, claims: results if it holds runs, else"
 	@echo "      results/reference; reproduce: results, or results/<scale> below full scale]"
 	@echo "    OUT=<folder> where table, figures and claims write [the results root they read]   SKIP_BAD=1"
