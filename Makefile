@@ -15,8 +15,8 @@ RESULTS ?=
 STEP ?=
 RUN ?= $(or $(RESULTS),results)/runs/$(ROW)/seed=$(SEED)
 OUT ?=
-# Runs at once: one per core by default (one thread each; on 2 cores this beat one run of 2 threads in every
-# measurement of `make bench`, section (g)).
+# Runs at once: one per core by default, one thread each (`make bench`: on 2 quiet cores even with one run of
+# 2 threads, section (g); a run of 2 threads slows 2.6x beside a busy core, section (b)).
 JOBS ?= $(shell nproc)
 BENCH_ARGS ?=
 SCALES := $(sort $(basename $(notdir $(wildcard conf/scale/*.yaml))))
