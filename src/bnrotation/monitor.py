@@ -43,7 +43,7 @@ from torch.nn.modules.batchnorm import _BatchNorm
 
 from .bnstats import batch_statistics, norm_layers, running_stat_layers
 from .probes import (batch_statistics_pass, channel_cosines, channel_norms, cosine, drift_sigma_per_step,
-                     lag_sigma, predicted_lag_sigma, rotation_deg)
+                     eval_chunk, lag_sigma, predicted_lag_sigma, rotation_deg)
 
 # Layers whose weight rows are output channels: what a normalisation layer directly downstream normalises.
 WEIGHT_LAYERS = (nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.Linear)
@@ -238,11 +238,14 @@ class Thresholds:
 # ----------------------------------------------------------------------------- the mode check
 def evaluation_forward(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
     """The model's output on ``x`` (N, ...) in evaluation mode (running statistics); every module's training
-    flag is restored after, also when it raises."""
+    flag is restored after, also when it raises. On a CPU in chunks of :data:`.probes.EVAL_CHUNK` samples
+    (:func:`.probes.eval_chunk`): each sample's output is its own in evaluation mode, and small chunks stay in
+    cache (`make bench`, section (c))."""
     flags = {m: m.training for m in model.modules()}
     try:
         model.eval()
-        return model(x)
+        chunk = eval_chunk(x.device, len(x))
+        return model(x) if chunk >= len(x) else torch.cat([model(c) for c in x.split(chunk)])
     finally:
         for m, f in flags.items():
             m.training = f
