@@ -15,8 +15,8 @@ RESULTS ?=
 STEP ?=
 RUN ?= $(or $(RESULTS),results)/runs/$(ROW)/seed=$(SEED)
 OUT ?=
-# Runs at once: one per core by default, one thread each (`make bench`: on 2 quiet cores even with one run of
-# 2 threads, section (g); a run of 2 threads slows 2.6x beside a busy core, section (b)).
+# Runs at once: one per core by default, one thread each (`make bench` on 2 cores: 1.09x one run of 2 threads,
+# quiet, section (g); a run of 2 threads slows 3.3x beside a busy core, section (b)).
 JOBS ?= $(shell nproc)
 BENCH_ARGS ?=
 SCALES := $(sort $(basename $(notdir $(wildcard conf/scale/*.yaml))))
