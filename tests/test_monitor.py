@@ -15,8 +15,9 @@ import torch.nn.functional as F
 from bnrotation.bnstats import reestimate
 from bnrotation.config import ModelConfig
 from bnrotation.model import build_model
-from bnrotation.monitor import StaleStatisticsWarning, StalenessMonitor, Thresholds, find_pairs, split_probe
-from bnrotation.probes import fresh_statistics, rotation_deg
+from bnrotation.monitor import (StaleStatisticsWarning, StalenessMonitor, Thresholds, evaluation_forward, find_pairs,
+                               split_probe)
+from bnrotation.probes import EVAL_CHUNK, fresh_statistics, rotation_deg
 
 from test_probes import rotated
 
@@ -374,3 +375,18 @@ def test_on_the_suites_network_the_monitor_equals_a_direct_computation():
     got = rec.channels.query("layer == 'conv3'").sort_values("channel")
     assert torch.allclose(torch.tensor(got["fresh_mean"].to_numpy()), fresh["bn3"][0], rtol=1e-6, atol=1e-7)
     assert torch.allclose(torch.tensor(got["rotation_deg"].to_numpy()), rotation_deg(w0, model.conv3.weight), rtol=1e-9)
+
+
+def test_the_evaluation_pass_in_chunks_equals_one_pass_and_restores_the_flags():
+    """The monitor's evaluation-mode pass runs in chunks of EVAL_CHUNK on a CPU: with more samples than one chunk
+    (and a ragged last chunk) its outputs equal one pass of model.eval(), and every training flag is as before."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4), nn.ReLU(), nn.Flatten(), nn.Linear(4 * 6 * 6, 5))
+    model.train()
+    model(torch.randn(32, 3, 8, 8))  # running statistics that differ from any batch's
+    x = torch.randn(3 * EVAL_CHUNK + 7, 3, 8, 8)
+    out = evaluation_forward(model, x)
+    assert all(m.training for m in model.modules())
+    model.eval()
+    with torch.no_grad():
+        assert torch.allclose(out, model(x), rtol=0, atol=1e-6)
