@@ -9,7 +9,7 @@ import sys
 import pytest
 import torch
 
-from bnrotation.bnstats import reestimate, running_stat_layers, swapped_statistics
+from bnrotation.bnstats import batch_statistics, reestimate, running_stat_layers, swapped_statistics
 from bnrotation.config import ModelConfig, TaskConfig
 from bnrotation.model import build_model
 from bnrotation.probes import accuracy
@@ -116,3 +116,16 @@ def test_bare_loop_runs_its_checks(bench):
 def test_bench_takes_each_parts_least_disturbed_round(bench):
     rounds = [{"steps": 10.0, "checks": 5.0, "total": 15.0}, {"steps": 30.0, "checks": 2.0, "total": 32.0}]
     assert bench.least_disturbed(rounds) == {"steps": 10.0, "checks": 2.0, "total": 12.0}
+
+
+@pytest.mark.parametrize("arch", ["convnet", "resnet20"])
+def test_bench_layerwise_chunked_training_pass_equals_one_pass(bench, arch):
+    """The alternative (c) times against the one training-mode pass computes the same outputs, ragged last
+    chunk included, so the timing compares like with like."""
+    cfg = ModelConfig(arch=arch, channels=[16, 32, 64] if arch == "resnet20" else [32, 64, 64])
+    model = build_model(cfg, 10, seed=0)
+    x = torch.randn(50, 3, 16, 16).contiguous(memory_format=torch.channels_last)
+    with torch.no_grad(), batch_statistics(model):
+        one = model(x)
+        chunked = bench.layerwise_chunked_forward(model, x, 16)
+    assert torch.allclose(chunked, one, rtol=1e-4, atol=1e-5)

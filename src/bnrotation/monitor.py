@@ -442,8 +442,8 @@ class StalenessMonitor:
                                          if w is not None},
                                   {name: mean.cpu() for name, (mean, _) in fresh.items()})
         self.last_fresh = fresh
-        record = MonitorRecord(step, checks, pd.DataFrame(layer_rows), pd.concat(channel_frames, ignore_index=True),
-                               False, "")
+        channels = pd.DataFrame({k: np.concatenate([f[k] for f in channel_frames]) for k in channel_frames[0]})
+        record = MonitorRecord(step, checks, pd.DataFrame(layer_rows), channels, False, "")
         record.stale = self._stale(record)
         record.summary = self._summary(record)
         if record.stale and self.warn:
@@ -481,8 +481,9 @@ class StalenessMonitor:
         rot = (rotation_deg(prev.weights[pair.weight], w).cpu()
                if w is not None and prev is not None and pair.weight in prev.weights else nan)
         per_100 = rot * 100.0 / interval if interval else nan
-        channels = pd.DataFrame({
-            "step": np.full(c, step), "layer": [pair.weight or ""] * c, "norm_layer": [pair.norm] * c,
+        channels = {  # columns of (C,) arrays; measure() makes one frame of every layer's
+            "step": np.full(c, step), "layer": np.full(c, pair.weight or "", dtype=object),
+            "norm_layer": np.full(c, pair.norm, dtype=object),
             "channel": np.arange(c), "rotation_deg": rot.numpy(), "rotation_deg_per_100": per_100.numpy(),
             "weight_norm": (channel_norms(w).cpu() if w is not None else nan).numpy(),
             "update_cos": (channel_cosines(w.double() - wb.double(), wb).cpu() if wb is not None else nan).numpy(),
@@ -490,7 +491,7 @@ class StalenessMonitor:
             "fresh_mean": f_mean.numpy(), "fresh_var": f_var.numpy(), "lag_sigma": lag.numpy(),
             "drift_sigma_per_step": drift.numpy(), "predicted_lag_sigma": predicted_lag_sigma(drift, momentum).numpy(),
             "abs_mean_over_std": (f_mean.abs() / f_var.sqrt()).numpy(),
-        })
+        }
         abs_lag = lag.abs()
         finite = torch.isfinite(abs_lag)
         grad = weight.weight.grad if weight is not None else None

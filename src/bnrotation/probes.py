@@ -75,12 +75,29 @@ def channel_dims(z: torch.Tensor) -> tuple[int, ...]:
 def input_moments(z: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Per channel mean and unbiased variance of one layer input (N, C, *): two (C,) float64 tensors.
 
-    Computed by ``torch.var_mean`` in the input's dtype: on a CPU, float32 reductions accumulate in
-    float64 (ATen's accumulate type), so the result matches a float64 computation to about 1e-7
-    relative without copying the activations to float64.
+    Two passes in the input's precision (float32 for half inputs): the channel mean, then the sums of the
+    centred values and of their squares, combined in float64 as ``mean + r / n`` and
+    ``(Σc² - r² / n) / (n - 1)`` with ``r = Σc`` (the corrected two-pass algorithm; Chan, Golub and LeVeque,
+    "Algorithms for computing the sample variance", The American Statistician 37(3), 1983). The centring
+    keeps the variance accurate when |mean| is many σ. Against a float64 computation the mean is within
+    about 1e-7 σ and the variance within about 1e-6 relative (``tests/test_probes.py``). On a CPU it is about
+    5x faster than ``torch.var_mean``, whose float32 reductions accumulate in float64 (`make bench`, section
+    "moments").
+
+    Raises:
+        ValueError: for an input of fewer than 2 dims (:func:`channel_dims`).
     """
-    var, mean = torch.var_mean(z.detach(), dim=channel_dims(z), correction=1)
-    return mean.double(), var.double()
+    dims = channel_dims(z)
+    z = z.detach()
+    if z.dtype not in (torch.float32, torch.float64):
+        z = z.float()
+    n = z.numel() // z.shape[1]
+    shape = (1, -1) + (1,) * (z.dim() - 2)
+    mean = z.sum(dims) / n
+    centred = z - mean.view(shape)
+    r = centred.sum(dims).double()
+    m2 = (centred.square_().sum(dims).double() - r * r / n).clamp_min(0)
+    return mean.double() + r / n, m2 / (n - 1)
 
 
 @torch.no_grad()
