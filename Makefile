@@ -106,6 +106,7 @@ diagnose: $(VENV)/.installed ## stale statistics and fixes of one run: make diag
 	$(PY) experiments/diagnose.py run=$(RUN) $(if $(STEP),step=$(STEP),)
 
 check: $(VENV)/.installed ## are a saved model's BatchNorm statistics stale? make check MODEL=<module:function> WEIGHTS=<file.pt> BATCHES=<file.pt|module:function> [CHECK_ARGS='--input-key image'] (fails when stale)
+	$(if $(and $(MODEL),$(WEIGHTS),$(BATCHES)),,$(error make check needs MODEL=<module:function> WEIGHTS=<file.pt> BATCHES=<file.pt|module:function>; not given: $(strip $(if $(MODEL),,MODEL) $(if $(WEIGHTS),,WEIGHTS) $(if $(BATCHES),,BATCHES))))
 	$(PY) -m bnrotation.check --model '$(MODEL)' --weights '$(WEIGHTS)' --batches '$(BATCHES)' $(CHECK_ARGS)
 
 bench: $(VENV)/.installed ## results/bench.md: runner vs the article's bare loop, probe costs, memory, sweep throughput

@@ -6,6 +6,7 @@ import copy
 import math
 import warnings
 
+import numpy as np
 import pandas as pd
 import pytest
 import torch
@@ -183,6 +184,37 @@ def test_bad_probes_and_lazy_layers_get_clear_errors():
     lazy = nn.Sequential(nn.LazyConv2d(4, 3), nn.BatchNorm2d(4))
     with pytest.raises(ValueError, match="uninitialised lazy module"):
         StalenessMonitor(lazy, torch.randn(4, 3, 5, 5))
+
+
+def test_probes_that_would_fail_or_mislead_at_the_first_call_are_refused_at_construction():
+    """Each names the probe: a wrong input shape, non-finite or integer inputs, labels outside the output's
+    classes or not class indices, a model without a class dim, and thresholds of the wrong type; and a step
+    that is not an int >= 0 at the call. Nothing is changed by the refused construction."""
+    model = MLP()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    y = torch.zeros(8, dtype=torch.long)
+    with pytest.raises(ValueError, match=r"probe: the model cannot run on the probe inputs \(8, 10\)"):
+        StalenessMonitor(model, (torch.randn(8, 10), y))
+    nan = torch.randn(8, 12)
+    nan[0, 0] = math.nan
+    with pytest.raises(ValueError, match="probe: 1 of 96 input values are NaN or infinite"):
+        StalenessMonitor(model, nan)
+    with pytest.raises(ValueError, match="probe: expected floating-point inputs"):
+        StalenessMonitor(model, torch.ones(8, 12, dtype=torch.long))
+    with pytest.raises(ValueError, match=r"labels must lie in \[0, 3\).*got \[0, 7\]"):
+        StalenessMonitor(model, (torch.randn(8, 12), torch.tensor([0, 1, 2, 7, 0, 1, 2, 0])))
+    with pytest.raises(ValueError, match="labels must be class indices"):
+        StalenessMonitor(model, (torch.randn(8, 12), torch.zeros(8)))
+    with pytest.raises(ValueError, match=r"output on the probe must be \(N, classes"):
+        StalenessMonitor(nn.Sequential(nn.Linear(12, 4), nn.BatchNorm1d(4), nn.Flatten(0)), torch.randn(8, 12))
+    with pytest.raises(TypeError, match="thresholds: expected a bnrotation.monitor.Thresholds, got dict"):
+        StalenessMonitor(model, torch.randn(8, 12), thresholds={"mode_gap": 0.1})
+    assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())
+    monitor = StalenessMonitor(model, (torch.randn(8, 12), y), warn=False)
+    for bad in ("3", 1.5, -5, True):
+        with pytest.raises(TypeError, match="step: expected the optimizer step as an int >= 0"):
+            monitor(bad)
+    assert monitor(np.int64(3)).step == 3
 
 
 # ----------------------------------------------------------------------------- closed forms

@@ -88,7 +88,7 @@ def test_table_from_smoke_results(smoke_results, tmp_path, capsys):
     for row in EXPERIMENTS:
         assert f"`{row}`" in md
     assert "(`sgd`) | the study's ConvNet | 0 (1) |" in md  # the smoke sweep runs seed 0 of the article's network
-    assert "(`resnet20_adam`) | ResNet-20 | 0 (1; not run: 1, 2) |" in md  # SET=resnet runs seeds 0-2 at every scale
+    assert "(`resnet20_adam`) | ResNet-20 | 0 (1; to run: seeds 1, 2) |" in md  # SET=resnet runs seeds 0-2 at every scale
     assert "| Minutes per run |" in md and "**Not the article's scale.**" in md  # smoke: orientation only
     csv = pd.read_csv(tmp_path / "table.csv")
     assert set(csv["row"]) == set(EXPERIMENTS)

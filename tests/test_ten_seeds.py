@@ -54,7 +54,7 @@ def test_the_seeds_column_names_the_seeds_and_expects_those_the_rows_sweeps_run(
     assert lines.loc["adam", "seeds_missing"] == "5,6,7,8,9"
     md = table.to_markdown(table.build_table(_load(tmp_path)), tmp_path)
     assert "| SGD, lr 0.05, momentum 0.9 (`sgd`) | the study's ConvNet | 0–9 (10) |" in md
-    assert "| Adam, lr 3e-3 (`adam`) | the study's ConvNet | 0–4 (5; not run: 5–9) |" in md
+    assert "| Adam, lr 3e-3 (`adam`) | the study's ConvNet | 0–4 (5; to run: seeds 5–9) |" in md
     assert "| Adam, lr 3e-4 (`adam_lr3e-4`) | the study's ConvNet | 0–2 (3) |" in md and "of 3" not in md
     forced = table.build_table(_load(tmp_path), seeds_expected=3).set_index("row")  # --seeds 3
     assert forced.loc["adam", "seeds_missing"] == "" and forced.loc["sgd", "seeds_expected"] == 3

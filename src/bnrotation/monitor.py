@@ -30,6 +30,7 @@ Nothing here imports the suite's task or network.
 from __future__ import annotations
 
 import math
+import numbers
 import sys
 import warnings
 from collections.abc import Mapping
@@ -202,6 +203,39 @@ def split_probe(probe, input_key: str = "input", target_key: str = "target") -> 
     return x, y
 
 
+def _check_probe(model: nn.Module, x: torch.Tensor, y: torch.Tensor | None) -> None:
+    """Fail at construction, naming the probe, on what would fail or mislead at the first call: non-finite or
+    non-floating inputs, inputs the model cannot run on (tried on two samples in evaluation mode, which
+    changes no buffer; flags and random streams restored), outputs without a class dim, and labels that are
+    not class indices of the output.
+
+    Raises:
+        ValueError: naming the probe and what was expected.
+    """
+    if not x.is_floating_point():
+        raise ValueError(f"probe: expected floating-point inputs, got {x.dtype}")
+    bad = int((~torch.isfinite(x)).sum())
+    if bad:
+        raise ValueError(f"probe: {bad} of {x.numel()} input values are NaN or infinite")
+    try:
+        with torch.no_grad(), torch.random.fork_rng(devices=_rng_devices(model)):
+            out = evaluation_forward(model, x[:2])
+    except Exception as e:  # any error the model raises on these inputs, reported as the probe's
+        raise ValueError(f"probe: the model cannot run on the probe inputs {tuple(x.shape)} "
+                         f"({type(e).__name__}: {e})") from e
+    if not isinstance(out, torch.Tensor) or out.dim() < 2:
+        got = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
+        raise ValueError(f"probe: the model's output on the probe must be (N, classes, ...) for the mode check, "
+                         f"got {got}")
+    if y is not None:
+        if y.is_floating_point() or y.is_complex():
+            raise ValueError(f"probe: labels must be class indices (an integer tensor), got {y.dtype}")
+        k = out.shape[1]
+        if len(y) and (int(y.min()) < 0 or int(y.max()) >= k):
+            raise ValueError(f"probe: labels must lie in [0, {k}) for a model with {k} outputs, got "
+                             f"[{int(y.min())}, {int(y.max())}]")
+
+
 # ----------------------------------------------------------------------------- thresholds
 @dataclass(frozen=True)
 class Thresholds:
@@ -210,7 +244,9 @@ class Thresholds:
     Attributes:
         mode_gap: training-mode minus evaluation-mode accuracy on the probe batch (with labels), or the
             share of probe samples whose predicted class differs between the two modes (without), as a
-            fraction. Default 0.05.
+            fraction. Default 0.05. The share of changed predictions is at least the accuracy gap, and much
+            larger where both modes are often wrong (an untrained model): without labels the rule is
+            stricter, and on the same model can warn where it would not with labels.
         lag_sigma: the largest, over layers, median |running-mean lag| in σ. Default 0.1σ.
 
     The defaults come from the suite's 30 reference runs
@@ -355,8 +391,10 @@ class StalenessMonitor:
     training-mode pass, as they do in the model's own training steps.
 
     Raises:
-        ValueError: for a model without such layers, a probe of fewer than 2 samples, or mismatched labels.
-        TypeError: for a probe it cannot read.
+        ValueError: for a model without such layers, a probe of fewer than 2 samples, with non-finite
+            values, of a shape the model cannot run on, or with labels that are not the output's class
+            indices.
+        TypeError: for a probe it cannot read, or ``thresholds`` that are not a :class:`Thresholds`.
     """
 
     def __init__(self, model: nn.Module, probe, *, input_key: str = "input", target_key: str = "target",
@@ -370,6 +408,10 @@ class StalenessMonitor:
             if isinstance(m, nn.modules.lazy.LazyModuleMixin) and m.has_uninitialized_params():
                 raise ValueError(f"{name or 'model'}: an uninitialised lazy module; run one forward pass before "
                                  "attaching the monitor")
+        if not isinstance(thresholds, Thresholds):
+            raise TypeError(f"thresholds: expected a bnrotation.monitor.Thresholds, got {type(thresholds).__name__}"
+                            " (write Thresholds(mode_gap=..., lag_sigma=...))")
+        _check_probe(model, self.x, self.y)
         self.pairing = find_pairs(model, self.x, running_statistics_only)
         modules = dict(model.named_modules())
         self.layers = [(p, modules[p.norm], modules[p.weight] if p.weight else None)
@@ -422,8 +464,12 @@ class StalenessMonitor:
             A :class:`MonitorRecord`. Warns with :class:`StaleStatisticsWarning` when the thresholds are crossed.
 
         Raises:
+            TypeError: when ``step`` is not an int >= 0.
             ValueError: when ``step`` is not after the previous call's.
         """
+        if isinstance(step, bool) or not isinstance(step, numbers.Integral) or step < 0:
+            raise TypeError(f"step: expected the optimizer step as an int >= 0, got {step!r}")
+        step = int(step)
         if self.previous is not None and step <= self.previous.step:
             raise ValueError(f"step {step} is not after the previous call's step {self.previous.step}")
         with torch.random.fork_rng(devices=_rng_devices(self.model)):

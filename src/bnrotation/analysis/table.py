@@ -127,10 +127,10 @@ def _seed_list(text) -> list[int]:
 
 def seeds_cell(line: pd.Series) -> str:
     """The table's Seeds cell: which seeds the row's finished runs are and how many, ``'0–9 (10)'``; with the
-    seeds its sweeps run that have no run yet, ``'0–4 (5; not run: 5–9)'``."""
+    seeds its sweeps run that have no run yet, ``'0–4 (5; to run: seeds 5–9)'``."""
     text = f"{seed_ranges(_seed_list(line['seeds']))} ({line['n_seeds']})"
     missing = _seed_list(line.get("seeds_missing", ""))
-    return text[:-1] + f"; not run: {seed_ranges(missing)})" if missing else text
+    return text[:-1] + f"; to run: seed{'s' if len(missing) > 1 else ''} {seed_ranges(missing)})" if missing else text
 
 
 def to_markdown(table: pd.DataFrame, root: Path, skipped: list[str] = (), scale: str = "") -> str:
@@ -167,7 +167,7 @@ def to_markdown(table: pd.DataFrame, root: Path, skipped: list[str] = (), scale:
             cells.append(text)
         diverged = f"{r['diverged']} (seeds {r['diverged_seeds']})" if r["diverged"] else "0"
         wall = r.get("wall_seconds_mean", math.nan)
-        minutes = "–" if wall is None or math.isnan(wall) else f"{wall / 60:.0f}"
+        minutes = "–" if wall is None or math.isnan(wall) else f"{wall / 60:.{0 if wall >= 600 else 1}f}"
         out.append(f"| {r['label']} (`{r['row']}`) | {r['network']} | {seeds} | " + " | ".join(cells)
                    + f" | {diverged} | {minutes} |")
     if skipped:
