@@ -129,3 +129,34 @@ def test_bench_layerwise_chunked_training_pass_equals_one_pass(bench, arch):
         one = model(x)
         chunked = bench.layerwise_chunked_forward(model, x, 16)
     assert torch.allclose(chunked, one, rtol=1e-4, atol=1e-5)
+
+
+def test_compiled_evaluation_equals_eager_and_one_graph_serves_every_model_of_a_structure():
+    """Inside ``compiled_evaluation`` the evaluation-mode accuracy and outputs equal eager execution (outputs
+    to 1e-5), for the live model and for another instance with other weights and running statistics, which
+    runs through the same compiled graph; flags are restored; on exit the context is gone."""
+    import torch._dynamo.utils as dynamo_utils
+
+    from bnrotation import probes
+    from bnrotation.probes import compiled_evaluation, evaluation_forward
+
+    models = [build_model(ModelConfig(), 10, seed=s) for s in (0, 1)]
+    for m in models[1].modules():
+        if isinstance(m, torch.nn.BatchNorm2d):
+            m.running_mean.normal_()
+            m.running_var.uniform_(0.5, 2.0)
+    models[0].train()
+    models[1].eval()
+    x = torch.randn(40, 3, 32, 32).contiguous(memory_format=torch.channels_last)
+    y = torch.randint(0, 10, (40,))
+    eager = [(evaluation_forward(m, x), accuracy(m, x, y, "eval", 16)) for m in models]
+    dynamo_utils.counters.clear()
+    with compiled_evaluation() as compiled:
+        assert probes._compiled is compiled
+        got = [(evaluation_forward(m, x), accuracy(m, x, y, "eval", 16)) for m in models]
+        graphs = dynamo_utils.counters["stats"]["unique_graphs"]
+    assert probes._compiled is None and compiled.failed is None
+    assert models[0].training and not models[1].training  # flags as they were
+    for (out_e, acc_e), (out_c, acc_c) in zip(eager, got):
+        assert torch.allclose(out_c, out_e, atol=1e-5) and acc_c == acc_e
+    assert graphs <= 3  # chunk sizes 40, 16 and the ragged 8; the second model compiled nothing new

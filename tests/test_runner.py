@@ -67,6 +67,22 @@ def test_tables_equal_what_the_runner_wrote_before_the_monitor(smoke_results, ta
                                       check_dtype=False, obj=f"{row}/{table}")
 
 
+def test_compiled_evaluation_writes_the_same_tables_as_eager(smoke_results, tmp_path):
+    """``eval_backend=compiled`` (what ``auto`` picks for CPU runs of 1,000 steps or more) changes no table:
+    the smoke ``adam`` run, which checks, intervenes and averages, equals the eager one at the tolerance
+    above, and ``run.json`` says which backend ran. The key does not change results, so a finished run is
+    skipped, not refused, under the other backend."""
+    from conftest import run_cfg
+    out = run(run_cfg(["experiment=adam", "eval_backend=compiled"], tmp_path))
+    eager = records.run_dir(smoke_results, "adam", 0)
+    for table in records.TABLE_COLUMNS:
+        old, new = pd.read_parquet(eager / f"{table}.parquet"), pd.read_parquet(out / f"{table}.parquet")
+        pd.testing.assert_frame_equal(new, old, check_exact=False, rtol=1e-4, atol=1e-5, obj=f"adam/{table}")
+    assert json.loads((out / "run.json").read_text())["eval_backend"] == "compiled"
+    assert json.loads((eager / "run.json").read_text())["eval_backend"] == "eager"
+    assert run(run_cfg(["experiment=adam", "eval_backend=eager"], tmp_path)) is None
+
+
 def test_run_json_reads_back_what_the_row_sets(smoke_results):
     for row in EXPERIMENTS:
         spec = ROWS[row]

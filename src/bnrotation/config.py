@@ -26,6 +26,11 @@ NORMS = ("batch", "group", "layer")
 ARCHS = ("convnet", "resnet20")
 DEVICES = ("auto", "cpu", "cuda")
 AVERAGING_AT = ("interventions", "checks", "last")
+EVAL_BACKENDS = ("auto", "compiled", "eager")
+# eval_backend=auto compiles at this many steps and more (quick and full scale, not smoke): a compile costs about
+# 6 s (the study's network) to 11 s (ResNet-20) and saves about 1 s per evaluation pass over 4,000 samples of
+# the study's network (`make bench`, section (d)).
+EVAL_COMPILED_MIN_STEPS = 1000
 # A row name becomes a folder name: letters, digits, "_", ".", "+", "-", starting with a letter or digit
 # (so "..", "a/b" or "" cannot send a run outside runs/<row>/).
 ROW_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.+-]*")
@@ -218,6 +223,10 @@ class RunConfig:
     device: str = "auto"  # auto: CUDA when present, else CPU
     threads: int = 0  # torch intra-op threads; 0: SLURM_CPUS_PER_TASK under SLURM, else torch's default
     deterministic: bool = False  # torch.use_deterministic_algorithms + cuDNN flags (GPU runs; recorded in run.json)
+    # How the evaluation-mode passes run (checks, interventions, averaging, the monitor): compiled (torch.compile,
+    # one graph per network; bnrotation.probes.CompiledEvaluation) | eager | auto (compiled for a CPU run of at
+    # least EVAL_COMPILED_MIN_STEPS steps, where the passes outweigh the compile). An execution setting.
+    eval_backend: str = "auto"
     results_root: str = "results"
     force: bool = False  # rerun even when a finished run with the same config exists
     progress: bool = True  # tqdm bar
@@ -239,6 +248,7 @@ class RunConfig:
                  "pick one with experiment=<row> (see conf/experiment/)", self.row)
         _require(0 <= self.seed <= SEED_MAX, "seed", f"an integer in 0..{SEED_MAX}", self.seed)
         _choice("device", self.device, DEVICES)
+        _choice("eval_backend", self.eval_backend, EVAL_BACKENDS)
         _require(self.threads >= 0, "threads", "an integer >= 0 (0: the launcher's or torch's default)", self.threads)
         _require(all(0 <= s <= SEED_MAX for s in self.batch_seeds) and len(set(self.batch_seeds)) ==
                  len(self.batch_seeds), "batch_seeds", f"distinct integers in 0..{SEED_MAX} (empty: just `seed`)",
@@ -259,7 +269,7 @@ def register_configs() -> None:
 # Keys that say where and how a run is executed, not what it computes.
 # `deterministic` is one of them: it picks kernels (bitwise reproducible on a GPU, slower), not the experiment;
 # so is `batch_seeds`, which trains several seeds at once (the same runs up to the order of float sums).
-NON_SEMANTIC_KEYS = ("results_root", "force", "progress", "threads", "deterministic", "batch_seeds")
+NON_SEMANTIC_KEYS = ("results_root", "force", "progress", "threads", "deterministic", "batch_seeds", "eval_backend")
 
 
 def unknown_keys(given: Any, schema: Any, prefix: str = "") -> list[str]:

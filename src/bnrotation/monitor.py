@@ -44,7 +44,7 @@ from torch.nn.modules.batchnorm import _BatchNorm
 
 from .bnstats import batch_statistics, norm_layers, running_stat_layers
 from .probes import (batch_statistics_pass, channel_cosines, channel_norms, cosine, drift_sigma_per_step,
-                     eval_chunk, lag_sigma, predicted_lag_sigma, rotation_deg)
+                     evaluation_forward, lag_sigma, predicted_lag_sigma, rotation_deg)
 
 # Layers whose weight rows are output channels: what a normalisation layer directly downstream normalises.
 WEIGHT_LAYERS = (nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.Linear)
@@ -217,12 +217,16 @@ def _check_probe(model: nn.Module, x: torch.Tensor, y: torch.Tensor | None) -> N
     bad = int((~torch.isfinite(x)).sum())
     if bad:
         raise ValueError(f"probe: {bad} of {x.numel()} input values are NaN or infinite")
+    flags = {m: m.training for m in model.modules()}
     try:
         with torch.no_grad(), torch.random.fork_rng(devices=_rng_devices(model)):
-            out = evaluation_forward(model, x[:2])
+            out = model.eval()(x[:2])  # eagerly: a compiled evaluation would compile a graph for 2 samples
     except Exception as e:  # any error the model raises on these inputs, reported as the probe's
         raise ValueError(f"probe: the model cannot run on the probe inputs {tuple(x.shape)} "
                          f"({type(e).__name__}: {e})") from e
+    finally:
+        for m, f in flags.items():
+            m.training = f
     if not isinstance(out, torch.Tensor) or out.dim() < 2:
         got = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
         raise ValueError(f"probe: the model's output on the probe must be (N, classes, ...) for the mode check, "
@@ -272,21 +276,6 @@ class Thresholds:
 
 
 # ----------------------------------------------------------------------------- the mode check
-def evaluation_forward(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
-    """The model's output on ``x`` (N, ...) in evaluation mode (running statistics); every module's training
-    flag is restored after, also when it raises. On a CPU in chunks of :data:`.probes.EVAL_CHUNK` samples
-    (:func:`.probes.eval_chunk`): each sample's output is its own in evaluation mode, and small chunks stay in
-    cache (`make bench`, section (c))."""
-    flags = {m: m.training for m in model.modules()}
-    try:
-        model.eval()
-        chunk = eval_chunk(x.device, len(x))
-        return model(x) if chunk >= len(x) else torch.cat([model(c) for c in x.split(chunk)])
-    finally:
-        for m, f in flags.items():
-            m.training = f
-
-
 def mode_check(step: int, out_train: torch.Tensor, out_eval: torch.Tensor | None,
                y: torch.Tensor | None) -> pd.DataFrame:
     """One ``checks`` line (see :class:`MonitorRecord`) from the outputs (N, classes) of the same N inputs in

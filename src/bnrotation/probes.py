@@ -8,6 +8,11 @@ rates per optimizer step.
 
 from __future__ import annotations
 
+import copy
+import warnings
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+
 import torch
 import torch.nn as nn
 
@@ -183,12 +188,100 @@ def eval_chunk(device: torch.device, n: int) -> int:
     return n if device.type == "cuda" else min(EVAL_CHUNK, n)
 
 
+class CompiledEvaluation:
+    """Evaluation-mode forward passes through one ``torch.compile``d graph per network structure.
+
+    The graph is of ``torch.func.functional_call(template, state, x)``: the network's parameters and buffers
+    are its inputs, so every model of the same structure and memory format (the live model, its averaged
+    copies, a copy with fresh statistics swapped in) runs through the same compiled graph, with no
+    recompilation; each chunk size compiles once (``dynamic=False``). The template is a copy of the first
+    such model in evaluation mode, kept per ``repr`` (which holds every layer's shape, ε and momentum).
+
+    On the study's network on a CPU the evaluation pass runs about 2x faster after a compile of about 6 s,
+    and its outputs agree with eager execution to about 1e-7 (`make bench`, section (d)). If the compiler
+    fails, it warns once and runs eagerly from then on.
+    """
+
+    def __init__(self) -> None:
+        self.templates: dict[str, nn.Module] = {}
+        self.failed: str | None = None
+        self.fn = torch.compile(self._forward, dynamic=False)
+
+    @staticmethod
+    def _forward(template: nn.Module, state: dict[str, torch.Tensor], x: torch.Tensor) -> torch.Tensor:
+        return torch.func.functional_call(template, state, (x,))
+
+    def forward(self, model: nn.Module) -> Callable[[torch.Tensor], torch.Tensor]:
+        """``x (N, ...) -> model's output`` in evaluation mode, for a model already in evaluation mode."""
+        if self.failed:
+            return model
+        key = repr(model)
+        if key not in self.templates:
+            self.templates[key] = copy.deepcopy(model).eval()
+        template = self.templates[key]
+        state = {**dict(model.named_parameters()), **dict(model.named_buffers())}
+
+        def call(x: torch.Tensor) -> torch.Tensor:
+            if self.failed:
+                return model(x)
+            try:
+                return self.fn(template, state, x)
+            except Exception as err:  # noqa: BLE001 - a compiler that cannot run here: eager from now on
+                self.failed = f"{type(err).__name__}: {str(err).splitlines()[0][:200] if str(err) else ''}"
+                warnings.warn(f"compiled evaluation failed ({self.failed}); evaluating eagerly from now on",
+                              RuntimeWarning, stacklevel=2)
+                return model(x)
+
+        return call
+
+
+_compiled: CompiledEvaluation | None = None
+
+
+@contextmanager
+def compiled_evaluation(enabled: bool = True) -> Iterator[CompiledEvaluation | None]:
+    """Inside the block every evaluation-mode pass of :func:`accuracy` and :func:`evaluation_forward` runs
+    through a :class:`CompiledEvaluation` (when ``enabled``); on exit the compiled graphs are dropped
+    (``torch.compiler.reset``), so that a process running many runs never reaches the recompile limit."""
+    global _compiled
+    previous = _compiled
+    _compiled = CompiledEvaluation() if enabled else None
+    try:
+        yield _compiled
+    finally:
+        if _compiled is not None:
+            torch.compiler.reset()
+        _compiled = previous
+
+
+def _evaluation_call(model: nn.Module) -> Callable[[torch.Tensor], torch.Tensor]:
+    """The callable an evaluation-mode pass uses: compiled inside :func:`compiled_evaluation`, else the model."""
+    return _compiled.forward(model) if _compiled is not None else model
+
+
+def evaluation_forward(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """The model's output on ``x`` (N, ...) in evaluation mode (running statistics); every module's training
+    flag is restored after, also when it raises. On a CPU in chunks of :data:`EVAL_CHUNK` samples
+    (:func:`eval_chunk`): each sample's output is its own in evaluation mode, and small chunks stay in
+    cache (`make bench`, section (c)). Compiled inside :func:`compiled_evaluation`."""
+    flags = {m: m.training for m in model.modules()}
+    try:
+        model.eval()
+        forward = _evaluation_call(model)
+        chunk = eval_chunk(x.device, len(x))
+        return forward(x) if chunk >= len(x) else torch.cat([forward(c) for c in x.split(chunk)])
+    finally:
+        for m, f in flags.items():
+            m.training = f
+
+
 @torch.no_grad()
 def accuracy(model: nn.Module, x: torch.Tensor, y: torch.Tensor, mode: str, chunk: int = 1000) -> float:
     """Top-1 accuracy on (x, y), as a fraction.
 
     ``mode="eval"``: ``model.eval()``, running statistics, in chunks of
-    ``chunk`` samples (results do not depend on the chunking).
+    ``chunk`` samples (results do not depend on the chunking); compiled inside
+    :func:`compiled_evaluation`.
     ``mode="train"``: BatchNorm normalises with the statistics of the whole
     set ``x`` in one pass (:func:`bnstats.batch_statistics`); no running
     statistic changes.
@@ -204,9 +297,10 @@ def accuracy(model: nn.Module, x: torch.Tensor, y: torch.Tensor, mode: str, chun
     was = {m: m.training for m in model.modules()}
     model.eval()
     try:
+        forward = _evaluation_call(model)
         correct = torch.zeros((), dtype=torch.long, device=y.device)  # counted on the device: one sync
         for xc, yc in zip(x.split(chunk), y.split(chunk)):
-            correct += (model(xc).argmax(1) == yc).sum()
+            correct += (forward(xc).argmax(1) == yc).sum()
     finally:
         for m, f in was.items():
             m.training = f

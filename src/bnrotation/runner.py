@@ -44,12 +44,12 @@ from .analysis.results import check_against_row
 from .averaging import RunAverages
 from .bnstats import running_stat_layers
 from .checkpoints import checkpoint_path, save_checkpoint
-from .config import ConfigError, RunConfig, check_row, semantic_dict
+from .config import EVAL_COMPILED_MIN_STEPS, ConfigError, RunConfig, check_row, semantic_dict
 from .interventions import run_interventions
 from .model import build_model
 from .monitor import StalenessMonitor
 from .optim import build_optimizer, build_schedule
-from .probes import accuracy, batch_statistics_pass, eval_chunk
+from .probes import accuracy, batch_statistics_pass, compiled_evaluation, eval_chunk
 from .provenance import describe_built
 from .rows import ROWS
 from .task import NoisyTemplates, generator, heldout_set, memory_format, probe_set, reestimation_batches
@@ -374,10 +374,23 @@ def run_seeds(cfg: RunConfig) -> dict[int, Path | None]:
         if todo:
             resolve_threads(cfg.threads)
             determinism = set_determinism(cfg.deterministic, device)
+            compiled = evaluation_compiled(cfg, device)
+            for s in todo:
+                plain[s][3]["eval_backend"] = "compiled" if compiled else "eager"
             members = [_member(cfgs[s], *prepared[s], device, *plain[s], determinism, batched_with=todo)
                        for s in todo]
-            results.update(_train(members, device))
+            with compiled_evaluation(compiled):
+                results.update(_train(members, device))
         return results
+
+
+def evaluation_compiled(cfg: RunConfig, device: torch.device) -> bool:
+    """Whether the run's evaluation-mode passes are compiled (:func:`.probes.compiled_evaluation`):
+    ``eval_backend`` compiled or eager, or auto: compiled on a CPU for runs of at least
+    :data:`.config.EVAL_COMPILED_MIN_STEPS` steps (on a GPU unmeasured, so eager)."""
+    if cfg.eval_backend != "auto":
+        return cfg.eval_backend == "compiled"
+    return device.type == "cpu" and cfg.scale.steps >= EVAL_COMPILED_MIN_STEPS
 
 
 def _build(cfg: RunConfig, device: torch.device):
