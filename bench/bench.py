@@ -439,8 +439,9 @@ def layerwise_chunked_forward(model: nn.Module, x: torch.Tensor, chunk: int) -> 
     """The training-mode (batch statistics) output on ``x`` (N, ...), computed in chunks of ``chunk`` samples:
     the traced graph runs chunk by chunk between BatchNorm layers; at each one the chunks' moments are pooled
     into the whole batch's, and every chunk is normalised with them. Equal to one pass to float tolerance
-    (``tests/test_perf.py``). Measured in (c) against the one pass the suite uses, and kept out of the suite
-    because it is not faster there. Raises ``torch.fx`` errors for models that do not trace."""
+    (``tests/test_perf.py``). Measured in (c) against the one pass the suite uses, and kept out of the suite:
+    it needs a model that traces, and its gain, if any, is within the noise of (c). Raises ``torch.fx`` errors
+    for models that do not trace."""
     gm = fx.symbolic_trace(model)
     modules = dict(gm.named_modules())
     nodes = list(gm.graph.nodes)
@@ -660,15 +661,16 @@ def report_options(ctx: Context, d: dict) -> list[str]:
     bare = a["bare_step"] if a else None
     vs_bare = (lambda s: f"{s / bare:.2f}x") if bare else (lambda s: "-")
     per_seed = d["batched"] / d["seeds"]
-    keep = "faster: on" if per_seed < d["plain"] else "slower here: off by default"
+    keep = "faster here" if per_seed < d["plain"] else "slower here"
     lines = [f"Row `{ROW}`, one training step (batch 128), median of {ctx.args.reps * 5}; \"against the bare loop\": "
              "per seed, against the bare loop's training step measured in (a).", "",
              "| training step | time | per seed | against the bare loop |", "|---|---:|---:|---:|",
              f"| one seed, the runner's step | {fmt_s(d['plain'])} | {fmt_s(d['plain'])} | {vs_bare(d['plain'])} |",
              f"| {d['seeds']} seeds as one batched model (`batch_seeds`, `make sweep BATCH=1`) | "
              f"{fmt_s(d['batched'])} | {fmt_s(per_seed)} | {vs_bare(per_seed)} |", "",
-             f"Batched seeds: {d['plain'] / per_seed:.2f}x one seed's throughput, {keep}. On a GPU, where one small "
-             "network cannot fill the device, this is the lever to measure first.", "",
+             f"Batched seeds: {d['plain'] / per_seed:.2f}x one seed's throughput, {keep}; off by default, "
+             "`make sweep BATCH=1` turns it on. On a GPU, where one small network cannot fill the device, this is "
+             "the lever to measure first.", "",
              "`torch.compile` (default mode, inductor), against eager execution of the same model:", "",
              "| part | compile | compiled | eager | compiled / eager | largest output difference, same weights |",
              "|---|---:|---:|---:|---:|---:|"]

@@ -254,6 +254,11 @@ def compiled_evaluation(enabled: bool = True) -> Iterator[CompiledEvaluation | N
         _compiled = previous
 
 
+def compiled_evaluation_active() -> bool:
+    """Whether evaluation-mode passes run compiled now (inside :func:`compiled_evaluation`)."""
+    return _compiled is not None
+
+
 def _evaluation_call(model: nn.Module) -> Callable[[torch.Tensor], torch.Tensor]:
     """The callable an evaluation-mode pass uses: compiled inside :func:`compiled_evaluation`, else the model."""
     return _compiled.forward(model) if _compiled is not None else model

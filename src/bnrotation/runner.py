@@ -49,7 +49,7 @@ from .interventions import run_interventions
 from .model import build_model
 from .monitor import StalenessMonitor
 from .optim import build_optimizer, build_schedule
-from .probes import accuracy, batch_statistics_pass, compiled_evaluation, eval_chunk
+from .probes import accuracy, batch_statistics_pass, compiled_evaluation, compiled_evaluation_active, eval_chunk
 from .provenance import describe_built
 from .rows import ROWS
 from .task import NoisyTemplates, generator, heldout_set, memory_format, probe_set, reestimation_batches
@@ -528,6 +528,9 @@ def _train(members: list[_Member], device: torch.device) -> dict[int, Path]:
     sched = _Schedule(cfg, has_running, members[0].state.averages is not None)
     start = steps_at.pop()
     results: dict[int, Path] = {}
+    if compiled_evaluation_active():  # compile now, in setup, for every chunk size the evaluations will use
+        m = members[0]
+        accuracy(m.state.model, m.x_held, m.y_held, "eval", eval_chunk(m.x_held.device, len(m.y_held)))
     if start == 0:
         for m in members:
             _measure(m, 0, None, None, sched)
