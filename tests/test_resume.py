@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+import torch
 
 from bnrotation import records, runner
 from bnrotation.runner import RESUME_FILE, RunInterrupted, run
@@ -53,6 +54,7 @@ def test_a_run_stopped_at_random_steps_resumes_bit_identical(tmp_path, monkeypat
     why = f"stopped after steps {first} and {first + second} (random seed {seed})"
     cfg = tiny(tmp_path, *EVERYTHING)
     out = records.run_dir(tmp_path, "adam", 0)
+    walls = [0.0]  # the wall time the saved state carries: every process's so far
     for at, signum in ((first, signal.SIGTERM), (second, signal.SIGINT)):
         with monkeypatch.context() as m:
             interrupt_at(m, [at], signum)
@@ -61,7 +63,13 @@ def test_a_run_stopped_at_random_steps_resumes_bit_identical(tmp_path, monkeypat
         assert stop.value.signum == signum, why
         assert (out / RESUME_FILE).exists() and not (out / records.DONE).exists(), why
         assert signal.getsignal(signum) is not None  # the previous handlers are back
+        walls.append(torch.load(out / RESUME_FILE, weights_only=True)["wall_seconds"])
+        assert walls[-1] > walls[-2], why
+    t0 = time.time()
     assert run(cfg) == out  # resumes, not skipped, not restarted
+    last = time.time() - t0
+    wall = json.loads((out / "run.json").read_text())["wall_seconds"]
+    assert walls[-1] < wall <= walls[-1] + last + 0.01, why  # every process's, not the last one's
     assert not (out / RESUME_FILE).exists(), why
     info = json.loads((out / "run.json").read_text())
     assert [r["at_step"] for r in info["resumes"]] == [first, first + second], why

@@ -294,10 +294,11 @@ class RunState:
     timings: dict = field(default_factory=lambda: dict.fromkeys(
         ("train", "probes", "checks", "interventions", "averaging", "dense"), 0.0))
     resumes: list = field(default_factory=list)
+    wall_before: float = 0.0  # wall seconds of the earlier processes of a resumed run
 
-    def save(self, path: Path) -> None:
+    def save(self, path: Path, wall_seconds: float = 0.0) -> None:
         """Write the resumable state atomically (a plain dict of tensors, bytes and numbers: it loads with
-        ``torch.load(weights_only=True)``)."""
+        ``torch.load(weights_only=True)``); ``wall_seconds``: this process's wall time on the run so far."""
         state = {
             "step": self.step, "model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
             "schedule": self.schedule.state_dict() if self.schedule is not None else None,
@@ -305,6 +306,7 @@ class RunState:
             "monitor": self.monitor.state_dict(), "tables": self.tables.to_bytes(),
             "averages": self.averages.state_dict() if self.averages is not None else None,
             "first_bad": self.first_bad.cpu(), "timings": dict(self.timings), "resumes": list(self.resumes),
+            "wall_seconds": self.wall_before + wall_seconds,
         }
         buf = io.BytesIO()
         torch.save(state, buf)
@@ -326,6 +328,7 @@ class RunState:
             self.averages.load_state_dict(state["averages"])
         self.first_bad = state["first_bad"].to(self.first_bad.device)
         self.step, self.timings, self.resumes = int(state["step"]), dict(state["timings"]), list(state["resumes"])
+        self.wall_before = float(state.get("wall_seconds", 0.0))  # absent from states of older versions
 
 
 # ----------------------------------------------------------------------------- the run
@@ -609,7 +612,7 @@ def _finish(m: _Member, diverged_at: int | None = None) -> Path:
     m.info.update(status="diverged" if diverged_at else "done", diverged_at_step=diverged_at,
                   steps_completed=(diverged_at - 1) if diverged_at else cfg.scale.steps,
                   ended_at=dt.datetime.fromtimestamp(ended, dt.timezone.utc).isoformat(),
-                  wall_seconds=round(ended - m.started, 3),
+                  wall_seconds=round(state.wall_before + ended - m.started, 3),
                   timings_s={k: round(v, 3) for k, v in state.timings.items()}, resumes=state.resumes)
     records.write_json(out / "run.json", m.info)
     (out / RESUME_FILE).unlink(missing_ok=True)
@@ -693,7 +696,7 @@ def _stop(members: list[_Member], trainer: _Trainer, caught: dict, t_mark: float
         if m.finished:
             continue
         m.state.timings["train"] += (time.perf_counter() - t_mark) / len(members)
-        m.state.save(m.out / RESUME_FILE)
+        m.state.save(m.out / RESUME_FILE, time.time() - m.started)
     signum, previous = caught["signum"], caught["previous"]
     if callable(previous) and getattr(previous, "__module__", "").startswith("submitit"):
         # A SLURM job under submitit: its handler of the preemption / time-out signal checkpoints the Hydra job,

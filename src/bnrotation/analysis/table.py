@@ -57,6 +57,15 @@ COLUMNS = (
 )
 
 
+def run_wall_seconds(info: dict) -> float | None:
+    """A finished run's wall time in seconds, over every process that worked on it: ``run.json``'s
+    ``wall_seconds``, which sums the processes of a resumed run, or the sum of its ``timings_s`` parts where
+    that is larger (runs resumed by versions whose ``wall_seconds`` held the last process only)."""
+    wall = info.get("wall_seconds")
+    parts = sum((info.get("timings_s") or {}).values())
+    return None if wall is None else max(float(wall), float(parts))
+
+
 def run_metrics(run: Run) -> dict:
     """One run's value for every column."""
     below, n_checks = metrics.checks_below(run)
@@ -69,7 +78,7 @@ def run_metrics(run: Run) -> dict:
         "acc_train_mode": metrics.acc_train_mode(run),
         "checks_below": below, "n_checks": n_checks,
         "acc_reestimated_final": metrics.final_reestimated_acc(run),
-        "wall_seconds": run.info.get("wall_seconds"),
+        "wall_seconds": run_wall_seconds(run.info),
         "scale": run.scale["name"],
     }
 
@@ -152,8 +161,8 @@ def to_markdown(table: pd.DataFrame, root: Path, skipped: list[str] = (), scale:
            "for the rows of the `ten_seeds` set) that have no run yet. "
            "\"Checks below 90%\" pools every check of the row's runs, as the article does. "
            "Runs that diverged (non-finite loss) are counted under Diverged and left out of every mean. "
-           "Minutes per run: mean wall time of the row's finished runs, as `run.json` records it (it depends on "
-           "the machine and on what else ran beside it).\n",
+           "Minutes per run: mean wall time of the row's finished runs, over every process of a resumed run, as "
+           "`run.json` records it (it depends on the machine and on what else ran beside it).\n",
            "| Row | Network | Seeds | " + " | ".join(heads) + " | Diverged | Minutes per run |",
            "|---|---|---|" + "---:|" * len(heads) + "---:|---:|"]
     for _, r in table.iterrows():
