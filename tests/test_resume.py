@@ -76,6 +76,28 @@ def test_a_run_stopped_at_random_steps_resumes_bit_identical(tmp_path, monkeypat
     assert_same_results(out, uninterrupted)
 
 
+def test_a_stop_before_the_first_step_saves_step_0_and_resumes_bit_identical(tmp_path, monkeypatch, uninterrupted):
+    """A stop that arrives during step 0's measurements (before any training step; under SLURM, a preemption
+    right after the job starts) saves the state at step 0; the resumed run does not measure step 0 twice."""
+    cfg = tiny(tmp_path, *EVERYTHING)
+    out = records.run_dir(tmp_path, "adam", 0)
+    real = runner._measure
+
+    def measure(m, step, *args):
+        real(m, step, *args)
+        if step == 0:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    with monkeypatch.context() as m:
+        m.setattr(runner, "_measure", measure)
+        with pytest.raises(RunInterrupted):
+            run(cfg)
+    assert torch.load(out / RESUME_FILE, weights_only=True)["step"] == 0
+    assert run(cfg) == out
+    assert [r["at_step"] for r in json.loads((out / "run.json").read_text())["resumes"]] == [0]
+    assert_same_results(out, uninterrupted)
+
+
 def test_force_or_another_config_starts_over_instead_of_resuming(tmp_path, monkeypatch):
     cfg = tiny(tmp_path, *EVERYTHING)
     interrupt_at(monkeypatch, [3])

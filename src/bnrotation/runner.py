@@ -26,6 +26,7 @@ import os
 import platform
 import shutil
 import signal
+import sys
 import time
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
@@ -295,6 +296,7 @@ class RunState:
         ("train", "probes", "checks", "interventions", "averaging", "dense"), 0.0))
     resumes: list = field(default_factory=list)
     wall_before: float = 0.0  # wall seconds of the earlier processes of a resumed run
+    step0_measured: bool = False  # the measurements at step 0 (before any step) are in the tables
 
     def save(self, path: Path, wall_seconds: float = 0.0) -> None:
         """Write the resumable state atomically (a plain dict of tensors, bytes and numbers: it loads with
@@ -306,7 +308,7 @@ class RunState:
             "monitor": self.monitor.state_dict(), "tables": self.tables.to_bytes(),
             "averages": self.averages.state_dict() if self.averages is not None else None,
             "first_bad": self.first_bad.cpu(), "timings": dict(self.timings), "resumes": list(self.resumes),
-            "wall_seconds": self.wall_before + wall_seconds,
+            "wall_seconds": self.wall_before + wall_seconds, "step0_measured": self.step0_measured,
         }
         buf = io.BytesIO()
         torch.save(state, buf)
@@ -328,7 +330,8 @@ class RunState:
             self.averages.load_state_dict(state["averages"])
         self.first_bad = state["first_bad"].to(self.first_bad.device)
         self.step, self.timings, self.resumes = int(state["step"]), dict(state["timings"]), list(state["resumes"])
-        self.wall_before = float(state.get("wall_seconds", 0.0))  # absent from states of older versions
+        self.wall_before = float(state.get("wall_seconds", 0.0))  # absent from states of older versions,
+        self.step0_measured = bool(state.get("step0_measured", True))  # which saved only after step 0
 
 
 # ----------------------------------------------------------------------------- the run
@@ -380,10 +383,13 @@ def run_seeds(cfg: RunConfig) -> dict[int, Path | None]:
             compiled = evaluation_compiled(cfg, device)
             for s in todo:
                 plain[s][3]["eval_backend"] = "compiled" if compiled else "eager"
-            members = [_member(cfgs[s], *prepared[s], device, *plain[s], determinism, batched_with=todo)
-                       for s in todo]
-            with compiled_evaluation(compiled):
-                results.update(_train(members, device))
+            # Stop signals are caught from before run.json is written: a stop during the setup (the compile
+            # included) or step 0's measurements saves the state at step 0, so that a preempted job resumes.
+            with stop_signals() as caught:
+                members = [_member(cfgs[s], *prepared[s], device, *plain[s], determinism, batched_with=todo)
+                           for s in todo]
+                with compiled_evaluation(compiled):
+                    results.update(_train(members, device, caught))
         return results
 
 
@@ -518,8 +524,9 @@ class _BatchedTrainer(_Trainer):
                 m.state.schedule.load_state_dict(self.schedule.state_dict())
 
 
-def _train(members: list[_Member], device: torch.device) -> dict[int, Path]:
-    """The training loop, for one seed or a batch of seeds at the same step."""
+def _train(members: list[_Member], device: torch.device, caught: dict) -> dict[int, Path]:
+    """The training loop, for one seed or a batch of seeds at the same step; ``caught``: :func:`stop_signals`'
+    flag, read at each step boundary."""
     steps_at = {m.state.step for m in members}
     if len(steps_at) > 1:
         raise ConfigError(f"batch_seeds: the unfinished seeds stopped at different steps "
@@ -531,52 +538,52 @@ def _train(members: list[_Member], device: torch.device) -> dict[int, Path]:
     sched = _Schedule(cfg, has_running, members[0].state.averages is not None)
     start = steps_at.pop()
     results: dict[int, Path] = {}
+    seeds = ",".join(str(m.cfg.seed) for m in members)
     if compiled_evaluation_active():  # compile now, in setup, for every chunk size the evaluations will use
         m = members[0]
         accuracy(m.state.model, m.x_held, m.y_held, "eval", eval_chunk(m.x_held.device, len(m.y_held)))
-    if start == 0:
-        for m in members:
+    for m in members:
+        if start == 0 and not m.state.step0_measured:
             _measure(m, 0, None, None, sched)
-    seeds = ",".join(str(m.cfg.seed) for m in members)
+            m.state.step0_measured = True
     bar = tqdm(range(start + 1, cfg.scale.steps + 1), desc=f"{cfg.row} seed{'s' * (len(members) > 1)}={seeds}",
                disable=not cfg.progress, dynamic_ncols=True, mininterval=1.0)
-    with stop_signals() as caught:
-        t_mark = time.perf_counter()
-        for step in bar:
-            if caught["signum"] is not None:
-                bar.close()
-                _stop(members, trainer, caught, t_mark)
-            losses = trainer.losses([m.task.sample(m.cfg.task.batch_size, m.state.g_train) for m in members])
-            log_now = step in sched.logs
-            w_before = None
-            if log_now:
-                trainer.sync()
-                w_before = [m.state.monitor.snapshot() for m in members]
-            trainer.step()
-            if members[0].state.averages is not None:  # one EMA update per optimizer step, no host sync
-                trainer.sync()
-            for m, loss in zip(members, losses):
-                if m.state.averages is not None:
-                    m.state.averages.after_step(m.state.model, step)
-                m.state.first_bad = torch.where((m.state.first_bad == 0) & ~torch.isfinite(loss.detach()), step,
-                                                m.state.first_bad)
-                m.state.step = step
-            if not sched.measures(step):
+    t_mark = time.perf_counter()
+    for step in bar:
+        if caught["signum"] is not None:
+            bar.close()
+            _stop(members, trainer, caught, t_mark)
+        losses = trainer.losses([m.task.sample(m.cfg.task.batch_size, m.state.g_train) for m in members])
+        log_now = step in sched.logs
+        w_before = None
+        if log_now:
+            trainer.sync()
+            w_before = [m.state.monitor.snapshot() for m in members]
+        trainer.step()
+        if members[0].state.averages is not None:  # one EMA update per optimizer step, no host sync
+            trainer.sync()
+        for m, loss in zip(members, losses):
+            if m.state.averages is not None:
+                m.state.averages.after_step(m.state.model, step)
+            m.state.first_bad = torch.where((m.state.first_bad == 0) & ~torch.isfinite(loss.detach()), step,
+                                            m.state.first_bad)
+            m.state.step = step
+        if not sched.measures(step):
+            continue
+        train_seconds = time.perf_counter() - t_mark
+        trainer.sync(grads=True)
+        for i, m in enumerate(members):
+            if m.finished:
                 continue
-            train_seconds = time.perf_counter() - t_mark
-            trainer.sync(grads=True)
-            for i, m in enumerate(members):
-                if m.finished:
-                    continue
-                m.state.timings["train"] += train_seconds / len(members)
-                if bad := int(m.state.first_bad):
-                    bar.write(f"{m.cfg.row} seed={m.cfg.seed}: non-finite loss at step {bad}; run ends as diverged")
-                    results[m.cfg.seed] = _finish(m, diverged_at=bad)
-                    continue
-                _measure(m, step, w_before[i] if w_before else None, losses[i], sched)
-            if all(m.finished for m in members):
-                break
-            t_mark = time.perf_counter()
+            m.state.timings["train"] += train_seconds / len(members)
+            if bad := int(m.state.first_bad):
+                bar.write(f"{m.cfg.row} seed={m.cfg.seed}: non-finite loss at step {bad}; run ends as diverged")
+                results[m.cfg.seed] = _finish(m, diverged_at=bad)
+                continue
+            _measure(m, step, w_before[i] if w_before else None, losses[i], sched)
+        if all(m.finished for m in members):
+            break
+        t_mark = time.perf_counter()
     bar.close()
     for m in members:
         if not m.finished:
@@ -698,6 +705,10 @@ def _stop(members: list[_Member], trainer: _Trainer, caught: dict, t_mark: float
         m.state.timings["train"] += (time.perf_counter() - t_mark) / len(members)
         m.state.save(m.out / RESUME_FILE, time.time() - m.started)
     signum, previous = caught["signum"], caught["previous"]
+    for m in members:
+        if not m.finished:
+            print(f"stopped by {signal.Signals(signum).name} at step {m.state.step}: {m.cfg.row} seed={m.cfg.seed} "
+                  f"saved to {m.out / RESUME_FILE}", file=sys.stderr, flush=True)
     if callable(previous) and getattr(previous, "__module__", "").startswith("submitit"):
         # A SLURM job under submitit: its handler of the preemption / time-out signal checkpoints the Hydra job,
         # requeues it and exits; the requeued job resumes from the saved states. SIGTERM, which SLURM sends
