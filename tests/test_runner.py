@@ -54,7 +54,7 @@ def test_tables_equal_what_the_runner_wrote_before_the_monitor(smoke_results, ta
     """Every experiment's smoke tables equal those the runner wrote before it measured through the monitor and
     shared its computations (``tests/data/smoke_before_monitor``, written by commit fc72733 with one thread):
     the same columns, lines and values, floats to 1e-4 relative or 1e-5 absolute (fresh statistics are now
-    reduced in float32 with float64 accumulation: their means agree to about 1e-7 σ, which the drift, a
+    reduced in two float32 passes, `probes.input_moments`: their means agree to within 1e-6 σ, which the drift, a
     difference of two close means over a 5-step interval, and the predicted lag, 32 times the drift, turn into
     about 1e-6 σ), every other value exactly."""
     rows = sorted(p.name for p in BEFORE.iterdir())

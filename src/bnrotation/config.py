@@ -27,9 +27,9 @@ ARCHS = ("convnet", "resnet20")
 DEVICES = ("auto", "cpu", "cuda")
 AVERAGING_AT = ("interventions", "checks", "last")
 EVAL_BACKENDS = ("auto", "compiled", "eager")
-# eval_backend=auto compiles at this many steps and more (quick and full scale, not smoke): a compile costs about
-# 6 s (the study's network) to 11 s (ResNet-20) and saves about 1 s per evaluation pass over 4,000 samples of
-# the study's network (`make bench`, section (d)).
+# eval_backend=auto compiles at this many steps and more (quick and full scale, not smoke): in `make bench`,
+# section (d), a compile took about 1 s and saved 12% of each evaluation pass; a full run makes hundreds of passes
+# (checks, every swap of the interventions, every averaged model), a smoke run a handful.
 EVAL_COMPILED_MIN_STEPS = 1000
 # A row name becomes a folder name: letters, digits, "_", ".", "+", "-", starting with a letter or digit
 # (so "..", "a/b" or "" cannot send a run outside runs/<row>/).

@@ -44,7 +44,7 @@ from torch.nn.modules.batchnorm import _BatchNorm
 
 from .bnstats import batch_statistics, norm_layers, running_stat_layers
 from .probes import (batch_statistics_pass, channel_cosines, channel_norms, cosine, drift_sigma_per_step,
-                     evaluation_forward, lag_sigma, predicted_lag_sigma, rotation_deg)
+                     evaluation_forward, evaluation_mode, lag_sigma, predicted_lag_sigma, rotation_deg)
 
 # Layers whose weight rows are output channels: what a normalisation layer directly downstream normalises.
 WEIGHT_LAYERS = (nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.Linear)
@@ -217,16 +217,12 @@ def _check_probe(model: nn.Module, x: torch.Tensor, y: torch.Tensor | None) -> N
     bad = int((~torch.isfinite(x)).sum())
     if bad:
         raise ValueError(f"probe: {bad} of {x.numel()} input values are NaN or infinite")
-    flags = {m: m.training for m in model.modules()}
     try:
-        with torch.no_grad(), torch.random.fork_rng(devices=_rng_devices(model)):
-            out = model.eval()(x[:2])  # eagerly: a compiled evaluation would compile a graph for 2 samples
+        with torch.no_grad(), torch.random.fork_rng(devices=_rng_devices(model)), evaluation_mode(model):
+            out = model(x[:2])  # eagerly: a compiled evaluation would compile a graph for 2 samples
     except Exception as e:  # any error the model raises on these inputs, reported as the probe's
         raise ValueError(f"probe: the model cannot run on the probe inputs {tuple(x.shape)} "
                          f"({type(e).__name__}: {e})") from e
-    finally:
-        for m, f in flags.items():
-            m.training = f
     if not isinstance(out, torch.Tensor) or out.dim() < 2:
         got = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
         raise ValueError(f"probe: the model's output on the probe must be (N, classes, ...) for the mode check, "
@@ -466,18 +462,18 @@ class StalenessMonitor:
                                                      keep_frozen=True)
             out_eval = self._eval_forward() if self.modes else None
         checks = self._checks(step, out_train, out_eval)
-        layer_rows, channel_frames = [], []
+        layer_rows, channel_columns = [], []
         interval = step - self.previous.step if self.previous is not None else None
         for pair, norm, weight in self.layers:
             layer_line, channels = self._layer(step, interval, pair, norm, weight, fresh[pair.norm],
                                                weights_before_step)
             layer_rows.append(layer_line)
-            channel_frames.append(channels)
+            channel_columns.append(channels)
         self.previous = _Previous(step, {p.weight: w.weight.detach().clone() for p, _, w in self.layers
                                          if w is not None},
                                   {name: mean.cpu() for name, (mean, _) in fresh.items()})
         self.last_fresh = fresh
-        channels = pd.DataFrame({k: np.concatenate([f[k] for f in channel_frames]) for k in channel_frames[0]})
+        channels = pd.DataFrame({k: np.concatenate([c[k] for c in channel_columns]) for k in channel_columns[0]})
         record = MonitorRecord(step, checks, pd.DataFrame(layer_rows), channels, False, "")
         record.stale = self._stale(record)
         record.summary = self._summary(record)

@@ -84,10 +84,10 @@ def input_moments(z: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     centred values and of their squares, combined in float64 as ``mean + r / n`` and
     ``(Σc² - r² / n) / (n - 1)`` with ``r = Σc`` (the corrected two-pass algorithm; Chan, Golub and LeVeque,
     "Algorithms for computing the sample variance", The American Statistician 37(3), 1983). The centring
-    keeps the variance accurate when |mean| is many σ. Against a float64 computation the mean is within
-    about 1e-7 σ and the variance within about 1e-6 relative (``tests/test_probes.py``). On a CPU it is about
-    5x faster than ``torch.var_mean``, whose float32 reductions accumulate in float64 (`make bench`, section
-    "moments").
+    keeps the variance accurate when |mean| is many σ. Against float64 the mean is within 1e-6 σ and the
+    variance within 1e-5 relative, also at |mean| = 30σ (``tests/test_probes.py``). On a CPU it took 0.052 s
+    against ``torch.var_mean``'s 0.092 s for a 512x32x32x32 input (`make bench`, section (c)): ``var_mean``'s
+    float32 reductions accumulate in float64.
 
     Raises:
         ValueError: for an input of fewer than 2 dims (:func:`channel_dims`).
@@ -197,9 +197,9 @@ class CompiledEvaluation:
     recompilation; each chunk size compiles once (``dynamic=False``). The template is a copy of the first
     such model in evaluation mode, kept per ``repr`` (which holds every layer's shape, ε and momentum).
 
-    On the study's network on a CPU the evaluation pass runs about 2x faster after a compile of about 6 s,
-    and its outputs agree with eager execution to about 1e-7 (`make bench`, section (d)). If the compiler
-    fails, it warns once and runs eagerly from then on.
+    `make bench`, section (d) (``results/bench.md``): on the study's network on two CPU threads a chunked
+    evaluation pass took 0.88x of eager time after a compile of about 1 s, and its outputs agreed with eager
+    execution to 7e-8. If the compiler fails, it warns once and runs eagerly from then on.
     """
 
     def __init__(self) -> None:
@@ -264,20 +264,26 @@ def _evaluation_call(model: nn.Module) -> Callable[[torch.Tensor], torch.Tensor]
     return _compiled.forward(model) if _compiled is not None else model
 
 
-def evaluation_forward(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
-    """The model's output on ``x`` (N, ...) in evaluation mode (running statistics); every module's training
-    flag is restored after, also when it raises. On a CPU in chunks of :data:`EVAL_CHUNK` samples
-    (:func:`eval_chunk`): each sample's output is its own in evaluation mode, and small chunks stay in
-    cache (`make bench`, section (c)). Compiled inside :func:`compiled_evaluation`."""
+@contextmanager
+def evaluation_mode(model: nn.Module) -> Iterator[nn.Module]:
+    """``model.eval()`` inside the block; every module's training flag is restored after, also on an error."""
     flags = {m: m.training for m in model.modules()}
     try:
-        model.eval()
-        forward = _evaluation_call(model)
-        chunk = eval_chunk(x.device, len(x))
-        return forward(x) if chunk >= len(x) else torch.cat([forward(c) for c in x.split(chunk)])
+        yield model.eval()
     finally:
         for m, f in flags.items():
             m.training = f
+
+
+def evaluation_forward(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """The model's output on ``x`` (N, ...) in evaluation mode (running statistics), flags restored after
+    (:func:`evaluation_mode`). On a CPU in chunks of :data:`EVAL_CHUNK` samples (:func:`eval_chunk`): each
+    sample's output is its own in evaluation mode, and small chunks stay in cache (`make bench`, section (c)).
+    Compiled inside :func:`compiled_evaluation`."""
+    with evaluation_mode(model):
+        forward = _evaluation_call(model)
+        chunk = eval_chunk(x.device, len(x))
+        return forward(x) if chunk >= len(x) else torch.cat([forward(c) for c in x.split(chunk)])
 
 
 @torch.no_grad()
@@ -299,14 +305,9 @@ def accuracy(model: nn.Module, x: torch.Tensor, y: torch.Tensor, mode: str, chun
             return (model(x).argmax(1) == y).double().mean().item()
     if mode != "eval":
         raise ValueError(f"accuracy: mode must be 'eval' or 'train', got {mode!r}")
-    was = {m: m.training for m in model.modules()}
-    model.eval()
-    try:
+    with evaluation_mode(model):
         forward = _evaluation_call(model)
         correct = torch.zeros((), dtype=torch.long, device=y.device)  # counted on the device: one sync
         for xc, yc in zip(x.split(chunk), y.split(chunk)):
             correct += (forward(xc).argmax(1) == yc).sum()
-    finally:
-        for m, f in was.items():
-            m.training = f
     return int(correct) / len(y)

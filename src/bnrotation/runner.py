@@ -704,11 +704,9 @@ def _stop(members: list[_Member], trainer: _Trainer, caught: dict, t_mark: float
             continue
         m.state.timings["train"] += (time.perf_counter() - t_mark) / len(members)
         m.state.save(m.out / RESUME_FILE, time.time() - m.started)
+        print(f"stopped by {signal.Signals(caught['signum']).name} at step {m.state.step}: {m.cfg.row} "
+              f"seed={m.cfg.seed} saved to {m.out / RESUME_FILE}", file=sys.stderr, flush=True)
     signum, previous = caught["signum"], caught["previous"]
-    for m in members:
-        if not m.finished:
-            print(f"stopped by {signal.Signals(signum).name} at step {m.state.step}: {m.cfg.row} seed={m.cfg.seed} "
-                  f"saved to {m.out / RESUME_FILE}", file=sys.stderr, flush=True)
     if callable(previous) and getattr(previous, "__module__", "").startswith("submitit"):
         # A SLURM job under submitit: its handler of the preemption / time-out signal checkpoints the Hydra job,
         # requeues it and exits; the requeued job resumes from the saved states. SIGTERM, which SLURM sends
