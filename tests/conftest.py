@@ -29,13 +29,6 @@ def run_cfg(overrides: list[str], tmp: Path) -> RunConfig:
     return to_run_config(compose_cfg(["scale=smoke", f"results_root={tmp}", "progress=false", *overrides]))
 
 
-@pytest.fixture
-def smoke_cfg(tmp_path):
-    def make(*overrides: str) -> RunConfig:
-        return run_cfg(list(overrides), tmp_path)
-    return make
-
-
 @pytest.fixture(scope="session")
 def adam_smoke_run(tmp_path_factory) -> Path:
     """One finished ``adam`` run at smoke scale, seed 0, with interventions and checkpoints; do not modify it."""

@@ -19,6 +19,7 @@ from bnrotation.config import to_run_config
 from bnrotation.runner import resolve_threads, run
 
 from conftest import CONF, ROOT
+from test_reliability import tiny
 
 LAUNCHERS = {
     "joblib": ("n_jobs",),
@@ -82,17 +83,17 @@ def test_threads_come_from_slurm_when_not_set(monkeypatch):
         torch.set_num_threads(before)
 
 
-def test_determinism_switch_is_applied_recorded_and_not_part_of_what_a_run_computes(smoke_cfg):
+def test_determinism_switch_is_applied_recorded_and_not_part_of_what_a_run_computes(tmp_path):
     cheap = ("experiment=sgd", "interventions=false", "averaging.enabled=false", "task.probe_size=32")
     try:
-        out = run(smoke_cfg(*cheap, "deterministic=true"))
+        out = run(tiny(tmp_path, *cheap, "deterministic=true"))
         info = json.loads((out / "run.json").read_text())
         assert info["determinism"]["deterministic_algorithms"] is True
         assert info["determinism"]["cudnn_deterministic"] is True and info["determinism"]["cudnn_benchmark"] is False
         # an execution setting: a resumed sweep with other settings skips the finished run
-        assert run(smoke_cfg(*cheap, "deterministic=false")) is None
+        assert run(tiny(tmp_path, *cheap, "deterministic=false")) is None
         # and on a CPU it changes no number
-        off = run(smoke_cfg(*cheap, "deterministic=false", "row=sgd_nondeterministic"))
+        off = run(tiny(tmp_path, *cheap, "deterministic=false", "row=sgd_nondeterministic"))
         assert json.loads((off / "run.json").read_text())["determinism"]["deterministic_algorithms"] is False
         for table in ("checks", "channels"):
             on_df, off_df = (pd.read_parquet(p / f"{table}.parquet").drop(columns="row") for p in (out, off))

@@ -101,6 +101,26 @@ def test_a_stop_before_the_first_step_saves_step_0_and_resumes_bit_identical(tmp
     assert_same_results(out, uninterrupted)
 
 
+def test_a_stop_after_the_last_step_finishes_the_run_and_passes_the_signal_on(tmp_path, monkeypatch):
+    """A signal that arrives while the finished run writes its results (after the loop's last read of the flag)
+    is not swallowed: the run completes, then the handler it was meant for gets it (a sweep stops)."""
+    real, got = runner._finish, []
+
+    def finish(m, *args, **kwargs):
+        os.kill(os.getpid(), signal.SIGUSR2)
+        return real(m, *args, **kwargs)
+
+    previous = signal.signal(signal.SIGUSR2, lambda signum, frame: got.append(signum))
+    try:
+        with monkeypatch.context() as m:
+            m.setattr(runner, "_finish", finish)
+            out = run(tiny(tmp_path, "experiment=adam"))
+    finally:
+        signal.signal(signal.SIGUSR2, previous)
+    assert (out / records.DONE).exists() and not (out / RESUME_FILE).exists()
+    assert got == [signal.SIGUSR2]
+
+
 def test_force_or_another_config_starts_over_instead_of_resuming(tmp_path, monkeypatch):
     cfg = tiny(tmp_path, *EVERYTHING)
     interrupt_at(monkeypatch, [3])
@@ -143,7 +163,7 @@ def test_two_processes_on_one_run_folder_train_it_once(tmp_path):
     the first finishes undisturbed; a third, once the first has exited, skips the finished run."""
     overrides = ["experiment=sgd", f"results_root={tmp_path}", "scale=smoke", "scale.steps=4000",
                  "scale.log_every=100", "scale.check_start=3900", "scale.check_every=100",
-                 "scale.intervene_every=4000", "averaging.enabled=false", "task.image_size=8",
+                 "scale.intervene_every=4000", "averaging.enabled=false", "eval_backend=eager", "task.image_size=8",
                  "task.batch_size=16", "task.probe_size=16", "scale.heldout_size=32", "model.channels=[4,8,8]",
                  "progress=false", "threads=1"]
     cmd = [sys.executable, str(ROOT / "experiments" / "train.py"), *overrides]

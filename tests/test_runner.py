@@ -16,6 +16,7 @@ from bnrotation.rows import ROWS
 from bnrotation.runner import RunExistsError, check_steps, intervention_steps, log_steps, run
 
 from conftest import EXPERIMENTS
+from test_reliability import tiny  # the toy size, for what does not need the study's network
 
 
 @pytest.fixture(scope="module")
@@ -118,20 +119,20 @@ def test_table_from_smoke_results(smoke_results, tmp_path, capsys):
     assert "adam_groupnorm seed=0" in (tmp_path / "monitor.md").read_text()  # and the monitor's rule on the checks
 
 
-def test_finished_run_is_skipped_and_a_changed_config_refused(tmp_path, smoke_cfg):
-    cfg = smoke_cfg("experiment=sgd", "interventions=false")
+def test_finished_run_is_skipped_and_a_changed_config_refused(tmp_path):
+    cfg = tiny(tmp_path, "experiment=sgd", "interventions=false")
     out = run(cfg)
     stamp = (out / "run.json").stat().st_mtime_ns
     assert run(cfg) is None  # same config: skipped
     assert (out / "run.json").stat().st_mtime_ns == stamp
     with pytest.raises(RunExistsError, match=r"task\.template_scale"):  # a setting the row name does not fix
-        run(smoke_cfg("experiment=sgd", "interventions=false", "task.template_scale=0.5"))
-    assert run(smoke_cfg("experiment=sgd", "interventions=false", "force=true")) == out
+        run(tiny(tmp_path, "experiment=sgd", "interventions=false", "task.template_scale=0.5"))
+    assert run(tiny(tmp_path, "experiment=sgd", "interventions=false", "force=true")) == out
 
 
-def test_a_key_added_to_the_schema_later_does_not_invalidate_a_finished_run(tmp_path, smoke_cfg):
+def test_a_key_added_to_the_schema_later_does_not_invalidate_a_finished_run(tmp_path):
     import yaml
-    cfg = smoke_cfg("experiment=sgd", "interventions=false")
+    cfg = tiny(tmp_path, "experiment=sgd", "interventions=false")
     out = run(cfg)
     saved = yaml.safe_load((out / "config.yaml").read_text())
     del saved["averaging"], saved["model"]["channels_last"]  # as written before these keys existed
@@ -143,8 +144,8 @@ def test_a_key_added_to_the_schema_later_does_not_invalidate_a_finished_run(tmp_
         run(cfg)
 
 
-def test_run_without_done_is_rerun_from_scratch(tmp_path, smoke_cfg):
-    cfg = smoke_cfg("experiment=adam", "interventions=false")
+def test_run_without_done_is_rerun_from_scratch(tmp_path):
+    cfg = tiny(tmp_path, "experiment=adam", "interventions=false")
     out = records.run_dir(cfg.results_root, cfg.row, cfg.seed)
     out.mkdir(parents=True)
     (out / "checks.parquet").write_bytes(b"half a file")
@@ -162,9 +163,9 @@ def test_schedules_of_a_full_run():
     assert min(log_steps(cfg)) == 0 and max(log_steps(cfg)) == 6000 and len(log_steps(cfg)) == 61
 
 
-def test_same_seed_gives_every_row_the_same_data_and_init(tmp_path, smoke_cfg):
-    a = run(smoke_cfg("experiment=sgd", "interventions=false"))
-    b = run(smoke_cfg("experiment=adam", "interventions=false"))
+def test_same_seed_gives_every_row_the_same_data_and_init(tmp_path):
+    a = run(tiny(tmp_path, "experiment=sgd", "interventions=false"))
+    b = run(tiny(tmp_path, "experiment=adam", "interventions=false"))
     ca, cb = (pd.read_parquet(p / "channels.parquet") for p in (a, b))
     step0 = lambda df: df[df["step"] == 0][["layer", "channel", "weight_norm", "fresh_mean"]].reset_index(drop=True)
     pd.testing.assert_frame_equal(step0(ca), step0(cb))

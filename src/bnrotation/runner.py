@@ -261,7 +261,8 @@ def resolve_device(name: str) -> torch.device:
 def stop_signals():
     """Catch SIGTERM, SIGINT and SIGUSR2 for the duration of a run: each sets a flag the loop reads at the
     next step boundary. Yields ``{"signum": int | None, "previous": handler}``; the previous handlers are
-    restored on exit. Outside the main thread (joblib's threads) nothing is caught."""
+    restored on exit. A signal that the loop never read (it arrived after the last step boundary) is raised again
+    by :func:`run_seeds` once they are. Outside the main thread (joblib's threads) nothing is caught."""
     caught: dict = {"signum": None, "previous": None}
     names = [n for n in STOP_SIGNALS if hasattr(signal, n)]
     try:
@@ -390,6 +391,10 @@ def run_seeds(cfg: RunConfig) -> dict[int, Path | None]:
                            for s in todo]
                 with compiled_evaluation(compiled):
                     results.update(_train(members, device, caught))
+            if caught["signum"] is not None:
+                # It arrived after the last step boundary, so every run finished and is complete. Pass it on to
+                # the handler it was meant for, now restored: a sweep stops instead of starting its next run.
+                signal.raise_signal(caught["signum"])
         return results
 
 
