@@ -81,7 +81,7 @@ $(VENV)/.installed: pyproject.toml
 
 install: $(VENV)/.installed ## create .venv with the pinned versions (torch 2.13.0, hydra-core 1.3.8, ...)
 
-test: $(VENV)/.installed ## run the test suite (a few minutes on 2 cores)
+test: $(VENV)/.installed ## run the test suite (about 10 minutes on 2 cores)
 	$(PY) -m pytest -q
 
 sweep: $(VENV)/.installed ## every row x seed at SCALE, or of SET=resnet|ten_seeds (resumable; FORCE=1 reruns; JOBS=n in parallel)

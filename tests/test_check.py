@@ -238,6 +238,9 @@ BAD = {
     "loader returns no iterable": (dict(batches=f"{MODULE}:number"), "returned a int, not an iterable"),
     "model fails on the batch": ("wrong_shape", "the model fails on batch 0 of shape (4, 2, 8, 8)"),
     "empty batch list": ("empty", "no batches"),
+    "NaN in a batch": ("nan_batch", "nan_batch.pt: batch 1: 1 of 1536 input values are NaN or infinite"),
+    "NaN in a weight": ("nan_weight", "--weights: NaN or infinite values in conv2.weight: the model itself has "
+                                      "diverged"),
     "negative threshold": (dict(args=("--lag-sigma", "-1")), "--lag-sigma: Thresholds.lag_sigma: expected"),
     "no CUDA here": (dict(args=("--device", "cuda:7")), "--device cuda:7: torch sees"),
 }
@@ -256,12 +259,16 @@ def _bad_files(folder: Path, user, case: str) -> dict:
         return {"weights": _save(folder, "w.pt", [torch.zeros(2)])}
     if case == "unsafe":
         return {"weights": _save(folder, "w.pt", {"model": state, "marker": user.Marker()})}
+    if case == "nan_weight":
+        state["conv2.weight"][0, 0, 0, 0] = math.nan
+        return {"weights": _save(folder, "w.pt", state)}
     if case == "garbage":
         (folder / "garbage.pt").write_bytes(b"not a torch file")
         return {"batches": "garbage.pt"}
     files = {"number": 7, "short_labels": (x, torch.zeros(5, dtype=torch.long)),
              "float_labels": (x, torch.zeros(8)), "mixed": [(x, torch.zeros(8, dtype=torch.long)), x],
-             "one_sample": x[:1], "dict_batch": {"image": x}, "wrong_shape": torch.randn(4, 2, 8, 8), "empty": []}
+             "one_sample": x[:1], "dict_batch": {"image": x}, "wrong_shape": torch.randn(4, 2, 8, 8), "empty": [],
+             "nan_batch": [x, x.clone().index_put_((torch.tensor(0),) * 4, torch.tensor(math.nan))]}
     return {"batches": _save(folder, f"{case}.pt", files[case])}
 
 
@@ -275,6 +282,17 @@ def test_bad_input_is_one_line_and_exit_2_before_any_work(nets, monkeypatch, cap
     assert code == 2 and out == "", (case, out)
     assert err.startswith("error: ") and len(err.strip().splitlines()) == 1, err
     assert message in err, err
+
+
+def test_non_finite_running_statistics_are_stale_and_named(nets, monkeypatch, capsys):
+    """A NaN running mean is reported stale (exit 1) naming it: its layer's lag is NaN, which the rule alone
+    would skip, and evaluation mode is unusable."""
+    folder, user, _ = nets
+    state = torch.load(folder / "fresh.pt", weights_only=True)
+    state["bn2.running_mean"][3] = math.nan
+    code, out, err = run_main(nets, monkeypatch, capsys, weights=_save(folder, "nan_stats.pt", state))
+    assert code == 1 and err == "", err
+    assert "STALE: NaN or infinite running statistics in bn2.running_mean (evaluation mode is unusable)" in out
 
 
 def test_a_bad_input_raises_from_the_function_too(nets):

@@ -74,7 +74,7 @@ def test_logged_report_names_the_worst_step_and_each_layer(adam_smoke_run):
     for layer in ("bn1", "bn2", "bn3"):
         assert f"fresh {layer} only" in report
     assert report.count("\n| 10 |") == 1 and report.count("\n| 20 |") == 1
-    assert f"python experiments/diagnose.py run={adam_smoke_run} step={worst}" in report
+    assert f"make diagnose RUN={adam_smoke_run} STEP={worst}" in report
 
 
 def test_logged_report_says_when_the_checkpoint_is_missing(adam_smoke_run, tmp_path, capsys):

@@ -179,6 +179,10 @@ def test_bad_probes_and_lazy_layers_get_clear_errors():
         split_probe({"image": torch.randn(4, 3)})
     with pytest.raises(ValueError, match="4 inputs but labels"):
         split_probe((torch.randn(4, 3), torch.zeros(3)))
+    with pytest.raises(TypeError, match="got tuple of 3 items"):
+        split_probe((torch.randn(4, 3), torch.zeros(4, dtype=torch.long), torch.zeros(4)))
+    with pytest.raises(TypeError, match="model: expected a torch.nn.Module, got str"):
+        StalenessMonitor("model", torch.randn(4, 12))
     with pytest.raises(ValueError, match="at least 2 samples"):
         StalenessMonitor(MLP(), torch.randn(1, 12))
     lazy = nn.Sequential(nn.LazyConv2d(4, 3), nn.BatchNorm2d(4))
@@ -374,6 +378,33 @@ def test_stale_statistics_warn_naming_the_worst_layer_and_channel_and_re_estimat
     assert quiet.stale  # thresholds of 0 always fire; warn=False keeps it silent
     with pytest.raises(ValueError, match="Thresholds.lag_sigma"):
         Thresholds(lag_sigma=float("nan"))
+
+
+def test_non_finite_statistics_or_weights_are_named_and_never_dropped():
+    """A NaN running mean makes its layer's lag NaN, which the rule alone would skip: the record is stale and
+    the warning and summary name the tensor. A NaN weight warns that the model has diverged."""
+    torch.manual_seed(0)
+    model, x = MLP(), torch.randn(32, 12)
+    reestimate(model, [x])
+    never = Thresholds(mode_gap=1.0, lag_sigma=100.0)  # the rule alone cannot fire
+    monitor = StalenessMonitor(model, x, thresholds=never)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        first = monitor(0)
+    assert not first.stale and not first.nonfinite and "NON-FINITE" not in first.summary
+    with torch.no_grad():
+        model.bn2.running_mean[5] = math.nan
+    with pytest.warns(StaleStatisticsWarning, match=r"running statistics hold NaN or infinite values "
+                                                    r"\(bn2.running_mean\): evaluation mode is unusable"):
+        record = monitor(1)
+    assert record.stale and record.nonfinite.running_statistics == ("bn2.running_mean",)
+    assert record.summary.startswith("STALE NON-FINITE bn2.running_mean | ")
+    reestimate(model, [x])
+    with torch.no_grad():
+        model.fc1.weight[0, 0] = math.inf
+    with pytest.warns(RuntimeWarning, match=r"step 2: the model has diverged: NaN or infinite values in fc1.weight"):
+        record = monitor(2)
+    assert record.nonfinite.parameters == ("fc1.weight",) and "NON-FINITE fc1.weight" in record.summary
 
 
 def test_records_have_the_suites_column_names_and_append_to_parquet(tmp_path):

@@ -155,6 +155,8 @@ def test_the_sweep_reports_an_interrupted_run_and_the_next_sweep_resumes_it(tmp_
     assert again.returncode == 0, again.stderr[-2000:]
     info = json.loads(run_json.read_text())
     assert info["status"] == "done" and len(info["resumes"]) == 1
+    at = info["resumes"][0]["at_step"]
+    assert f"resuming adam seed=0 at step {at} of 400 from {run_json.parent / RESUME_FILE}" in again.stderr
 
 
 # ----------------------------------------------------------------------------- one process per run

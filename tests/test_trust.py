@@ -203,8 +203,9 @@ def test_run_task_refuses_a_results_root_that_cannot_be_created(tmp_path, capsys
 
 @pytest.mark.parametrize("override", ["optimizer.lr=-1", "+optimizer.lrr=0.1", "optimizer.lr=0.001"])
 def test_a_rejected_config_leaves_no_hydra_run_folder(override, tmp_path):
-    """Hydra makes <results_root>/hydra/runs/<time>/ before the task runs; a config rejected there removes it."""
-    proc = train("experiment=adam", f"results_root={tmp_path}", override, *TINY)
+    """Hydra makes <results_root>/hydra/runs/<time>/ before the task runs; a config rejected there removes it,
+    and the results root too when the command created it."""
+    proc = train("experiment=adam", f"results_root={tmp_path / 'new_root'}", override, *TINY)
     assert proc.returncode == 2 and proc.stderr.strip().splitlines()[-1].startswith("error: bad config: ")
     assert list(tmp_path.iterdir()) == []
 
@@ -223,6 +224,11 @@ def test_only_a_run_folder_holding_nothing_but_hydras_files_is_removed(tmp_path)
     (kept / "notes.txt").unlink()
     assert cli.remove_unused_run_dir(kept, "train")
     assert not (tmp_path / "hydra" / "runs").exists() and (tmp_path / "hydra" / "multirun").is_dir()
+    (tmp_path / "hydra" / "multirun").rmdir()
+    again = tmp_path / "hydra" / "runs" / "2026-01-01_00-00-02"
+    (again / ".hydra").mkdir(parents=True)
+    assert cli.remove_unused_run_dir(again, "train")
+    assert tmp_path.is_dir() and list(tmp_path.iterdir()) == []  # a results root that was there before stays
 
 
 @pytest.mark.parametrize("target, var, value, allowed", [
@@ -313,12 +319,13 @@ def test_an_out_folder_that_cannot_be_created_is_one_line(own_root, tmp_path, ca
 
     for bad in _bad_places(tmp_path):
         why = records.folder_problem(bad)
+        said = f"the outputs are written here, but it cannot be created: {why}"
         for main in (table_main, figures_main):
             assert main(["--results", str(own_root), "--out", str(bad)]) == 2
-            assert capsys.readouterr().err.strip().splitlines()[-1] == f"error: {bad}: cannot be created: {why}"
+            assert capsys.readouterr().err.strip().splitlines()[-1] == f"error: {bad}: {said}"
         proc = make("claims", f"RESULTS={own_root}", f"OUT={bad}", timeout=60)
         assert proc.returncode == 2
-        assert proc.stderr.strip().splitlines()[0] == f"error: OUT={bad}: cannot be created: {why}"
+        assert proc.stderr.strip().splitlines()[0] == f"error: OUT={bad}: {said}"
         assert "Traceback" not in proc.stderr and "reading" not in proc.stderr  # claims never started
 
 

@@ -35,6 +35,35 @@ def running_stat_layers(model: nn.Module) -> list[tuple[str, _BatchNorm]]:
             if isinstance(m, _BatchNorm) and m.track_running_stats and m.running_mean is not None]
 
 
+@dataclass(frozen=True)
+class NonFinite:
+    """Names (``module.tensor``) of a model's tensors that hold NaN or infinite values (:func:`nonfinite_state`).
+
+    Attributes:
+        parameters: parameters, e.g. ``conv2.weight``: the model itself has diverged.
+        running_statistics: running means and variances of BatchNorm layers, e.g. ``bn2.running_mean``:
+            evaluation mode is unusable, and re-estimation (:func:`reestimate`) replaces them.
+    """
+
+    parameters: tuple[str, ...] = ()
+    running_statistics: tuple[str, ...] = ()
+
+    def __bool__(self) -> bool:
+        return bool(self.parameters or self.running_statistics)
+
+    def __str__(self) -> str:
+        return ", ".join(self.running_statistics + self.parameters)
+
+
+def nonfinite_state(model: nn.Module) -> NonFinite:
+    """Which of ``model``'s parameters and running statistics hold NaN or infinite values (a check of each
+    tensor, no copy)."""
+    params = tuple(n for n, p in model.named_parameters() if not bool(torch.isfinite(p).all()))
+    stats = tuple(f"{n}.{key}" for n, m in running_stat_layers(model) for key in ("running_mean", "running_var")
+                  if not bool(torch.isfinite(getattr(m, key)).all()))
+    return NonFinite(params, stats)
+
+
 def norm_layers(model: nn.Module) -> list[tuple[str, nn.Module]]:
     """``[(name, module)]`` of every BatchNorm, GroupNorm, LayerNorm and InstanceNorm layer."""
     kinds = (_BatchNorm, nn.GroupNorm, nn.LayerNorm, nn.modules.instancenorm._InstanceNorm)

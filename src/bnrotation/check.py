@@ -50,7 +50,7 @@ import torch
 import torch.nn as nn
 
 from .averaging import state_of
-from .bnstats import reestimate, running_stat_layers, running_stats
+from .bnstats import NonFinite, nonfinite_state, reestimate, running_stat_layers, running_stats
 from .checkpoints import BadCheckpointError, UnsafeCheckpointError, load_checkpoint
 from .interventions import layer_lags
 from .monitor import Thresholds, evaluation_forward, find_pairs, mode_check, split_probe
@@ -202,6 +202,9 @@ def load_batches(batches, input_key: str = "input", target_key: str = "target",
             x, y = split_probe(batch, input_key, target_key)
         except (TypeError, ValueError) as err:
             raise CheckInputError(f"--batches {spec}: batch {i}: {err}") from None
+        if x.is_floating_point() and not bool(torch.isfinite(x).all()):
+            raise CheckInputError(f"--batches {spec}: batch {i}: {int((~torch.isfinite(x)).sum())} of {x.numel()} "
+                                  "input values are NaN or infinite")
         if len(x) < 2:
             raise CheckInputError(f"--batches {spec}: batch {i} has {len(x)} sample(s); training mode (batch "
                                   "statistics) needs at least 2")
@@ -253,11 +256,14 @@ class CheckReport:
             mode normalises each batch with its own statistics.
         mode_gap_reestimated, acc_eval_mode_reestimated: the same after re-estimation on the same batches: a
             diagnostic of the statistics, not a held-out score.
-        stale: whether the thresholds' rule fires on ``mode_gap`` and :attr:`worst_median_lag_sigma`.
+        stale: whether the thresholds' rule fires on ``mode_gap`` and :attr:`worst_median_lag_sigma`, or a running
+            statistic holds NaN or infinite values.
         thresholds: the :class:`monitor.Thresholds` used.
         batches, samples: how many were measured; truncated: whether more batches were offered (``max_batches``).
         labelled: whether the batches had labels.
         weights: what the weights loaded were (:func:`load_weights`); "" when none were given.
+        nonfinite: the running statistics that hold NaN or infinite values (:class:`.bnstats.NonFinite`); their
+            layers' lags are NaN.
     """
 
     layers: pd.DataFrame
@@ -273,6 +279,7 @@ class CheckReport:
     labelled: bool
     truncated: bool = False
     weights: str = ""
+    nonfinite: NonFinite = NonFinite()
 
     @property
     def worst_median_lag_sigma(self) -> float:
@@ -281,7 +288,9 @@ class CheckReport:
 
     @property
     def worst_layer(self) -> str:
-        return str(self.layers.loc[self.layers["median_abs_lag_sigma"].idxmax(), "layer"])
+        """The layer of :attr:`worst_median_lag_sigma`; "" when no layer's lag is finite."""
+        lag = self.layers["median_abs_lag_sigma"]
+        return str(self.layers.loc[lag.idxmax(), "layer"]) if lag.notna().any() else ""
 
 
 @torch.no_grad()
@@ -303,14 +312,21 @@ def check_checkpoint(model: nn.Module, batches, *, weights=None, thresholds: Thr
         A :class:`CheckReport`.
 
     Raises:
-        CheckInputError: for inputs it cannot use, before any measurement (naming the argument); also for a
-            model that fails on a batch (naming the batch).
+        CheckInputError: for inputs it cannot use, before any measurement (naming the argument): among them
+            parameters that hold NaN or infinite values (a diverged model, which re-estimation cannot mend; such
+            running statistics are measured, and reported as stale); also for a model that fails on a batch
+            (naming the batch).
     """
     if not running_stat_layers(model):
         raise CheckInputError("--model: the model has no BatchNorm layer with running statistics "
                               "(track_running_stats=True): there are no running statistics to go stale")
     model.to(device)
     kind = load_weights(model, weights, device) if weights is not None else ""
+    nonfinite = nonfinite_state(model)
+    if nonfinite.parameters:
+        raise CheckInputError(f"{'--weights' if weights is not None else '--model'}: NaN or infinite values in "
+                              f"{', '.join(nonfinite.parameters)}: the model itself has diverged, which "
+                              "re-estimating its statistics cannot mend")
     data, truncated = load_batches(batches, input_key, target_key, max_batches, device)
     pairing = find_pairs(model, data[0][0])
     feeding = {p.norm: p.weight or "" for p in pairing.pairs + pairing.unpaired}
@@ -336,10 +352,10 @@ def check_checkpoint(model: nn.Module, batches, *, weights=None, thresholds: Thr
     layers = layer_lags(running_stats(model), running_stats(fresh_model))
     layers.insert(1, "weight_layer", layers["layer"].map(feeding).fillna(""))
     gap = float(stored["mode_gap"])
+    stale = thresholds.crossed(gap, float(layers["median_abs_lag_sigma"].max())) or bool(nonfinite)
     return CheckReport(layers, gap, float(stored["acc_train_mode"]), float(stored["acc_eval_mode"]),
-                       float(fresh["mode_gap"]), float(fresh["acc_eval_mode"]),
-                       thresholds.crossed(gap, float(layers["median_abs_lag_sigma"].max())), thresholds, len(data),
-                       int(stored["probe_size"]), labelled, truncated, kind)
+                       float(fresh["mode_gap"]), float(fresh["acc_eval_mode"]), stale, thresholds, len(data),
+                       int(stored["probe_size"]), labelled, truncated, kind, nonfinite)
 
 
 # ----------------------------------------------------------------------------- the report
@@ -374,7 +390,11 @@ def format_report(report: CheckReport, model: str = "the model", weights: str = 
     rule = (f"mode gap {r.mode_gap:.3f} {'≥' if r.mode_gap >= t.mode_gap else '<'} {t.mode_gap:g} and worst median "
             f"|lag| {r.worst_median_lag_sigma:.3f}σ ({r.worst_layer}) "
             f"{'≥' if r.worst_median_lag_sigma >= t.lag_sigma else '<'} {t.lag_sigma:g}σ")
-    if r.stale:
+    if r.nonfinite:
+        out.append(f"STALE: NaN or infinite running statistics in {r.nonfinite} (evaluation mode is unusable); "
+                   f"elsewhere, {rule}. Re-estimate the running statistics (bnrotation.bnstats.reestimate) before "
+                   "evaluating or saving this model.")
+    elif r.stale:
         out.append(f"STALE: {rule}. Re-estimate the running statistics (bnrotation.bnstats.reestimate) before "
                    "evaluating or saving this model.")
     else:

@@ -132,6 +132,11 @@ def results_root_problem(results_root: str | Path) -> str | None:
     return f"results_root={results_root}: cannot be created: {why}" if why else None
 
 
+# Results roots that did not exist when this process started its run (CheckResultsRoot): Hydra creates them with
+# its run folder, and a rejected config removes them again when they hold nothing else (remove_unused_run_dir).
+_CREATED_ROOTS: set[Path] = set()
+
+
 class CheckResultsRoot(Callback):
     """Hydra callback (``hydra.callbacks.check_results_root``): before Hydra makes its run or sweep folder
     under ``results_root`` (``hydra/runs/<time>``, ``hydra/multirun/<time>``), stop with one line and exit
@@ -146,6 +151,8 @@ class CheckResultsRoot(Callback):
 
     def on_run_start(self, config: DictConfig, **kwargs) -> None:
         self._check(config)
+        if not Path(config.results_root).exists():
+            _CREATED_ROOTS.add(Path(config.results_root).resolve())
 
     def on_multirun_start(self, config: DictConfig, **kwargs) -> None:
         self._check(config)
@@ -158,7 +165,7 @@ HYDRA_OWN = (".hydra",)
 def remove_unused_run_dir(run_dir: str | Path, job_name: str) -> bool:
     """Remove a single run's Hydra folder (``<results_root>/hydra/runs/<time>/``) after its config was rejected,
     when it holds only Hydra's own files (``.hydra/`` and ``<job_name>.log``); then ``runs/`` and ``hydra/``
-    above it if that left them empty. Hydra makes the folder before the task function runs, so without this
+    above it if that left them empty, and the results root if this command created it and it is now empty. Hydra makes the folder before the task function runs, so without this
     every rejected command would leave one behind.
 
     Returns:
@@ -174,6 +181,10 @@ def remove_unused_run_dir(run_dir: str | Path, job_name: str) -> bool:
         if parent.name != name or any(parent.iterdir()):
             break
         parent.rmdir()
+    else:
+        root = run_dir.parent.parent.parent
+        if root.resolve() in _CREATED_ROOTS and not any(root.iterdir()):
+            root.rmdir()
     return True
 
 def record_outcome(outcome: Outcome, job_dir: str | Path) -> None:

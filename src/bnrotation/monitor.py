@@ -42,7 +42,7 @@ import torch
 import torch.nn as nn
 from torch.nn.modules.batchnorm import _BatchNorm
 
-from .bnstats import batch_statistics, norm_layers, running_stat_layers
+from .bnstats import NonFinite, batch_statistics, nonfinite_state, norm_layers, running_stat_layers
 from .probes import (batch_statistics_pass, channel_cosines, channel_norms, cosine, drift_sigma_per_step,
                      evaluation_forward, evaluation_mode, lag_sigma, predicted_lag_sigma, rotation_deg)
 
@@ -189,14 +189,15 @@ def split_probe(probe, input_key: str = "input", target_key: str = "target") -> 
     """
     if isinstance(probe, torch.Tensor):
         x, y = probe, None
-    elif isinstance(probe, (tuple, list)) and probe and isinstance(probe[0], torch.Tensor):
+    elif isinstance(probe, (tuple, list)) and len(probe) in (1, 2) and isinstance(probe[0], torch.Tensor):
         x, y = probe[0], probe[1] if len(probe) > 1 else None
     elif isinstance(probe, Mapping) and isinstance(probe.get(input_key), torch.Tensor):
         x, y = probe[input_key], probe.get(target_key)
     else:
         keys = f" (keys: {sorted(map(str, probe))})" if isinstance(probe, Mapping) else ""
+        n = f" of {len(probe)} items" if isinstance(probe, (tuple, list)) else ""
         raise TypeError(f"probe: expected a tensor, an (input, target) tuple, or a mapping with a tensor under "
-                        f"{input_key!r}; got {type(probe).__name__}{keys}")
+                        f"{input_key!r}; got {type(probe).__name__}{n}{keys}")
     if y is not None and (not isinstance(y, torch.Tensor) or len(y) != len(x)):
         raise ValueError(f"probe: {len(x)} inputs but labels {type(y).__name__} "
                          f"{tuple(y.shape) if isinstance(y, torch.Tensor) else ''}")
@@ -312,8 +313,11 @@ class MonitorRecord:
             ``norm_layer``, ``channel``, ``rotation_deg`` (since the previous call), ``rotation_deg_per_100``,
             ``weight_norm``, ``update_cos``, ``running_mean``, ``running_var``, ``fresh_mean``, ``fresh_var``,
             ``lag_sigma``, ``drift_sigma_per_step``, ``predicted_lag_sigma``, ``abs_mean_over_std``.
-        stale: whether the thresholds were crossed.
+        stale: whether the thresholds were crossed, or a running statistic holds NaN or infinite values.
         summary: one line for a progress bar.
+        nonfinite: the parameters and running statistics that hold NaN or infinite values
+            (:class:`.bnstats.NonFinite`; false when there are none). Their layers' measures are NaN and left
+            out of the summary's medians, which name them instead.
     """
 
     step: int
@@ -322,6 +326,7 @@ class MonitorRecord:
     channels: pd.DataFrame
     stale: bool
     summary: str
+    nonfinite: NonFinite = field(default_factory=NonFinite)
 
     def worst(self) -> tuple[str, int, float] | None:
         """(norm layer, channel, signed lag in σ) of the channel with the largest |lag|; None without lag."""
@@ -379,12 +384,14 @@ class StalenessMonitor:
         ValueError: for a model without such layers, a probe of fewer than 2 samples, with non-finite
             values, of a shape the model cannot run on, or with labels that are not the output's class
             indices.
-        TypeError: for a probe it cannot read, or ``thresholds`` that are not a :class:`Thresholds`.
+        TypeError: for a model that is not an ``nn.Module``, a probe it cannot read, or ``thresholds`` that are not a :class:`Thresholds`.
     """
 
     def __init__(self, model: nn.Module, probe, *, input_key: str = "input", target_key: str = "target",
                  thresholds: Thresholds = Thresholds(), warn: bool = True, modes: bool = True,
                  running_statistics_only: bool = True):
+        if not isinstance(model, nn.Module):
+            raise TypeError(f"model: expected a torch.nn.Module, got {type(model).__name__}")
         self.model = model
         self.x, self.y = split_probe(probe, input_key, target_key)
         if len(self.x) < 2:
@@ -446,7 +453,8 @@ class StalenessMonitor:
                 update cosine cos(w(t+1) - w(t), w(t)) and the gradient cosine cos(∇L, w(t)), else NaN.
 
         Returns:
-            A :class:`MonitorRecord`. Warns with :class:`StaleStatisticsWarning` when the thresholds are crossed.
+            A :class:`MonitorRecord`. Warns with :class:`StaleStatisticsWarning` when the thresholds are crossed or a
+            running statistic holds NaN or infinite values, and with ``RuntimeWarning`` when a parameter does.
 
         Raises:
             TypeError: when ``step`` is not an int >= 0.
@@ -474,10 +482,20 @@ class StalenessMonitor:
                                   {name: mean.cpu() for name, (mean, _) in fresh.items()})
         self.last_fresh = fresh
         channels = pd.DataFrame({k: np.concatenate([c[k] for c in channel_columns]) for k in channel_columns[0]})
-        record = MonitorRecord(step, checks, pd.DataFrame(layer_rows), channels, False, "")
+        record = MonitorRecord(step, checks, pd.DataFrame(layer_rows), channels, False, "",
+                               nonfinite_state(self.model))
         record.stale = self._stale(record)
         record.summary = self._summary(record)
-        if record.stale and self.warn:
+        if record.nonfinite.parameters and self.warn:
+            warnings.warn(f"step {step}: the model has diverged: NaN or infinite values in "
+                          f"{', '.join(record.nonfinite.parameters)}; the measures of their layers are NaN",
+                          RuntimeWarning, stacklevel=_caller_stacklevel())
+        if record.nonfinite.running_statistics and self.warn:
+            warnings.warn(f"step {step}: running statistics hold NaN or infinite values "
+                          f"({', '.join(record.nonfinite.running_statistics)}): evaluation mode is unusable. "
+                          "Re-estimate them (bnrotation.bnstats.reestimate) before evaluating or saving this model",
+                          StaleStatisticsWarning, stacklevel=_caller_stacklevel())
+        elif record.stale and self.warn:
             worst = record.worst()
             where = f"{worst[0]} channel {worst[1]} ({worst[2]:+.2f}σ)" if worst else "?"
             warnings.warn(f"step {step}: running statistics are stale: {record.summary}; worst channel {where}. "
@@ -543,7 +561,7 @@ class StalenessMonitor:
         gap = float(record.checks["mode_gap"].iloc[0])
         lag = record.layers["lag_median_abs_sigma"]
         worst_median = float(lag.max()) if lag.notna().any() else math.nan
-        return self.thresholds.crossed(gap, worst_median)
+        return self.thresholds.crossed(gap, worst_median) or bool(record.nonfinite.running_statistics)
 
     def _summary(self, record: MonitorRecord) -> str:
         c = record.checks.iloc[0]
@@ -561,5 +579,6 @@ class StalenessMonitor:
             top = lag.loc[lag["lag_median_abs_sigma"].idxmax()]
             lag_text = (f"lag median {top['lag_median_abs_sigma']:.2f}σ in {top['norm_layer']}, "
                         f"max {lag['lag_max_abs_sigma'].max():.2f}σ")
-        text = " | ".join(t for t in (modes, rot_text, lag_text) if t)
+        bad = f"NON-FINITE {record.nonfinite}" if record.nonfinite else ""
+        text = " | ".join(t for t in (bad, modes, rot_text, lag_text) if t)
         return ("STALE " if record.stale else "") + text

@@ -124,7 +124,7 @@ def logged_report(run: Run, threshold: float = RECOVERY_THRESHOLD) -> str:
             + _worst_check_note(run)]
     out += describe_step(iv[iv["step"] == worst], threshold)
     if (run.path / "checkpoints" / f"step={worst}.pt").exists():
-        out.append(f"  {'exact k from the checkpoint':<28}python experiments/diagnose.py run={run.path} step={worst}")
+        out.append(f"  {'exact k from the checkpoint':<28}make diagnose RUN={run.path} STEP={worst}")
     else:
         out.append(f"  {'exact k from the checkpoint':<28}needs checkpoints/step={worst}.pt, which this run folder "
                    "lacks (checkpoints are not committed: rerun the row to make them)")

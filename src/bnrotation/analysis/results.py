@@ -172,7 +172,7 @@ def output_problem(out: str | Path, root: str | Path) -> str | None:
     which holds the committed reference outputs, while ``root`` is another results root."""
     why = records.folder_problem(out)
     if why:
-        return f"{out}: cannot be created: {why}"
+        return f"{out}: the outputs are written here, but it cannot be created: {why}"
     reference = REFERENCE_ROOT.resolve()
     if Path(out).resolve().is_relative_to(reference) and Path(root).resolve() != reference:
         return (f"{out}: inside {REFERENCE_ROOT}, which holds the committed reference outputs; only an analysis "
