@@ -165,8 +165,9 @@ HYDRA_OWN = (".hydra",)
 def remove_unused_run_dir(run_dir: str | Path, job_name: str) -> bool:
     """Remove a single run's Hydra folder (``<results_root>/hydra/runs/<time>/``) after its config was rejected,
     when it holds only Hydra's own files (``.hydra/`` and ``<job_name>.log``); then ``runs/`` and ``hydra/``
-    above it if that left them empty, and the results root if this command created it and it is now empty. Hydra makes the folder before the task function runs, so without this
-    every rejected command would leave one behind.
+    above it if that left them empty, and the results root if this command created it and it is now empty.
+    Hydra makes the folder before the task function runs, so without this every rejected command would leave
+    one behind.
 
     Returns:
         Whether the folder was removed (False when it holds anything else, or is gone).

@@ -384,7 +384,8 @@ class StalenessMonitor:
         ValueError: for a model without such layers, a probe of fewer than 2 samples, with non-finite
             values, of a shape the model cannot run on, or with labels that are not the output's class
             indices.
-        TypeError: for a model that is not an ``nn.Module``, a probe it cannot read, or ``thresholds`` that are not a :class:`Thresholds`.
+        TypeError: for a model that is not an ``nn.Module``, a probe it cannot read, or ``thresholds`` that are
+            not a :class:`Thresholds`.
     """
 
     def __init__(self, model: nn.Module, probe, *, input_key: str = "input", target_key: str = "target",

@@ -453,8 +453,8 @@ def _member(cfg: RunConfig, out: Path, resume: bool, device: torch.device, model
     if resume:
         state.load(out / RESUME_FILE)
         state.resumes.append({"at_step": state.step, "at": dt.datetime.now(dt.timezone.utc).isoformat()})
-        print(f"resuming {cfg.row} seed={cfg.seed} at step {state.step} of {cfg.scale.steps} from {out / RESUME_FILE}",
-              file=sys.stderr, flush=True)
+        print(f"resuming {cfg.row} seed={cfg.seed} at step {state.step} of {cfg.scale.steps} "
+              f"from {out / RESUME_FILE}", file=sys.stderr, flush=True)
     info = {"schema_version": records.SCHEMA_VERSION, "row": cfg.row, "seed": cfg.seed, "status": "running",
             "started_at": dt.datetime.fromtimestamp(started, dt.timezone.utc).isoformat(), **built,
             "determinism": determinism, "pairing": state.monitor.pairing.describe(),
@@ -553,7 +553,8 @@ def _train(members: list[_Member], device: torch.device, caught: dict) -> dict[i
         if start == 0 and not m.state.step0_measured:
             _measure(m, 0, None, None, sched)
             m.state.step0_measured = True
-    bar = tqdm(range(start + 1, cfg.scale.steps + 1), initial=start, total=cfg.scale.steps, desc=f"{cfg.row} seed{'s' * (len(members) > 1)}={seeds}",
+    bar = tqdm(range(start + 1, cfg.scale.steps + 1), initial=start, total=cfg.scale.steps,
+               desc=f"{cfg.row} seed{'s' * (len(members) > 1)}={seeds}",
                disable=not cfg.progress, dynamic_ncols=True, mininterval=1.0)
     t_mark = time.perf_counter()
     for step in bar:
