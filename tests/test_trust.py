@@ -52,6 +52,39 @@ def test_a_sweep_whose_runs_all_finish_exits_zero(tmp_path):
                  f"hydra.sweep.dir={tmp_path / 'hydra'}", *TINY)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "sweep: 2 runs: 2 done" in proc.stderr and "FAILED" not in proc.stderr
+    owner = json.loads((tmp_path / "hydra" / cli.SWEEP_OWNER_FILE).read_text())
+    assert owner["pid"] != os.getpid() and "seed=0,1" in owner["argv"]
+    # a second sweep into the same folder would mix its jobs' outcomes with the first's: refused before any job
+    again = train("-m", "experiment=sgd", "seed=2", f"results_root={tmp_path}",
+                  f"hydra.sweep.dir={tmp_path / 'hydra'}", *TINY)
+    assert again.returncode == 2, again.stderr[-3000:]
+    assert again.stderr.strip().splitlines()[-1].startswith(
+        f"error: hydra.sweep.dir {tmp_path / 'hydra'} already belongs to another sweep (started ")
+    assert f"by pid {owner['pid']}" in again.stderr
+    assert not records.run_dir(tmp_path, "sgd", 2).exists()
+
+
+def test_a_sweep_folder_is_claimed_by_one_sweep_only(tmp_path):
+    """Two sweeps started in the same instant, or one ``hydra.sweep.dir`` given twice, would share job folders
+    and the summary would count the other sweep's jobs as its own: the first claim wins, the rest are refused."""
+    assert cli.claim_sweep_dir(tmp_path / "a", argv=["train.py", "-m"]) is None
+    problem = cli.claim_sweep_dir(tmp_path / "a")
+    assert problem.startswith(f"hydra.sweep.dir {tmp_path / 'a'} already belongs to another sweep (started ")
+    assert f"pid {os.getpid()}" in problem
+    (tmp_path / "a" / cli.SWEEP_OWNER_FILE).write_text("{")  # a torn record still holds the folder
+    assert "sweep.json is unreadable" in cli.claim_sweep_dir(tmp_path / "a")
+    for job in ("0", "1"):  # an earlier sweep's folder without a record: refused, and none is left behind
+        (tmp_path / "b" / job).mkdir(parents=True)
+    assert "already holds the job folders of an earlier sweep (0, 1)" in cli.claim_sweep_dir(tmp_path / "b")
+    assert not (tmp_path / "b" / cli.SWEEP_OWNER_FILE).exists()
+
+
+def test_the_default_sweep_and_run_folders_are_named_to_the_microsecond():
+    """So that two commands started in the same second get folders of their own."""
+    from omegaconf import OmegaConf
+    hydra = OmegaConf.to_container(OmegaConf.load(ROOT / "conf" / "config.yaml"), resolve=False)["hydra"]
+    assert hydra["sweep"]["dir"].endswith("${now:%Y-%m-%d_%H-%M-%S.%f}")
+    assert hydra["run"]["dir"].endswith("${now:%Y-%m-%d_%H-%M-%S.%f}")
 
 
 def test_a_job_without_an_outcome_counts_as_failed(tmp_path):

@@ -15,6 +15,8 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import os
+import socket
 import sys
 import traceback
 from dataclasses import asdict, dataclass
@@ -27,6 +29,7 @@ from .config import ConfigError, check_row, to_run_config
 
 log = logging.getLogger("bnrotation")
 OUTCOME_FILE = "outcome.json"
+SWEEP_OWNER_FILE = "sweep.json"  # in a sweep's folder: which launching process the job folders beside it belong to
 
 # Outcomes that leave the sweep incomplete: the sweep's exit status is non-zero when any job ends so.
 FAILED = ("failed", "bad config", "refused", "busy", "interrupted")
@@ -222,9 +225,59 @@ def summarise_sweep(sweep_dir: str | Path) -> tuple[str, bool]:
     return "\n".join(lines), bool(bad) or not outcomes
 
 
+def claim_sweep_dir(sweep_dir: str | Path, argv: list[str] | None = None) -> str | None:
+    """Make ``sweep_dir`` this sweep's own before any job runs: create it and, atomically (``O_EXCL``), its
+    ``sweep.json`` (the launching process's pid, host, start time and command line).
+
+    :func:`summarise_sweep` reads every numbered job folder it finds, so a folder shared by two sweeps (two
+    commands started in the same instant, or one ``hydra.sweep.dir`` given twice) would mix their outcomes:
+    one sweep would report the other's running jobs as dead, or a job of its own that failed as the other's
+    finished one. The default folder is named to the microsecond (``conf/config.yaml``); this refuses the rest.
+
+    Returns:
+        None when the folder is now this sweep's; otherwise one line naming the folder, who holds it and what
+        to do.
+    """
+    from datetime import datetime, timezone
+
+    sweep_dir = Path(sweep_dir)
+    sweep_dir.mkdir(parents=True, exist_ok=True)
+    jobs = sorted(p.name for p in sweep_dir.iterdir() if p.is_dir() and p.name.isdigit())
+    owner = sweep_dir / SWEEP_OWNER_FILE
+    try:
+        fd = os.open(owner, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    except FileExistsError:
+        try:
+            held = json.loads(owner.read_text())
+            who = f"started {held['started_at']} by pid {held['pid']} on {held['host']}"
+        except (OSError, ValueError, KeyError, TypeError):
+            who = f"its {SWEEP_OWNER_FILE} is unreadable"
+        return (f"hydra.sweep.dir {sweep_dir} already belongs to another sweep ({who}); two sweeps in one folder "
+                "would mix their jobs' outcomes. Give this sweep its own hydra.sweep.dir, or leave it at its "
+                "default (a new folder per command)")
+    if jobs:  # an earlier sweep's folder, from before sweep.json was written
+        os.close(fd)
+        owner.unlink()
+        return (f"hydra.sweep.dir {sweep_dir} already holds the job folders of an earlier sweep ({', '.join(jobs[:5])}"
+                f"{', …' if len(jobs) > 5 else ''}); two sweeps in one folder would mix their jobs' outcomes. Give "
+                "this sweep its own hydra.sweep.dir, or leave it at its default (a new folder per command)")
+    with os.fdopen(fd, "w") as f:
+        json.dump({"pid": os.getpid(), "host": socket.gethostname(),
+                   "started_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+                   "argv": list(sys.argv if argv is None else argv)}, f, indent=1)
+    return None
+
+
 class SweepSummary(Callback):
-    """Hydra callback (``hydra.callbacks.sweep_summary``): after a multirun, one line per run that did not
-    finish, and exit status 1 if any did not (a failed sweep never exits 0)."""
+    """Hydra callback (``hydra.callbacks.sweep_summary``): before a multirun, claim its sweep folder
+    (:func:`claim_sweep_dir`; one line and exit status 2 if another sweep holds it); after it, one line per
+    run that did not finish, and exit status 1 if any did not (a failed sweep never exits 0)."""
+
+    def on_multirun_start(self, config: DictConfig, **kwargs) -> None:
+        problem = claim_sweep_dir(config.hydra.sweep.dir)
+        if problem:
+            print(f"error: {problem}", file=sys.stderr)
+            sys.exit(2)
 
     def on_multirun_end(self, config: DictConfig, **kwargs) -> None:
         text, failed = summarise_sweep(config.hydra.sweep.dir)
