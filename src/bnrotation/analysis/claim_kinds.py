@@ -441,7 +441,9 @@ class RecoveryShareBeside(RecoveryShare):
             o = Outcome(f"`{self.row}` {ev.stat(self.row, 'acc_eval_mode').describe('pct')}, `{self.lost}` "
                         f"{lost_stat.describe('pct')}, `{self.reference}` {ref_stat.describe('pct')}; share of "
                         f"`{self.lost}`'s loss against `{self.reference}` recovered, per seed: "
-                        f"{share.describe('plain')}", o.tolerance, o.passed)
+                        f"{share.describe('plain')}",
+                        f"{o.tolerance}; run only where `{self.lost}` is below `{self.reference}` by more than "
+                        f"{Z:g} standard errors: {how}", o.passed)
         se = se_of_difference(share, study)
         diff = (f" This network's share minus the study's: {share.mean - study.mean:+.2f}"
                 + (f" ({Z:g} standard errors of the difference: {Z * se:.2f})." if not math.isnan(se) else ".")
