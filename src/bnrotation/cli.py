@@ -244,6 +244,8 @@ def claim_sweep_dir(sweep_dir: str | Path, argv: list[str] | None = None) -> str
     sweep_dir.mkdir(parents=True, exist_ok=True)
     jobs = sorted(p.name for p in sweep_dir.iterdir() if p.is_dir() and p.name.isdigit())
     owner = sweep_dir / SWEEP_OWNER_FILE
+    advice = ("two sweeps in one folder would mix their jobs' outcomes. Give this sweep its own hydra.sweep.dir, "
+              "or leave it at its default (a new folder per command)")
     try:
         fd = os.open(owner, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
     except FileExistsError:
@@ -252,15 +254,12 @@ def claim_sweep_dir(sweep_dir: str | Path, argv: list[str] | None = None) -> str
             who = f"started {held['started_at']} by pid {held['pid']} on {held['host']}"
         except (OSError, ValueError, KeyError, TypeError):
             who = f"its {SWEEP_OWNER_FILE} is unreadable"
-        return (f"hydra.sweep.dir {sweep_dir} already belongs to another sweep ({who}); two sweeps in one folder "
-                "would mix their jobs' outcomes. Give this sweep its own hydra.sweep.dir, or leave it at its "
-                "default (a new folder per command)")
+        return f"hydra.sweep.dir {sweep_dir} already belongs to another sweep ({who}); {advice}"
     if jobs:  # an earlier sweep's folder, from before sweep.json was written
         os.close(fd)
         owner.unlink()
-        return (f"hydra.sweep.dir {sweep_dir} already holds the job folders of an earlier sweep ({', '.join(jobs[:5])}"
-                f"{', …' if len(jobs) > 5 else ''}); two sweeps in one folder would mix their jobs' outcomes. Give "
-                "this sweep its own hydra.sweep.dir, or leave it at its default (a new folder per command)")
+        listed = ", ".join(jobs[:5]) + (", …" if len(jobs) > 5 else "")
+        return f"hydra.sweep.dir {sweep_dir} already holds the job folders of an earlier sweep ({listed}); {advice}"
     with os.fdopen(fd, "w") as f:
         json.dump({"pid": os.getpid(), "host": socket.gethostname(),
                    "started_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),

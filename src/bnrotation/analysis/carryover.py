@@ -161,8 +161,9 @@ def resnet_single_layer_restores_most(ev: Evidence) -> Outcome:
     best_at = failing[layers].idxmax(axis=1).value_counts()
     best = means.index[0]
     others = "; ".join(f"`{la}` {_pct(float(v))}" for la, v in means.iloc[1:3].items())
-    return Outcome(f"at {count(len(failing), 'failing check')} (stored statistics {_pct(float(failing['stored'].min()))}–"
-                   f"{_pct(float(failing['stored'].max()))}): `{best}` (depth {layers.index(best)} of {len(layers)}) "
+    return Outcome(f"at {count(len(failing), 'failing check')} (stored statistics "
+                   f"{_pct(float(failing['stored'].min()))}–{_pct(float(failing['stored'].max()))}): `{best}` "
+                   f"(depth {layers.index(best)} of {len(layers)}) "
                    f"alone fresh gives {_pct(float(means.iloc[0]))} on average, the best single layer at "
                    f"{int(best_at.get(best, 0))} of {len(failing)}; next {others}; all layers fresh "
                    f"{_pct(float(failing['reestimated'].mean()))}", tolerance, True,
@@ -258,11 +259,11 @@ def _k_text(runs: list[Run], name: str, row: str) -> str:
         return f"{name} (`{row}`): no failing check"
     k, total = failing["k_needed"].dropna(), int(failing["channels"].max())
     share = k / failing.loc[k.index, "channels"]
+    at = f"{name} (`{row}`): at {count(len(failing), 'failing check')}"
     if not len(k):
-        return f"{name} (`{row}`): at {count(len(failing), 'failing check')} even all {total} channels stay below 90%"
-    return (f"{name} (`{row}`): at {count(len(failing), 'failing check')}, median k {k.median():g} of {total} channels "
-            f"({cell(float(share.median()), 'pct')}), range {k.min():g}–{k.max():g} "
-            f"({cell(float(share.min()), 'pct')}–{cell(float(share.max()), 'pct')}); not reached at "
+        return f"{at} even all {total} channels stay below 90%"
+    return (f"{at}, median k {k.median():g} of {total} channels ({cell(float(share.median()), 'pct')}), range "
+            f"{k.min():g}–{k.max():g} ({cell(float(share.min()), 'pct')}–{cell(float(share.max()), 'pct')}); not reached at "
             f"{int(failing['k_needed'].isna().sum())}")
 
 
