@@ -263,8 +263,8 @@ def _k_text(runs: list[Run], name: str, row: str) -> str:
     if not len(k):
         return f"{at} even all {total} channels stay below 90%"
     return (f"{at}, median k {k.median():g} of {total} channels ({cell(float(share.median()), 'pct')}), range "
-            f"{k.min():g}–{k.max():g} ({cell(float(share.min()), 'pct')}–{cell(float(share.max()), 'pct')}); not reached at "
-            f"{int(failing['k_needed'].isna().sum())}")
+            f"{k.min():g}–{k.max():g} ({cell(float(share.min()), 'pct')}–{cell(float(share.max()), 'pct')}); "
+            f"not reached at {int(failing['k_needed'].isna().sum())}")
 
 
 @bespoke(f"How many channels carry the damage on {RESNET_NAME}, against the study's network: at Adam's failing "
