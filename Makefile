@@ -1,4 +1,4 @@
-# bn-rotation: every target sets up .venv from the pinned versions first if it is missing.
+# bn-rotation: every target sets up .venv from requirements/lock.txt first if it is missing.
 # `make help` lists the targets.
 SHELL := /bin/bash
 space := $(subst ,, )
@@ -73,13 +73,15 @@ help: ## list the targets
 	@echo "    RUN=<run folder> [<results>/runs/ROW/seed=SEED]   STEP=<n>|last|worst (diagnose)"
 	@echo "    BENCH_ARGS='--steps 300 --rounds 3' (bench, which writes $(or $(OUT),results)/bench.md)"
 
-$(VENV)/.installed: pyproject.toml
+# The replication's exact versions (requirements/lock.txt), then the suite itself without resolving anything more.
+$(VENV)/.installed: pyproject.toml requirements/lock.txt
 	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[test]'
+	$(PY) -m pip install --quiet -r requirements/lock.txt
+	$(PY) -m pip install --quiet --no-deps -e .
+	$(PY) -m pip check
 	touch $@
 
-install: $(VENV)/.installed ## create .venv with the pinned versions (torch 2.13.0, hydra-core 1.3.8, ...)
+install: $(VENV)/.installed ## create .venv with the exact versions of requirements/lock.txt (torch 2.13.0, ...)
 
 test: $(VENV)/.installed ## run the test suite (about 10 minutes on 2 cores)
 	$(PY) -m pytest -q
