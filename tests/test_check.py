@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from bnrotation.bnstats import batch_statistics, reestimate
-from bnrotation.check import CheckInputError, check_checkpoint, load_batches, main
+from bnrotation.check import MESSAGE_CHARS, CheckInputError, check_checkpoint, load_batches, main
 from bnrotation.monitor import StalenessMonitor, Thresholds
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -225,20 +225,49 @@ BAD = {
     "weights missing a key": ("missing_key", "missing key 'bn1.running_mean'"),
     "weights with an extra key": ("extra_key", "unexpected key 'extra.weight'"),
     "weights of another shape": ("shape", "does not fit the model: key 'head.weight'"),
-    "weights not a state dict": ("a_list", "cannot read a state dict from a list"),
+    "weights not a state dict": ("a_list", "holds a list; expected a state dict"),
     "unsafe checkpoint": ("unsafe", "refused: loading it would run arbitrary code"),
-    "unreadable batch file": ("garbage", "--batches: garbage.pt: unreadable checkpoint"),
+    "unreadable batch file": ("garbage", "--batches: garbage.pt: unreadable checkpoint: not a torch"),
     "batch file missing": (dict(batches="none.pt"), "--batches none.pt: no such file"),
     "batch file of a number": ("number", "holds a int; expected a tensor"),
     "labels that do not match": ("short_labels", "batch 0: probe: 8 inputs but labels"),
     "labels that are not class indices": ("float_labels", "labels must be class indices"),
     "labels on some batches only": ("mixed", "some batches have labels and some do not (the first without: batch 1)"),
     "a batch of one sample": ("one_sample", "batch 0 has 1 sample(s)"),
-    "a dict batch without the key": ("dict_batch", "keys: ['image']"),
+    "a dict batch without the key": ("dict_batch", "batch 0: a dict of 1 entry ('image') without a tensor under "
+                                                   "the input key 'input' (--input-key)\n"),
     "loader returns no iterable": (dict(batches=f"{MODULE}:number"), "returned a int, not an iterable"),
-    "model fails on the batch": ("wrong_shape", "the model fails on batch 0 of shape (4, 2, 8, 8)"),
+    "model fails on the batch": ("wrong_shape", "batch 0: probe: the model cannot run on the probe inputs "
+                                                "(4, 2, 8, 8)"),
     "empty batch list": ("empty", "no batches"),
-    "NaN in a batch": ("nan_batch", "nan_batch.pt: batch 1: 1 of 1536 input values are NaN or infinite"),
+    "NaN in a batch": ("nan_batch", "nan_batch.pt: batch 1: probe: 1 of 1536 input values are NaN or infinite"),
+    # the monitor's validation of a probe, applied to every batch: today's check said "Not stale" here
+    "labels outside the model's classes": ("labels_10_to_14", "batch 0: probe: labels must lie in [0, 5) for a "
+                                                              "model with 5 outputs, got [5, 9]"),
+    "integer inputs": ("integer_inputs", "batch 0: probe: expected floating-point inputs, got torch.int64"),
+    # the weights and batches people pass by mistake: one short line
+    "a state dict as --batches": ("state_dict_batches", "batch 0: a dict of 20 entries ('stem.weight', "
+                                  "'bn0.weight', 'bn0.bias' and 17 more) without a tensor under the input key "
+                                  "'input' (--input-key); it looks like a state dict (weights), not a batch"),
+    "a text file as --weights": ("text_weights", "--weights: notes.txt: unreadable checkpoint: not a torch "
+                                                 "(torch.save) or safetensors file (it begins like text: "
+                                                 "'model: resnet18\\nlr: 0.1\\n')"),
+    "--weights-key that is not there": (dict(args=("--weights-key", "state_dict_ema")),
+                                        "--weights stale.pt: has no entry 'state_dict_ema'; its entries: 'model', "
+                                        "'step'"),
+    "no state dict, no key": ("no_state_dict", "holds no state dict: a dict of 2 entries ('weights', 'epoch'), "
+                                               "none of them 'model' or 'state_dict' holding one; --weights-key"),
+    "keys under a prefix, not all of them": ("net_and_loss", "missing key 'stem.weight' (and 16 more); unexpected "
+                                             "key 'net.stem.weight' (and 20 more); its keys under 'net.' fit the "
+                                             "model: --strip-prefix net."),
+    "--strip-prefix that no key has": (dict(args=("--strip-prefix", "module.")),
+                                       "--strip-prefix module.: no key starts with it; its keys: 'stem.weight',"),
+    "--model-kwargs not JSON": (dict(args=("--model-kwargs", "{num_classes: 10}")), "--model-kwargs '{num_classes: "
+                                                                                    "10}': not JSON"),
+    "--model-kwargs not an object": (dict(args=("--model-kwargs", "[10]")), "--model-kwargs '[10]': a JSON list; "
+                                                                            "expected an object"),
+    "--model-kwargs the factory refuses": (dict(args=("--model-kwargs", '{"width": 3}')),
+                                           "the factory raised TypeError: make() got an unexpected keyword"),
     "NaN in a weight": ("nan_weight", "--weights: NaN or infinite values in conv2.weight: the model itself has "
                                       "diverged"),
     "negative threshold": (dict(args=("--lag-sigma", "-1")), "--lag-sigma: Thresholds.lag_sigma: expected"),
@@ -262,13 +291,24 @@ def _bad_files(folder: Path, user, case: str) -> dict:
     if case == "nan_weight":
         state["conv2.weight"][0, 0, 0, 0] = math.nan
         return {"weights": _save(folder, "w.pt", state)}
+    if case == "text_weights":
+        (folder / "notes.txt").write_text("model: resnet18\nlr: 0.1\n")
+        return {"weights": "notes.txt"}
+    if case == "state_dict_batches":
+        return {"batches": "fresh.pt"}
+    if case == "no_state_dict":
+        return {"weights": _save(folder, "w.pt", {"weights": state, "epoch": 3})}
+    if case == "net_and_loss":  # a LightningModule's network under net. and its loss's buffer beside it
+        return {"weights": _save(folder, "w.pt", {**{f"net.{k}": v for k, v in state.items()},
+                                                  "loss.weight": torch.ones(5)})}
     if case == "garbage":
         (folder / "garbage.pt").write_bytes(b"not a torch file")
         return {"batches": "garbage.pt"}
     files = {"number": 7, "short_labels": (x, torch.zeros(5, dtype=torch.long)),
              "float_labels": (x, torch.zeros(8)), "mixed": [(x, torch.zeros(8, dtype=torch.long)), x],
              "one_sample": x[:1], "dict_batch": {"image": x}, "wrong_shape": torch.randn(4, 2, 8, 8), "empty": [],
-             "nan_batch": [x, x.clone().index_put_((torch.tensor(0),) * 4, torch.tensor(math.nan))]}
+             "nan_batch": [x, x.clone().index_put_((torch.tensor(0),) * 4, torch.tensor(math.nan))],
+             "labels_10_to_14": (x, torch.arange(8) % 5 + 5), "integer_inputs": x.long()}
     return {"batches": _save(folder, f"{case}.pt", files[case])}
 
 
@@ -281,6 +321,7 @@ def test_bad_input_is_one_line_and_exit_2_before_any_work(nets, monkeypatch, cap
     code, out, err = run_main(nets, monkeypatch, capsys, *args, **given)
     assert code == 2 and out == "", (case, out)
     assert err.startswith("error: ") and len(err.strip().splitlines()) == 1, err
+    assert len(err.strip()) <= len("error: ") + MESSAGE_CHARS, err
     assert message in err, err
 
 

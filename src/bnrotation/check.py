@@ -1,19 +1,26 @@
 """Are a saved model's BatchNorm running statistics stale? The monitor's measurements on a checkpoint.
 
-    python -m bnrotation.check --model mynets:make_net --weights net.pt --batches batches.pt
+    bnrotation-check --model mynets:make_net --weights net.pt --batches batches.pt
+    bnrotation-check --model timm:create_model --model-kwargs '{"model_name": "resnet18", "num_classes": 10}' \
+        --weights last.pth.tar --weights-key state_dict_ema --batches batches.pt
+    python -m bnrotation.check ...        (the same command)
     make check MODEL=mynets:make_net WEIGHTS=net.pt BATCHES=batches.pt
 
 Works on any model (:mod:`bnrotation.monitor`'s semantics; nothing here knows the suite's network):
 
 * ``--model module:function``: a factory, imported from the current directory or ``PYTHONPATH``, that
-  returns the ``nn.Module`` (called without arguments);
-* ``--weights file``: loaded with ``torch.load(weights_only=True)`` (:func:`checkpoints.load_checkpoint`):
-  a plain state dict, or a checkpoint dict holding the state dict under ``"model"`` (the suite's);
+  returns the ``nn.Module``, called with the keyword arguments of ``--model-kwargs`` (a JSON object), if any;
+* ``--weights file``: a ``torch.save`` file, loaded with ``torch.load(weights_only=True)``, or a
+  ``.safetensors`` file (:func:`checkpoints.load_checkpoint`): a plain state dict, or a checkpoint dict holding
+  it under ``"model"`` (the suite's) or ``"state_dict"`` (Lightning's ``.ckpt``, timm's training checkpoints),
+  or under the entry ``--weights-key`` names (``state_dict_ema``: timm's EMA copy). Keys under a wrapper's
+  prefix (``module.`` of DDP, ``model.`` or ``net.`` of a LightningModule) are stripped, saying so, when the
+  rest then matches the model; ``--strip-prefix net.`` keeps only the keys under ``net.``, stripped;
 * ``--batches``: a file (``torch.load(weights_only=True)``) holding one batch (a tensor (N, ...), an
   ``(x, y)`` tuple, or a dict with the input under ``--input-key`` and the labels under ``--target-key``) or a
   list of such batches; or ``module:function`` returning an iterable of them (a ``DataLoader``). Labels
-  (class indices, (N,)) are optional, but all batches have them or none does. At most ``--max-batches``
-  are read, so an endless loader stops.
+  (class indices, (N,), within the model's outputs: the monitor's own validation of a probe) are optional, but
+  all batches have them or none does. At most ``--max-batches`` are read, so an endless loader stops.
 
 What it measures on those batches:
 
@@ -38,6 +45,7 @@ import argparse
 import copy
 import importlib
 import itertools
+import json
 import os
 import re
 import sys
@@ -49,15 +57,24 @@ import pandas as pd
 import torch
 import torch.nn as nn
 
-from .averaging import state_of
 from .bnstats import NonFinite, nonfinite_state, reestimate, running_stat_layers, running_stats
-from .checkpoints import BadCheckpointError, UnsafeCheckpointError, load_checkpoint
+from .checkpoints import (OTHER_COPIES, BadCheckpointError, UnsafeCheckpointError, few, load_checkpoint,
+                          shared_prefixes, state_dict_of, strip_prefix)
 from .interventions import layer_lags
 from .monitor import Thresholds, evaluation_forward, find_pairs, mode_check, split_probe
 from .probes import batch_statistics_pass
 
+try:  # the monitor's validation of a probe batch, applied to every batch
+    from .monitor import check_probe
+except ImportError:  # named privately in older versions of the monitor
+    from .monitor import _check_probe as check_probe
+
+__all__ = ["CheckInputError", "CheckReport", "check_checkpoint", "format_report", "load_batches", "load_weights",
+           "model_from_factory", "main"]
+
 DEFAULT_MAX_BATCHES = 100
 SPEC = re.compile(r"[A-Za-z_][\w.]*:[A-Za-z_][\w.]*")  # module:function
+MESSAGE_CHARS = 300  # an error line is cut to this many characters
 
 
 class CheckInputError(ValueError):
@@ -93,16 +110,36 @@ def load_function(spec: str, argument: str):
     return obj
 
 
-def build_model(spec: str) -> nn.Module:
-    """Call the factory ``module:function`` without arguments.
+def parse_model_kwargs(text: str | None) -> dict:
+    """The keyword arguments of ``--model-kwargs``, a JSON object; ``{}`` for None.
 
     Raises:
-        CheckInputError: naming ``--model`` for a factory that does not import, raises, or returns anything
-            but an ``nn.Module`` (a model without running statistics is refused by :func:`check_checkpoint`).
+        CheckInputError: naming ``--model-kwargs`` when the text is not JSON or not an object.
+    """
+    if text is None:
+        return {}
+    try:
+        kwargs = json.loads(text)
+    except json.JSONDecodeError as err:
+        raise CheckInputError(f"--model-kwargs {text!r}: not JSON ({err}); expected an object such as "
+                              '\'{"num_classes": 10}\'') from None
+    if not isinstance(kwargs, dict):
+        raise CheckInputError(f"--model-kwargs {text!r}: a JSON {type(kwargs).__name__}; expected an object such "
+                              'as \'{"num_classes": 10}\'')
+    return kwargs
+
+
+def model_from_factory(spec: str, kwargs: Mapping | None = None) -> nn.Module:
+    """Call the factory ``module:function`` (``timm:create_model``, ``mynets:make_net``) with ``kwargs``.
+
+    Raises:
+        CheckInputError: naming ``--model`` for a factory that does not import, raises (a wrong keyword
+            argument included), or returns anything but an ``nn.Module`` (a model without running statistics is
+            refused by :func:`check_checkpoint`).
     """
     factory = load_function(spec, "--model")
     try:
-        model = factory()
+        model = factory(**dict(kwargs or {}))
     except Exception as err:  # noqa: BLE001 - the user's factory failed: its problem, reported in one line
         raise CheckInputError(f"--model {spec}: the factory raised {type(err).__name__}: {_first_line(err)}") from None
     if not isinstance(model, nn.Module):
@@ -110,17 +147,25 @@ def build_model(spec: str) -> nn.Module:
     return model
 
 
-def load_weights(model: nn.Module, weights, device: str | torch.device = "cpu") -> str:
+def load_weights(model: nn.Module, weights, device: str | torch.device = "cpu", key: str | None = None,
+                 prefix: str | None = None) -> str:
     """Load ``weights`` (a file, or an already loaded state dict or checkpoint dict) into ``model``.
 
+    Args:
+        key: the checkpoint entry that holds the state dict (:func:`checkpoints.state_dict_of`); None: the
+            contents themselves, or their ``"model"`` or ``"state_dict"`` entry.
+        prefix: keep only the keys under this prefix (``"net."``), stripped. None: a prefix shared by every key
+            (``module.``) is stripped when the keys then match the model's exactly, and the description says so.
+
     Returns:
-        What the weights were: ``"a state dict"`` or ``"a checkpoint dict, its 'model' entry"``.
+        What the weights were, for the report: ``"a state dict"``, ``"a checkpoint dict, its 'model' entry"``,
+        with the prefix stripped and the other copies it holds (``state_dict_ema``) named.
 
     Raises:
-        CheckInputError: naming ``--weights`` and the file for a missing, unreadable or unsafe file
-            (:func:`checkpoints.load_checkpoint`), contents that hold no state dict, or weights that do not
-            fit the model: the first missing and the first unexpected key, or the first key whose shape
-            differs.
+        CheckInputError: naming ``--weights`` and the file, in one line, for a missing, unreadable or unsafe file
+            (:func:`checkpoints.load_checkpoint`), contents that hold no state dict (naming ``--weights-key``),
+            no key under ``prefix``, or weights that do not fit the model: the first missing and the first
+            unexpected key, or the first key whose shape differs, and the ``--strip-prefix`` that would fit.
     """
     where = f"--weights {weights}" if isinstance(weights, (str, os.PathLike)) else "--weights"
     if isinstance(weights, (str, os.PathLike)):
@@ -128,12 +173,29 @@ def load_weights(model: nn.Module, weights, device: str | torch.device = "cpu") 
             weights = load_checkpoint(weights, map_location=device)
         except (FileNotFoundError, UnsafeCheckpointError, BadCheckpointError) as err:
             raise CheckInputError(f"--weights: {err}") from None
-    kind = ("a checkpoint dict, its 'model' entry" if isinstance(weights, Mapping)
-            and isinstance(weights.get("model"), Mapping) else "a state dict")
     try:
-        state = state_of(weights)
-    except TypeError as err:
-        raise CheckInputError(f"{where}: {err}") from None
+        state, kind = state_dict_of(weights, key)
+    except BadCheckpointError as err:
+        hint = "; --weights-key names the entry that holds the state dict" if isinstance(weights, Mapping) else ""
+        raise CheckInputError(f"{where}: {err}{hint}") from None
+    if key is None and isinstance(weights, Mapping):
+        kind += "".join(f"; it also holds {k!r} (--weights-key {k} checks that copy)" for k in OTHER_COPIES
+                        if k in weights)
+    wanted = set(model.state_dict())
+    if prefix is not None:
+        kept, dropped = strip_prefix(state, prefix)
+        if not kept:
+            raise CheckInputError(f"{where}: --strip-prefix {prefix}: no key starts with it; its keys: "
+                                  f"{few(state)}")
+        state = kept
+        kind += f", its keys under {prefix!r}" + (f" ({dropped} other keys left out)" if dropped else "")
+    elif set(state) != wanted:
+        for shared in shared_prefixes(state):
+            stripped, _ = strip_prefix(state, shared)
+            if set(stripped) == wanted:
+                state = stripped
+                kind += f", the prefix {shared!r} stripped from its keys (as --strip-prefix {shared} does)"
+                break
     try:
         missing, unexpected = model.load_state_dict(state, strict=False)
     except RuntimeError as err:
@@ -143,8 +205,17 @@ def load_weights(model: nn.Module, weights, device: str | torch.device = "cpu") 
     if missing or unexpected:
         parts = [f"{label} key {keys[0]!r}" + (f" (and {len(keys) - 1} more)" if len(keys) > 1 else "")
                  for label, keys in (("missing", missing), ("unexpected", unexpected)) if keys]
-        raise CheckInputError(f"{where}: does not fit the model: " + "; ".join(parts))
+        hint = _prefix_hint(state, wanted) if prefix is None else ""
+        raise CheckInputError(f"{where}: does not fit the model: " + "; ".join(parts) + hint)
     return kind
+
+
+def _prefix_hint(state: Mapping[str, torch.Tensor], wanted: set[str]) -> str:
+    """``; its keys under 'net.' fit the model: --strip-prefix net.`` when one first component does."""
+    for first in dict.fromkeys(k.split(".")[0] + "." for k in state if "." in k):
+        if wanted <= set(strip_prefix(state, first)[0]):
+            return f"; its keys under {first!r} fit the model: --strip-prefix {first}"
+    return ""
 
 
 def _items(contents, spec: str) -> list:
@@ -158,20 +229,24 @@ def _items(contents, spec: str) -> list:
 
 
 def load_batches(batches, input_key: str = "input", target_key: str = "target",
-                 max_batches: int = DEFAULT_MAX_BATCHES, device: str | torch.device = "cpu"
-                 ) -> tuple[list[tuple[torch.Tensor, torch.Tensor | None]], bool]:
+                 max_batches: int = DEFAULT_MAX_BATCHES, device: str | torch.device = "cpu",
+                 model: nn.Module | None = None) -> tuple[list[tuple[torch.Tensor, torch.Tensor | None]], bool]:
     """The batches to measure on, as ``(x (N, ...), y (N,) or None)``, and whether there were more than
     ``max_batches`` (only the first ``max_batches`` are kept; one more is drawn to tell).
 
     Args:
         batches: a file name, ``module:function`` (called without arguments, returning an iterable), or an
             iterable of batches (tensors, ``(x, y)`` tuples or lists, mappings).
+        model: if given, every batch is validated against it as the monitor validates its probe
+            (:func:`monitor.check_probe`: floating-point, finite inputs the model runs on, outputs with a class
+            dim, labels within them).
 
     Raises:
         CheckInputError: naming ``--batches`` for a file that is missing, unreadable or unsafe, a factory
             that does not import or returns no iterable, no batch at all, a batch it cannot read (naming
-            its index), a batch of fewer than 2 samples, labels that are not class indices (N,), or
-            batches with labels mixed with batches without.
+            its index; a dict without the input key says how many keys it has and shows a few), a batch of
+            fewer than 2 samples, labels that are not class indices (N,) of the model's outputs, inputs the
+            model cannot run on, or batches with labels mixed with batches without.
     """
     spec = batches if isinstance(batches, (str, os.PathLike)) else "(given)"
     if isinstance(batches, (torch.Tensor, tuple, Mapping)):
@@ -198,20 +273,29 @@ def load_batches(batches, input_key: str = "input", target_key: str = "target",
     more = len(drawn) > max_batches
     out = []
     for i, batch in enumerate(drawn[:max_batches]):
+        if isinstance(batch, Mapping) and not isinstance(batch.get(input_key), torch.Tensor):
+            looks = ("; it looks like a state dict (weights), not a batch" if batch and all(
+                isinstance(v, torch.Tensor) for v in batch.values()) and any("." in str(k) for k in batch) else "")
+            raise CheckInputError(f"--batches {spec}: batch {i}: a dict of {len(batch)} entr{'y' if len(batch) == 1 else 'ies'} "
+                                  f"({few(batch)}) "
+                                  f"without a tensor under the input key {input_key!r} (--input-key){looks}")
         try:
             x, y = split_probe(batch, input_key, target_key)
         except (TypeError, ValueError) as err:
             raise CheckInputError(f"--batches {spec}: batch {i}: {err}") from None
-        if x.is_floating_point() and not bool(torch.isfinite(x).all()):
-            raise CheckInputError(f"--batches {spec}: batch {i}: {int((~torch.isfinite(x)).sum())} of {x.numel()} "
-                                  "input values are NaN or infinite")
         if len(x) < 2:
             raise CheckInputError(f"--batches {spec}: batch {i} has {len(x)} sample(s); training mode (batch "
                                   "statistics) needs at least 2")
         if y is not None and (y.dim() != 1 or y.is_floating_point() or y.is_complex()):
             raise CheckInputError(f"--batches {spec}: batch {i}: labels must be class indices, integers of shape "
                                   f"(N,), got {y.dtype} {tuple(y.shape)}")
-        out.append((x.to(device), y.to(device) if y is not None else None))
+        x, y = x.to(device), y.to(device) if y is not None else None
+        if model is not None:
+            try:
+                check_probe(model, x, y)
+            except ValueError as err:
+                raise CheckInputError(f"--batches {spec}: batch {i}: {_first_line(err)}") from None
+        out.append((x, y))
     if not out:
         raise CheckInputError(f"--batches {spec}: no batches")
     if len({y is None for _, y in out}) > 1:
@@ -238,6 +322,12 @@ def parse_device(name: str) -> torch.device:
 def _first_line(err: BaseException) -> str:
     text = str(err).strip()
     return text.splitlines()[0] if text else ""
+
+
+def _one_line(text: str, limit: int = MESSAGE_CHARS) -> str:
+    """``text`` as one line of at most ``limit`` characters (the rest cut, ending in "…")."""
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[:limit - 1] + "…"
 
 
 # ----------------------------------------------------------------------------- the check
@@ -294,7 +384,8 @@ class CheckReport:
 
 
 @torch.no_grad()
-def check_checkpoint(model: nn.Module, batches, *, weights=None, thresholds: Thresholds = Thresholds(),
+def check_checkpoint(model: nn.Module, batches, *, weights=None, weights_key: str | None = None,
+                     strip_prefix: str | None = None, thresholds: Thresholds = Thresholds(),
                      input_key: str = "input", target_key: str = "target", max_batches: int = DEFAULT_MAX_BATCHES,
                      device: str | torch.device = "cpu") -> CheckReport:
     """Measure how stale ``model``'s running statistics are on ``batches``.
@@ -304,6 +395,8 @@ def check_checkpoint(model: nn.Module, batches, *, weights=None, thresholds: Thr
             Its buffers, parameters and flags are left as they are (re-estimation runs on a copy).
         batches: a batch file, ``module:function``, or an iterable of batches (see :func:`load_batches`).
         weights: if given, a weights file, state dict or checkpoint dict loaded first (:func:`load_weights`).
+        weights_key, strip_prefix: where in ``weights`` the state dict is, and the prefix of its keys to keep
+            (:func:`load_weights`'s ``key`` and ``prefix``).
         thresholds: when the statistics count as stale (:class:`monitor.Thresholds`).
         input_key, target_key: where a mapping batch holds the inputs and labels.
         max_batches: read at most this many batches.
@@ -314,20 +407,21 @@ def check_checkpoint(model: nn.Module, batches, *, weights=None, thresholds: Thr
     Raises:
         CheckInputError: for inputs it cannot use, before any measurement (naming the argument): among them
             parameters that hold NaN or infinite values (a diverged model, which re-estimation cannot mend; such
-            running statistics are measured, and reported as stale); also for a model that fails on a batch
+            running statistics are measured, and reported as stale), and batches the monitor would refuse as a
+            probe (labels outside the model's outputs, among others); also for a model that fails on a batch
             (naming the batch).
     """
     if not running_stat_layers(model):
         raise CheckInputError("--model: the model has no BatchNorm layer with running statistics "
                               "(track_running_stats=True): there are no running statistics to go stale")
     model.to(device)
-    kind = load_weights(model, weights, device) if weights is not None else ""
+    kind = load_weights(model, weights, device, weights_key, strip_prefix) if weights is not None else ""
     nonfinite = nonfinite_state(model)
     if nonfinite.parameters:
         raise CheckInputError(f"{'--weights' if weights is not None else '--model'}: NaN or infinite values in "
                               f"{', '.join(nonfinite.parameters)}: the model itself has diverged, which "
                               "re-estimating its statistics cannot mend")
-    data, truncated = load_batches(batches, input_key, target_key, max_batches, device)
+    data, truncated = load_batches(batches, input_key, target_key, max_batches, device, model)
     pairing = find_pairs(model, data[0][0])
     feeding = {p.norm: p.weight or "" for p in pairing.pairs + pairing.unpaired}
     out_train, out_eval = [], []
@@ -404,10 +498,17 @@ def format_report(report: CheckReport, model: str = "the model", weights: str = 
 
 # ----------------------------------------------------------------------------- the command line
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m bnrotation.check", description=__doc__,
+    p = argparse.ArgumentParser(prog="bnrotation-check", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", required=True, help="module:function returning the nn.Module")
-    p.add_argument("--weights", required=True, help="state dict or checkpoint file (weights only)")
+    p.add_argument("--model", required=True, help="module:function returning the nn.Module (timm:create_model)")
+    p.add_argument("--model-kwargs", metavar="JSON", help="keyword arguments of the factory, a JSON object: "
+                   '\'{"model_name": "resnet18", "num_classes": 10}\'')
+    p.add_argument("--weights", required=True, help="state dict or checkpoint file: torch.save (weights only), "
+                   "Lightning .ckpt, timm checkpoint, .safetensors")
+    p.add_argument("--weights-key", metavar="KEY", help="the checkpoint entry holding the state dict (default: the "
+                   "file itself, or its 'model' or 'state_dict' entry); state_dict_ema: timm's EMA copy")
+    p.add_argument("--strip-prefix", metavar="PREFIX", help="keep only the keys under this prefix, stripped (net., "
+                   "module.); by default a prefix every key shares is stripped when the rest fits the model")
     p.add_argument("--batches", required=True, help="batch file, or module:function returning an iterable")
     p.add_argument("--input-key", default="input", help="input key of a dict batch (default: input)")
     p.add_argument("--target-key", default="target", help="label key of a dict batch (default: target)")
@@ -432,12 +533,13 @@ def main(argv: list[str] | None = None) -> int:
         except ValueError as err:
             raise CheckInputError(f"{'--mode-gap' if 'mode_gap' in str(err) else '--lag-sigma'}: {err}") from None
         device = parse_device(args.device)
-        model = build_model(args.model)
-        report = check_checkpoint(model, args.batches, weights=args.weights, thresholds=thresholds,
+        model = model_from_factory(args.model, parse_model_kwargs(args.model_kwargs))
+        report = check_checkpoint(model, args.batches, weights=args.weights, weights_key=args.weights_key,
+                                  strip_prefix=args.strip_prefix, thresholds=thresholds,
                                   input_key=args.input_key, target_key=args.target_key,
                                   max_batches=args.max_batches, device=device)
     except CheckInputError as err:
-        print(f"error: {err}", file=sys.stderr)
+        print(f"error: {_one_line(str(err))}", file=sys.stderr)
         return 2
     print(format_report(report, args.model, args.weights, args.batches), end="")
     return 1 if report.stale else 0

@@ -1,22 +1,43 @@
 """Saving and loading checkpoints: weights and buffers, never pickled code.
 
-A checkpoint is a plain dict of tensors and simple values (``step``, ``row``,
-``seed``, ``model``: a state dict), written atomically. Loading uses
-``torch.load(weights_only=True)``, so a file that needs arbitrary code to
-unpickle is refused instead of executed.
+A checkpoint of the suite is a plain dict of tensors and simple values (``step``, ``row``, ``seed``, ``model``:
+a state dict), written atomically. Loading uses ``torch.load(weights_only=True)``, so a file that needs
+arbitrary code to unpickle is refused instead of executed; ``.safetensors`` files are read with the
+``safetensors`` package (an optional dependency, imported only for them).
+
+What other tools save is read too (:func:`state_dict_of`): a plain state dict; a dict holding it under
+``"model"`` (the suite), ``"state_dict"`` (Lightning's ``.ckpt``, timm's training checkpoints, which also hold
+the EMA copy under ``"state_dict_ema"``), or any entry named; and keys under a wrapper's prefix
+(``module.`` of ``DistributedDataParallel``, ``model.`` or ``net.`` of a ``LightningModule`` attribute,
+``_orig_mod.`` of ``torch.compile``), which :func:`strip_prefix` removes.
+
+Only torch is imported here (not pyarrow, not Hydra): the checkpoint check runs on the bare package.
 """
 
 from __future__ import annotations
 
+import argparse
 import io
 import os
 import pickle
 import re
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 import torch
 
-from .records import atomic_write_bytes
+__all__ = ["BadCheckpointError", "UnsafeCheckpointError", "checkpoint_path", "save_checkpoint", "load_checkpoint",
+           "state_dict_of", "strip_prefix", "shared_prefixes", "STATE_DICT_ENTRIES", "few"]
+
+# Entries that hold a model's state dict in the checkpoint dicts of common tools, in the order they are tried:
+# the suite's own ("model"), Lightning's and timm's ("state_dict").
+STATE_DICT_ENTRIES = ("model", "state_dict")
+# Other copies of the weights a checkpoint may hold beside them (timm: the EMA of the weights), named in notes.
+OTHER_COPIES = ("state_dict_ema", "model_ema")
+# Plain containers of values that checkpoints of common tools pickle, rebuilt by the weights-only unpickler without
+# running code: timm's training scripts save their arguments as an argparse.Namespace.
+SAFE_GLOBALS = [argparse.Namespace]
+_ZIP, _PICKLE = b"PK\x03\x04", b"\x80"  # torch.save's zip archive; its legacy format, a pickle (protocol >= 2)
 
 
 class UnsafeCheckpointError(ValueError):
@@ -24,7 +45,15 @@ class UnsafeCheckpointError(ValueError):
 
 
 class BadCheckpointError(ValueError):
-    """A checkpoint file is truncated, corrupt or not a torch checkpoint at all."""
+    """A checkpoint file is truncated, corrupt or not a torch (or safetensors) checkpoint at all; or it holds
+    no state dict where one was looked for."""
+
+
+def few(items: Iterable, n: int = 3) -> str:
+    """``'a', 'b', 'c' and 119 more``: a long list of names cut to its first ``n``, for one-line messages."""
+    items = [str(i) for i in items]
+    shown = ", ".join(repr(i) for i in items[:n])
+    return shown + (f" and {len(items) - n} more" if len(items) > n else "")
 
 
 def checkpoint_path(run_dir: str | os.PathLike, step: int) -> Path:
@@ -34,35 +63,151 @@ def checkpoint_path(run_dir: str | os.PathLike, step: int) -> Path:
 
 def save_checkpoint(path: str | os.PathLike, model: torch.nn.Module, **meta) -> None:
     """Write ``{"model": state_dict, **meta}`` atomically; ``meta`` holds ints, floats, strings."""
+    from .records import atomic_write_bytes  # records imports pyarrow, which loading must not need
+
     buf = io.BytesIO()
     torch.save({"model": model.state_dict(), **meta}, buf)
     atomic_write_bytes(path, buf.getvalue())
 
 
+def _is_safetensors(head: bytes) -> bool:
+    """A safetensors file: an 8-byte little-endian header length, then the JSON header, which opens with ``{``."""
+    return len(head) >= 9 and head[8:9] == b"{" and 0 < int.from_bytes(head[:8], "little") < 100_000_000
+
+
+def _not_a_checkpoint(path: Path, head: bytes) -> BadCheckpointError:
+    try:
+        text = head.decode("utf-8")
+        looks = f"it begins like text: {text[:24]!r}" if text.isprintable() or "\n" in text else ""
+    except UnicodeDecodeError:
+        looks = ""
+    return BadCheckpointError(f"{path}: unreadable checkpoint: not a torch (torch.save) or safetensors file"
+                              + (f" ({looks})" if looks else ""))
+
+
 def load_checkpoint(path: str | os.PathLike, map_location: str | torch.device = "cpu") -> dict:
-    """Load a checkpoint with ``torch.load(weights_only=True)``.
+    """Load a checkpoint: ``torch.load(weights_only=True)`` for a file ``torch.save`` wrote (with
+    :data:`SAFE_GLOBALS` allowed), or
+    ``safetensors.torch.load_file`` for a ``.safetensors`` file (told apart by their first bytes, not the name).
 
     Raises:
         FileNotFoundError: naming the file.
         UnsafeCheckpointError: naming the file and the object it would have to
             rebuild, if unpickling it would need arbitrary code.
-        BadCheckpointError: naming the file, if it is truncated or not a checkpoint.
+        BadCheckpointError: naming the file, in one line, if it is truncated, not a torch or safetensors file
+            (a text file, say), or a safetensors file while the ``safetensors`` package is not installed.
     """
     path = Path(path)
-    if not path.exists():
+    if not path.is_file():
         raise FileNotFoundError(f"{path}: no such checkpoint")
+    with open(path, "rb") as f:
+        head = f.read(64)
+    if _is_safetensors(head):
+        return _load_safetensors(path, map_location)
+    if not (head.startswith(_ZIP) or head.startswith(_PICKLE)):
+        raise _not_a_checkpoint(path, head)
     try:
-        return torch.load(path, map_location=map_location, weights_only=True)
+        with torch.serialization.safe_globals(SAFE_GLOBALS):
+            return torch.load(path, map_location=map_location, weights_only=True)
     except pickle.UnpicklingError as err:
-        # "Unsupported operand": not a pickle stream at all (a text or random file), not code to refuse
-        if "Weights only load failed" not in str(err) or "Unsupported operand" in str(err):
-            raise BadCheckpointError(f"{path}: unreadable checkpoint ({str(err).splitlines()[0]})") from err
         found = re.search(r"Unsupported global: GLOBAL (\S+)", str(err))
-        what = found.group(1) if found else "an object that is not a tensor or a plain value"
+        if "Weights only load failed" not in str(err) or not found:
+            raise BadCheckpointError(f"{path}: unreadable checkpoint, truncated or corrupt "
+                                     f"({_reason(err)})") from err
         raise UnsafeCheckpointError(
-            f"{path}: refused: loading it would run arbitrary code (it pickles {what}, not only tensors and "
-            "plain values); checkpoints are loaded with torch.load(weights_only=True). Load it with "
+            f"{path}: refused: loading it would run arbitrary code (it pickles {found.group(1)}, not only tensors "
+            "and plain values); checkpoints are loaded with torch.load(weights_only=True). Load it with "
             "weights_only=False yourself only if you trust where it came from") from None
     except (RuntimeError, EOFError, KeyError, ValueError, OSError) as err:  # what torch raises for a damaged file
         raise BadCheckpointError(f"{path}: unreadable checkpoint, truncated or not a torch file "
-                                 f"({type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''})") from err
+                                 f"({type(err).__name__}: {_reason(err)})") from err
+
+
+def _reason(err: BaseException) -> str:
+    """The first line of an error, without torch's advice to load with ``weights_only=False``."""
+    lines = [ln.strip() for ln in str(err).splitlines() if ln.strip()]
+    lines = [ln for ln in lines if "weights_only" not in ln and not ln.startswith(("Weights only load failed",
+                                                                                    "(1)", "(2)", "Check the"))]
+    return lines[0][:200] if lines else type(err).__name__
+
+
+def _load_safetensors(path: Path, map_location: str | torch.device) -> dict:
+    try:
+        from safetensors.torch import load_file
+    except ImportError:
+        raise BadCheckpointError(f"{path}: a safetensors file; reading it needs the safetensors package "
+                                 "(pip install safetensors)") from None
+    try:
+        return load_file(path, device=str(map_location))
+    except Exception as err:  # noqa: BLE001 - safetensors raises its own error types for a damaged file
+        raise BadCheckpointError(f"{path}: unreadable safetensors file ({type(err).__name__}: "
+                                 f"{_reason(err)})") from err
+
+
+# ----------------------------------------------------------------------------- the state dict inside
+def _is_state_dict(obj) -> bool:
+    return isinstance(obj, Mapping) and bool(obj) and all(isinstance(v, torch.Tensor) for v in obj.values())
+
+
+def state_dict_of(contents, key: str | None = None) -> tuple[dict[str, torch.Tensor], str]:
+    """The state dict in a loaded checkpoint, and where it was found, for the report.
+
+    Args:
+        contents: what :func:`load_checkpoint` returned (or a model's ``state_dict()``).
+        key: the entry that holds the state dict (``"state_dict_ema"`` for timm's EMA copy); None: the
+            contents themselves when every value is a tensor, else the first of :data:`STATE_DICT_ENTRIES`.
+
+    Returns:
+        ``(state dict, description)``; the description reads ``"a state dict"`` or ``"a checkpoint dict, its
+        'state_dict' entry"``, and names the other copies of the weights it holds (``state_dict_ema``).
+
+    Raises:
+        BadCheckpointError: in one line, when ``key`` is not an entry or holds no state dict, or when no state dict
+            is found; naming a few of the entries there are.
+    """
+    if not isinstance(contents, Mapping):
+        raise BadCheckpointError(f"holds a {type(contents).__name__}; expected a state dict (a dict of tensors) "
+                                 "or a checkpoint dict holding one")
+    if key is not None:
+        if key not in contents:
+            raise BadCheckpointError(f"has no entry {key!r}; its entries: {few(contents, 6)}")
+        if not _is_state_dict(contents[key]):
+            raise BadCheckpointError(f"its entry {key!r} is not a state dict (a dict of tensors): "
+                                     f"{_describe(contents[key])}")
+        return dict(contents[key]), f"a checkpoint dict, its {key!r} entry"
+    if _is_state_dict(contents):
+        return dict(contents), "a state dict"
+    for entry in STATE_DICT_ENTRIES:
+        if _is_state_dict(contents.get(entry)):
+            others = [k for k in OTHER_COPIES if _is_state_dict(contents.get(k))]
+            also = f"; it also holds {few(others)}" if others else ""
+            return dict(contents[entry]), f"a checkpoint dict, its {entry!r} entry{also}"
+    raise BadCheckpointError(f"holds no state dict: a dict of {len(contents)} entries ({few(contents, 6)}), "
+                             f"none of them {' or '.join(map(repr, STATE_DICT_ENTRIES))} holding one")
+
+
+def _describe(obj) -> str:
+    if isinstance(obj, Mapping):
+        return f"a dict of {len(obj)} entries ({few(obj)})"
+    return f"a {type(obj).__name__}"
+
+
+def shared_prefixes(keys: Iterable[str]) -> list[str]:
+    """The dotted prefixes every key starts with, shortest first: ``["module.", "module.net."]`` for keys
+    ``module.net.conv.weight, module.net.bn.weight``; a prefix leaves a non-empty name of every key."""
+    split = [k.split(".") for k in keys]
+    if not split:
+        return []
+    out, depth = [], 0
+    while all(len(parts) > depth + 1 for parts in split) and len({parts[depth] for parts in split}) == 1:
+        depth += 1
+        out.append(".".join(split[0][:depth]) + ".")
+    return out
+
+
+def strip_prefix(state: Mapping[str, torch.Tensor], prefix: str) -> tuple[dict[str, torch.Tensor], int]:
+    """The entries of ``state`` whose key starts with ``prefix``, with it removed, and how many other entries
+    were left out (a ``LightningModule``'s other attributes, a loss's buffers)."""
+    kept = {k[len(prefix):]: v for k, v in state.items() if k.startswith(prefix) and len(k) > len(prefix)}
+    return kept, len(state) - len(kept)
+
