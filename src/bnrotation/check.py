@@ -62,12 +62,8 @@ from .checkpoints import (OTHER_COPIES, BadCheckpointError, UnsafeCheckpointErro
                           shared_prefixes, state_dict_of, strip_prefix)
 from .interventions import layer_lags
 from .monitor import Thresholds, evaluation_forward, find_pairs, mode_check, split_probe
+from .monitor import _check_probe as check_probe  # the monitor's validation of a probe, applied to every batch
 from .probes import batch_statistics_pass
-
-try:  # the monitor's validation of a probe batch, applied to every batch
-    from .monitor import check_probe
-except ImportError:  # named privately in older versions of the monitor
-    from .monitor import _check_probe as check_probe
 
 __all__ = ["CheckInputError", "CheckReport", "check_checkpoint", "format_report", "load_batches", "load_weights",
            "model_from_factory", "main"]
@@ -149,7 +145,7 @@ def model_from_factory(spec: str, kwargs: Mapping | None = None) -> nn.Module:
 
 def load_weights(model: nn.Module, weights, device: str | torch.device = "cpu", key: str | None = None,
                  prefix: str | None = None) -> str:
-    """Load ``weights`` (a file, or an already loaded state dict or checkpoint dict) into ``model``.
+    """Load ``weights`` (a file, an already loaded state dict or checkpoint dict, or a model) into ``model``.
 
     Args:
         key: the checkpoint entry that holds the state dict (:func:`checkpoints.state_dict_of`); None: the
@@ -173,6 +169,8 @@ def load_weights(model: nn.Module, weights, device: str | torch.device = "cpu", 
             weights = load_checkpoint(weights, map_location=device)
         except (FileNotFoundError, UnsafeCheckpointError, BadCheckpointError) as err:
             raise CheckInputError(f"--weights: {err}") from None
+    if isinstance(weights, nn.Module):
+        weights = weights.state_dict()
     try:
         state, kind = state_dict_of(weights, key)
     except BadCheckpointError as err:
@@ -238,7 +236,7 @@ def load_batches(batches, input_key: str = "input", target_key: str = "target",
         batches: a file name, ``module:function`` (called without arguments, returning an iterable), or an
             iterable of batches (tensors, ``(x, y)`` tuples or lists, mappings).
         model: if given, every batch is validated against it as the monitor validates its probe
-            (:func:`monitor.check_probe`: floating-point, finite inputs the model runs on, outputs with a class
+            (``monitor._check_probe``: floating-point, finite inputs the model runs on, outputs with a class
             dim, labels within them).
 
     Raises:

@@ -27,7 +27,8 @@ from pathlib import Path
 import torch
 
 __all__ = ["BadCheckpointError", "UnsafeCheckpointError", "checkpoint_path", "save_checkpoint", "load_checkpoint",
-           "state_dict_of", "strip_prefix", "shared_prefixes", "STATE_DICT_ENTRIES", "few"]
+           "state_dict_of", "strip_prefix", "shared_prefixes", "few", "STATE_DICT_ENTRIES", "OTHER_COPIES",
+           "SAFE_GLOBALS"]
 
 # Entries that hold a model's state dict in the checkpoint dicts of common tools, in the order they are tried:
 # the suite's own ("model"), Lightning's and timm's ("state_dict").
