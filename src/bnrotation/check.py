@@ -274,8 +274,8 @@ def load_batches(batches, input_key: str = "input", target_key: str = "target",
         if isinstance(batch, Mapping) and not isinstance(batch.get(input_key), torch.Tensor):
             looks = ("; it looks like a state dict (weights), not a batch" if batch and all(
                 isinstance(v, torch.Tensor) for v in batch.values()) and any("." in str(k) for k in batch) else "")
-            raise CheckInputError(f"--batches {spec}: batch {i}: a dict of {len(batch)} entr{'y' if len(batch) == 1 else 'ies'} "
-                                  f"({few(batch)}) "
+            entries = "1 entry" if len(batch) == 1 else f"{len(batch)} entries"
+            raise CheckInputError(f"--batches {spec}: batch {i}: a dict of {entries} ({few(batch)}) "
                                   f"without a tensor under the input key {input_key!r} (--input-key){looks}")
         try:
             x, y = split_probe(batch, input_key, target_key)

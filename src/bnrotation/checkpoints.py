@@ -88,8 +88,8 @@ def _not_a_checkpoint(path: Path, head: bytes) -> BadCheckpointError:
 
 def load_checkpoint(path: str | os.PathLike, map_location: str | torch.device = "cpu") -> dict:
     """Load a checkpoint: ``torch.load(weights_only=True)`` for a file ``torch.save`` wrote (with
-    :data:`SAFE_GLOBALS` allowed), or
-    ``safetensors.torch.load_file`` for a ``.safetensors`` file (told apart by their first bytes, not the name).
+    :data:`SAFE_GLOBALS` allowed), or ``safetensors.torch.load_file`` for a ``.safetensors`` file (told apart by
+    their first bytes, not the name).
 
     Raises:
         FileNotFoundError: naming the file.
