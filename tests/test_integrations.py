@@ -1,0 +1,317 @@
+"""The adapters in bnrotation.integrations, each driven by its real framework's trainer on CPU: Lightning's
+``Trainer`` and Hugging Face's ``Trainer`` train a tiny BatchNorm network a few optimizer steps. A framework
+that is not installed skips its tests, saying so."""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import os
+import subprocess
+import sys
+import warnings
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from bnrotation.integrations import MonitorSession, record_metrics
+
+torch.set_num_threads(1)
+
+try:
+    import lightning.pytorch as pl
+    from lightning.pytorch.loggers import CSVLogger, Logger
+except ImportError:
+    pl = None
+try:
+    import transformers
+except ImportError:
+    transformers = None
+
+needs_lightning = pytest.mark.skipif(pl is None, reason="Lightning is not installed (pip install 'bnrotation[lightning]')")
+needs_transformers = pytest.mark.skipif(transformers is None, reason="transformers is not installed "
+                                                                     "(pip install 'bnrotation[transformers]')")
+
+PREFIX = "bnrotation/"
+N_SAMPLES, BATCH = 64, 8  # 8 batches an epoch
+
+
+# ----------------------------------------------------------------------------- a tiny task and network
+def data(seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """(64, 6) inputs and (64,) labels of 3 classes, a linear rule of the inputs."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(N_SAMPLES, 6, generator=g)
+    y = (x @ torch.randn(6, 3, generator=g)).argmax(1)
+    return x, y
+
+
+class Net(nn.Module):
+    """Linear -> BatchNorm1d -> ReLU -> Dropout -> Linear; the dropout draws from the global random stream,
+    so a monitor that touched it would change training."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc, self.bn = nn.Linear(6, 16, bias=False), nn.BatchNorm1d(16)
+        self.drop, self.head = nn.Dropout(0.2), nn.Linear(16, 3)
+
+    def forward(self, x):
+        return self.head(self.drop(F.relu(self.bn(self.fc(x)))))
+
+
+def probe() -> tuple[torch.Tensor, torch.Tensor]:
+    x, y = data(seed=1)
+    return x[:32], y[:32]
+
+
+# ----------------------------------------------------------------------------- the framework-free part
+def test_session_measures_each_due_step_once_and_refuses_bad_arguments():
+    session = MonitorSession(probe(), every_n_steps=3)
+    net = Net()
+    session.start(net, 0, lambda p: p)
+    steps = [0, 0, 1, 1, 2, 3, 3, 3, 4, 7, 7, 9]  # a framework's global step at each batch end
+    measured = [s for s in steps if session.after_optimizer_step(s) is not None]
+    assert measured == [3, 7, 9]  # 7: the first step past the multiple 6; 0 was measured at the start
+    assert [r.step for r in session.records] == [0, 3, 7, 9]
+    with pytest.raises(ValueError, match="every_n_steps.*int >= 1"):
+        MonitorSession(probe(), every_n_steps=0)
+    with pytest.raises(TypeError, match="probe"):
+        MonitorSession("not a batch", every_n_steps=1)
+    with pytest.raises(ValueError, match="keep_records"):
+        MonitorSession(probe(), save_dir="somewhere", keep_records=False)
+
+
+def test_record_metrics_are_the_records_columns_and_leave_out_what_was_not_measured():
+    session = MonitorSession(probe(), every_n_steps=1, monitor_kwargs={"warn": False})
+    net = Net()
+    first = session.start(net, 0, lambda p: p)
+    with torch.no_grad():
+        net.fc.weight.mul_(-1.0).add_(0.1)  # rotates every channel, so the next call has a rotation
+    second = session.after_optimizer_step(1)
+    m0, m1 = record_metrics(first), record_metrics(second, per_layer=True)
+    assert PREFIX + "rotation_deg_per_100" not in m0  # no previous call: NaN, left out
+    c = second.checks.iloc[0]
+    assert m1[PREFIX + "mode_gap"] == c["mode_gap"] and m1[PREFIX + "acc_eval_mode"] == c["acc_eval_mode"]
+    assert m1[PREFIX + "rotation_deg_per_100"] == second.layers["rotation_deg_per_100"].median() > 0
+    assert m1[PREFIX + "lag_median_abs_sigma"] == second.layers["lag_median_abs_sigma"].max()
+    assert m1[PREFIX + "bn/lag_median_abs_sigma"] == second.layers["lag_median_abs_sigma"].iloc[0]
+    assert m1[PREFIX + "stale"] == float(second.stale)
+    unlabelled = MonitorSession(probe()[0], every_n_steps=1).start(Net(), 0, lambda p: p)
+    assert PREFIX + "acc_eval_mode" not in record_metrics(unlabelled)
+    assert PREFIX + "mode_agreement" in record_metrics(unlabelled)
+
+
+def test_importing_the_package_imports_no_framework():
+    code = ("import sys, bnrotation, bnrotation.integrations, bnrotation.monitor; "
+            "print(sorted(m for m in ('lightning', 'pytorch_lightning', 'transformers', 'accelerate') "
+            "if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
+
+
+# ----------------------------------------------------------------------------- Lightning
+if pl is not None:
+    from bnrotation.integrations.lightning import StalenessCallback as LightningCallback
+
+    class Module(pl.LightningModule):
+        """The network as a LightningModule: Adam, cross-entropy; forward returns the logits."""
+
+        def __init__(self):
+            super().__init__()
+            self.net = Net()
+
+        def forward(self, x):
+            return self.net(x)
+
+        def training_step(self, batch, batch_idx):
+            x, y = batch
+            return F.cross_entropy(self(x), y)
+
+        def validation_step(self, batch, batch_idx):
+            x, y = batch
+            return F.cross_entropy(self(x), y)
+
+        def configure_optimizers(self):
+            return torch.optim.Adam(self.parameters(), lr=0.01)
+
+    class NaiveCallback(pl.Callback):
+        """The README's five lines as a callback: the monitor at every batch end whose global step is due."""
+
+        def __init__(self, every_n_steps: int):
+            self.every_n_steps, self.monitor = every_n_steps, None
+
+        def on_train_start(self, trainer, pl_module):
+            from bnrotation.monitor import StalenessMonitor
+            self.monitor = StalenessMonitor(pl_module, probe())
+
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+            if trainer.global_step % self.every_n_steps == 0:
+                self.monitor(trainer.global_step)
+
+    class RankLogger(Logger):
+        """A logger that, unlike Lightning's own, logs on every rank: one JSON line per call in
+        ``log_rank<r>.jsonl``, so a test sees which ranks the callback logged from."""
+
+        def __init__(self, folder: str):
+            super().__init__()
+            self.folder = folder
+
+        @property
+        def name(self):
+            return "rank"
+
+        @property
+        def version(self):
+            return 0
+
+        def log_hyperparams(self, params, *args, **kwargs):
+            pass
+
+        def log_metrics(self, metrics, step=None):
+            rank = torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
+            with open(Path(self.folder) / f"log_rank{rank}.jsonl", "a") as f:
+                f.write(json.dumps({"step": step, "keys": sorted(metrics)}) + "\n")
+
+    class RankRecorder(LightningCallback):
+        """The callback, writing each rank's measured steps to ``measured_rank<r>.jsonl``."""
+
+        def __init__(self, folder: str, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            self.folder = folder
+
+        def on_record(self, trainer, record):
+            with open(Path(self.folder) / f"measured_rank{trainer.global_rank}.jsonl", "a") as f:
+                f.write(json.dumps({"step": record.step,
+                                    "acc_eval_mode": float(record.checks["acc_eval_mode"].iloc[0])}) + "\n")
+
+    class RandomDraw(pl.Callback):
+        """Draws from the global random stream at every batch end: a callback that does change training."""
+
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+            torch.rand(1)
+
+
+def lightning_fit(tmp: Path, callbacks: list, max_steps: int = 6, accumulate: int = 1, val=None, **trainer_kwargs):
+    """Seed, build the module, fit ``max_steps`` optimizer steps on shuffled batches of 8 (validating on
+    ``val`` if given); the module."""
+    pl.seed_everything(0, verbose=False)
+    module = Module()
+    x, y = data()
+    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y), batch_size=BATCH, shuffle=True)
+    kwargs = dict(accelerator="cpu", devices=1, max_steps=max_steps, logger=CSVLogger(tmp), callbacks=callbacks,
+                  accumulate_grad_batches=accumulate, enable_progress_bar=False, enable_checkpointing=False,
+                  enable_model_summary=False, num_sanity_val_steps=0)
+    kwargs.update(trainer_kwargs)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*(num_workers|does not have many workers|log_every_n_steps).*")
+        warnings.filterwarnings("ignore", message=".*validation_step.*")
+        pl.Trainer(**kwargs).fit(module, loader, val)
+    return module
+
+
+def csv_metrics(tmp: Path) -> pd.DataFrame:
+    (path,) = tmp.glob("lightning_logs/version_*/metrics.csv")
+    return pd.read_csv(path)
+
+
+def logged_steps(frame: pd.DataFrame, key: str) -> list[int]:
+    return frame.loc[frame[key].notna(), "step"].astype(int).tolist()
+
+
+@needs_lightning
+def test_lightning_logs_the_three_signals_at_the_optimizer_steps(tmp_path):
+    cb = LightningCallback(probe(), every_n_steps=2, warn=False)
+    lightning_fit(tmp_path, [cb], max_steps=6)
+    metrics = csv_metrics(tmp_path)
+    assert logged_steps(metrics, PREFIX + "mode_gap") == [0, 2, 4, 6]
+    assert logged_steps(metrics, PREFIX + "rotation_deg_per_100") == [2, 4, 6]  # none before a previous call
+    assert logged_steps(metrics, PREFIX + "lag_median_abs_sigma") == [0, 2, 4, 6]
+    assert [r.step for r in cb.records] == [0, 2, 4, 6]
+    for record in cb.records:  # what reached the CSV is the record's, to the CSV's printed precision
+        line = metrics[(metrics["step"] == record.step) & metrics[PREFIX + "mode_gap"].notna()].iloc[0]
+        for key, value in record_metrics(record).items():
+            assert math.isclose(line[key], value, rel_tol=1e-12, abs_tol=1e-12), key  # repr round trip
+    # the snapshot at on_before_optimizer_step gives the update and gradient cosines of each measured step
+    layers = cb.frames()["layers"]
+    assert layers.loc[layers["step"] > 0, ["update_cos", "grad_cos"]].notna().all().all()
+    assert layers.loc[layers["step"] == 0, "update_cos"].isna().all()
+
+
+@needs_lightning
+def test_lightning_gradient_accumulation_logs_once_per_interval(tmp_path):
+    cb = LightningCallback(probe(), every_n_steps=2, warn=False)
+    lightning_fit(tmp_path, [cb], max_steps=6, accumulate=2)  # 12 batches, each global step seen twice
+    metrics = csv_metrics(tmp_path)
+    assert logged_steps(metrics, PREFIX + "mode_gap") == [0, 2, 4, 6]  # once each, not once per batch
+    assert [r.step for r in cb.records] == [0, 2, 4, 6]
+    layers = cb.frames()["layers"]
+    assert layers.loc[layers["step"] > 0, "update_cos"].notna().all()
+
+
+@needs_lightning
+def test_a_naive_lightning_callback_dies_under_gradient_accumulation(tmp_path):
+    # the failure the adapter exists for: the same global step at two batch ends reaches the monitor twice
+    # (batches 3 and 4 both end at global step 2)
+    with pytest.raises(ValueError, match="step 2 is not after the previous call's step 2"):
+        lightning_fit(tmp_path, [NaiveCallback(every_n_steps=2)], max_steps=4, accumulate=2)
+    lightning_fit(tmp_path / "without", [NaiveCallback(every_n_steps=2)], max_steps=4, accumulate=1)  # fine
+
+
+@needs_lightning
+def test_lightning_training_is_unchanged_by_the_callback(tmp_path):
+    plain = lightning_fit(tmp_path / "plain", [], max_steps=6, accumulate=2)
+    watched = lightning_fit(tmp_path / "watched", [LightningCallback(probe(), every_n_steps=1, warn=False)],
+                            max_steps=6, accumulate=2)
+    spoiled = lightning_fit(tmp_path / "spoiled", [RandomDraw()], max_steps=6, accumulate=2)
+    a, b, c = plain.state_dict(), watched.state_dict(), spoiled.state_dict()
+    assert all(torch.equal(a[k], b[k]) for k in a)  # every parameter and running statistic, bit for bit
+    assert not all(torch.equal(a[k], c[k]) for k in a)  # the comparison can fail: one random draw changes it
+
+
+@needs_lightning
+def test_lightning_measures_the_training_weights_beside_weight_averaging(tmp_path):
+    # EMAWeightAveraging swaps its average into the module for each validation (every 2 steps here); the
+    # callback's records are those of a run without it, step for step (averaging changes no training step)
+    from lightning.pytorch.callbacks import EMAWeightAveraging
+    x, y = data(seed=2)
+    val = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y), batch_size=BATCH)
+    kwargs = dict(max_steps=6, val=val, val_check_interval=2, check_val_every_n_epoch=None, limit_val_batches=1)
+    alone, beside = (LightningCallback(probe(), every_n_steps=2, warn=False) for _ in range(2))
+    lightning_fit(tmp_path / "alone", [alone], **kwargs)
+    module = lightning_fit(tmp_path / "averaged", [EMAWeightAveraging(decay=0.5), beside], **kwargs)
+    assert [r.step for r in beside.records] == [0, 2, 4, 6]
+    for name in ("checks", "layers", "channels"):
+        pd.testing.assert_frame_equal(alone.frames()[name], beside.frames()[name], check_exact=True)
+    # and the module fit leaves behind holds the average, which the records do not describe
+    assert not torch.equal(module.net.fc.weight, _weights_at_last_call(alone))
+
+
+def _weights_at_last_call(cb) -> torch.Tensor:
+    return cb.monitor.previous.weights["net.fc"]
+
+
+def _lines(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+@needs_lightning
+def test_lightning_two_processes_measure_on_each_rank_and_log_from_rank_zero(tmp_path):
+    cb = RankRecorder(str(tmp_path), probe(), every_n_steps=2, warn=False)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*(num_workers|does not have many workers|log_every_n_steps).*")
+        pl.seed_everything(0, verbose=False)
+        x, y = data()
+        loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y), batch_size=BATCH)
+        pl.Trainer(accelerator="cpu", devices=2, strategy="ddp_fork", max_steps=4, logger=RankLogger(str(tmp_path)),
+                   callbacks=[cb], enable_progress_bar=False, enable_checkpointing=False, enable_model_summary=False,
+                   num_sanity_val_steps=0).fit(Module(), loader)
+    for rank in (0, 1):
+        assert [line["step"] for line in _lines(tmp_path / f"measured_rank{rank}.jsonl")] == [0, 2, 4], rank
+    ours = [line["step"] for line in _lines(tmp_path / "log_rank0.jsonl") if PREFIX + "mode_gap" in line["keys"]]
+    assert ours == [0, 2, 4]
+    assert not [line for line in _lines(tmp_path / "log_rank1.jsonl") if any(k.startswith(PREFIX)
+                                                                             for k in line["keys"])]
