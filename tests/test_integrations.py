@@ -4,12 +4,13 @@ that is not installed skips its tests, saying so."""
 
 from __future__ import annotations
 
-import csv
 import json
 import math
 import os
+import socket
 import subprocess
 import sys
+import traceback
 import warnings
 from pathlib import Path
 
@@ -294,7 +295,7 @@ def _weights_at_last_call(cb) -> torch.Tensor:
     return cb.monitor.previous.weights["net.fc"]
 
 
-def _lines(path: Path) -> list[dict]:
+def _lines(path: Path) -> list:
     return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
 
 
@@ -315,3 +316,184 @@ def test_lightning_two_processes_measure_on_each_rank_and_log_from_rank_zero(tmp
     assert ours == [0, 2, 4]
     assert not [line for line in _lines(tmp_path / "log_rank1.jsonl") if any(k.startswith(PREFIX)
                                                                              for k in line["keys"])]
+
+
+# ----------------------------------------------------------------------------- Hugging Face transformers
+if transformers is not None:
+    from bnrotation.integrations.transformers import StalenessCallback as HFCallback
+
+    class HFNet(nn.Module):
+        """The network as the Trainer calls a model: keyword inputs, a dict with the loss when given labels."""
+
+        def __init__(self):
+            super().__init__()
+            self.net = Net()
+
+        def forward(self, x, labels=None):
+            logits = self.net(x)
+            out = {"logits": logits}
+            if labels is not None:
+                out["loss"] = F.cross_entropy(logits, labels)
+            return out
+
+    class Samples(torch.utils.data.Dataset):
+        """The task's samples as the Trainer's default collator takes them: ``{"x": (6,), "labels": ()}``."""
+
+        def __init__(self, seed: int = 0):
+            self.x, self.y = data(seed)
+
+        def __len__(self):
+            return len(self.x)
+
+        def __getitem__(self, i):
+            return {"x": self.x[i], "labels": self.y[i]}
+
+    class RandomDrawHF(transformers.TrainerCallback):
+        """Draws from the global random stream at every step end: a callback that does change training."""
+
+        def on_step_end(self, args, state, control, **kwargs):
+            torch.rand(1)
+
+    class SeenByLaterCallbacks(transformers.TrainerCallback):
+        """Keeps the steps at which a callback after the adapter received its metrics in ``logs``."""
+
+        def __init__(self):
+            self.steps = []
+
+        def on_log(self, args, state, control, logs=None, **kwargs):
+            if PREFIX + "mode_gap" in logs:
+                self.steps.append(state.global_step)
+
+
+def hf_probe() -> dict[str, torch.Tensor]:
+    x, y = probe()
+    return {"x": x, "labels": y}
+
+
+def hf_train(tmp: Path, callbacks: list, max_steps: int = 6, accumulate: int = 1, main_process: bool = True,
+             first: list = ()):
+    """Seed, build the model, train ``max_steps`` optimizer steps with batches of 8 through the real Trainer
+    (Adam at 0.01, no scheduler, no checkpoints); the trainer. ``first``: callbacks put before the Trainer's own,
+    where its ``report_to`` integrations sit. ``main_process=False`` makes the Trainer
+    report, as a process other than the main one does, ``state.is_world_process_zero = False``."""
+    transformers.set_seed(0)
+    model = HFNet()
+    args = transformers.TrainingArguments(
+        output_dir=str(tmp), max_steps=max_steps, per_device_train_batch_size=BATCH, gradient_accumulation_steps=accumulate,
+        learning_rate=0.01, lr_scheduler_type="constant", optim="adamw_torch", weight_decay=0.0, use_cpu=True,
+        report_to=[], save_strategy="no", logging_steps=1000, disable_tqdm=True, seed=0, dataloader_num_workers=0)
+    trainer = transformers.Trainer(model=model, args=args, train_dataset=Samples(), callbacks=callbacks)
+    trainer.callback_handler.callbacks[:0] = first
+    if not main_process:
+        trainer.is_world_process_zero = lambda: False
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*(PreTrainedModel|num_workers).*")
+        trainer.train()
+    return trainer
+
+
+def hf_logged_steps(trainer, key: str = PREFIX + "mode_gap") -> list[int]:
+    return [line["step"] for line in trainer.state.log_history if key in line]
+
+
+@needs_transformers
+def test_transformers_logs_the_three_signals_at_the_optimizer_steps(tmp_path):
+    cb, later = HFCallback(hf_probe(), every_n_steps=2, input_key="x", warn=False), SeenByLaterCallbacks()
+    trainer = hf_train(tmp_path, [cb, later], max_steps=6)
+    assert hf_logged_steps(trainer) == [0, 2, 4, 6]
+    assert hf_logged_steps(trainer, PREFIX + "rotation_deg_per_100") == [2, 4, 6]
+    assert later.steps == [2, 4, 6]  # the logs dict of each measured step carries them to later callbacks
+    by_step = {line["step"]: line for line in trainer.state.log_history if PREFIX + "mode_gap" in line}
+    for record in cb.records:
+        assert {k: by_step[record.step][k] for k in record_metrics(record)} == record_metrics(record)
+    assert "loss" in by_step[2]  # the Trainer's own line of that step, which the callback asked for
+    layers = cb.frames()["layers"]
+    assert layers["norm_layer"].unique().tolist() == ["model.net.bn"]  # measured through ModelLogits
+    assert layers.loc[layers["step"] > 0, ["update_cos", "grad_cos"]].notna().all().all()
+
+
+@needs_transformers
+def test_transformers_callbacks_before_the_adapter_see_the_metrics_only_when_it_goes_first(tmp_path):
+    reporter = SeenByLaterCallbacks()  # where report_to's integrations sit: before Trainer(callbacks=...)
+    hf_train(tmp_path / "last", [HFCallback(hf_probe(), every_n_steps=2, input_key="x", warn=False)], max_steps=4,
+             first=[reporter])
+    assert reporter.steps == []
+    reporter = SeenByLaterCallbacks()
+    hf_train(tmp_path / "first", [], max_steps=4,
+             first=[HFCallback(hf_probe(), every_n_steps=2, input_key="x", warn=False), reporter])
+    assert reporter.steps == [2, 4]
+
+
+@needs_transformers
+def test_transformers_gradient_accumulation_logs_once_per_interval(tmp_path):
+    cb = HFCallback(hf_probe(), every_n_steps=2, input_key="x", warn=False)
+    trainer = hf_train(tmp_path, [cb], max_steps=6, accumulate=2)  # 12 micro-batches
+    assert trainer.state.global_step == 6
+    assert hf_logged_steps(trainer) == [0, 2, 4, 6]
+    assert [r.step for r in cb.records] == [0, 2, 4, 6]
+
+
+@needs_transformers
+def test_transformers_two_processes_measure_in_each_and_log_from_the_main_one(tmp_path):
+    # two forked processes, as torchrun would start them (RANK, WORLD_SIZE, ...), gloo on CPU
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    torch.multiprocessing.start_processes(hf_two_process_worker, args=(str(tmp_path), port), nprocs=2,
+                                          start_method="fork")
+    for rank in (0, 1):
+        assert _lines(tmp_path / f"measured_rank{rank}.jsonl") == [0, 2, 4], rank
+    logged = {rank: json.loads((tmp_path / f"logged_rank{rank}.json").read_text()) for rank in (0, 1)}
+    assert logged[0] == [0, 2, 4] and logged[1] == []
+
+
+def hf_two_process_worker(rank: int, folder: str, port: int) -> None:
+    """One process of the two-process run: train 4 steps, record the steps this process measured
+    (``measured_rank<r>.jsonl``) and the steps of its log lines holding the metrics (``logged_rank<r>.json``)."""
+    from accelerate.state import AcceleratorState
+    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="2", LOCAL_WORLD_SIZE="2",
+                      MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    AcceleratorState._reset_state(reset_partial_state=True)  # the parent's single-process state, forked
+
+    class Recorder(HFCallback):
+        def on_record(self, state, record):
+            with open(Path(folder) / f"measured_rank{torch.distributed.get_rank()}.jsonl", "a") as f:
+                f.write(json.dumps(record.step) + "\n")
+
+    try:
+        trainer = hf_train(Path(folder) / "out", [Recorder(hf_probe(), every_n_steps=2, input_key="x", warn=False)],
+                           max_steps=4)
+        assert torch.distributed.get_world_size() == 2 and torch.distributed.get_rank() == rank
+        (Path(folder) / f"logged_rank{rank}.json").write_text(json.dumps(hf_logged_steps(trainer)))
+        torch.distributed.barrier()
+    except BaseException:
+        traceback.print_exc()
+        os._exit(1)
+    # leave without tearing down: freeing the DDP reducer's gloo group can wait forever for the other
+    # process's threads, and the run is over
+    os._exit(0)
+
+
+@needs_transformers
+def test_transformers_rank_logic_through_the_trainers_own_attribute(tmp_path):
+    # the same rule in one process: a Trainer that is not the world's process zero measures, logs nothing
+    cb = HFCallback(hf_probe(), every_n_steps=2, input_key="x", warn=False, save_dir=tmp_path / "tables")
+    trainer = hf_train(tmp_path, [cb], max_steps=4, main_process=False)
+    assert trainer.state.is_world_process_zero is False
+    assert [r.step for r in cb.records] == [0, 2, 4]  # measured
+    assert hf_logged_steps(trainer) == []  # not logged
+    assert not (tmp_path / "tables").exists()  # not written
+
+
+@needs_transformers
+def test_transformers_training_is_unchanged_by_the_callback_and_tables_are_written(tmp_path):
+    plain = hf_train(tmp_path / "plain", [], max_steps=6, accumulate=2).model.state_dict()
+    cb = HFCallback(hf_probe(), every_n_steps=1, input_key="x", warn=False, save_dir=tmp_path / "tables")
+    watched = hf_train(tmp_path / "watched", [cb], max_steps=6, accumulate=2).model.state_dict()
+    spoiled = hf_train(tmp_path / "spoiled", [RandomDrawHF()], max_steps=6, accumulate=2).model.state_dict()
+    assert all(torch.equal(plain[k], watched[k]) for k in plain)  # every parameter and running statistic
+    assert not all(torch.equal(plain[k], spoiled[k]) for k in plain)  # the comparison can fail
+    tables = {name: pd.read_parquet(tmp_path / "tables" / f"{name}.parquet") for name in ("checks", "layers",
+                                                                                          "channels")}
+    assert tables["checks"]["step"].tolist() == list(range(7))
+    pd.testing.assert_frame_equal(tables["channels"], cb.frames()["channels"], check_exact=True)
