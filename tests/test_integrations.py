@@ -4,6 +4,7 @@ that is not installed skips its tests, saying so."""
 
 from __future__ import annotations
 
+import importlib
 import json
 import math
 import os
@@ -112,6 +113,17 @@ def test_importing_the_package_imports_no_framework():
             "if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+@pytest.mark.parametrize("module, blocked, extra", [
+    ("bnrotation.integrations.lightning", ("lightning", "lightning.pytorch", "pytorch_lightning"), "lightning"),
+    ("bnrotation.integrations.transformers", ("transformers",), "transformers")])
+def test_an_adapter_without_its_framework_names_the_extra_to_install(monkeypatch, module, blocked, extra):
+    monkeypatch.delitem(sys.modules, module, raising=False)
+    for name in blocked:
+        monkeypatch.setitem(sys.modules, name, None)  # import raises ImportError, as when not installed
+    with pytest.raises(ImportError, match=rf"pip install 'bnrotation\[{extra}\]'"):
+        importlib.import_module(module)
 
 
 # ----------------------------------------------------------------------------- Lightning

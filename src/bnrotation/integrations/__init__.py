@@ -25,7 +25,7 @@ import torch.nn as nn
 
 from ..monitor import MonitorRecord, StalenessMonitor, split_probe
 
-__all__ = ["MonitorSession", "record_metrics", "TABLES"]
+__all__ = ["MonitorSession", "SessionView", "record_metrics", "TABLES"]
 
 # The monitor's tables (MonitorRecord attributes), one parquet file each.
 TABLES = ("checks", "layers", "channels")
@@ -181,3 +181,30 @@ class MonitorSession:
             write_table(frame, path, f"monitor_{name}")
             paths.append(path)
         return paths
+
+
+class SessionView:
+    """What both callbacks show of their :class:`MonitorSession` (``self.session``) and how they turn a record
+    into metrics (``self.prefix``, ``self.per_layer``; :func:`record_metrics`)."""
+
+    session: MonitorSession
+    prefix: str
+    per_layer: bool
+
+    @property
+    def records(self) -> list[MonitorRecord]:
+        """Each call's record, in order (with ``keep_records``)."""
+        return self.session.records
+
+    @property
+    def monitor(self) -> StalenessMonitor | None:
+        """The monitor, once training has started."""
+        return self.session.monitor
+
+    def frames(self) -> dict[str, pd.DataFrame]:
+        """See :meth:`MonitorSession.frames`."""
+        return self.session.frames()
+
+    def metrics(self, record: MonitorRecord) -> dict[str, float]:
+        """:func:`record_metrics` with this callback's ``prefix`` and ``per_layer``."""
+        return record_metrics(record, self.prefix, self.per_layer)

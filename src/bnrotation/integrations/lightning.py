@@ -30,12 +30,12 @@ except ImportError:  # the package's older name
 import torch.nn as nn
 
 from ..monitor import MonitorRecord
-from . import MonitorSession, record_metrics
+from . import MonitorSession, SessionView
 
 __all__ = ["StalenessCallback"]
 
 
-class StalenessCallback(pl.Callback):
+class StalenessCallback(SessionView, pl.Callback):
     """Calls :class:`bnrotation.monitor.StalenessMonitor` every ``every_n_steps`` optimizer steps of
     ``Trainer.fit`` and logs the study's three signals (mode gap and accuracies, rotation per 100 steps,
     running-mean lag; :func:`bnrotation.integrations.record_metrics`) to every logger of the trainer.
@@ -95,18 +95,6 @@ class StalenessCallback(pl.Callback):
                                       keep_records=keep_records, save_dir=save_dir, monitor_kwargs=monitor_kwargs)
         self.model_name, self.prefix, self.per_layer = model, prefix, per_layer
 
-    @property
-    def records(self) -> list[MonitorRecord]:
-        return self.session.records
-
-    @property
-    def monitor(self):
-        return self.session.monitor
-
-    def frames(self):
-        """See :meth:`bnrotation.integrations.MonitorSession.frames`."""
-        return self.session.frames()
-
     def measured_model(self, pl_module: pl.LightningModule) -> nn.Module:
         """The module the monitor measures: ``pl_module`` or its submodule named ``model``."""
         return pl_module if self.model_name is None else pl_module.get_submodule(self.model_name)
@@ -134,7 +122,7 @@ class StalenessCallback(pl.Callback):
         if record is None:
             return
         if trainer.is_global_zero:
-            metrics = record_metrics(record, self.prefix, self.per_layer)
+            metrics = self.metrics(record)
             for logger in trainer.loggers:
                 logger.log_metrics(metrics, step=record.step)
         self.on_record(trainer, record)

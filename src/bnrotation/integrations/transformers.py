@@ -29,7 +29,7 @@ import torch
 import torch.nn as nn
 
 from ..monitor import MonitorRecord
-from . import MonitorSession, record_metrics
+from . import MonitorSession, SessionView
 
 __all__ = ["StalenessCallback", "ModelLogits"]
 
@@ -56,7 +56,7 @@ class ModelLogits(nn.Module):
         return out[0]
 
 
-class StalenessCallback(transformers.TrainerCallback):
+class StalenessCallback(SessionView, transformers.TrainerCallback):
     """Calls :class:`bnrotation.monitor.StalenessMonitor` every ``every_n_steps`` optimizer steps of
     ``Trainer.train`` and logs the study's three signals (mode gap and accuracies, rotation per 100 steps,
     running-mean lag; :func:`bnrotation.integrations.record_metrics`) with the Trainer's own logs.
@@ -115,25 +115,13 @@ class StalenessCallback(transformers.TrainerCallback):
         self.prefix, self.per_layer = prefix, per_layer
         self._unlogged: MonitorRecord | None = None
 
-    @property
-    def records(self) -> list[MonitorRecord]:
-        return self.session.records
-
-    @property
-    def monitor(self):
-        return self.session.monitor
-
-    def frames(self):
-        """See :meth:`bnrotation.integrations.MonitorSession.frames`."""
-        return self.session.frames()
-
     def on_train_begin(self, args, state, control, model=None, **kwargs):
         device = next(model.parameters()).device
         record = self.session.start(ModelLogits(model, self.input_key, self.logits_key), state.global_step,
                                     lambda probe: send_to_device(probe, device))
         if record is not None:
             if state.is_world_process_zero:
-                state.log_history.append({**self._metrics(record), "step": record.step})
+                state.log_history.append({**self.metrics(record), "step": record.step})
             self.on_record(state, record)
 
     def on_pre_optimizer_step(self, args, state, control, **kwargs):
@@ -153,7 +141,7 @@ class StalenessCallback(transformers.TrainerCallback):
         record, self._unlogged = self._unlogged, None
         if record is None or record.step != state.global_step or not state.is_world_process_zero:
             return
-        metrics = self._metrics(record)
+        metrics = self.metrics(record)
         if logs is not None:
             logs.update(metrics)
         if state.log_history and state.log_history[-1].get("step") == record.step:
@@ -164,6 +152,3 @@ class StalenessCallback(transformers.TrainerCallback):
 
     def on_record(self, state, record: MonitorRecord) -> None:
         """Called in every process with each call's record; does nothing. Override it to act on a record."""
-
-    def _metrics(self, record: MonitorRecord) -> dict[str, float]:
-        return record_metrics(record, self.prefix, self.per_layer)
