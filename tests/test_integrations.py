@@ -35,7 +35,8 @@ try:
 except ImportError:
     transformers = None
 
-needs_lightning = pytest.mark.skipif(pl is None, reason="Lightning is not installed (pip install 'bnrotation[lightning]')")
+needs_lightning = pytest.mark.skipif(pl is None, reason="Lightning is not installed "
+                                                         "(pip install 'bnrotation[lightning]')")
 needs_transformers = pytest.mark.skipif(transformers is None, reason="transformers is not installed "
                                                                      "(pip install 'bnrotation[transformers]')")
 
@@ -391,7 +392,8 @@ def hf_train(tmp: Path, callbacks: list, max_steps: int = 6, accumulate: int = 1
     transformers.set_seed(0)
     model = HFNet()
     args = transformers.TrainingArguments(
-        output_dir=str(tmp), max_steps=max_steps, per_device_train_batch_size=BATCH, gradient_accumulation_steps=accumulate,
+        output_dir=str(tmp), max_steps=max_steps, per_device_train_batch_size=BATCH,
+        gradient_accumulation_steps=accumulate,
         learning_rate=0.01, lr_scheduler_type="constant", optim="adamw_torch", weight_decay=0.0, use_cpu=True,
         report_to=[], save_strategy="no", logging_steps=1000, disable_tqdm=True, seed=0, dataloader_num_workers=0)
     trainer = transformers.Trainer(model=model, args=args, train_dataset=Samples(), callbacks=callbacks)

@@ -28,6 +28,13 @@ except ImportError as e:
 import torch
 import torch.nn as nn
 
+# the hooks around optimizer.step() this callback measures at; without them it would never measure
+_HOOKS = ("on_pre_optimizer_step", "on_optimizer_step")
+if not all(hasattr(transformers.TrainerCallback, hook) for hook in _HOOKS):
+    raise ImportError(f"bnrotation.integrations.transformers needs a transformers whose TrainerCallback has "
+                      f"{' and '.join(_HOOKS)}; found {transformers.__version__}: "
+                      "pip install 'bnrotation[transformers]'")
+
 from ..monitor import MonitorRecord
 from . import MonitorSession, SessionView
 
