@@ -46,7 +46,7 @@ class StalenessCallback(SessionView, pl.Callback):
     are kept at ``on_before_optimizer_step`` of a step that will be measured, for its update and gradient
     cosines. With ``accumulate_grad_batches=k`` the trainer ends ``k`` batches at the same global step: the
     callback measures once and skips the others (a callback that passes every batch's global step to the
-    monitor stops ``fit`` with ``ValueError: step 0 is not after the previous call's step 0``).
+    monitor stops ``fit`` with ``ValueError: step n is not after the previous call's step n``).
 
     It logs through ``logger.log_metrics(metrics, step=global_step)`` of each of ``trainer.loggers``, so a
     metric lands at the step it was measured at (``LightningModule.log`` would hold it back to the
@@ -59,10 +59,11 @@ class StalenessCallback(SessionView, pl.Callback):
     DDP wrapper. Lightning's ``WeightAveraging`` (and ``EMAWeightAveraging``) keeps its average in an
     ``AveragedModel`` and swaps it into ``pl_module`` only from ``on_validation_epoch_start`` to
     ``on_validation_epoch_end`` and, at ``on_train_end``, for good; this callback measures at training-batch
-    ends, when the training weights are in place, whatever the order of the callbacks. ``StochasticWeightAveraging``
-    copies its average into ``pl_module`` for an extra last epoch of forward passes that recompute the
-    BatchNorm statistics without an optimizer step: ``global_step`` stays put, so nothing is measured there.
-    The averaged model is never measured: attach a monitor to it yourself, or to ``pl_module`` after ``fit``.
+    ends, when the training weights are in place, whatever the order of the callbacks; the averaged model is
+    not measured (attach a monitor to it yourself, or to ``pl_module`` after ``fit``). The exception is
+    ``StochasticWeightAveraging``: it copies its average into ``pl_module`` for an extra last epoch of
+    forward passes that recompute the BatchNorm statistics, in which ``global_step`` stays put until the
+    epoch's last batch (Lightning 2.6.6 counts one step there); a call due at that step measures the average.
 
     Args:
         probe: a fixed probe batch (a tensor, an ``(x, y)`` tuple or a mapping, as the monitor takes it, on
