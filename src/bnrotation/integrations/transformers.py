@@ -44,7 +44,8 @@ __all__ = ["StalenessCallback", "ModelLogits"]
 class ModelLogits(nn.Module):
     """A Trainer's model seen as the monitor calls it: tensor in, logits out.
 
-    ``forward(x)`` calls ``model(**{input_key: x})``, as the Trainer calls it with a batch, and returns the
+    ``forward(x)`` calls ``model(**{input_key: x})``, or ``model(**x)`` when ``x`` is a mapping (a monitor
+    that takes a mapping probe whole as the input), as the Trainer calls it with a batch, and returns the
     logits (N, classes, ...): ``output[logits_key]`` of a mapping or ``ModelOutput``, ``output[0]`` of a tuple
     (``return_dict=False``; without labels the first entry is the logits), the output itself when it is a
     tensor. The model is the submodule ``model``, so the monitor's layer names start with ``model.``.
@@ -54,8 +55,8 @@ class ModelLogits(nn.Module):
         super().__init__()
         self.model, self.input_key, self.logits_key = model, input_key, logits_key
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out = self.model(**{self.input_key: x})
+    def forward(self, x: torch.Tensor | Mapping) -> torch.Tensor:
+        out = self.model(**x) if isinstance(x, Mapping) else self.model(**{self.input_key: x})
         if isinstance(out, torch.Tensor):
             return out
         if isinstance(out, Mapping):
