@@ -7,10 +7,12 @@ Reproduces the headline of Pradeep (2026), *Batch norm's running statistics desc
 already moved*: on the noisy-template task (ten classes, a sample is 0.6 * its class's N(0, 1) template plus
 N(0, 1) noise) a three-block ConvNet trained with Adam at lr 3e-3 stays at 100% accuracy in training mode
 (BatchNorm normalising with the batch's own statistics), while in evaluation mode (the running statistics)
-accuracy on the same held-out images falls, at some checks to chance (10%): the weights keep rotating and the
-running averages trail them. Each check prints both accuracies. The suite measures the same with its probes
-(`make row ROW=adam`); this file has none of them. Same data and network as the suite, not the same random
-draws: its numbers are not the reference runs'.
+accuracy on the same held-out images falls at some checks: the weights keep rotating and the running averages
+trail them. Each check prints both accuracies. The collapse grows with training: at the default length a run
+may show only dips, while over the article's protocol every Adam run of the suite fell to about chance (10%)
+at some check (`adam_dips_to_chance` in results/reference/claims.md). The suite measures the same with its
+probes (`make row ROW=adam`); this file has none of them. Same data and network as the suite, not the same
+random draws: its numbers are not the reference runs'.
 """
 
 from __future__ import annotations
