@@ -2,8 +2,7 @@
 
 Averaging checkpoints, or keeping an exponential moving average (EMA) of the
 weights, makes a new point in parameter space; the running statistics of any
-constituent describe the activations of *other* weights (companion article
-``000_dfe744f8d99ebd95``). Parameters are averaged; what happens to the
+constituent describe the activations of *other* weights. Parameters are averaged; what happens to the
 BatchNorm buffers is one named policy (:data:`POLICIES`):
 
 * ``copy``: the buffers of one constituent (for an EMA: of the live model),
@@ -38,6 +37,7 @@ from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
@@ -46,8 +46,14 @@ import torch.nn as nn
 
 from .bnstats import ReestimationReport, reestimate, running_stat_layers, weights_fingerprint
 from .checkpoints import checkpoint_path, load_checkpoint
-from .config import AveragingConfig
 from .probes import accuracy, fresh_statistics, lag_sigma
+
+if TYPE_CHECKING:  # the runner's config, for the annotation only: averaging itself needs no Hydra
+    from .config import AveragingConfig
+
+__all__ = ["POLICIES", "EMA_POLICIES", "BufferProvenance", "state_of", "mixture_moments", "policy_buffers",
+           "average_checkpoints", "saved_checkpoints", "EMA", "LayerLag", "InferenceStateReport",
+           "validate_inference_state", "StateDiff", "compare_states"]
 
 POLICIES = ("copy", "average", "mixture", "refresh")
 EMA_POLICIES = ("copy", "average", "refresh")

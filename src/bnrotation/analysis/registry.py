@@ -18,14 +18,14 @@ from dataclasses import dataclass
 import numpy as np
 
 from .. import article as A
-from ..rows import ROWS
+from ..rows import PUBLISHED_ROWS, ROWS
 from . import carryover, lag, metrics
-from .claim_kinds import (Z, Above, Below, MatchesPublished, Outcome, RankOrder, RecoveryShare, above, bespoke, matches,
-                          said, table_figure)
+from .claim_kinds import (FAIL, NOT_RUN, Z, Above, Below, Check, MatchesPublished, Outcome, RankOrder, RecoveryShare,
+                          above, bespoke, matches, said, table_figure)
 from .dense import DENSE_INTERVALS
 from .evidence import CONV_LAYERS, Evidence, middle_lag_at_failing
 from .results import Run, count
-from .stats import SeedStat, cell, half_unit, se_of_difference, seed_ranges, spread
+from .stats import SeedStat, cell, half_unit, se_of_difference, seed_ranges, spearman_rho, spread
 from .table import COLUMNS as TABLE_COLUMNS
 
 SGD, ADAM, ADAMW, PROJ, COS, SMALL_LR, WINDOW = ("sgd", "adam", "adamw", "adam_projected", "adam_cosine",
@@ -409,3 +409,91 @@ CLAIMS = (
 TABLE_CELLS = tuple(MatchesPublished(f"{row}:{col.key}", col.header, row, col.key, col.unit)
                     for row in ROWS for col in TABLE_COLUMNS if col.published and
                     ROWS[row].published is not None and not math.isnan(getattr(ROWS[row].published, col.published)))
+
+
+# ----------------------------------------------------------------------------- why a check fails
+# A failing check's one-line reason, computed from the same evidence and put first in its note (:func:`explain`).
+# Reasons quote measured figures through the evidence and name the checks they rest on, with those checks'
+# verdicts, so that claims.md states them on whatever runs it reads.
+def _verdicts(checks: list[Check], *names: str) -> str:
+    by_name = {c.name: c.verdict for c in checks}
+    return ", ".join(f"`{n}` {by_name.get(n, NOT_RUN)}" for n in names)
+
+
+def _why_norm_growth(ev: Evidence, checks: list[Check]) -> str:
+    rows = [r for r in PUBLISHED_ROWS if ev.has(r)]
+    means = ev.per_run[ev.per_run["row"].isin(rows)].groupby("row")[["norm_growth", ROT, ACC]].mean()
+    norm, rot = (cell(spearman_rho(means[c], means[ACC]), "rho") for c in ("norm_growth", ROT))
+    return (f"norm growth orders the {len(rows)} rows' accuracy too (rho {norm} over row means, rotation's {rot}), "
+            "so across these rows the table cannot tell norm from rotation; the direct test of the norm is the "
+            f"projected row ({_verdicts(checks, 'projected_grows_less_than_adam', 'projected_does_worse_than_adam')})")
+
+
+def _why_update_cosine(ev: Evidence, checks: list[Check]) -> str:
+    return (f"the check reads the last conv layer ({metrics.LAST_CONV}) over the whole window; the article names "
+            "neither the layer nor the steps, and the rest of this note gives every layer and part of the window "
+            "against its figure")
+
+
+def _why_gradient_cosine(ev: Evidence, checks: list[Check]) -> str:
+    bn = ev.per_run[ev.per_run["row"].isin(bn_rows(ev.runs))]
+    worst = float(bn["grad_cos_max_abs"].max())
+    return (f"the largest |cos| is {worst:.1e}, which rounds to {worst:.{A.GRADIENT_COSINE.decimals}f} at "
+            f"{A.GRADIENT_COSINE.decimals} decimals; BatchNorm's ε bounds scale invariance at about that size "
+            "(the rest of this note)")
+
+
+def _why_drift(row: str):
+    def why(ev: Evidence, checks: list[Check]) -> str:
+        published = A.MIDDLE_DRIFT[row].value
+        drift = {d: ev.stat(row, f"dense_drift_{d}").mean for d in DENSE_INTERVALS}
+        drift = {d: v for d, v in drift.items() if math.isfinite(v)}
+        rule = f"judged at Δ = {AGE} steps, the rule fixed before the dense windows"
+        if not drift:
+            return f"{rule}; without dense windows only the log interval is measured (the rest of this note)"
+        at = ", ".join(f"{cell(drift[d], 'drift')} at Δ = {d}" for d in (min(drift), max(drift)))
+        if max(drift.values()) < published:
+            where = f"no measured Δ from {min(drift)} to {max(drift)} steps reaches the article's"
+        elif min(drift.values()) > published:
+            where = f"every measured Δ from {min(drift)} to {max(drift)} steps exceeds the article's"
+        else:
+            where = "the article's figure lies inside the measured range, at another Δ than the rule's:"
+        return f"{rule}; {where} {cell(published, 'drift')} ({at})"
+    return why
+
+
+def _why_predicted_lag(drift_check: str):
+    def why(ev: Evidence, checks: list[Check]) -> str:
+        return (f"the prediction is the drift at Δ = {AGE} times the running average's age (1 − m)/m, so it follows "
+                f"the drift ({_verdicts(checks, drift_check)}); the formula itself is tested against the measured "
+                f"lag ({_verdicts(checks, 'lag_formula_predicts_measured_lag')})")
+    return why
+
+
+def _why_middle_layer_alone(ev: Evidence, checks: list[Check]) -> str:
+    failing = metrics.failing_checks(ev.runs_of(ADAM))
+    short = failing[failing[metrics.MIDDLE_NORM] < LIFT_LOW.value].sort_values(metrics.MIDDLE_NORM, ascending=False)
+    listed = "; ".join(f"{cell(float(f[metrics.MIDDLE_NORM]), 'pct')} (seed {f['seed']}, step {int(f['step']):,}, "
+                       f"from {cell(float(f['stored']), 'pct')})" for _, f in short.iterrows())
+    return (f"the check asks every failing check to reach {said(LIFT_LOW, 'pct')} with {metrics.MIDDLE_NORM} fresh; "
+            f"{len(short)} of {len(failing)} do not: {listed}")
+
+
+WHY_IT_FAILS = {
+    "norm_growth_does_not_order_accuracy": _why_norm_growth,
+    "update_cosine_sgd": _why_update_cosine,
+    "gradient_cosine_is_zero": _why_gradient_cosine,
+    "drift_middle_adam": _why_drift(ADAM),
+    "drift_middle_sgd": _why_drift(SGD),
+    "predicted_lag_middle_adam": _why_predicted_lag("drift_middle_adam"),
+    "predicted_lag_middle_sgd": _why_predicted_lag("drift_middle_sgd"),
+    "middle_layer_alone_lifts_failing_checks": _why_middle_layer_alone,
+}
+
+
+def explain(checks: list[Check], ev: Evidence) -> None:
+    """Put each failing check's one-line reason (:data:`WHY_IT_FAILS`) first in its note, in place."""
+    for c in checks:
+        if c.verdict == FAIL and c.name in WHY_IT_FAILS:
+            why = WHY_IT_FAILS[c.name](ev, checks)
+            c.note = f"Why it fails: {why}." + (f" {c.note}" if c.note else "")

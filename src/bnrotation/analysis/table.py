@@ -205,7 +205,7 @@ def main(argv: list[str] | None = None) -> int:
     print(md)
     print(f"wrote {out / 'table.md'}, {out / 'table.csv'} and {out / 'lag.md'} from {count(len(runs), 'run')} under {root}"
           + (f", leaving out {len(skipped)} bad entries (listed above)" if skipped else ""), file=sys.stderr)
-    averaging_md = write_averaging(runs, out, root)  # issue 4: averaged weights under each buffer policy
+    averaging_md = write_averaging(runs, out, root)  # averaged weights under each buffer policy
     if averaging_md is not None:
         print(f"wrote {averaging_md} and {averaging_md.with_suffix('.csv')}", file=sys.stderr)
     print(f"wrote {monitoring.write_monitor(runs, out, root)}", file=sys.stderr)  # the monitor's rule on these runs

@@ -1,0 +1,55 @@
+"""experiments/minimal.py, the article's loop in one file: a handful of steps, the same function the bench times."""
+
+from __future__ import annotations
+
+import runpy
+
+import pytest
+import torch
+
+from conftest import ROOT
+
+MINIMAL = runpy.run_path(str(ROOT / "experiments" / "minimal.py"))
+train, main = MINIMAL["train"], MINIMAL["main"]
+CPU = torch.device("cpu")
+
+
+def test_a_few_steps_report_both_accuracies_at_each_check():
+    seen = []
+    out = train(12, {4, 8, 12}, 64, CPU, on_check=lambda *r: seen.append(r))
+    assert out["checks"] == 3 and seen == out["accuracies"] and [s for s, _, _ in seen] == [4, 8, 12]
+    for _, acc_train, acc_eval in seen:  # a share of 64 samples: a multiple of 1/64, exactly in float32
+        assert 0 <= acc_train <= 1 and 0 <= acc_eval <= 1 and (acc_train * 64).is_integer()
+    assert set(out["seconds"]) == {"setup", "train", "checks"} and min(out["seconds"].values()) >= 0
+
+
+def test_a_check_moves_nothing():
+    """The training-mode pass runs on a copy: with a check at every step the network ends exactly where it ends
+    with none (same arithmetic in the same order, so bit for bit); a check run on the network itself in training
+    mode would move its running statistics and fail this."""
+    checked = train(6, set(range(1, 7)), 32, CPU)["model"].state_dict()
+    unchecked = train(6, set(), 32, CPU)["model"].state_dict()
+    assert checked.keys() == unchecked.keys()
+    for key in checked:
+        assert torch.equal(checked[key], unchecked[key]), key
+
+
+def test_the_seed_sets_the_run():
+    a, b, c = (train(5, {5}, 32, CPU, seed=s)["model"].state_dict()["0.1.running_mean"] for s in (0, 0, 1))
+    assert torch.equal(a, b) and not torch.equal(a, c)
+
+
+def test_the_command_prints_the_checks_and_the_lowest(capsys):
+    assert main(["--steps", "6", "--check-start", "3", "--check-every", "3", "--heldout", "32"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("step") and [ln.split()[0] for ln in lines[1:3]] == ["3", "6"]
+    assert lines[-1].startswith("lowest evaluation-mode accuracy")
+
+
+def test_bad_arguments_stop_before_training(capsys):
+    assert main(["--steps", "5", "--check-start", "10"]) == 2  # no check would run: nothing to judge, not 0
+    out = capsys.readouterr()
+    assert "no check would run" in out.err and out.out == ""  # stopped before the header, so before training
+    with pytest.raises(SystemExit) as stop:
+        main(["--steps", "0"])
+    assert stop.value.code == 2 and "--steps" in capsys.readouterr().err
