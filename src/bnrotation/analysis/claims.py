@@ -21,7 +21,7 @@ from pathlib import Path
 
 from .. import records
 from .claim_kinds import Check, withhold_verdicts
-from .evidence import collect
+from .evidence import Evidence, collect
 from .registry import CLAIMS, TABLE_CELLS
 from .report import to_markdown
 from .results import ALL_TABLES, Run, add_results_arguments, at_protocol_scale, command_inputs, count
@@ -29,14 +29,22 @@ from .results import ALL_TABLES, Run, add_results_arguments, at_protocol_scale, 
 TABLES = ALL_TABLES
 
 
-def build_report(root: Path, runs: list[Run]) -> tuple[str, list[Check]]:
-    """The markdown of ``claims.md`` and the named checks. Runs not at the article's protocol scale
-    (:func:`.results.at_protocol_scale`) get no PASS or FAIL (:func:`.claim_kinds.withhold_verdicts`)."""
+def weigh(root: Path, runs: list[Run]) -> tuple[Evidence, list[Check], list[tuple[str, str, Check]]]:
+    """The evidence of ``runs``, the named checks (:data:`.registry.CLAIMS`) and the article's table cell by
+    cell ((row, column title, check) of :data:`.registry.TABLE_CELLS`). Runs not at the article's protocol
+    scale (:func:`.results.at_protocol_scale`) get no PASS or FAIL (:func:`.claim_kinds.withhold_verdicts`).
+    ``claims.md`` and the write-up page (:mod:`.webpage`) both render these."""
     ev = collect(root, runs)
     checks = [claim.check(ev) for claim in CLAIMS]
     cells = [(claim.row, claim.claim, claim.check(ev)) for claim in TABLE_CELLS]
     if not at_protocol_scale(runs):
         withhold_verdicts(checks + [c for _, _, c in cells])
+    return ev, checks, cells
+
+
+def build_report(root: Path, runs: list[Run]) -> tuple[str, list[Check]]:
+    """The markdown of ``claims.md`` and the named checks (:func:`weigh`)."""
+    ev, checks, cells = weigh(root, runs)
     return to_markdown(ev, checks, cells), checks
 
 
