@@ -19,6 +19,8 @@ import math
 import os
 import re
 import shutil
+import subprocess
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -225,6 +227,8 @@ def test_the_page_opens_offline_without_errors(opened, built, tmp_path):
     assert opened.errors == []
     assert opened.leaving == []
     assert "<script src=" not in (built / webpage.PAGE).read_text()  # plotly.js inlined, not linked
+    buttons = page.eval_on_selector_all(".modebar-btn", "bs => bs.map(b => b.dataset.title)")
+    assert "Download plot as a PNG" in buttons and not [b for b in buttons if "Share" in b]  # no upload button
     shot = tmp_path / "report.png"
     page.screenshot(path=str(shot), full_page=True)
     assert shot.stat().st_size > 0
@@ -318,3 +322,12 @@ def test_the_command_refuses_a_root_without_runs_in_one_line(tmp_path, capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert err[-1].startswith(f"error: {tmp_path}: no runs/ folder")
     assert not (tmp_path / webpage.PAGE).exists()
+
+
+def test_the_page_module_and_plotly_import_no_torch():
+    code = ("import sys, bnrotation.analysis.webpage as w; w._plotly(); "
+            "bad = sorted(m for m in sys.modules if m == 'torch' or m.startswith('torch.')); "
+            "sys.exit(f'imported {bad}' if bad else 0)")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                          env=dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1] / "src")))
+    assert done.returncode == 0, done.stderr[-2000:]

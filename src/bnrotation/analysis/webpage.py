@@ -32,7 +32,7 @@ import pandas as pd
 
 from .. import records
 from ..article import FAIL_BELOW
-from ..rows import row_order
+from ..rows import ROWS, row_order
 from .claim_kinds import ARTICLE, FAIL, MEASURED, NOT_JUDGED, NOT_RUN, PASS, RESNET, Check, published
 from .claims import weigh
 from .figures import FIGURES, Data, network_style, norms, row_palette
@@ -48,6 +48,7 @@ INTERACTIVE = ("01_accuracy_vs_rotation", "03_accuracy_over_steps")  # drawn on 
 HEADLINE_ID, STEPS_ID = "headline", "accuracy-over-steps"  # the figures' element ids (fixed: same bytes each time)
 # matplotlib's markers of figures.network_style and of the rows without running statistics, in plotly's names
 SYMBOLS = {"o": "circle", "^": "triangle-up", "s": "square"}
+LOG_TICKS = [m * 10.0 ** e for e in range(-2, 3) for m in (1, 2, 5)]  # 0.01, 0.02, 0.05, ..., 500: as the figures
 STYLE = """
 body { font-family: system-ui, sans-serif; max-width: 1180px; margin: 2em auto; padding: 0 1em; color: #222;
        line-height: 1.45; }
@@ -112,6 +113,12 @@ def suite_commit() -> str:
     return done.stdout.strip() or f"unknown (not a git checkout: {done.stderr.strip()[:120]})"
 
 
+def label(row: str) -> str:
+    """The row's label in the legends (:attr:`bnrotation.rows.RowSpec.label`; its name for a row of one's own):
+    ResNet-20's rows say so, and the marker tells the networks apart."""
+    return ROWS[row].label if row in ROWS else row
+
+
 def _hex(rgb: tuple) -> str:
     return "#" + "".join(f"{round(c * 255):02x}" for c in rgb[:3])
 
@@ -136,7 +143,7 @@ def headline(d: Data, go) -> object:
         g = finished[finished["row"] == row].sort_values("seed")
         colour, symbol = _hex(d.palette[row]), _symbol(d, row, norm)
         fig.add_trace(go.Scatter(
-            x=g["rotation_per_100_deg"].tolist(), y=g["acc_eval_mode"].tolist(), mode="markers", name=d.label(row),
+            x=g["rotation_per_100_deg"].tolist(), y=g["acc_eval_mode"].tolist(), mode="markers", name=label(row),
             legendgroup=row, meta="runs", customdata=[[row, int(s), ng] for s, ng in zip(g["seed"], g["norm_growth"])],
             marker={"color": colour, "symbol": symbol, "size": 9, "line": {"color": "white", "width": 0.6}},
             hovertemplate=("row <b>%{customdata[0]}</b>, seed %{customdata[1]}<br>rotation %{x:.2f}° per 100 steps"
@@ -144,17 +151,18 @@ def headline(d: Data, go) -> object:
         rotation, accuracy = published(row, "rotation_per_100_deg"), published(row, "acc_eval_mode")
         if rotation and accuracy:
             fig.add_trace(go.Scatter(
-                x=[rotation.value], y=[accuracy.value], mode="markers", name=f"{d.label(row)}: published",
+                x=[rotation.value], y=[accuracy.value], mode="markers", name=f"{label(row)}: published",
                 legendgroup=row, showlegend=False, meta="published", customdata=[[row]],
                 marker={"color": "rgba(0,0,0,0)", "size": 16, "line": {"color": colour, "width": 2}},
                 hovertemplate=("row <b>%{customdata[0]}</b>: the article's row mean<br>rotation %{x:.2f}° per 100 "
                                "steps<br>accuracy %{y:.1%}<extra></extra>")))
     fig.add_hline(y=0.1, line={"color": "#999", "dash": "dot", "width": 1}, annotation_text="chance",
                   annotation_position="bottom left")
-    fig.update_xaxes(type="log", title="rotation of the last conv layer per 100 steps (degrees, log scale)")
+    fig.update_xaxes(type="log", tickvals=LOG_TICKS,
+                     title="rotation of the last conv layer per 100 steps (degrees, log scale)")
     fig.update_yaxes(range=[0, 1.04], tickformat=".0%", title="evaluation-mode accuracy (mean of the checks)")
-    fig.update_layout(template="plotly_white", height=560, legend={"title": {"text": "row (click: hide/show)"}},
-                      margin={"t": 30})
+    fig.update_layout(template="plotly_white", height=max(560, 160 + 30 * len(d.rows)), margin={"t": 30},
+                      legend={"title": {"text": "row (click: hide/show)"}, "font": {"size": 11}})
     return fig
 
 
@@ -167,22 +175,22 @@ def accuracy_over_steps(d: Data, go, make_subplots) -> object:
     cols = min(len(rows), 4)
     grid = math.ceil(len(rows) / cols)
     fig = make_subplots(rows=grid, cols=cols, shared_xaxes=True, shared_yaxes=True, vertical_spacing=0.5 / grid / 2,
-                        horizontal_spacing=0.03, subplot_titles=[d.label(r) for r in rows])
+                        horizontal_spacing=0.03, subplot_titles=[label(r) for r in rows])
     modes = (("acc_train_mode", "training mode (held-out set's own batch statistics)", "dash"),
              ("acc_eval_mode", "evaluation mode (running statistics)", "solid"))
     for i, row in enumerate(rows):
         g = checks[checks["row"] == row]
         at = {"row": i // cols + 1, "col": i % cols + 1}
-        for column, label, dash in modes:
+        for column, mode, dash in modes:
             s = g.groupby("step")[column].agg(["mean", "min", "max"])
             colour = "#555555" if dash == "dash" else _hex(d.palette[row])
             steps = s.index.tolist()
             fig.add_trace(go.Scatter(x=steps + steps[::-1], y=s["max"].tolist() + s["min"].tolist()[::-1],
                                      fill="toself", fillcolor=colour, opacity=0.2, line={"width": 0},
-                                     hoverinfo="skip", legendgroup=column, showlegend=False, name=label), **at)
-            fig.add_trace(go.Scatter(x=steps, y=s["mean"].tolist(), mode="lines", name=label, legendgroup=column,
+                                     hoverinfo="skip", legendgroup=column, showlegend=False, name=mode), **at)
+            fig.add_trace(go.Scatter(x=steps, y=s["mean"].tolist(), mode="lines", name=mode, legendgroup=column,
                                      showlegend=i == 0, line={"color": colour, "dash": dash, "width": 1.6},
-                                     hovertemplate=f"{html.escape(row)}, {label.split(' (')[0]}<br>step %{{x}}: "
+                                     hovertemplate=f"{html.escape(row)}, {mode.split(' (')[0]}<br>step %{{x}}: "
                                                    "mean %{y:.1%}<extra></extra>"), **at)
     fig.update_xaxes(showticklabels=True, title_text="step", title_standoff=2)
     fig.update_yaxes(range=[0, 1.04], tickformat=".0%")
@@ -291,7 +299,8 @@ def build_page(root: Path, runs: list[Run], out: Path, skipped: list[str] = ()) 
     rows_run = sorted(per_run["row"].unique(), key=row_order)
     article = [c for c in checks if c.section == ARTICLE]
     resnet = [c for c in checks if c.section == RESNET]
-    config = {"displaylogo": False, "responsive": True}
+    # plotly.js's own buttons, less its "Share chart" (an upload to Plotly's cloud): nothing leaves the file
+    config = {"displaylogo": False, "responsive": True, "modeBarButtonsToRemove": ["sendChartToCloud"]}
     plot_headline = headline(d, go).to_html(full_html=False, include_plotlyjs=True, div_id=HEADLINE_ID, config=config)
     plot_steps = accuracy_over_steps(d, go, make_subplots).to_html(full_html=False, include_plotlyjs=False,
                                                                    div_id=STEPS_ID, config=config)
