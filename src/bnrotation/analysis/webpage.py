@@ -7,10 +7,12 @@ One file that opens offline: plotly.js and every number are inlined, and the fig
 (results root, runs, the suite's commit, the runs' scale); the headline, evaluation-mode accuracy against
 rotation with one point per run and the article's row means beside them; the article's table with the published
 figure, the measured mean ± spread, n and a verdict per cell; the claims, each verdict with its reason; the
-accuracy over steps per row in both modes; and the other figures. Nothing is computed here: the table is
+accuracy over steps per row in both modes (mean, lowest and highest run at each check, as figure 3 draws them);
+and the other figures. No number of the table or the claims is computed here: the table is
 :func:`.table.build_table` (the lines of ``table.csv``), the verdicts are :func:`.claims.weigh` (those of
 ``claims.md``), the per-run values are :func:`.evidence.collect`'s, the published figures are
-:func:`.claim_kinds.published`'s (:mod:`bnrotation.rows`, :mod:`bnrotation.article`).
+:func:`.claim_kinds.published`'s (:mod:`bnrotation.rows`, :mod:`bnrotation.article`). The page has no time
+stamp and fixed element ids, so the same runs, figures and commit give the same bytes.
 
 Library: Plotly (plotly.py), because it writes a figure with plotly.js inlined (``include_plotlyjs=True``) and
 needs nothing else at view time, with hover and legend toggling built in; Altair's offline page needs the
