@@ -55,7 +55,7 @@ $(error JOBS=$(JOBS): expected a whole number >= 1 (runs at once))
 endif
 endif
 
-.PHONY: help install test sweep reproduce places row table diagnose check figures claims notebooks bench clean
+.PHONY: help install test sweep reproduce places row table diagnose check figures claims report notebooks bench clean
 .DEFAULT_GOAL := help
 
 help: ## list the targets
@@ -119,6 +119,9 @@ figures: $(VENV)/.installed ## <root>/figures/*.png, *.pdf and README.md from th
 
 claims: $(VENV)/.installed ## <root>/claims.md: every claim of the article, PASS/FAIL/NOT RUN (RESULTS=<root>; OUT=<folder>)
 	$(out_dir) $(PY) -m bnrotation.analysis.claims $(results_flag) --out "$$out" $(skip_flag)
+
+report: $(VENV)/.installed ## <root>/report.html: headline, table, claims and figures on one page that opens offline (RESULTS=<root>; OUT=<folder>)
+	$(out_dir) $(PY) -m bnrotation.analysis.webpage $(results_flag) --out "$$out" $(skip_flag)
 
 notebooks: $(VENV)/.installed ## run every notebooks/*.py as a script against the results (RESULTS=<root>)
 	@for nb in notebooks/*.py; do echo "$$nb"; \

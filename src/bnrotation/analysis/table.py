@@ -142,6 +142,16 @@ def seeds_cell(line: pd.Series) -> str:
     return text[:-1] + f"; to run: seed{'s' if len(missing) > 1 else ''} {seed_ranges(missing)})" if missing else text
 
 
+def cell_parts(line: pd.Series, col: Column) -> tuple[str, str]:
+    """One cell of the table as ``table.md`` prints it, in two parts: the measured ``mean ± spread`` of
+    ``line`` (one line of :func:`build_table`) and the published figure (``''`` where the article gives none),
+    in ``col``'s unit and decimals (:func:`.stats.cell`). The write-up page (:mod:`.webpage`) prints the same."""
+    measured = cell(line[f"{col.key}_mean"], col.unit, line[f"{col.key}_std"], digits=col.digits,
+                    spread_digits=col.spread_digits, spread_sign=False)
+    published = line[f"{col.key}_published"]
+    return measured, "" if math.isnan(published) else cell(published, col.unit, digits=col.digits)
+
+
 def to_markdown(table: pd.DataFrame, root: Path, skipped: list[str] = (), scale: str = "") -> str:
     """The table as markdown: ``measured ± spread [published]`` in each cell; ``scale`` (one sentence on the
     runs' scale, :func:`.results.scale_note`) in the header; ``skipped`` (bad runs left out with ``--skip-bad``)
@@ -169,11 +179,8 @@ def to_markdown(table: pd.DataFrame, root: Path, skipped: list[str] = (), scale:
         seeds = seeds_cell(r)
         cells = []
         for col in COLUMNS:
-            text = cell(r[f"{col.key}_mean"], col.unit, r[f"{col.key}_std"], digits=col.digits,
-                        spread_digits=col.spread_digits, spread_sign=False)
-            if not math.isnan(r[f"{col.key}_published"]):
-                text += f" [{cell(r[f'{col.key}_published'], col.unit, digits=col.digits)}]"
-            cells.append(text)
+            measured, published = cell_parts(r, col)
+            cells.append(measured + (f" [{published}]" if published else ""))
         diverged = f"{r['diverged']} (seeds {r['diverged_seeds']})" if r["diverged"] else "0"
         wall = r.get("wall_seconds_mean", math.nan)
         minutes = "–" if wall is None or math.isnan(wall) else f"{wall / 60:.{0 if wall >= 600 else 1}f}"
