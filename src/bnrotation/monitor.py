@@ -177,7 +177,17 @@ def _op_name(target) -> str:
         return next((op for kind, op in _SEE_THROUGH_MODULES if isinstance(target, kind)), type(target).__name__)
     else:
         name = getattr(target, "__name__", type(target).__name__)
-    return name if name.startswith("__") else name.lstrip("_")
+    if name.startswith("__") and name.endswith("__"):  # Tensor.__add__, __iadd__, __radd__: add, add_, add
+        core = name[2:-2]
+        if core in _ARITHMETIC:
+            return core
+        if core[:1] in ("i", "r") and core[1:] in _ARITHMETIC:
+            return core[1:] + ("_" if core[0] == "i" else "")
+        return name
+    return name.lstrip("_")
+
+
+_ARITHMETIC = frozenset({"add", "sub", "mul", "truediv", "floordiv", "matmul", "pow", "mod", "and", "or", "xor"})
 
 
 def _prod(dims) -> int:
@@ -381,7 +391,7 @@ class _ChannelProvenance(TorchFunctionMode):
                          else _Placement(src.weight, None, (), op))
         if isinstance(out, torch.Tensor):
             self.mark(out, placement)
-        writes = op.endswith("_") or op.startswith("__i") or op == "__setitem__" or "out" in kwargs
+        writes = op.endswith("_") or op == "__setitem__" or "out" in kwargs
         if writes and op not in SEE_THROUGH_OPS:
             for t in (first, kwargs.get("out")):
                 if isinstance(t, torch.Tensor):
