@@ -108,18 +108,24 @@ def norm_inputs(model: nn.Module, x: torch.Tensor) -> dict[str, list[torch.Tenso
 
 
 class Producers(TorchFunctionMode):
-    """What produced each tensor of a forward pass: ``{id: (operation, id of its first tensor argument)}`` for
-    torch functions and methods, ``(module class, None)`` for module outputs (set by forward hooks)."""
+    """What produced each tensor of a forward pass: ``{id: [(operation, id of its first tensor argument), ...]}``,
+    latest last (an in-place operation adds to its argument's list); module outputs of fx's leaves (norm and
+    weight layers) are recorded as ``(module class, None)`` by forward hooks."""
 
     def __init__(self):
         super().__init__()
-        self.made: dict[int, tuple[str, int | None, torch.Tensor]] = {}
+        self.made: dict[int, list[tuple[str, int | None]]] = {}
+        self.alive: list[torch.Tensor] = []  # no id reused during the pass
+
+    def record(self, out: torch.Tensor, op: str, first: int | None) -> None:
+        self.alive.append(out)
+        self.made.setdefault(id(out), []).append((op, first))
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
         if isinstance(out, torch.Tensor):
             first = args[0] if args and isinstance(args[0], torch.Tensor) else None
-            self.made[id(out)] = (_op_name(func), id(first) if first is not None else None, out)
+            self.record(out, _op_name(func), id(first) if first is not None else None)
         return out
 
 
@@ -131,17 +137,19 @@ def producers_of_norm_inputs(model: nn.Module, x: torch.Tensor) -> dict[str, lis
 
     def pre(mod, inp, name):
         chain, t = [], id(inp[0])
-        while t in mode.made:
-            op, t, _ = mode.made[t]
+        history = list(mode.made.get(t, []))
+        while history:
+            op, first = history.pop()
             chain.append(op)
-            if op not in SEE_THROUGH_OPS:
+            if op not in SEE_THROUGH_OPS or first is None:
                 break
+            if first != t:  # not in place: continue with the argument's own history
+                t, history = first, list(mode.made.get(first, []))
         chains[name] = chain
 
     hooks = [m.register_forward_pre_hook(lambda mod, inp, n=n: pre(mod, inp, n))
              for n, m in model.named_modules() if isinstance(m, _BatchNorm)]
-    hooks += [m.register_forward_hook(lambda mod, inp, out: mode.made.__setitem__(id(out), (type(mod).__name__,
-                                                                                          None, out)))
+    hooks += [m.register_forward_hook(lambda mod, inp, out: mode.record(out, type(mod).__name__, None))
               for m in model.modules() if isinstance(m, NORM_LAYER_KINDS + WEIGHT_LAYERS)]  # fx's leaves
     with torch.no_grad(), mode:
         model(x)
@@ -231,8 +239,8 @@ def test_the_monitor_on_a_timm_model(name):
     chains = producers_of_norm_inputs(twin, x)
     for p in pairing.unpaired:
         named = re.match(r"its input comes from (\S+?),", p.reason)
-        if named:
-            assert named.group(1) in chains[p.norm], (p, chains[p.norm])
+        if named:  # fx reads `y += z` as add, a function mode sees add_: compared without the in-place mark
+            assert named.group(1).rstrip("_") in [op.rstrip("_") for op in chains[p.norm]], (p, chains[p.norm])
         else:
             assert p.reason.startswith("called ") and len(inputs[p.norm]) > 1, p
 

@@ -11,7 +11,8 @@ that has already moved") ends with what would have caught its failure early:
 :class:`StalenessMonitor` measures all three on any model, at any step, from a
 fixed probe batch. It finds each normalisation layer and the weight whose
 output it normalises (:func:`find_pairs`: ``torch.fx`` where the model traces,
-the order of execution on the probe batch where it does not) and returns tidy
+the order of execution on two probe samples for every layer fx cannot place;
+``docs/pairing.md``) and returns tidy
 records with the column names of the suite's ``checks``, ``layers`` and
 ``channels`` tables (:mod:`bnrotation.records`). A call leaves every buffer,
 parameter, gradient, optimizer state, random stream and module training flag
@@ -725,8 +726,8 @@ class StalenessMonitor:
         warn: raise a :class:`StaleStatisticsWarning` when the thresholds are crossed.
         modes: measure the training- against evaluation-mode check on the probe batch (one extra
             evaluation-mode forward pass per call).
-        warmup_steps: no staleness warning at a step below it (the record's ``stale`` is still the rule's
-            verdict; non-finite statistics always warn). Default (None): :func:`default_warmup_steps` of the
+        warmup_steps: no staleness warning, and no ``STALE`` in the summary, at a step below it (the record's
+            ``stale`` is still the rule's verdict; non-finite statistics always warn). Default (None): :func:`default_warmup_steps` of the
             monitored layers' momenta, the steps until their running statistics hold less than 1% of
             their initial values (44 at PyTorch's default momentum of 0.1); before that, a lag measures the
             initialisation, and an untrained model's two modes differ by chance alone.
@@ -970,6 +971,5 @@ class StalenessMonitor:
                         f"max {lag['lag_max_abs_sigma'].max():.2f}σ")
         bad = f"NON-FINITE {record.nonfinite}" if record.nonfinite else ""
         text = " | ".join(t for t in (bad, modes, rot_text, lag_text) if t)
-        if record.stale and record.step < self.warmup_steps and not record.nonfinite:
-            return f"(warm-up until step {self.warmup_steps}) " + text
-        return ("STALE " if record.stale else "") + text
+        warming_up = record.step < self.warmup_steps and not record.nonfinite
+        return ("STALE " if record.stale and not warming_up else "") + text
