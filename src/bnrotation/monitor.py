@@ -30,12 +30,13 @@ Nothing here imports the suite's task or network.
 
 from __future__ import annotations
 
+import io
 import math
 import numbers
 import sys
 import warnings
 from collections.abc import Mapping
-from contextlib import contextmanager
+from contextlib import contextmanager, redirect_stderr
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -296,16 +297,22 @@ class NormLeafTracer(torch.fx.Tracer):
 def _fx_placements(model: nn.Module, norms: dict[str, nn.Module], x) -> tuple[dict[str, list[_Placement]], list]:
     """``{norm layer: placements of its calls}`` read off a trace (:class:`NormLeafTracer`) whose shapes come
     from running two probe samples through the graph with batch statistics (``ShapeProp``), and the graph's
-    norm layers in forward order. Empty when the model does not trace or the traced graph does not run."""
+    norm layers in forward order. Empty when the model does not trace; where the graph does not run (or no
+    ``x``), only a convolution directly upstream is placed without shapes, every other layer is left out."""
     from torch.fx.passes.shape_prop import ShapeProp
     try:
         graph = NormLeafTracer().trace(model)
         module = torch.fx.GraphModule(model, graph)
-        if x is not None:
-            with torch.no_grad(), batch_statistics(model):
-                ShapeProp(module).propagate(_probe_head(x, 2))
-    except Exception:  # noqa: BLE001 - any model fx cannot trace or run falls back to execution order
+    except Exception:  # noqa: BLE001 - any model fx cannot trace falls back to execution order
         return {}, []
+    if x is not None:
+        try:
+            # ShapeProp prints the traceback of a node that fails before it raises: kept off the user's stderr
+            with torch.no_grad(), batch_statistics(model), redirect_stderr(io.StringIO()):
+                ShapeProp(module).propagate(_probe_head(x, 2))
+        except Exception:  # noqa: BLE001 - a graph that does not run: the layers that need shapes fall back
+            for node in graph.nodes:
+                node.meta.pop("tensor_meta", None)
     modules = dict(model.named_modules())
 
     def shape(node) -> tuple | None:
@@ -448,7 +455,8 @@ def find_pairs(model: nn.Module, x=None, running_statistics_only: bool = True) -
             default); else every BatchNorm, GroupNorm, LayerNorm and InstanceNorm layer.
 
     Raises:
-        ValueError: when the model has no such layer, or a layer is not placed by fx and no ``x`` is given.
+        ValueError: when the model has no such layer, or a layer is not placed by fx and no ``x`` is given or
+            the model cannot run on it.
     """
     layers = running_stat_layers(model) if running_statistics_only else norm_layers(model)
     if not layers:
@@ -465,7 +473,12 @@ def find_pairs(model: nn.Module, x=None, running_statistics_only: bool = True) -
                 raise ValueError("the model does not trace with torch.fx (or some normalisation layers are not in "
                                  f"its graph: {', '.join(rest)}); pass a probe input to pair its layers by "
                                  "execution order")
-            found, called = _execution_placements(model, {n: norms[n] for n in rest}, x)
+            try:
+                found, called = _execution_placements(model, {n: norms[n] for n in rest}, x)
+            except Exception as e:  # the model's own error on these inputs, named as the probe's
+                shape = tuple(x.shape) if isinstance(x, torch.Tensor) else "(a mapping)"
+                raise ValueError(f"probe: the model cannot run on the probe inputs {shape} to pair "
+                                 f"{', '.join(rest)} by execution order ({type(e).__name__}: {e})") from e
             placements |= found
             order += called
             methods |= {name: "execution order" for name in found}
