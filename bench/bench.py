@@ -19,7 +19,9 @@ section per measurement, each a named pair of functions in :data:`SECTIONS`
     ``torch.compile`` (compile time, speed, agreement), each against the bare
     loop's training step measured in this run;
 (e) peak memory; (f) the analysis targets' time; (g) sweep throughput per
-    split of the cores, and the full sweep's time estimated from (a) and (g).
+    split of the cores, and the full sweep's time estimated from (a) and (g);
+(h) the monitor's overhead on timm's resnet18 at one call per 100 steps, by
+    the wall clock and by CPU time, against training without it in the same run.
 
 It needs no results (it makes its own runs in a temporary folder). On a machine
 others are using, read the ratios (each side measured interleaved), not the
@@ -590,6 +592,95 @@ def report_probes(ctx: Context, c: dict) -> list[str]:
     return lines + [f"| {s}{' (fastest)' if s == best else ''} | {sec:.3f} |" for s, sec in c["chunks"].items()]
 
 
+# ----------------------------------------------------------------------------- (h) the monitor on timm's resnet18
+def import_timm():
+    """``timm`` with ``tests/thirdparty.py``'s torchvision shim, or None when it is not installed."""
+    sys.path.insert(0, str(ROOT / "tests"))
+    try:
+        from thirdparty import torchvision_shim
+        torchvision_shim()
+        import timm
+    except ImportError:
+        return None
+    finally:
+        sys.path.remove(str(ROOT / "tests"))
+    return timm
+
+
+def measure_timm(ctx: Context) -> dict:
+    """timm's ``resnet18`` (random weights) at 32x32, Adam, batch 128: blocks of 100 training steps without the
+    monitor and with one monitor call (the suite's probe of 512 labelled samples), alternated ``--rounds`` x 2
+    times in this process, each block timed by the wall clock and by this process's CPU time; and one call
+    alone. Skipped (None) without timm."""
+    timm = import_timm()
+    if timm is None:
+        progress("(h) skipped: timm is not installed")
+        return {}
+    args, device = ctx.args, ctx.device
+    torch.manual_seed(0)
+    model = timm.create_model("resnet18", pretrained=False, num_classes=10).to(device).train()
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    gen = torch.Generator(device).manual_seed(0)
+    probe_size = compose_run([f"experiment={ROW}"]).task.probe_size
+    x_probe = torch.randn(probe_size, 3, 32, 32, generator=gen, device=device)
+    y_probe = torch.randint(0, 10, (probe_size,), generator=gen, device=device)
+    batches = [(torch.randn(128, 3, 32, 32, generator=gen, device=device),
+                torch.randint(0, 10, (128,), generator=gen, device=device)) for _ in range(10)]
+    monitor = StalenessMonitor(model, (x_probe, y_probe), warn=False)
+    steps = iter(range(1, 10 ** 9))
+
+    def block(with_monitor: bool) -> tuple[float, float]:
+        ctx.sync()
+        wall, cpu = time.perf_counter(), time.process_time()
+        for i in range(100):
+            x, y = batches[i % len(batches)]
+            loss = F.cross_entropy(model(x), y)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+        if with_monitor:
+            monitor.measure(next(steps))
+        ctx.sync()
+        return time.perf_counter() - wall, time.process_time() - cpu
+
+    block(True)  # warm-up: first calls allocate
+    pairs = []
+    for r in range(args.rounds * 2):  # ABBA, so that a drift in load hits both sides alike
+        order = (False, True) if r % 2 == 0 else (True, False)
+        got = {w: block(w) for w in order}
+        pairs.append((got[False], got[True]))
+    call_wall = timed(lambda: monitor.measure(next(steps)), args.reps, ctx.sync)
+    cpu0 = time.process_time()
+    for _ in range(args.reps):
+        monitor.measure(next(steps))
+    call_cpu = (time.process_time() - cpu0) / args.reps
+    progress("(h) timm resnet18 done")
+    return {"pairs": pairs, "call_wall": call_wall, "call_cpu": call_cpu, "probe": probe_size,
+            "layers": len(monitor.layers), "paired": len(monitor.pairing.pairs)}
+
+
+def report_timm(ctx: Context, h: dict) -> list[str]:
+    if not h:
+        return ["Not measured: timm is not installed (`pip install timm==1.0.31 torchvision==0.28.0`)."]
+    wall = [b[0] / a[0] - 1 for a, b in h["pairs"]]
+    cpu = [b[1] / a[1] - 1 for a, b in h["pairs"]]
+    base_wall = statistics.median(a[0] for a, _ in h["pairs"])
+    base_cpu = statistics.median(a[1] for a, _ in h["pairs"])
+    lines = [f"timm `resnet18`, random weights, 32x32 inputs, Adam, batch 128; the monitor with a labelled probe of "
+             f"{h['probe']} samples ({h['paired']} of {h['layers']} BatchNorm layers paired), one call per 100 "
+             f"steps. {len(h['pairs'])} pairs of 100-step blocks, alternated; overhead = block with the call / "
+             "block without - 1, per pair. The target is at most 3%.", "",
+             "| clock | 100 steps (median) | overhead per pair | median | one call alone / 100 steps |",
+             "|---|---:|---|---:|---:|",
+             f"| wall | {fmt_s(base_wall)} | {', '.join(f'{100 * v:+.1f}%' for v in wall)} | "
+             f"{100 * statistics.median(wall):+.1f}% | {100 * h['call_wall'] / base_wall:.1f}% |",
+             f"| CPU (`time.process_time`) | {fmt_s(base_cpu)} | {', '.join(f'{100 * v:+.1f}%' for v in cpu)} | "
+             f"{100 * statistics.median(cpu):+.1f}% | {100 * h['call_cpu'] / base_cpu:.1f}% |", "",
+             "The spread of the per-pair overheads is the noise of this machine; where it is wider than the "
+             "overhead itself, read the last column (one call timed alone, against the median block)."]
+    return lines
+
+
 # ----------------------------------------------------------------------------- (d) options
 def measure_options(ctx: Context) -> dict:
     """The batched seeds' training step against one seed's, and ``torch.compile``'s training step and evaluation
@@ -902,6 +993,7 @@ SECTIONS = (
     Section("e", "Peak memory", measure_memory, report_memory),
     Section("f", "Analysis targets", measure_analysis, report_analysis),
     Section("g", "Sweep throughput and the full sweep's time", measure_sweep, report_sweep),
+    Section("h", "The monitor on timm's resnet18", measure_timm, report_timm),
 )
 
 

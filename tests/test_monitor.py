@@ -16,8 +16,8 @@ import torch.nn.functional as F
 from bnrotation.bnstats import reestimate
 from bnrotation.config import ModelConfig
 from bnrotation.model import build_model
-from bnrotation.monitor import (StaleStatisticsWarning, StalenessMonitor, Thresholds, evaluation_forward, find_pairs,
-                               split_probe)
+from bnrotation.monitor import (MonitorSetupWarning, StaleStatisticsWarning, StalenessMonitor, Thresholds,
+                               evaluation_forward, find_pairs, split_probe)
 from bnrotation.probes import EVAL_CHUNK, fresh_statistics, rotation_deg
 
 from test_probes import rotated
@@ -366,13 +366,13 @@ def test_stale_statistics_warn_naming_the_worst_layer_and_channel_and_re_estimat
         model.bn2.running_mean += 2.0 * model.bn2.running_var.sqrt()  # stale by 2 sigma
         model.bn2.running_mean[3] += 3.0 * model.bn2.running_var[3].sqrt()  # channel 3 the worst
     with pytest.warns(StaleStatisticsWarning, match=r"worst channel bn2 channel 3 .*Re-estimate") as caught:
-        record = StalenessMonitor(model, (x, y))(100)
+        record = StalenessMonitor(model, (x, y))(200)  # past the warm-up: 151 steps at this momentum of 0.03
     assert caught[0].filename == __file__  # the warning names the caller's line, not torch.no_grad's wrapper
     assert record.stale and record.summary.startswith("STALE ") and record.worst()[:2] == ("bn2", 3)
     reestimate(model, batches)
     with warnings.catch_warnings():
         warnings.simplefilter("error", StaleStatisticsWarning)
-        fresh = StalenessMonitor(model, (x, y))(200)
+        fresh = StalenessMonitor(model, (x, y))(300)
     assert not fresh.stale and fresh.checks["mode_gap"].iloc[0] < 0.05
     quiet = StalenessMonitor(model, (x, y), thresholds=Thresholds(mode_gap=0.0, lag_sigma=0.0), warn=False)(1)
     assert quiet.stale  # thresholds of 0 always fire; warn=False keeps it silent
@@ -453,3 +453,235 @@ def test_the_evaluation_pass_in_chunks_equals_one_pass_and_restores_the_flags():
     model.eval()
     with torch.no_grad():
         assert torch.allclose(out, model(x), rtol=0, atol=1e-6)
+
+
+# ----------------------------------------------------------------------------- pairing on layers from elsewhere
+class ForeignBatchNorm(nn.BatchNorm2d):
+    """Like timm's ``BatchNormAct2d``: a BatchNorm2d subclass defined outside torch.nn, with its own forward (a
+    fused ReLU), which counts ``num_batches_tracked`` itself, whatever ``track_running_stats`` says."""
+
+    def forward(self, x):
+        if self.training:
+            self.num_batches_tracked.add_(1)
+        use_batch = self.training or self.running_mean is None
+        return F.relu(F.batch_norm(x, self.running_mean if not use_batch or self.track_running_stats else None,
+                                   self.running_var if not use_batch or self.track_running_stats else None,
+                                   self.weight, self.bias, use_batch, self.momentum or 0.0, self.eps))
+
+
+class MyConv(nn.Conv2d):
+    """A user's Conv2d subclass with its own forward."""
+
+    def forward(self, x):
+        return super().forward(x) * 1.0
+
+
+class Foreign(nn.Module):
+    """Foreign layers, see-through operations, and layers no single weight feeds; ``untraceable`` adds a
+    data-dependent branch, so that torch.fx cannot trace it and every layer is placed by execution order."""
+
+    def __init__(self, untraceable: bool = False):
+        super().__init__()
+        self.untraceable = untraceable
+        self.conv1, self.bn1 = nn.Conv2d(3, 8, 3, padding=1, bias=False), ForeignBatchNorm(8)
+        self.conv2, self.bn2 = MyConv(8, 8, 3, padding=1), nn.BatchNorm2d(8)
+        self.conv3, self.bn3 = nn.Conv2d(8, 8, 1), nn.BatchNorm2d(8)  # through ReLU, max pooling and dropout
+        self.a, self.b, self.bn_sum = nn.Conv2d(8, 8, 1), nn.Conv2d(8, 8, 1), nn.BatchNorm2d(8)
+        self.c, self.bn_inplace = nn.Conv2d(8, 8, 1), nn.BatchNorm2d(8)
+        self.d, self.bn_silu = nn.Conv2d(8, 8, 1), nn.BatchNorm2d(8)
+        self.e, self.f, self.bn_shared = nn.Conv2d(8, 8, 1), nn.Conv2d(8, 8, 1), nn.BatchNorm2d(8)
+        self.g, self.bn_merged = nn.Conv2d(8, 2, 1), nn.BatchNorm1d(2 * 4 * 4)
+        self.fc, self.bn_tokens = nn.Linear(8, 6), nn.BatchNorm1d(6)  # Linear -> flatten(0, 1) -> BN1d (LeViT)
+        self.fc_l, self.bn_over_l = nn.Linear(8, 6), nn.BatchNorm1d(16)  # BN1d over the 16 tokens, not features
+        self.drop = nn.Dropout(0.1)
+        self.head = nn.Linear(8, 3)
+
+    def forward(self, x):
+        y = self.bn1(self.conv1(x))  # (N, 8, 8, 8)
+        y = F.relu(self.bn2(self.conv2(y)))
+        y = self.bn3(self.drop(F.max_pool2d(F.relu(self.conv3(y)), 2)))  # (N, 8, 4, 4)
+        if self.untraceable and y.sum() > 1e9:  # depends on the data: fx's proxies cannot decide it
+            y = -y
+        s = self.bn_sum(self.a(y) + self.b(y))
+        t = self.c(y)
+        t += y  # in place: the tensor conv c returned now holds a sum
+        t = self.bn_inplace(t)
+        u = self.bn_silu(F.silu(self.d(y)))
+        v = self.bn_shared(self.e(y)) + self.bn_shared(self.f(y))
+        w = self.bn_merged(self.g(y).flatten(1))  # channels merged with the spatial dims
+        tokens = y.flatten(2).transpose(1, 2)  # (N, 16, 8)
+        z = self.fc(tokens)  # (N, 16, 6)
+        z = self.bn_tokens(z.flatten(0, 1)).reshape_as(z)
+        q = self.bn_over_l(self.fc_l(tokens))
+        return self.head((s + t + u + v).mean((2, 3))) + w.sum() * 0 + z.sum() * 0 + q.sum() * 0
+
+
+FOREIGN_PAIRS = {"bn1": "conv1", "bn2": "conv2", "bn3": "conv3", "bn_tokens": "fc"}
+FOREIGN_UNPAIRED = {"bn_sum": "its input comes from add,", "bn_inplace": "its input comes from add",  # fx: add; execution order: add_
+                    "bn_silu": "its input comes from silu,", "bn_shared": "called 2 times on the outputs of different",
+                    "bn_merged": "but flatten does not keep each channel apart",
+                    "bn_over_l": "its channel dim holds dim 2's channels"}
+
+
+@pytest.mark.parametrize("untraceable", [False, True], ids=["fx", "execution order"])
+def test_foreign_layers_see_through_operations_and_what_no_single_weight_feeds(untraceable):
+    """Both placements on the same model: each pair by fx (traceable) and by execution order alone
+    (untraceable), and each unpaired layer with its reason. The in-place sum caught a tracker that followed
+    tensors by identity; the sum, a pairing with the last weight layer run."""
+    torch.manual_seed(0)
+    x = torch.randn(4, 3, 8, 8)
+    model = Foreign(untraceable)
+    if untraceable:
+        with pytest.raises(Exception):
+            torch.fx.symbolic_trace(model)
+    pairing = find_pairs(model, x)
+    assert pairing.method == ("execution order" if untraceable else "fx")
+    assert {p.norm: p.weight for p in pairing.pairs} == FOREIGN_PAIRS
+    assert pairing.via == {"bn3": ("relu", "max_pool2d", "dropout"), "bn_tokens": ("flatten",)}
+    reasons = {p.norm: p.reason for p in pairing.unpaired}
+    assert reasons.keys() == FOREIGN_UNPAIRED.keys()
+    for norm, text in FOREIGN_UNPAIRED.items():
+        assert text in reasons[norm], (norm, reasons[norm])
+
+
+def test_a_layer_fx_does_not_place_is_placed_by_execution_order_alone():
+    """A model that traces, with one BatchNorm hidden from the graph inside a function fx keeps opaque: that
+    layer, and only it, is placed by execution order."""
+    torch.manual_seed(0)
+    model = HiddenNorm()
+    pairing = find_pairs(model, torch.randn(4, 3, 6, 6))
+    assert pairing.methods == {"bn1": "fx", "bn2": "execution order"}
+    assert pairing.method == "fx and execution order"
+    assert {p.norm: p.weight for p in pairing.pairs} == {"bn1": "conv1", "bn2": "conv2"}
+    assert "[execution order]" in pairing.describe()
+
+
+@torch.fx.wrap
+def _opaque_norm(norm: nn.Module, z: torch.Tensor) -> torch.Tensor:
+    return norm(z)
+
+
+class HiddenNorm(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv1, self.bn1 = nn.Conv2d(3, 4, 3, bias=False), nn.BatchNorm2d(4)
+        self.conv2, self.bn2 = nn.Conv2d(4, 4, 1), nn.BatchNorm2d(4)
+        self.head = nn.Linear(4, 2)
+
+    def forward(self, x):
+        y = _opaque_norm(self.bn2, self.conv2(F.relu(self.bn1(self.conv1(x)))))
+        return self.head(y.mean((2, 3)))
+
+
+def test_unpaired_layers_are_named_in_one_warning_and_the_summary_says_what_rotation_covers():
+    torch.manual_seed(0)
+    x = torch.randn(32, 3, 8, 8)
+    with pytest.warns(MonitorSetupWarning, match="6 of 10 normalisation layer") as caught:
+        monitor = StalenessMonitor(trained(Foreign(), x), x, warn=False)
+    setup = [str(w.message) for w in caught if issubclass(w.category, MonitorSetupWarning)]
+    assert len(setup) == 1 and all(f"{norm}: " in setup[0] for norm in FOREIGN_UNPAIRED)
+    monitor(0)
+    assert "(4 of 10 layers paired)" in monitor(100).summary
+    none = nn.Sequential(nn.Conv2d(3, 4, 1), nn.SiLU(), nn.BatchNorm2d(4), nn.Flatten(), nn.Linear(4 * 64, 2))
+    with pytest.warns(MonitorSetupWarning, match="its input comes from SiLU"):
+        monitor = StalenessMonitor(trained(none, x), x, warn=False)
+    assert "rotation: no layer paired" in monitor(1).summary
+
+
+@pytest.mark.parametrize("momentum", [0.1, None])
+def test_construction_and_calls_leave_num_batches_tracked_on_a_layer_that_counts_itself(momentum):
+    """ForeignBatchNorm counts every training-mode pass, as timm's BatchNormAct2d did when fx traced into it.
+    With momentum=None the counter weights the next batch: one stray increment changes training."""
+    torch.manual_seed(0)
+    x = torch.randn(16, 3, 8, 8)
+    model = trained(Foreign(), x)
+    model.bn1.momentum = momentum
+    before = everything(model)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", MonitorSetupWarning)
+        monitor = StalenessMonitor(model, x, warn=False)
+    assert_unchanged(before, everything(model))
+    monitor(1)
+    monitor(2)
+    assert_unchanged(before, everything(model))
+
+
+# ----------------------------------------------------------------------------- warnings worth trusting
+def test_no_staleness_warning_before_the_warm_up_and_one_after():
+    """An untrained model at step 0: both modes at chance, running statistics at their initial values. Thresholds
+    of 0 make the rule fire at every call (without labels the gap, 1 - agreement, is never negative); the warm-up
+    holds the warning back until its step."""
+    torch.manual_seed(0)
+    x, y = torch.randn(64, 12), torch.randint(0, 3, (64,))
+    model = MLP()
+    always = Thresholds(mode_gap=0.0, lag_sigma=0.0)
+    monitor = StalenessMonitor(model, x, thresholds=always)
+    assert monitor.warmup_steps == 44  # ceil(ln 0.01 / ln 0.9): PyTorch's default momentum 0.1
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", StaleStatisticsWarning)
+        record = monitor(0)
+        assert record.stale and not record.summary.startswith("STALE")  # the rule's verdict, not announced
+        monitor(43)
+    with pytest.warns(StaleStatisticsWarning, match="step 44: running statistics are stale"):
+        monitor(44)
+    model.bn1.momentum = 0.03
+    assert StalenessMonitor(model, (x, y)).warmup_steps == 152  # ceil(ln 0.01 / ln 0.97), the slowest layer
+    assert StalenessMonitor(model, (x, y), warmup_steps=0).warmup_steps == 0
+    with pytest.raises(ValueError, match="warmup_steps: expected an int >= 0"):
+        StalenessMonitor(model, x, warmup_steps=-1)
+
+
+def test_a_probe_whose_one_sample_outweighs_the_gap_threshold_warns_with_the_smallest_size():
+    torch.manual_seed(0)
+    model = MLP()
+    with pytest.warns(MonitorSetupWarning, match=r"one of its 16 samples moves the mode gap by 6.25%.*at least 20"):
+        StalenessMonitor(model, torch.randn(16, 12))
+    with pytest.warns(MonitorSetupWarning, match="at least 10 samples"):
+        StalenessMonitor(model, torch.randn(8, 12), thresholds=Thresholds(mode_gap=0.1))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", MonitorSetupWarning)
+        StalenessMonitor(model, torch.randn(20, 12))  # 5% per sample: at the threshold, not above it
+
+
+# ----------------------------------------------------------------------------- other inputs
+class FeaturesModel(nn.Module):
+    """``forward(batch)`` reads ``batch["features"]`` itself."""
+
+    def __init__(self):
+        super().__init__()
+        self.net = MLP()
+
+    def forward(self, batch):
+        return self.net(batch["features"])
+
+
+def test_a_model_that_reads_a_mapping_gets_the_whole_mapping_and_labels_are_still_read():
+    torch.manual_seed(0)
+    x, y = torch.randn(64, 12), torch.randint(0, 3, (64,))
+    model = FeaturesModel()
+    trained(model.net, x)
+    with pytest.raises(TypeError, match="input_key=None passes a mapping whole"):
+        StalenessMonitor(model, {"features": x, "target": y})
+    before = everything(model)
+    monitor = StalenessMonitor(model, {"features": x, "target": y, "id": torch.arange(64)}, input_key=None,
+                               warn=False)
+    got = monitor(1)
+    assert_unchanged(before, everything(model))
+    want = StalenessMonitor(model.net, (x, y), warn=False)(1)  # the same network on the tensor itself
+    pd.testing.assert_frame_equal(got.checks, want.checks)
+    assert np.array_equal(got.channels["lag_sigma"].to_numpy(), want.channels["lag_sigma"].to_numpy())
+    assert {p.norm for p in monitor.pairing.pairs} == {"net.bn1", "net.bn2"}
+
+
+def test_a_compiled_model_is_measured_through_the_module_it_wraps_without_compiling():
+    from torch._dynamo.utils import counters
+    torch.manual_seed(0)
+    x = torch.randn(32, 12)
+    model = trained(MLP(), x)
+    compiled = torch.compile(model)
+    frames = dict(counters["frames"])
+    monitor = StalenessMonitor(compiled, x, warn=False)
+    record = monitor(1)
+    assert monitor.model is model and dict(counters["frames"]) == frames  # nothing was compiled
+    want = StalenessMonitor(model, x, warn=False)(1)
+    assert np.array_equal(record.channels["lag_sigma"].to_numpy(), want.channels["lag_sigma"].to_numpy())

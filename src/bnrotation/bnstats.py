@@ -64,10 +64,13 @@ def nonfinite_state(model: nn.Module) -> NonFinite:
     return NonFinite(params, stats)
 
 
+# Normalisation layers, of any package: subclasses of these (timm's BatchNormAct2d is a BatchNorm2d).
+NORM_LAYER_KINDS = (_BatchNorm, nn.GroupNorm, nn.LayerNorm, nn.modules.instancenorm._InstanceNorm)
+
+
 def norm_layers(model: nn.Module) -> list[tuple[str, nn.Module]]:
-    """``[(name, module)]`` of every BatchNorm, GroupNorm, LayerNorm and InstanceNorm layer."""
-    kinds = (_BatchNorm, nn.GroupNorm, nn.LayerNorm, nn.modules.instancenorm._InstanceNorm)
-    return [(n, m) for n, m in model.named_modules() if isinstance(m, kinds)]
+    """``[(name, module)]`` of every BatchNorm, GroupNorm, LayerNorm and InstanceNorm layer (any subclass)."""
+    return [(n, m) for n, m in model.named_modules() if isinstance(m, NORM_LAYER_KINDS)]
 
 
 def frozen_layers(model: nn.Module) -> list[tuple[str, _BatchNorm]]:
@@ -90,6 +93,12 @@ def batch_statistics(model: nn.Module, keep_frozen: bool = False) -> Iterator[nn
     "training-mode" measurement; the article's snippet used ``net.train()``,
     which moves the running statistics towards the measured batch.
 
+    A BatchNorm subclass from another package that updates a buffer
+    whatever ``track_running_stats`` says is undone too: every BatchNorm
+    layer's running mean, running variance and ``num_batches_tracked`` are
+    put back on exit (with ``momentum=None`` the counter weights the next
+    batch, so one stray increment changes training).
+
     Args:
         keep_frozen: layers frozen in evaluation mode (:func:`frozen_layers`)
             keep normalising with their running statistics, as they do in
@@ -98,6 +107,8 @@ def batch_statistics(model: nn.Module, keep_frozen: bool = False) -> Iterator[nn
     flags = {m: m.training for m in model.modules()}
     frozen = {m for _, m in frozen_layers(model)} if keep_frozen else set()
     tracking = {m: m.track_running_stats for m in model.modules() if isinstance(m, _BatchNorm) and m not in frozen}
+    saved = [(t, t.detach().clone()) for m in model.modules() if isinstance(m, _BatchNorm)
+             for t in (m.running_mean, m.running_var, m.num_batches_tracked) if t is not None]
     try:
         model.eval()
         for m in tracking:
@@ -109,6 +120,9 @@ def batch_statistics(model: nn.Module, keep_frozen: bool = False) -> Iterator[nn
             m.track_running_stats = t
         for m, f in flags.items():
             m.training = f
+        with torch.no_grad():
+            for t, value in saved:
+                t.copy_(value)
 
 
 def _tensor_bytes(t: torch.Tensor):

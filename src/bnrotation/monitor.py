@@ -11,7 +11,8 @@ that has already moved") ends with what would have caught its failure early:
 :class:`StalenessMonitor` measures all three on any model, at any step, from a
 fixed probe batch. It finds each normalisation layer and the weight whose
 output it normalises (:func:`find_pairs`: ``torch.fx`` where the model traces,
-the order of execution on the probe batch where it does not) and returns tidy
+the order of execution on two probe samples for every layer fx cannot place;
+``docs/pairing.md``) and returns tidy
 records with the column names of the suite's ``checks``, ``layers`` and
 ``channels`` tables (:mod:`bnrotation.records`). A call leaves every buffer,
 parameter, gradient, optimizer state, random stream and module training flag
@@ -29,11 +30,13 @@ Nothing here imports the suite's task or network.
 
 from __future__ import annotations
 
+import io
 import math
 import numbers
 import sys
 import warnings
 from collections.abc import Mapping
+from contextlib import contextmanager, redirect_stderr
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -41,8 +44,10 @@ import pandas as pd
 import torch
 import torch.nn as nn
 from torch.nn.modules.batchnorm import _BatchNorm
+from torch.overrides import TorchFunctionMode
 
-from .bnstats import NonFinite, batch_statistics, nonfinite_state, norm_layers, running_stat_layers
+from .bnstats import (NORM_LAYER_KINDS, NonFinite, batch_statistics, nonfinite_state, norm_layers,
+                      running_stat_layers)
 from .probes import (batch_statistics_pass, channel_cosines, channel_norms, cosine, drift_sigma_per_step,
                      evaluation_forward, evaluation_mode, lag_sigma, predicted_lag_sigma, rotation_deg)
 
@@ -52,6 +57,46 @@ WEIGHT_LAYERS = (nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.Linear)
 
 class StaleStatisticsWarning(UserWarning):
     """The running statistics describe other weights: the mode gap and the lag crossed the monitor's thresholds."""
+
+
+class MonitorSetupWarning(UserWarning):
+    """At construction: what the monitor cannot measure as asked (layers left unpaired, a probe too small for the
+    mode-gap threshold)."""
+
+
+@contextmanager
+def _buffers_kept(model: nn.Module):
+    """Every buffer of ``model`` (running statistics, ``num_batches_tracked``, any other) is put back as it was
+    on exit, whatever ran inside: a trace or a pass through third-party layers that write their buffers."""
+    saved = [(b, b.detach().clone()) for b in model.buffers()]
+    try:
+        yield
+    finally:
+        with torch.no_grad():
+            for b, v in saved:
+                b.copy_(v)
+
+
+def _probe_len(x) -> int:
+    """Samples in probe inputs: a tensor's first dim, or that of a mapping's first tensor."""
+    if isinstance(x, torch.Tensor):
+        return len(x)
+    return next((len(v) for v in x.values() if isinstance(v, torch.Tensor) and v.dim() > 0), 0)
+
+
+def _probe_head(x, n: int):
+    """The first ``n`` samples of probe inputs: of a tensor, or of every tensor of a mapping that has one
+    value per sample (other values as they are)."""
+    if isinstance(x, torch.Tensor):
+        return x[:n]
+    total = _probe_len(x)
+    return {k: v[:n] if isinstance(v, torch.Tensor) and v.dim() > 0 and len(v) == total else v
+            for k, v in x.items()}
+
+
+def _call(model: nn.Module, x):
+    """The model on probe inputs: ``model(x)``, a mapping passed whole as the one argument."""
+    return model(x)
 
 
 # ----------------------------------------------------------------------------- pairing
@@ -72,95 +117,346 @@ class NormPair:
 
 @dataclass
 class Pairing:
-    """What :func:`find_pairs` found: ``pairs`` in forward order, ``unpaired`` with the reason, and ``method``
-    (``fx`` or ``execution order``)."""
+    """What :func:`find_pairs` found.
+
+    Attributes:
+        pairs: the paired layers, in forward order.
+        unpaired: the layers left unpaired, each with the reason.
+        method: ``fx``, ``execution order``, or ``fx and execution order`` when some layers were placed by each.
+        methods: ``{norm layer: "fx" or "execution order"}``, how each layer was placed.
+        via: ``{norm layer: (operation, ...)}``, the see-through operations between a paired weight layer
+            and its norm layer, in forward order (absent for a direct pair).
+    """
 
     pairs: list[NormPair]
     unpaired: list[NormPair]
     method: str
+    methods: dict[str, str] = field(default_factory=dict)
+    via: dict[str, tuple[str, ...]] = field(default_factory=dict)
 
     def describe(self) -> str:
+        """One line per layer: ``weight -> norm`` (with ``via`` operations and a placement other than
+        :attr:`method`'s where they apply), then ``unpaired: norm (reason)``."""
+        def placed(norm: str) -> str:
+            how = self.methods.get(norm, self.method)
+            return f" [{how}]" if " and " in self.method else ""
+
+        def through(norm: str) -> str:
+            return f" (via {', '.join(self.via[norm])})" if self.via.get(norm) else ""
+
         lines = [f"{len(self.pairs)} normalisation layer(s) paired by {self.method}:"]
-        lines += [f"  {p.weight} -> {p.norm}" for p in self.pairs]
-        lines += [f"  unpaired: {p.norm} ({p.reason})" for p in self.unpaired]
+        lines += [f"  {p.weight} -> {p.norm}{through(p.norm)}{placed(p.norm)}" for p in self.pairs]
+        lines += [f"  unpaired: {p.norm} ({p.reason}){placed(p.norm)}" for p in self.unpaired]
         return "\n".join(lines)
 
 
-def _fx_pairs(model: nn.Module, norms: dict[str, nn.Module]) -> tuple[list[NormPair], list[NormPair]] | None:
-    """Pairs read off a ``torch.fx`` trace; None when the model does not trace."""
+# The see-through rule. Between a weight layer and a norm layer, an operation is seen through when it keeps each
+# output channel apart (channel c of its output is a function of channel c of its input alone) and is positively
+# homogeneous in it (scaling channel c by a > 0 scales the result's channel c by a): then the norm layer stays
+# invariant to the scale of that weight's output channel, which is what makes the weight scale-invariant.
+ELEMENTWISE_OPS = frozenset({"relu", "relu_", "leaky_relu", "leaky_relu_", "identity", "dropout", "dropout_",
+                             "dropout1d", "dropout2d", "dropout3d", "contiguous", "clone"})
+POOLING_OPS = frozenset({f"{kind}_pool{d}d" for kind in ("max", "avg", "adaptive_max", "adaptive_avg")
+                         for d in (1, 2, 3)})
+RESHAPE_OPS = frozenset({"flatten", "unflatten", "reshape", "view", "reshape_as", "view_as", "squeeze", "unsqueeze"})
+PERMUTE_OPS = frozenset({"permute", "transpose", "swapaxes", "swapdims", "t"})
+SEE_THROUGH_OPS = ELEMENTWISE_OPS | POOLING_OPS | RESHAPE_OPS | PERMUTE_OPS
+# Modules that are one see-through operation (fx keeps torch.nn modules as leaves).
+_SEE_THROUGH_MODULES = ((nn.ReLU, "relu"), (nn.LeakyReLU, "leaky_relu"), (nn.Identity, "identity"),
+                        (nn.Dropout, "dropout"), (nn.Dropout1d, "dropout1d"), (nn.Dropout2d, "dropout2d"),
+                        (nn.Dropout3d, "dropout3d"), (nn.Flatten, "flatten"), (nn.Unflatten, "unflatten"),
+                        *((getattr(nn, f"{k}Pool{d}d"), f"{s}_pool{d}d") for d in (1, 2, 3)
+                          for k, s in (("Max", "max"), ("Avg", "avg"), ("AdaptiveMax", "adaptive_max"),
+                                       ("AdaptiveAvg", "adaptive_avg"))))
+
+
+def _op_name(target) -> str:
+    """The see-through rule's name of an operation: a function or method (``F.relu``, ``Tensor.view``), a method
+    name (fx ``call_method``) or a module (fx ``call_module``)."""
+    if isinstance(target, str):
+        name = target
+    elif isinstance(target, nn.Module):
+        return next((op for kind, op in _SEE_THROUGH_MODULES if isinstance(target, kind)), type(target).__name__)
+    else:
+        name = getattr(target, "__name__", type(target).__name__)
+    if name.startswith("__") and name.endswith("__"):  # Tensor.__add__, __iadd__, __radd__: add, add_, add
+        core = name[2:-2]
+        if core in _ARITHMETIC:
+            return core
+        if core[:1] in ("i", "r") and core[1:] in _ARITHMETIC:
+            return core[1:] + ("_" if core[0] == "i" else "")
+        return name
+    return name.lstrip("_")
+
+
+_ARITHMETIC = frozenset({"add", "sub", "mul", "truediv", "floordiv", "matmul", "pow", "mod", "and", "or", "xor"})
+
+
+def _prod(dims) -> int:
+    return math.prod(int(d) for d in dims)
+
+
+def _permutation(op: str, args, ndim: int) -> list[int] | None:
+    """``p`` with output dim k = input dim ``p[k]``, for a permute or transpose called with ``args`` (the tensor
+    first); None when the arguments cannot be read."""
+    rest = [a for a in args[1:]]
     try:
-        graph = torch.fx.symbolic_trace(model).graph
-    except Exception:  # noqa: BLE001 - any model fx cannot trace falls back to execution order
+        if op == "permute":
+            dims = list(rest[0]) if len(rest) == 1 and isinstance(rest[0], (list, tuple)) else list(rest)
+            p = [int(d) % ndim for d in dims]
+            return p if sorted(p) == list(range(ndim)) else None
+        d0, d1 = (0, 1) if op == "t" else (int(rest[0]) % ndim, int(rest[1]) % ndim)
+    except (IndexError, TypeError, ValueError):
         return None
+    p = list(range(ndim))
+    p[d0], p[d1] = p[d1], p[d0]
+    return p
+
+
+def channel_axis_after(op: str, args, in_shape, out_shape, axis: int) -> int | None:
+    """Where the channel dim ``axis`` of an operation's input lies in its output, or None when the operation is
+    not seen through (the see-through rule, stated in ``docs/pairing.md``).
+
+    Seen through: the elementwise :data:`ELEMENTWISE_OPS` (ReLU, LeakyReLU, identity, dropout) on an unchanged
+    shape; max, average and adaptive pooling (:data:`POOLING_OPS`) over the dims after a channel dim 1;
+    reshapes (flatten, view, squeeze, ...) that keep the channel dim whole: a dim of the same size whose
+    preceding dims hold as many elements as before (row-major order then keeps every channel's values
+    together); permutes and transposes, which move it. Anything else, an addition, a concatenation, a product
+    with another tensor, SiLU, GELU or a sigmoid, is not seen through.
+
+    Args:
+        op: :func:`_op_name` of the operation.
+        args: its positional arguments, the input tensor first (for permute and transpose).
+        in_shape, out_shape: the input's and the output's shapes.
+        axis: the channel dim of the input.
+    """
+    if op not in SEE_THROUGH_OPS or in_shape is None or out_shape is None:
+        return None
+    in_shape, out_shape = tuple(in_shape), tuple(out_shape)
+    if not 0 <= axis < len(in_shape):
+        return None
+    if op in ELEMENTWISE_OPS:
+        return axis if in_shape == out_shape else None
+    if op in POOLING_OPS:
+        keeps = axis == 1 and len(in_shape) >= 3 and len(out_shape) == len(in_shape) and out_shape[:2] == in_shape[:2]
+        return axis if keeps else None
+    if op in PERMUTE_OPS:
+        p = _permutation(op, args, len(in_shape))
+        return p.index(axis) if p is not None and len(out_shape) == len(in_shape) else None
+    c, before, after = in_shape[axis], _prod(in_shape[:axis]), _prod(in_shape[axis + 1:])
+    return next((k for k, size in enumerate(out_shape)
+                 if size == c and _prod(out_shape[:k]) == before and _prod(out_shape[k + 1:]) == after), None)
+
+
+def _output_channel_axis(weight: nn.Module, ndim: int) -> int:
+    """The dim of a weight layer's output that holds its output channels: 1 for a convolution, the last for a
+    linear layer."""
+    return ndim - 1 if isinstance(weight, nn.Linear) else 1
+
+
+class _Placement:
+    """Where one call of a norm layer takes its input from: a weight layer's output channels at ``axis``,
+    seen through ``via``, or nothing pairable (``weight`` None, ``source`` naming what produced the input)."""
+
+    __slots__ = ("weight", "axis", "via", "source")
+
+    def __init__(self, weight: str | None, axis: int | None, via: tuple[str, ...], source: str):
+        self.weight, self.axis, self.via, self.source = weight, axis, via, source
+
+
+def _decide(norm: str, calls: list[_Placement]) -> tuple[NormPair, tuple[str, ...]]:
+    """One norm layer's pair from the placements of its calls: paired when every call takes the same weight
+    layer's output channels in its channel dim 1; else unpaired with the reason."""
+    sources = {c.weight for c in calls}
+    if len(sources) > 1:
+        names = ", ".join(sorted(str(s) if s else f"({c.source})" for s, c in
+                                 {c.weight: c for c in calls}.items()))
+        return NormPair(norm, None, f"called {len(calls)} times on the outputs of different layers ({names})"), ()
+    call = calls[0]
+    if call.weight is None:
+        return NormPair(norm, None, f"its input comes from {call.source}, not from a convolution or linear layer "
+                                    "through operations that keep each channel apart"), ()
+    bad_axis = next((c for c in calls if c.axis != 1), None)
+    if bad_axis is not None:
+        how = (f"{bad_axis.source} does not keep each channel apart" if bad_axis.axis is None
+               else f"its channel dim holds dim {bad_axis.axis}'s channels")
+        return NormPair(norm, None, f"its input comes from {call.weight}, but {how}"), ()
+    return NormPair(norm, call.weight), call.via
+
+
+class NormLeafTracer(torch.fx.Tracer):
+    """A ``torch.fx`` tracer that keeps every normalisation layer (any subclass of ``_BatchNorm``, GroupNorm,
+    LayerNorm or InstanceNorm, from any package) and every weight layer (Conv1d/2d/3d, Linear and their
+    subclasses) as one ``call_module`` node, so that a third-party layer such as timm's ``BatchNormAct2d`` or a
+    user's Conv2d subclass is placed in the graph instead of traced into."""
+
+    def is_leaf_module(self, m: nn.Module, module_qualified_name: str) -> bool:
+        return isinstance(m, NORM_LAYER_KINDS + WEIGHT_LAYERS) or super().is_leaf_module(m, module_qualified_name)
+
+
+def _fx_placements(model: nn.Module, norms: dict[str, nn.Module], x) -> tuple[dict[str, list[_Placement]], list]:
+    """``{norm layer: placements of its calls}`` read off a trace (:class:`NormLeafTracer`) whose shapes come
+    from running two probe samples through the graph with batch statistics (``ShapeProp``), and the graph's
+    norm layers in forward order. Empty when the model does not trace; where the graph does not run (or no
+    ``x``), only a convolution directly upstream is placed without shapes, every other layer is left out."""
+    from torch.fx.passes.shape_prop import ShapeProp
+    try:
+        graph = NormLeafTracer().trace(model)
+        module = torch.fx.GraphModule(model, graph)
+    except Exception:  # noqa: BLE001 - any model fx cannot trace falls back to execution order
+        return {}, []
+    if x is not None:
+        try:
+            # ShapeProp prints the traceback of a node that fails before it raises: kept off the user's stderr
+            with torch.no_grad(), batch_statistics(model), redirect_stderr(io.StringIO()):
+                ShapeProp(module).propagate(_probe_head(x, 2))
+        except Exception:  # noqa: BLE001 - a graph that does not run: the layers that need shapes fall back
+            for node in graph.nodes:
+                node.meta.pop("tensor_meta", None)
     modules = dict(model.named_modules())
-    pairs, unpaired, seen = [], [], set()
+
+    def shape(node) -> tuple | None:
+        meta = node.meta.get("tensor_meta") if isinstance(node, torch.fx.Node) else None
+        return tuple(meta.shape) if meta is not None and hasattr(meta, "shape") else None
+
+    def place(node: torch.fx.Node) -> _Placement:
+        chain, src = [], node.args[0] if node.args else None
+        while True:
+            if not isinstance(src, torch.fx.Node):
+                return _Placement(None, None, (), f"a {type(src).__name__}")
+            target = modules.get(src.target) if src.op == "call_module" else src.target
+            if src.op == "call_module" and isinstance(target, WEIGHT_LAYERS):
+                break
+            op = _op_name(target) if src.op in ("call_module", "call_function", "call_method") else src.op
+            if op not in SEE_THROUGH_OPS or not src.args or not isinstance(src.args[0], torch.fx.Node):
+                return _Placement(None, None, (), "the model's input" if src.op == "placeholder" else op)
+            chain.append((op, src))
+            src = src.args[0]
+        out = shape(src)
+        if out is None and (chain or isinstance(modules[src.target], nn.Linear)):
+            raise LookupError(src.target)  # no shapes: this layer is placed by execution order
+        axis = 1 if out is None else _output_channel_axis(modules[src.target], len(out))
+        for op, n in reversed(chain):
+            if shape(n) is None:
+                raise LookupError(n.name)
+            axis = channel_axis_after(op, n.args, shape(n.args[0]), shape(n), axis)
+            if axis is None:
+                return _Placement(src.target, None, (), op)
+        return _Placement(src.target, axis, tuple(op for op, _ in reversed(chain)), src.target)
+
+    placements: dict[str, list[_Placement]] = {}
+    order: list[str] = []
+    failed: set[str] = set()
     for node in graph.nodes:
-        if node.op != "call_module" or node.target not in norms or node.target in seen:
+        if node.op != "call_module" or node.target not in norms:
             continue
-        seen.add(node.target)
-        src = node.args[0] if node.args else None
-        if isinstance(src, torch.fx.Node) and src.op == "call_module" and isinstance(modules.get(src.target),
-                                                                                       WEIGHT_LAYERS):
-            pairs.append(NormPair(node.target, src.target))
-        else:
-            what = (f"{src.op} {getattr(src.target, '__name__', src.target)}" if isinstance(src, torch.fx.Node)
-                    else type(src).__name__)
-            unpaired.append(NormPair(node.target, None, f"its input comes from {what}, not directly from a "
-                                                        "convolution or linear layer"))
-    unpaired += [NormPair(n, None, "not called in the traced forward") for n in norms if n not in seen]
-    return pairs, unpaired
+        if node.target not in order:
+            order.append(node.target)
+        try:
+            placements.setdefault(node.target, []).append(place(node))
+        except LookupError:
+            failed.add(node.target)
+    for name in failed:
+        placements.pop(name, None)
+    return placements, [n for n in order if n in placements]
 
 
-def _execution_pairs(model: nn.Module, norms: dict[str, nn.Module],
-                     x) -> tuple[list[NormPair], list[NormPair]]:
-    """Pairs found by running ``x`` through the model: a norm layer is paired with the convolution or linear
-    layer whose output tensor *is* its input. Run with batch statistics and no gradient: no buffer changes."""
-    outputs: dict[str, torch.Tensor] = {}
-    found: dict[str, list[str | None]] = {}
+class _ChannelProvenance(TorchFunctionMode):
+    """Which weight layer's output channels each tensor of a forward pass holds, and in which dim.
+
+    Every torch function and tensor method passes through :meth:`__torch_function__`: a result of a
+    see-through operation (:func:`channel_axis_after`) on a tensor that holds a weight layer's channels holds
+    them too; any other result, and the tensor an in-place operation other than a see-through one writes
+    into (``y += z``, ``y.mul_(z)``, ``y[...] = z``), holds none. The weight layers' forward hooks mark their
+    outputs. Every tensor seen is kept alive until the pass ends, so that no ``id`` is reused.
+    """
+
+    def __init__(self):
+        super().__init__()
+        self.tensors: dict[int, tuple[torch.Tensor, _Placement]] = {}
+
+    def mark(self, t: torch.Tensor, placement: _Placement) -> None:
+        self.tensors[id(t)] = (t, placement)
+
+    def of(self, t) -> _Placement:
+        found = self.tensors.get(id(t)) if isinstance(t, torch.Tensor) else None
+        if found is not None and found[0] is t:
+            return found[1]
+        return _Placement(None, None, (), "the model's input" if isinstance(t, torch.Tensor) else type(t).__name__)
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        op = _op_name(func)
+        if op in ("__get__", "__set__", "dim", "size", "numel", "__len__", "is_floating_point"):
+            return out  # attribute reads and sizes: no tensor computed
+        first = args[0] if args else None
+        src = self.of(first) if isinstance(first, torch.Tensor) else None
+        placement = _Placement(None, None, (), op)
+        if src is not None and src.weight is not None and isinstance(out, torch.Tensor) and op in SEE_THROUGH_OPS:
+            axis = None if src.axis is None else channel_axis_after(op, args, first.shape, out.shape, src.axis)
+            placement = (_Placement(src.weight, axis, src.via + (op,), src.source) if axis is not None
+                         else _Placement(src.weight, None, (), op))
+        if isinstance(out, torch.Tensor):
+            self.mark(out, placement)
+        writes = op.endswith("_") or op == "__setitem__" or "out" in kwargs
+        if writes and op not in SEE_THROUGH_OPS:
+            for t in (first, kwargs.get("out")):
+                if isinstance(t, torch.Tensor):
+                    self.mark(t, _Placement(None, None, (), op))
+        return out
+
+
+def _execution_placements(model: nn.Module, norms: dict[str, nn.Module], x) -> tuple[dict[str, list[_Placement]],
+                                                                                  list[str]]:
+    """``{norm layer: placements of its calls}`` found by running two probe samples through the model with batch
+    statistics and no gradient (no buffer changes; :class:`_ChannelProvenance`), and the norm layers in the
+    order of their first call."""
+    mode = _ChannelProvenance()
+    found: dict[str, list[_Placement]] = {}
     hooks = []
     for name, m in model.named_modules():
         if isinstance(m, WEIGHT_LAYERS):
-            hooks.append(m.register_forward_hook(lambda mod, inp, out, name=name: outputs.__setitem__(name, out)))
+            def post(mod, inp, out, name=name):
+                if isinstance(out, torch.Tensor):
+                    mode.mark(out, _Placement(name, _output_channel_axis(mod, out.dim()), (), name))
+            hooks.append(m.register_forward_hook(post))
         if name in norms:
-            def pre(mod, inp, name=name):
-                src = next((w for w, out in outputs.items() if out is inp[0]), None)
-                found.setdefault(name, []).append(src)
-            hooks.append(m.register_forward_pre_hook(pre))
+            hooks.append(m.register_forward_pre_hook(
+                lambda mod, inp, name=name: found.setdefault(name, []).append(mode.of(inp[0] if inp else None))))
     try:
-        with torch.no_grad(), batch_statistics(model):
-            model(x)
+        with torch.no_grad(), batch_statistics(model), mode:
+            _call(model, _probe_head(x, 2))
     finally:
         for h in hooks:
             h.remove()
-    pairs, unpaired = [], []
-    for name in found:  # forward order
-        sources = set(found[name])
-        if len(sources) == 1 and None not in sources:
-            pairs.append(NormPair(name, sources.pop()))
-        elif len(sources) > 1:
-            unpaired.append(NormPair(name, None, f"called {len(found[name])} times on the outputs of different "
-                                                 "layers"))
-        else:
-            unpaired.append(NormPair(name, None, "its input is not the output of a convolution or linear layer"))
-    unpaired += [NormPair(n, None, "not called on the probe batch") for n in norms if n not in found]
-    return pairs, unpaired
+        mode.tensors.clear()
+    return found, list(found)
 
 
 def find_pairs(model: nn.Module, x=None, running_statistics_only: bool = True) -> Pairing:
-    """Each normalisation layer and the convolution or linear layer directly upstream of it.
+    """Each normalisation layer and the convolution or linear layer whose output channels it normalises.
 
-    Tries ``torch.fx.symbolic_trace`` first (the graph says which module's output a norm layer takes);
-    where the model does not trace (data-dependent control flow), runs ``x`` through it and pairs each norm
-    layer with the layer whose output tensor is its input. A norm layer whose input comes from anything else
-    (an addition, a concatenation, a reshape) is reported unpaired with the reason, never guessed.
+    Each layer is placed by a ``torch.fx`` trace (:class:`NormLeafTracer`, the shapes from two probe samples)
+    where the model traces and the layer is in the graph; every other layer by the order of execution on two
+    probe samples (:class:`_ChannelProvenance`), layer by layer, not model by model. A norm layer is paired
+    with a weight layer when its input is that layer's output seen through operations that keep each channel
+    apart and are positively homogeneous in it (:func:`channel_axis_after`: ReLU, LeakyReLU, dropout, identity,
+    pooling, and reshapes and permutes that keep the channel dim whole), and the weight's output channels land
+    in the norm layer's channel dim 1. Anything else, an addition, a concatenation, a product with another
+    tensor, SiLU, GELU, a sigmoid, and a norm layer called on the outputs of different layers, leaves it
+    unpaired with the reason, never guessed. ``docs/pairing.md`` explains how to read the result.
 
     Args:
-        x: a probe input for the execution-order fallback (needed only when fx fails).
+        x: probe inputs (N >= 2, ...), a tensor or, for a model that takes a mapping, the mapping; two samples
+            give the fx graph its shapes and run the execution-order pass. Without it, a model that traces is
+            paired on the graph alone, where only reshapes and permutes need shapes.
         running_statistics_only: only BatchNorm layers that keep running statistics (the monitor's
             default); else every BatchNorm, GroupNorm, LayerNorm and InstanceNorm layer.
 
     Raises:
-        ValueError: when the model has no such layer, or does not trace and no ``x`` is given.
+        ValueError: when the model has no such layer, or a layer is not placed by fx and no ``x`` is given or
+            the model cannot run on it.
     """
     layers = running_stat_layers(model) if running_statistics_only else norm_layers(model)
     if not layers:
@@ -168,20 +464,45 @@ def find_pairs(model: nn.Module, x=None, running_statistics_only: bool = True) -
         raise ValueError(f"the model has no {what} (BatchNorm1d/2d/3d, SyncBatchNorm or a subclass with "
                          "track_running_stats=True): there are no running statistics to go stale")
     norms = dict(layers)
-    found = _fx_pairs(model, norms)
-    if found is not None:
-        return Pairing(*found, "fx")
-    if x is None:
-        raise ValueError("the model does not trace with torch.fx; pass a probe input to pair its layers by "
-                         "execution order")
-    return Pairing(*_execution_pairs(model, norms, x), "execution order")
+    with _buffers_kept(model), torch.random.fork_rng(devices=_rng_devices(model)):
+        placements, order = _fx_placements(model, norms, x)
+        methods = {name: "fx" for name in placements}
+        rest = [n for n in norms if n not in placements]
+        if rest:
+            if x is None:
+                raise ValueError("the model does not trace with torch.fx (or some normalisation layers are not in "
+                                 f"its graph: {', '.join(rest)}); pass a probe input to pair its layers by "
+                                 "execution order")
+            try:
+                found, called = _execution_placements(model, {n: norms[n] for n in rest}, x)
+            except Exception as e:  # the model's own error on these inputs, named as the probe's
+                shape = tuple(x.shape) if isinstance(x, torch.Tensor) else "(a mapping)"
+                raise ValueError(f"probe: the model cannot run on the probe inputs {shape} to pair "
+                                 f"{', '.join(rest)} by execution order ({type(e).__name__}: {e})") from e
+            placements |= found
+            order += called
+            methods |= {name: "execution order" for name in found}
+    pairs, unpaired, via = [], [], {}
+    for name in order:
+        pair, through = _decide(name, placements[name])
+        (pairs if pair.weight else unpaired).append(pair)
+        if through:
+            via[name] = through
+    missing = [n for n in norms if n not in placements]
+    unpaired += [NormPair(n, None, "not called on the probe batch") for n in missing]
+    methods |= {n: "execution order" for n in missing}
+    kinds = set(methods.values())
+    method = "fx and execution order" if len(kinds) > 1 else kinds.pop()
+    return Pairing(pairs, unpaired, method, methods, via)
 
 
 # ----------------------------------------------------------------------------- the probe batch
-def split_probe(probe, input_key: str = "input", target_key: str = "target") -> tuple[torch.Tensor,
-                                                                                     torch.Tensor | None]:
+def split_probe(probe, input_key: str | None = "input", target_key: str = "target") -> tuple[torch.Tensor,
+                                                                                            torch.Tensor | None]:
     """``(x, y)`` from a probe batch: a tensor (no labels), an ``(x, y)`` or ``(x,)`` tuple or list, or a
-    mapping with ``input_key`` (and optionally ``target_key``).
+    mapping with ``input_key`` (and optionally ``target_key``). With ``input_key=None`` a mapping is the model's
+    input whole (a model whose ``forward(batch)`` reads its own keys): ``x`` is the mapping, ``y`` still
+    ``probe[target_key]`` if present.
 
     Raises:
         TypeError: naming what was found, for anything else.
@@ -191,38 +512,47 @@ def split_probe(probe, input_key: str = "input", target_key: str = "target") -> 
         x, y = probe, None
     elif isinstance(probe, (tuple, list)) and len(probe) in (1, 2) and isinstance(probe[0], torch.Tensor):
         x, y = probe[0], probe[1] if len(probe) > 1 else None
-    elif isinstance(probe, Mapping) and isinstance(probe.get(input_key), torch.Tensor):
+    elif isinstance(probe, Mapping) and input_key is None and _probe_len(probe):
+        x, y = dict(probe), probe.get(target_key)
+    elif isinstance(probe, Mapping) and input_key is not None and isinstance(probe.get(input_key), torch.Tensor):
         x, y = probe[input_key], probe.get(target_key)
     else:
         keys = f" (keys: {sorted(map(str, probe))})" if isinstance(probe, Mapping) else ""
         n = f" of {len(probe)} items" if isinstance(probe, (tuple, list)) else ""
+        whole = (" (input_key=None passes a mapping whole; it needs a tensor with one value per sample)"
+                 if isinstance(probe, Mapping) else "")
         raise TypeError(f"probe: expected a tensor, an (input, target) tuple, or a mapping with a tensor under "
-                        f"{input_key!r}; got {type(probe).__name__}{n}{keys}")
-    if y is not None and (not isinstance(y, torch.Tensor) or len(y) != len(x)):
-        raise ValueError(f"probe: {len(x)} inputs but labels {type(y).__name__} "
+                        f"{input_key!r}; got {type(probe).__name__}{n}{keys}{whole}")
+    if y is not None and (not isinstance(y, torch.Tensor) or len(y) != _probe_len(x)):
+        raise ValueError(f"probe: {_probe_len(x)} inputs but labels {type(y).__name__} "
                          f"{tuple(y.shape) if isinstance(y, torch.Tensor) else ''}")
     return x, y
 
 
-def _check_probe(model: nn.Module, x: torch.Tensor, y: torch.Tensor | None) -> None:
+def _check_probe(model: nn.Module, x, y: torch.Tensor | None) -> None:
     """Fail at construction, naming the probe, on what would fail or mislead at the first call: non-finite or
-    non-floating inputs, inputs the model cannot run on (tried on two samples in evaluation mode, which
-    changes no buffer; flags and random streams restored), outputs without a class dim, and labels that are
-    not class indices of the output.
+    non-floating inputs (of a mapping: non-finite floating tensors), inputs the model cannot run on (tried on
+    two samples in evaluation mode; flags, random streams and buffers restored), outputs without a class dim,
+    and labels that are not class indices of the output.
 
     Raises:
         ValueError: naming the probe and what was expected.
     """
-    if not x.is_floating_point():
+    if isinstance(x, torch.Tensor) and not x.is_floating_point():
         raise ValueError(f"probe: expected floating-point inputs, got {x.dtype}")
-    bad = int((~torch.isfinite(x)).sum())
-    if bad:
-        raise ValueError(f"probe: {bad} of {x.numel()} input values are NaN or infinite")
+    tensors = {"": x} if isinstance(x, torch.Tensor) else {f"[{k!r}]": v for k, v in x.items()
+                                                           if isinstance(v, torch.Tensor) and v.is_floating_point()}
+    for key, t in tensors.items():
+        bad = int((~torch.isfinite(t)).sum())
+        if bad:
+            raise ValueError(f"probe{key}: {bad} of {t.numel()} input values are NaN or infinite")
     try:
-        with torch.no_grad(), torch.random.fork_rng(devices=_rng_devices(model)), evaluation_mode(model):
-            out = model(x[:2])  # eagerly: a compiled evaluation would compile a graph for 2 samples
+        with (torch.no_grad(), torch.random.fork_rng(devices=_rng_devices(model)), evaluation_mode(model),
+              _buffers_kept(model)):
+            out = _call(model, _probe_head(x, 2))  # eagerly: a compiled evaluation would compile a graph for 2
     except Exception as e:  # any error the model raises on these inputs, reported as the probe's
-        raise ValueError(f"probe: the model cannot run on the probe inputs {tuple(x.shape)} "
+        shape = tuple(x.shape) if isinstance(x, torch.Tensor) else f"(a mapping with keys {sorted(map(str, x))})"
+        raise ValueError(f"probe: the model cannot run on the probe inputs {shape} "
                          f"({type(e).__name__}: {e})") from e
     if not isinstance(out, torch.Tensor) or out.dim() < 2:
         got = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
@@ -355,6 +685,35 @@ def _caller_stacklevel() -> int:
     return level
 
 
+def uncompiled(model: nn.Module) -> nn.Module:
+    """The module a ``torch.compile``d model wraps (``OptimizedModule._orig_mod``: the same parameters and
+    buffers), else ``model``. The monitor measures it eagerly: compiling graphs for the probe batch would cost
+    more than the measurements."""
+    eval_frame = sys.modules.get("torch._dynamo.eval_frame")  # never imported: nothing was compiled
+    if eval_frame is not None and isinstance(model, eval_frame.OptimizedModule):
+        return model._orig_mod
+    return model
+
+
+def default_warmup_steps(layers: list[nn.Module], remaining: float = 0.01) -> int:
+    """Steps until every BatchNorm layer's running statistics hold less than ``remaining`` of their initial
+    values: ``ceil(ln(remaining) / ln(1 - m))`` for the smallest momentum m (an exponential average keeps
+    ``(1 - m)**t`` of its start after t updates); 1 for ``momentum=None`` (the cumulative average replaces
+    them at the first batch); 0 without BatchNorm layers. 44 at PyTorch's default m = 0.1."""
+    momenta = [m.momentum for m in layers if isinstance(m, _BatchNorm) and m.track_running_stats]
+    if not momenta:
+        return 0
+    steps = [1 if m is None else (math.ceil(math.log(remaining) / math.log1p(-m)) if 0 < m < 1 else 1)
+             for m in momenta]
+    return max(steps)
+
+
+def smallest_probe(mode_gap: float) -> int:
+    """The fewest probe samples for which one sample moves the mode gap (a fraction) by no more than
+    ``mode_gap``: ``ceil(1 / mode_gap)``; 0 (any size) for a threshold of 0."""
+    return math.ceil(1.0 / mode_gap - 1e-9) if mode_gap > 0 else 0
+
+
 def _rng_devices(model: nn.Module) -> list[int]:
     return sorted({t.device.index or 0 for t in model.parameters() if t.device.type == "cuda"})
 
@@ -365,14 +724,29 @@ class StalenessMonitor:
     Args:
         model: any ``nn.Module`` with BatchNorm layers that keep running statistics (with
             ``running_statistics_only=False`` also GroupNorm, LayerNorm and InstanceNorm layers, whose
-            rotation and input moments are measured and whose lag is NaN).
+            rotation and input moments are measured and whose lag is NaN). A ``torch.compile``d model
+            (``OptimizedModule``) is measured through the module it wraps (``_orig_mod``, which holds the same
+            parameters and buffers), eagerly: no graph is compiled for the probe, and ``monitor.model`` is
+            that module.
         probe: a tensor, an ``(x, y)`` tuple, or a mapping holding the input under ``input_key`` and the
-            labels under ``target_key``; labels are optional. Keep it fixed across calls: the drift and
-            the lag compare statistics of the same inputs. Inputs (N, ...) on the model's device.
+            labels under ``target_key``; labels are optional. With ``input_key=None`` the mapping goes to the
+            model whole (``model(batch)``), labels still read from ``target_key``. Keep it fixed across
+            calls: the drift and the lag compare statistics of the same inputs. Inputs (N, ...) on the
+            model's device. The mode gap moves by 1/N per sample: warns at construction
+            (:class:`MonitorSetupWarning`) when that is above ``thresholds.mode_gap``, naming the smallest
+            probe for it; ``docs/pairing.md`` advises on the size.
         thresholds: when to warn (:class:`Thresholds`).
         warn: raise a :class:`StaleStatisticsWarning` when the thresholds are crossed.
         modes: measure the training- against evaluation-mode check on the probe batch (one extra
             evaluation-mode forward pass per call).
+        warmup_steps: no staleness warning, and no ``STALE`` in the summary, at a step below it (the record's
+            ``stale`` is still the rule's verdict; non-finite statistics always warn). Default (None): :func:`default_warmup_steps` of the
+            monitored layers' momenta, the steps until their running statistics hold less than 1% of
+            their initial values (44 at PyTorch's default momentum of 0.1); before that, a lag measures the
+            initialisation, and an untrained model's two modes differ by chance alone.
+
+    Unpaired layers (:attr:`pairing`, :func:`find_pairs`) are named, with the reason, in one
+    :class:`MonitorSetupWarning` at construction: their lag is measured, their rotation is not.
 
     A call costs one forward pass in training mode with batch statistics (it gives the fresh statistics
     and the training-mode predictions at once), one in evaluation mode, and a pass over the paired
@@ -383,20 +757,25 @@ class StalenessMonitor:
     Raises:
         ValueError: for a model without such layers, a probe of fewer than 2 samples, with non-finite
             values, of a shape the model cannot run on, or with labels that are not the output's class
-            indices.
+            indices; for a ``warmup_steps`` that is not an int >= 0 or None.
         TypeError: for a model that is not an ``nn.Module``, a probe it cannot read, or ``thresholds`` that are
             not a :class:`Thresholds`.
     """
 
-    def __init__(self, model: nn.Module, probe, *, input_key: str = "input", target_key: str = "target",
+    def __init__(self, model: nn.Module, probe, *, input_key: str | None = "input", target_key: str = "target",
                  thresholds: Thresholds = Thresholds(), warn: bool = True, modes: bool = True,
-                 running_statistics_only: bool = True):
+                 running_statistics_only: bool = True, warmup_steps: int | None = None):
         if not isinstance(model, nn.Module):
             raise TypeError(f"model: expected a torch.nn.Module, got {type(model).__name__}")
+        model = uncompiled(model)
         self.model = model
         self.x, self.y = split_probe(probe, input_key, target_key)
-        if len(self.x) < 2:
-            raise ValueError(f"probe: BatchNorm needs at least 2 samples for batch statistics, got {len(self.x)}")
+        n = _probe_len(self.x)
+        if n < 2:
+            raise ValueError(f"probe: BatchNorm needs at least 2 samples for batch statistics, got {n}")
+        if warmup_steps is not None and (isinstance(warmup_steps, bool) or not isinstance(warmup_steps, int)
+                                         or warmup_steps < 0):
+            raise ValueError(f"warmup_steps: expected an int >= 0 or None, got {warmup_steps!r}")
         for name, m in model.named_modules():
             if isinstance(m, nn.modules.lazy.LazyModuleMixin) and m.has_uninitialized_params():
                 raise ValueError(f"{name or 'model'}: an uninitialised lazy module; run one forward pass before "
@@ -410,6 +789,18 @@ class StalenessMonitor:
         self.layers = [(p, modules[p.norm], modules[p.weight] if p.weight else None)
                        for p in self.pairing.pairs + self.pairing.unpaired]
         self.thresholds, self.warn, self.modes = thresholds, warn, modes
+        self.warmup_steps = (default_warmup_steps([m for _, m, _ in self.layers]) if warmup_steps is None
+                             else warmup_steps)
+        if self.pairing.unpaired:
+            warnings.warn(f"{len(self.pairing.unpaired)} of {len(self.layers)} normalisation layer(s) left unpaired "
+                          "(their lag is measured, their rotation is not): "
+                          + "; ".join(f"{p.norm}: {p.reason}" for p in self.pairing.unpaired)
+                          + " (monitor.pairing; docs/pairing.md)", MonitorSetupWarning, stacklevel=2)
+        smallest = smallest_probe(thresholds.mode_gap)
+        if n < smallest:
+            warnings.warn(f"probe: one of its {n} samples moves the mode gap by {1 / n:.2%}, more than the "
+                          f"threshold of {thresholds.mode_gap:.2%}: one sample alone can cross it; use at least "
+                          f"{smallest} samples (docs/pairing.md, 'Probe size')", MonitorSetupWarning, stacklevel=2)
         self.previous: _Previous | None = None
         self.last_fresh: dict[str, tuple[torch.Tensor, torch.Tensor]] | None = None  # the last call's, float64
 
@@ -496,7 +887,7 @@ class StalenessMonitor:
                           f"({', '.join(record.nonfinite.running_statistics)}): evaluation mode is unusable. "
                           "Re-estimate them (bnrotation.bnstats.reestimate) before evaluating or saving this model",
                           StaleStatisticsWarning, stacklevel=_caller_stacklevel())
-        elif record.stale and self.warn:
+        elif record.stale and self.warn and step >= self.warmup_steps:
             worst = record.worst()
             where = f"{worst[0]} channel {worst[1]} ({worst[2]:+.2f}σ)" if worst else "?"
             warnings.warn(f"step {step}: running statistics are stale: {record.summary}; worst channel {where}. "
@@ -564,6 +955,18 @@ class StalenessMonitor:
         worst_median = float(lag.max()) if lag.notna().any() else math.nan
         return self.thresholds.crossed(gap, worst_median) or bool(record.nonfinite.running_statistics)
 
+    def _rotation_text(self, record: MonitorRecord) -> str:
+        """The summary's rotation: the median over paired layers, how many of the layers they are when some are
+        unpaired, and that nothing is measured when none is."""
+        paired, total = len(self.pairing.pairs), len(self.layers)
+        if not paired:
+            return "rotation: no layer paired (monitor.pairing)"
+        rot = record.layers["rotation_deg_per_100"]
+        if not rot.notna().any():
+            return ""
+        share = f" ({paired} of {total} layers paired)" if paired < total else ""
+        return f"rotation {rot.median():.2f}°/100 steps{share}"
+
     def _summary(self, record: MonitorRecord) -> str:
         c = record.checks.iloc[0]
         if not math.isnan(c["acc_train_mode"]):
@@ -572,8 +975,7 @@ class StalenessMonitor:
             modes = f"modes agree {c['mode_agreement']:.1%}"
         else:
             modes = ""
-        rot = record.layers["rotation_deg_per_100"]
-        rot_text = f"rotation {rot.median():.2f}°/100 steps" if rot.notna().any() else ""
+        rot_text = self._rotation_text(record)
         lag = record.layers.dropna(subset=["lag_median_abs_sigma"])
         lag_text = ""
         if len(lag):
@@ -582,4 +984,5 @@ class StalenessMonitor:
                         f"max {lag['lag_max_abs_sigma'].max():.2f}σ")
         bad = f"NON-FINITE {record.nonfinite}" if record.nonfinite else ""
         text = " | ".join(t for t in (bad, modes, rot_text, lag_text) if t)
-        return ("STALE " if record.stale else "") + text
+        warming_up = record.step < self.warmup_steps and not record.nonfinite
+        return ("STALE " if record.stale and not warming_up else "") + text

@@ -279,9 +279,12 @@ def evaluation_forward(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
     """The model's output on ``x`` (N, ...) in evaluation mode (running statistics), flags restored after
     (:func:`evaluation_mode`). On a CPU in chunks of :data:`EVAL_CHUNK` samples (:func:`eval_chunk`): each
     sample's output is its own in evaluation mode, and small chunks stay in cache (`make bench`, section (c)).
-    Compiled inside :func:`compiled_evaluation`."""
+    Compiled inside :func:`compiled_evaluation`. A mapping ``x`` (a model that reads its input's keys) goes
+    through in one pass."""
     with evaluation_mode(model):
         forward = _evaluation_call(model)
+        if not isinstance(x, torch.Tensor):
+            return forward(x)  # a mapping the model reads whole: one pass
         chunk = eval_chunk(x.device, len(x))
         return forward(x) if chunk >= len(x) else torch.cat([forward(c) for c in x.split(chunk)])
 

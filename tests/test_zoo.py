@@ -1,0 +1,307 @@
+"""The monitor on timm architectures nobody here wrote (random weights, no downloads): pairing, invariance, lag.
+
+For each model of :data:`ZOO`: every BatchNorm layer with running statistics is paired or unpaired, and the
+pairing is checked by an oracle of its own meaning: scaling each paired weight layer's output channel c by a
+known factor scales its norm layer's input channel c by that factor and changes nothing else a norm layer
+sees (scale invariance, which is why rotation is measured); each unpaired layer's reason names the operation
+that really produced its input (recorded by a small function mode of this file). Building the monitor and
+each call leave every parameter, buffer (``num_batches_tracked`` included), flag and random stream as they
+were; the lag equals one computed from forward hooks on an independent copy.
+
+``python tests/test_zoo.py`` rewrites the per-model table in ``docs/pairing.md`` (:func:`zoo_table`);
+``test_the_published_table_is_the_zoos`` fails when it is stale.
+"""
+
+from __future__ import annotations
+
+import copy
+import re
+import sys
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn as nn
+from torch.nn.modules.batchnorm import _BatchNorm
+from torch.overrides import TorchFunctionMode
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # as a script: the helpers beside it
+
+from bnrotation.bnstats import NORM_LAYER_KINDS, running_stat_layers  # noqa: E402
+from bnrotation.monitor import (WEIGHT_LAYERS, MonitorSetupWarning, StalenessMonitor, _op_name,  # noqa: E402
+                                SEE_THROUGH_OPS)
+from test_monitor import assert_unchanged, everything  # noqa: E402
+from thirdparty import import_timm  # noqa: E402
+
+torch.set_num_threads(1)
+
+ROOT = Path(__file__).resolve().parents[1]
+DOC = ROOT / "docs" / "pairing.md"
+BEGIN, END = "<!-- zoo table: python tests/test_zoo.py -->", "<!-- end of zoo table -->"
+
+# timm name -> (input size, create_model keywords): small variants at the smallest input they take.
+ZOO: dict[str, tuple[int, dict]] = {
+    "resnet18": (32, {}),
+    "resnet10t": (32, {}),
+    "mobilenetv2_050": (32, {}),
+    "mobilenetv3_small_100": (32, {}),
+    "efficientnet_b0": (32, {}),
+    "tinynet_e": (32, {}),
+    "regnetx_002": (32, {}),
+    "densenet121": (32, {}),
+    "ghostnet_050": (32, {}),
+    "mnasnet_050": (32, {}),
+    "spnasnet_100": (32, {}),
+    "mixnet_s": (32, {}),
+    "lcnet_050": (32, {}),
+    "rexnet_100": (32, {}),
+    "dla46_c": (32, {}),
+    "cspresnet50": (32, {}),
+    "dpn68": (32, {}),
+    "hrnet_w18_small": (32, {}),
+    "inception_v3": (75, {}),  # its stem needs 75x75
+    "xception41": (32, {}),
+    "repvgg_a0": (32, {}),
+    "vgg11_bn": (32, {"mlp_ratio": 1 / 64}),  # the 7x7 head conv at 64 channels, not 4096; fx cannot trace it
+    "levit_128s": (32, {"img_size": 32}),  # attention biases sized for the input
+}
+SAMPLES = 4
+PAIRINGS: dict[str, tuple[int, object]] = {}  # name -> (BatchNorm layers, monitor.pairing), filled by the tests
+
+
+def build(name: str) -> tuple[nn.Module, torch.Tensor, torch.Tensor]:
+    """The model with random weights (seeded), its running statistics moved off their initial values by two
+    training-mode passes, in training mode; and a labelled probe of :data:`SAMPLES` samples."""
+    timm = import_timm()
+    size, kwargs = ZOO[name]
+    torch.manual_seed(0)
+    model = timm.create_model(name, pretrained=False, num_classes=10, **kwargs)
+    x = torch.randn(SAMPLES, 3, size, size)
+    model.train()
+    with torch.no_grad():
+        for i in range(2):
+            model(x * (1 + 0.2 * i) + 0.3 * torch.randn_like(x))
+    return model, x, torch.arange(SAMPLES) % 10
+
+
+def batch_statistics_copy(model: nn.Module) -> nn.Module:
+    """A copy normalising with batch statistics, written independently of ``bnstats.batch_statistics``: every
+    module in evaluation mode, every BatchNorm layer (only it) in training mode without running statistics."""
+    twin = copy.deepcopy(model).eval()
+    for m in twin.modules():
+        if isinstance(m, _BatchNorm):
+            m.training, m.track_running_stats = True, False
+    return twin
+
+
+def norm_inputs(model: nn.Module, x: torch.Tensor) -> dict[str, list[torch.Tensor]]:
+    """``{BatchNorm layer: [its input at each call]}`` on ``x``, from forward pre-hooks."""
+    seen: dict[str, list[torch.Tensor]] = {}
+    hooks = [m.register_forward_pre_hook(lambda mod, inp, n=n: seen.setdefault(n, []).append(inp[0].detach()))
+             for n, m in model.named_modules() if isinstance(m, _BatchNorm)]
+    with torch.no_grad():
+        model(x)
+    for h in hooks:
+        h.remove()
+    return seen
+
+
+class Producers(TorchFunctionMode):
+    """What produced each tensor of a forward pass: ``{id: [(operation, id of its first tensor argument), ...]}``,
+    latest last (an in-place operation adds to its argument's list); module outputs of fx's leaves (norm and
+    weight layers) are recorded as ``(module class, None)`` by forward hooks."""
+
+    def __init__(self):
+        super().__init__()
+        self.made: dict[int, list[tuple[str, int | None]]] = {}
+        self.alive: list[torch.Tensor] = []  # no id reused during the pass
+
+    def record(self, out: torch.Tensor, op: str, first: int | None) -> None:
+        self.alive.append(out)
+        self.made.setdefault(id(out), []).append((op, first))
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if isinstance(out, torch.Tensor):
+            first = args[0] if args and isinstance(args[0], torch.Tensor) else None
+            self.record(out, _op_name(func), id(first) if first is not None else None)
+        return out
+
+
+def producers_of_norm_inputs(model: nn.Module, x: torch.Tensor) -> dict[str, list[str]]:
+    """``{BatchNorm layer: [operations and modules upstream of its input, nearest first]}``, walked back while
+    the operation is one the pairing sees through."""
+    mode = Producers()
+    chains: dict[str, list[str]] = {}
+
+    def pre(mod, inp, name):
+        chain, t = [], id(inp[0])
+        history = list(mode.made.get(t, []))
+        while history:
+            op, first = history.pop()
+            chain.append(op)
+            if op not in SEE_THROUGH_OPS or first is None:
+                break
+            if first != t:  # not in place: continue with the argument's own history
+                t, history = first, list(mode.made.get(first, []))
+        chains[name] = chain
+
+    hooks = [m.register_forward_pre_hook(lambda mod, inp, n=n: pre(mod, inp, n))
+             for n, m in model.named_modules() if isinstance(m, _BatchNorm)]
+    hooks += [m.register_forward_hook(lambda mod, inp, out: mode.record(out, type(mod).__name__, None))
+              for m in model.modules() if isinstance(m, NORM_LAYER_KINDS + WEIGHT_LAYERS)]  # fx's leaves
+    with torch.no_grad(), mode:
+        model(x)
+    for h in hooks:
+        h.remove()
+    return chains
+
+
+def scaled_channels(model: nn.Module, weights: list[str]) -> dict[str, torch.Tensor]:
+    """Multiplies each output channel c of each named weight layer (weight and bias) by ``alpha[c]``, 1/2 or 2 at
+    random (seeded), in place; returns ``{layer: alpha (C_out,)}``."""
+    g = torch.Generator().manual_seed(1)
+    modules, alphas = dict(model.named_modules()), {}
+    with torch.no_grad():
+        for name in dict.fromkeys(weights):
+            layer = modules[name]
+            alpha = 2.0 ** (2 * torch.randint(0, 2, (layer.weight.shape[0],), generator=g) - 1).float()
+            layer.weight.mul_(alpha.view(-1, *([1] * (layer.weight.dim() - 1))))
+            if layer.bias is not None:
+                layer.bias.mul_(alpha)
+            alphas[name] = alpha
+    return alphas
+
+
+@pytest.mark.parametrize("name", list(ZOO))
+def test_the_monitor_on_a_timm_model(name):
+    model, x, y = build(name)
+    bn = [n for n, _ in running_stat_layers(model)]
+    before = everything(model)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        monitor = StalenessMonitor(model, (x, y), warn=False, warmup_steps=0)
+    assert_unchanged(before, everything(model))  # construction: num_batches_tracked included
+    pairing = monitor.pairing
+    PAIRINGS[name] = (len(bn), pairing)
+    assert sorted(p.norm for p in pairing.pairs + pairing.unpaired) == sorted(bn)  # each layer exactly once
+    setup = [str(w.message) for w in caught if issubclass(w.category, MonitorSetupWarning) and "unpaired" in
+             str(w.message)]
+    if pairing.unpaired:  # one warning names every unpaired layer and its reason
+        assert len(setup) == 1 and all(f"{p.norm}: {p.reason}" in setup[0] for p in pairing.unpaired)
+    else:
+        assert not setup
+
+    monitor(1)
+    with torch.no_grad():  # the weights move between calls, as in training
+        for p in model.parameters():
+            p.mul_(1.01)
+    after_move = everything(model)
+    record = monitor(2)
+    assert_unchanged(after_move, everything(model))
+
+    # The lag against forward hooks on an independent copy: float64 moments of each layer's float32 input.
+    # The monitor reduces in float32 around the mean (1e-6 σ, tests/test_probes.py), so 1e-4 in σ is loose.
+    twin = batch_statistics_copy(model)
+    inputs = norm_inputs(twin, x)
+    lag = record.channels.set_index(["norm_layer", "channel"])["lag_sigma"]
+    for n, m in running_stat_layers(model):
+        (z,) = inputs[n][-1:]  # a layer called more than once: the statistics of its last call
+        z = z.double()
+        dims = [0, *range(2, z.dim())]
+        want = (m.running_mean.double() - z.mean(dims)) / z.var(dims, unbiased=True).sqrt()
+        got = torch.tensor(lag.loc[n].sort_index().to_numpy())
+        assert torch.allclose(got, want, rtol=1e-4, atol=1e-4, equal_nan=True), n
+
+    # Pairs, by scale invariance: channel c of each paired weight layer scaled by alpha[c] scales its norm layer's
+    # input channel c by alpha[c], exactly. With alpha a power of 2 (1/2 or 2) every product, sum and square
+    # root of a convolution and of BatchNorm commutes with the scaling in floating point, and with eps ~ 0 a
+    # BatchNorm's output does not change at all: what reaches each norm layer downstream is unchanged to the
+    # bit, so the comparison is exact (NaN where a channel's batch variance is 0, in both runs alike).
+    invariant = batch_statistics_copy(model)
+    for m in invariant.modules():
+        if isinstance(m, _BatchNorm):
+            m.eps = 1e-30  # > 0, as training mode needs, and lost in rounding against any variance above 1e-22
+    pairs = {p.norm: p.weight for p in pairing.pairs}
+    unscaled = norm_inputs(invariant, x)
+    alphas = scaled_channels(invariant, list(pairs.values()))
+    scaled = norm_inputs(invariant, x)
+    for norm, weight in pairs.items():
+        for z0, z1 in zip(unscaled[norm], scaled[norm]):
+            shape = (1, -1) + (1,) * (z0.dim() - 2)
+            want = alphas[weight].view(shape) * z0
+            assert torch.equal(z1.isnan(), want.isnan()) and torch.equal(z1.nan_to_num(), want.nan_to_num()), \
+                (f"{weight} -> {norm}", float((z1 - want).abs().nan_to_num().max()), float(z0.abs().max()))
+
+    # Unpaired layers: the reason names what produced the input.
+    del invariant, unscaled, scaled
+    chains = producers_of_norm_inputs(twin, x)
+    for p in pairing.unpaired:
+        named = re.match(r"its input comes from (\S+?),", p.reason)
+        if named:  # fx reads `y += z` as add, a function mode sees add_: compared without the in-place mark
+            assert named.group(1).rstrip("_") in [op.rstrip("_") for op in chains[p.norm]], (p, chains[p.norm])
+        else:
+            assert p.reason.startswith("called ") and len(inputs[p.norm]) > 1, p
+
+
+def zoo_rows() -> list[tuple[str, int, int, str]]:
+    """``(model, BatchNorm layers, paired, unpaired with reasons)`` per :data:`ZOO` model: the pairings the
+    tests recorded, or built here."""
+    rows = []
+    for name in ZOO:
+        if name not in PAIRINGS:
+            model, x, y = build(name)
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", MonitorSetupWarning)
+                PAIRINGS[name] = (len(running_stat_layers(model)), StalenessMonitor(model, (x, y)).pairing)
+        n, pairing = PAIRINGS[name]
+        reasons: dict[str, int] = {}
+        for p in pairing.unpaired:
+            reasons[p.reason] = reasons.get(p.reason, 0) + 1
+        text = "; ".join(f"{k} ({v})" for k, v in reasons.items()) or "none"
+        via = sum(1 for v in pairing.via.values() if v)
+        how = pairing.method + (f", {via} through see-through operations" if via else "")
+        rows.append((name, n, len(pairing.pairs), f"{how}; unpaired: {text}"))
+    return rows
+
+
+def zoo_table() -> str:
+    """The Markdown table of :func:`zoo_rows`, with the total."""
+    rows = zoo_rows()
+    lines = ["| model | BatchNorm layers | paired | how, and the unpaired with their reasons (count) |",
+             "|---|---:|---:|---|"]
+    lines += [f"| `{name}` | {n} | {paired} | {text} |" for name, n, paired, text in rows]
+    total, paired = sum(r[1] for r in rows), sum(r[2] for r in rows)
+    lines.append(f"| all {len(rows)} | {total} | {paired} ({paired / total:.1%}) | |")
+    return "\n".join(lines)
+
+
+def published_table() -> str:
+    text = DOC.read_text()
+    return text[text.index(BEGIN) + len(BEGIN):text.index(END)].strip()
+
+
+@pytest.mark.parametrize("_", [None])
+def test_the_published_table_is_the_zoos(_):
+    """Runs after the per-model tests (which fill PAIRINGS); recomputes any model they did not run."""
+    import_timm()
+    assert published_table() == zoo_table(), "docs/pairing.md is stale: python tests/test_zoo.py rewrites it"
+
+
+def test_almost_every_batchnorm_not_fed_by_a_concatenation_is_paired():
+    """Of the zoo's BatchNorm layers, those whose input is a concatenation of several layers' outputs
+    (DenseNet, DPN) cannot be paired with one weight layer; of all the others at least 95% are paired."""
+    zoo_rows()  # fills PAIRINGS for any model the per-model tests did not run
+    rows = PAIRINGS
+    total = sum(n for n, _ in rows.values())
+    paired = sum(len(p.pairs) for _, p in rows.values())
+    concatenated = sum(1 for _, p in rows.values() for u in p.unpaired if "comes from cat," in u.reason)
+    assert paired / (total - concatenated) >= 0.95, (paired, total, concatenated)
+
+
+if __name__ == "__main__":
+    text = DOC.read_text()
+    start, end = text.index(BEGIN) + len(BEGIN), text.index(END)
+    DOC.write_text(text[:start] + "\n" + zoo_table() + "\n" + text[end:])
+    print(f"wrote the zoo table of {len(ZOO)} models to {DOC}")
