@@ -18,6 +18,7 @@ import torch
 import torch.nn as nn
 
 from bnrotation.check import check_checkpoint, load_weights, main, model_from_factory
+from thirdparty import import_optional
 
 MODULE = "format_nets"
 SOURCE = '''
@@ -31,25 +32,7 @@ def make(width=8):
                          nn.Conv2d(width, width, 3, padding=1, bias=False), nn.BatchNorm2d(width), nn.ReLU(),
                          nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(width, 4))
 '''
-_torchvision_schemas = None  # kept alive while the tests run
-
-
-def _third_party(name: str):
-    """``name`` (timm, lightning.pytorch), after declaring torchvision's two operator schemas when its C operators
-    did not load (PyPI's torchvision 0.28.0 is a CUDA build beside the CPU-only torch; timm and Lightning import
-    it); skipped, saying why, when it is not installed. The same few lines as ``tests/thirdparty.py``."""
-    global _torchvision_schemas
-    try:
-        torch.ops.torchvision.nms  # noqa: B018 - resolves only when the C operators loaded
-    except (AttributeError, RuntimeError):
-        if _torchvision_schemas is None:
-            _torchvision_schemas = torch.library.Library("torchvision", "DEF")
-            _torchvision_schemas.define("nms(Tensor dets, Tensor scores, float iou_threshold) -> Tensor")
-            _torchvision_schemas.define("qnms(Tensor dets, Tensor scores, float iou_threshold) -> Tensor")
-    try:
-        return importlib.import_module(name)
-    except ImportError as err:
-        pytest.skip(f"{name} is not installed ({err}): pip install -e '.[test]'")
+_third_party = import_optional
 
 
 @pytest.fixture(scope="module")

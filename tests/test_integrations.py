@@ -5,7 +5,6 @@ that is not installed skips its tests, saying so."""
 from __future__ import annotations
 
 import importlib
-import importlib.util
 import json
 import math
 import os
@@ -26,28 +25,7 @@ from bnrotation.integrations import MonitorSession, record_metrics
 
 torch.set_num_threads(1)
 
-try:  # Lightning and transformers import torchvision when it is installed: the shim it needs here first
-    from thirdparty import torchvision_shim
-except ImportError:  # the same few lines until tests/thirdparty.py is merged (see its docstring)
-    _torchvision_library = None
-
-    def torchvision_shim() -> None:
-        """Declare torchvision's ``nms`` and ``qnms`` when torchvision is installed but its C operators
-        do not load (PyPI's CUDA build beside a CPU torch), so that importing it succeeds; else nothing."""
-        global _torchvision_library
-        spec = importlib.util.find_spec("torchvision")
-        if spec is None or _torchvision_library is not None:
-            return
-        try:
-            for lib in Path(spec.origin).parent.glob("_C*.so"):
-                torch.ops.load_library(str(lib))  # what torchvision's own import does first
-            return
-        except OSError:
-            pass
-        _torchvision_library = torch.library.Library("torchvision", "DEF")
-        _torchvision_library.define("nms(Tensor dets, Tensor scores, float iou_threshold) -> Tensor")
-        _torchvision_library.define("qnms(Tensor dets, Tensor scores, float iou_threshold) -> Tensor")
-
+from thirdparty import torchvision_shim  # noqa: E402 - Lightning and transformers import torchvision
 
 torchvision_shim()
 

@@ -28,6 +28,10 @@ import torch
 import torch.nn as nn
 from torch.nn.modules.batchnorm import _BatchNorm
 
+__all__ = ["reestimate", "ReestimationReport", "running_stat_layers", "norm_layers", "frozen_layers",
+           "batch_statistics", "running_stats", "swapped_statistics", "top_k_channel_masks", "nonfinite_state",
+           "NonFinite", "weights_fingerprint", "parameter_digests", "batch_input"]
+
 
 def running_stat_layers(model: nn.Module) -> list[tuple[str, _BatchNorm]]:
     """``[(name, module)]`` of the normalisation layers that keep running statistics."""

@@ -51,6 +51,10 @@ from .bnstats import (NORM_LAYER_KINDS, NonFinite, batch_statistics, nonfinite_s
 from .probes import (batch_statistics_pass, channel_cosines, channel_norms, cosine, drift_sigma_per_step,
                      evaluation_forward, evaluation_mode, lag_sigma, predicted_lag_sigma, rotation_deg)
 
+__all__ = ["StalenessMonitor", "MonitorRecord", "Thresholds", "StaleStatisticsWarning", "MonitorSetupWarning",
+           "find_pairs", "Pairing", "NormPair", "NormLeafTracer", "channel_axis_after", "split_probe", "mode_check",
+           "uncompiled", "default_warmup_steps", "smallest_probe", "WEIGHT_LAYERS"]
+
 # Layers whose weight rows are output channels: what a normalisation layer directly downstream normalises.
 WEIGHT_LAYERS = (nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.Linear)
 
@@ -580,11 +584,10 @@ class Thresholds:
             stricter, and on the same model can warn where it would not with labels.
         lag_sigma: the largest, over layers, median |running-mean lag| in σ. Default 0.1σ.
 
-    The defaults come from the suite's 30 reference runs
-    (:func:`bnrotation.analysis.monitoring.threshold_table`, ``<root>/monitor.md``), by how often the rule
-    fires at checks that fail (evaluation-mode accuracy below 90%) and at checks that pass: with a lag of
-    0.25σ, the study's predicted lag under Adam, it caught 200 of the 373 failing checks (54%) and no passing
-    one; with 0.1σ, 330 (88%), and 18 of 611 passing ones (3%), all between 90% and 95%.
+    The defaults were chosen on the suite's reference runs by how often the rule fires at checks that fail
+    (evaluation-mode accuracy below 90%) and at checks that pass; the counts on the committed runs, for these
+    and other thresholds, are in ``results/reference/monitor.md``
+    (:func:`bnrotation.analysis.monitoring.threshold_table`, ``make table``).
     """
 
     mode_gap: float = 0.05
