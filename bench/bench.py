@@ -37,6 +37,7 @@ import math
 import os
 import platform
 import re
+import runpy
 import shlex
 import statistics
 import subprocess
@@ -126,63 +127,9 @@ class Schedule:
 
 
 # ----------------------------------------------------------------------------- the bare loop
-def _block(cin: int, cout: int) -> nn.Sequential:
-    return nn.Sequential(nn.Conv2d(cin, cout, 3, padding=1, bias=False), nn.BatchNorm2d(cout, momentum=0.03),
-                         nn.ReLU())
-
-
-def bare_loop(steps: int, checks: set[int], heldout: int, device: torch.device, seed: int = 0) -> dict:
-    """The article's snippet, written anew: same network, data, optimizer and check schedule.
-
-    No probes, no logging, default memory format; a check is two passes over
-    the held-out set, ``net.train()`` then ``net.eval()``, as the article wrote
-    it (its training-mode pass moves the running statistics; the suite's does
-    not, and costs the same).
-
-    Returns:
-        seconds: ``{"setup", "train", "checks"}``, and ``checks``: the number run.
-    """
-    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
-    t0 = time.perf_counter()
-    torch.manual_seed(seed)
-    k = 10
-    templates = torch.randn(k, 3, 32, 32, device=device)
-
-    def batch(n: int):
-        y = torch.randint(0, k, (n,), device=device)
-        return 0.6 * templates[y] + torch.randn(n, 3, 32, 32, device=device), y
-
-    net = nn.Sequential(_block(3, 32), nn.MaxPool2d(2), _block(32, 64), nn.MaxPool2d(2), _block(64, 64),
-                        nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(64, k)).to(device)
-    opt = torch.optim.Adam(net.parameters(), lr=3e-3)
-    x_val, y_val = batch(heldout)
-
-    def acc(train_mode: bool) -> float:
-        net.train(train_mode)
-        with torch.no_grad():
-            a = (net(x_val).argmax(1) == y_val).float().mean().item()
-        net.train()
-        return a
-
-    sync()
-    seconds = {"setup": time.perf_counter() - t0, "train": 0.0, "checks": 0.0}
-    mark = time.perf_counter()
-    for step in range(1, steps + 1):
-        x, y = batch(128)
-        loss = F.cross_entropy(net(x), y)
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        if step in checks:
-            sync()
-            t1 = time.perf_counter()
-            seconds["train"] += t1 - mark
-            acc(True), acc(False)
-            mark = time.perf_counter()
-            seconds["checks"] += mark - t1
-    sync()
-    seconds["train"] += time.perf_counter() - mark
-    return {"seconds": seconds, "checks": len([s for s in checks if s <= steps])}
+# The article's snippet: experiments/minimal.py's loop, timed as it is (one copy of it). Its training-mode pass
+# at a check runs on a copy of the network, so it moves no running statistic, as the suite's does not.
+bare_loop = runpy.run_path(str(Path(__file__).resolve().parents[1] / "experiments" / "minimal.py"))["train"]
 
 
 # ----------------------------------------------------------------------------- shared helpers
