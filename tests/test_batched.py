@@ -22,10 +22,15 @@ from test_resume import interrupt_at
 
 SEEDS = [0, 1, 2]
 TABLES = ("checks", "layers", "channels", "interventions", "averaging")
-# Float tolerance: the grouped kernels sum in another order than the plain ones, so after 20 steps the weights
-# differ by about 1e-6 relative; a per-channel update cosine, the cosine of a one-step difference of float32
-# weights that Adam scales by 1/sqrt(v), carries that as up to about 1e-3 relative (seen on ResNet-20).
-RTOL, ATOL = 1e-3, 1e-5
+# Both sides run in float64 (``dtype=float64``): the grouped kernels sum in another order than the plain ones,
+# so each operation may round differently by up to 2^-53 ~ 1.1e-16 relative. Twenty steps compound it: Adam
+# divides by sqrt(v), and a per-channel update cosine is the cosine of a one-step difference of weights, which
+# in float32 turned differences of 6e-8 into 1e-3 relative, an amplification of about 2e4. The same factor on
+# float64's rounding gives about 2e-12, so RTOL = 1e-9 holds on any kernel path with a margin of 500, while a
+# real difference (a member reading another's slice or statistics) is of order one: the test of seeds that are
+# not the same run below fails at it. ATOL covers values that are differences of close numbers (drift, lag).
+DTYPE = "dtype=float64"
+RTOL, ATOL = 1e-9, 1e-12
 
 
 def assert_tables_close(a, b, why: str) -> None:
@@ -35,6 +40,7 @@ def assert_tables_close(a, b, why: str) -> None:
         pd.testing.assert_frame_equal(da, db, check_exact=False, rtol=RTOL, atol=ATOL, obj=f"{why} {name}")
 
 
+@pytest.mark.kernels
 @pytest.mark.parametrize("row, extra", [("sgd", ()), ("adam", ()), ("adamw", ()), ("adam_projected", ()),
                                         ("adamp", ("optimizer.delta=1.0",)), ("adam_cosine", ()),
                                         ("adam_groupnorm", ("model.group_norm_groups=4",)),
@@ -42,7 +48,8 @@ def assert_tables_close(a, b, why: str) -> None:
 def test_a_batch_of_seeds_equals_separate_runs_step_for_step(tmp_path, row, extra):
     """AdamP with delta 1.0 projects in every member at every step: its per-member test matters."""
     name = f"{row}_variant" if extra and "channels" not in extra[0] else row  # a toy variant needs its own name
-    overrides = (f"experiment={row}", f"row={name}", "averaging.tail_steps=10", "averaging.tail_every=5", *extra)
+    overrides = (f"experiment={row}", f"row={name}", "averaging.tail_steps=10", "averaging.tail_every=5", DTYPE,
+                 *extra)
     alone = {s: run(tiny(tmp_path / "alone", *overrides, f"seed={s}")) for s in SEEDS}
     together = run_seeds(tiny(tmp_path / "together", *overrides, f"batch_seeds={SEEDS}"))
     assert sorted(together) == SEEDS
@@ -54,6 +61,9 @@ def test_a_batch_of_seeds_equals_separate_runs_step_for_step(tmp_path, row, extr
         configs = [yaml.safe_load((d / "config.yaml").read_text()) for d in (together[s], alone[s])]
         assert [c.pop("results_root") for c in configs] != [None, None]
         assert configs[0] == configs[1]  # the seed's own config: a batch is an execution setting
+    a, b = (pd.read_parquet(d / "channels.parquet").drop(columns="seed") for d in (together[0], alone[1]))
+    with pytest.raises(AssertionError):  # failure case: another seed's separate run is not this member's
+        pd.testing.assert_frame_equal(a, b, check_exact=False, rtol=RTOL, atol=ATOL)
 
 
 def test_a_batch_skips_finished_seeds_and_trains_the_rest(tmp_path):
@@ -66,8 +76,9 @@ def test_a_batch_skips_finished_seeds_and_trains_the_rest(tmp_path):
     assert info["batched_with_seeds"] == [0, 2]
 
 
+@pytest.mark.kernels
 def test_a_stopped_batch_resumes_batched_or_seed_by_seed(tmp_path, monkeypatch):
-    overrides = ("experiment=adamp", "row=adamp_delta1", "optimizer.delta=1.0")
+    overrides = ("experiment=adamp", "row=adamp_delta1", "optimizer.delta=1.0", DTYPE)
     reference = run_seeds(tiny(tmp_path / "ref", *overrides, f"batch_seeds={SEEDS}"))
     cfg = tiny(tmp_path / "stopped", *overrides, f"batch_seeds={SEEDS}")
     with monkeypatch.context() as m:
