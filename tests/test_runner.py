@@ -15,7 +15,7 @@ from bnrotation.rows import ROWS
 from bnrotation.runner import RunExistsError, check_steps, intervention_steps, log_steps, run
 
 from conftest import EXPERIMENTS
-from test_reliability import tiny  # the toy size, for what does not need the study's network
+from test_reliability import TINY, tiny  # the toy size, for what does not need the study's network
 
 
 # The fixture's toy size: TINY's 8x8 images and small sets, with widths every row's norm divides (GroupNorm's
