@@ -4,13 +4,18 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import subprocess
+import sys
 
 import pandas as pd
 import pytest
+import torch
 
 from bnrotation import records
 from bnrotation.analysis.results import load_runs
 from bnrotation.analysis.table import build_table, main as table_main
+from bnrotation.provenance import cpu_kernels
 from bnrotation.rows import ROWS
 from bnrotation.runner import RunExistsError, check_steps, intervention_steps, log_steps, run
 
@@ -90,6 +95,24 @@ def test_run_json_reads_back_what_the_row_sets(smoke_results):
         if spec.optimizer == "adam_projected":
             assert info["projection"]["params"] == ["conv1.weight", "conv2.weight", "conv3.weight"]
         assert info["git"].keys() == {"commit", "dirty"} and info["wall_seconds"] > 0
+
+
+@pytest.mark.kernels
+def test_run_json_names_the_cpu_kernels_it_ran_on(tmp_path):
+    """``run.json`` records torch's CPU capability and the variables that cap it: a bit-identity claim (a rerun,
+    a resume) holds on one kernel path. Under ``make test-kernels`` this also shows that the rerun took the path
+    it asked for; the failure case, a process started on the no-vector path, reads as another path."""
+    out = run(tiny(tmp_path, "experiment=sgd", "interventions=false"))
+    kernels = json.loads((out / "run.json").read_text())["cpu_kernels"]
+    assert kernels == cpu_kernels() and kernels["capability"] == torch.backends.cpu.get_cpu_capability()
+    if os.environ.get("ATEN_CPU_CAPABILITY"):
+        assert kernels["capability"] == os.environ["ATEN_CPU_CAPABILITY"].upper()
+    plain = subprocess.run([sys.executable, "-c", "from bnrotation.provenance import cpu_kernels; "
+                            "print(cpu_kernels()['capability'])"], capture_output=True, text=True, check=True,
+                           env={**os.environ, "ATEN_CPU_CAPABILITY": "default"}).stdout.strip()
+    assert plain == "DEFAULT"
+    if kernels["capability"] != "DEFAULT":
+        assert plain != kernels["capability"]
 
 
 def test_table_from_smoke_results(smoke_results, tmp_path, capsys):
