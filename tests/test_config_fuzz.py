@@ -155,6 +155,7 @@ def test_any_row_name_stays_inside_runs_or_is_rejected_naming_row(row):
 
 
 # ----------------------------------------------------------------------------- named cases, real command line
+@pytest.mark.slow
 @pytest.mark.parametrize("override, key", [
     ("optimizer.lr=nan", "optimizer.lr"),
     ("optimizer.eps=inf", "optimizer.eps"),

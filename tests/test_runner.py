@@ -7,6 +7,7 @@ import math
 import os
 import subprocess
 import sys
+import warnings
 
 import pandas as pd
 import pytest
@@ -63,7 +64,8 @@ def test_compiled_evaluation_writes_the_same_tables_as_eager(tmp_path):
     """``eval_backend=compiled`` (what ``auto`` picks for CPU runs of 1,000 steps or more) changes no table:
     the smoke ``adam`` run, which checks, intervenes and averages, equals the eager one, both run here in
     float64, and ``run.json`` says which backend ran. The key does not change results, so a finished run is
-    skipped, not refused, under the other backend.
+    skipped, not refused, under the other backend. A compiler that fails here (evaluation falls back to eager,
+    with a warning) fails the test: it would otherwise compare eager with eager.
 
     Tolerance: the compiled passes fuse and reorder the evaluation's sums, a rounding of about 1e-16 relative
     each in float64; training never reads them, so nothing compounds, and 1e-9 relative (1e-12 absolute, for
@@ -72,7 +74,10 @@ def test_compiled_evaluation_writes_the_same_tables_as_eager(tmp_path):
     from conftest import run_cfg
     overrides = ["experiment=adam", *TOY, "dtype=float64"]
     eager = run(run_cfg([*overrides, "eval_backend=eager"], tmp_path / "eager"))
-    out = run(run_cfg([*overrides, "eval_backend=compiled"], tmp_path))
+    with warnings.catch_warnings(record=True) as caught:  # a compiler that fails falls back to eager, warning
+        warnings.simplefilter("always")
+        out = run(run_cfg([*overrides, "eval_backend=compiled"], tmp_path))
+    assert not [str(w.message) for w in caught if "compiled evaluation failed" in str(w.message)]
     for table in records.TABLE_COLUMNS:
         old, new = pd.read_parquet(eager / f"{table}.parquet"), pd.read_parquet(out / f"{table}.parquet")
         pd.testing.assert_frame_equal(new, old, check_exact=False, rtol=1e-9, atol=1e-12, obj=f"adam/{table}")
