@@ -55,11 +55,11 @@ $(error JOBS=$(JOBS): expected a whole number >= 1 (runs at once))
 endif
 endif
 
-.PHONY: help install test sweep reproduce places row table diagnose check figures claims report notebooks bench clean
+.PHONY: help install test test-fast test-kernels sweep reproduce places row table diagnose check figures claims report notebooks bench clean
 .DEFAULT_GOAL := help
 
 help: ## list the targets
-	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "} {printf "  make %-10s %s\n", $$1, $$2}'
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "} {printf "  make %-12s %s\n", $$1, $$2}'
 	@echo "  variables (default in brackets):"
 	@echo "    SCALE=$(subst $(space),|,$(SCALES)) [full]   ROW=<row> [adam]   SEED=<s> [0]   ARGS='<hydra overrides>'   FORCE=1"
 	@echo "    ROWS=<row,row,...> SEEDS=<s,s,...> the sweep's rows and seeds [by SCALE and SET, from rows.py:"
@@ -83,8 +83,32 @@ $(VENV)/.installed: pyproject.toml requirements/lock.txt
 
 install: $(VENV)/.installed ## create .venv with the exact versions of requirements/lock.txt (torch 2.13.0, ...)
 
-test: $(VENV)/.installed ## run the test suite (about 10 minutes on 2 cores)
-	$(PY) -m pytest -q
+# Tests: TEST_JOBS pytest-xdist workers (one file per worker at a time, so that a file's shared fixtures are built
+# once); 1, or pytest-xdist not installed, runs them in this process.
+TEST_JOBS ?= $(shell nproc)
+xdist = $$($(PY) -c 'import xdist' 2>/dev/null && [ "$(TEST_JOBS)" != 1 ] && printf -- '-n %s --dist loadfile' $(TEST_JOBS))
+# make test-fast: pure functions, probes, configs, analysis of committed or synthetic results; not the tests of these
+# files marked slow (a training run, a Python process)
+FAST_TESTS := tests/test_analysis.py tests/test_probes.py tests/test_configs.py tests/test_config_fuzz.py \
+	tests/test_stats.py tests/test_depth.py tests/test_lag.py tests/test_dense.py tests/test_records.py \
+	tests/test_optim.py tests/test_carryover.py tests/test_ten_seeds.py
+# make test-kernels: the tests marked `kernels` (code-path equality, determinism, resume bit-identity) again under
+# each lower CPU kernel path: no vector kernels, then AVX2 (ATen's dispatch and oneDNN's, capped to match). Each path
+# compiles into a cache of its own: torch.compile's on-disk cache does not tell kernel paths apart and hands code
+# generated for AVX-512 to a no-vector process, whose compiler rejects it (torch 2.13).
+KERNEL_PATHS := "ATEN_CPU_CAPABILITY=default ONEDNN_MAX_CPU_ISA=SSE41" \
+	"ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2"
+
+test: $(VENV)/.installed ## run the whole test suite under this machine's CPU kernels (TEST_JOBS=n workers [nproc])
+	$(PY) -m pytest -q $(xdist)
+
+test-fast: $(VENV)/.installed ## the tests that train nothing: pure functions, probes, configs, analysis (under a minute)
+	$(PY) -m pytest -q $(xdist) -m "not slow" $(FAST_TESTS)
+
+test-kernels: $(VENV)/.installed ## rerun the tests marked kernels under the no-vector and the AVX2 kernel paths
+	@cache=$$(mktemp -d) && trap 'rm -rf "$$cache"' EXIT && i=0 && for env in $(KERNEL_PATHS); do \
+		i=$$((i + 1)) && echo "make test-kernels: $$env" && \
+		env $$env TORCHINDUCTOR_CACHE_DIR="$$cache/$$i" $(PY) -m pytest -q $(xdist) -m kernels || exit 1; done
 
 sweep: $(VENV)/.installed ## every row x seed at SCALE, or of SET=resnet|ten_seeds (resumable; FORCE=1 reruns; JOBS=n in parallel)
 	@[ -n "$(ROWS)" ] || { echo "make sweep: no rows for SCALE=$(SCALE) SET=$(SET) (see the line above)" >&2; exit 2; }

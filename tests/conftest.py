@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import os
+import shutil
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 import torch
+from filelock import FileLock
 from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig
 
@@ -29,8 +33,24 @@ def run_cfg(overrides: list[str], tmp: Path) -> RunConfig:
     return to_run_config(compose_cfg(["scale=smoke", f"results_root={tmp}", "progress=false", *overrides]))
 
 
+def built_once(tmp_path_factory: pytest.TempPathFactory, name: str, make: Callable[[Path], Path]) -> Path:
+    """``make(folder)``'s result, built once per test session: under pytest-xdist, the first worker to ask builds
+    it in the session's shared temporary folder while holding a file lock, and the others wait and reuse it (the
+    recipe of pytest-xdist's documentation, "Making session-scoped fixtures execute only once")."""
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        return make(tmp_path_factory.mktemp(name))
+    shared = tmp_path_factory.getbasetemp().parent  # one folder for all the workers of this session
+    with FileLock(str(shared / f"{name}.lock")):
+        folder, built = shared / name, shared / f"{name}.built"
+        if not built.exists():
+            shutil.rmtree(folder, ignore_errors=True)
+            folder.mkdir()
+            built.write_text(str(make(folder).relative_to(folder)))
+        return folder / built.read_text()
+
+
 @pytest.fixture(scope="session")
 def adam_smoke_run(tmp_path_factory) -> Path:
     """One finished ``adam`` run at smoke scale, seed 0, with interventions and checkpoints; do not modify it."""
     from bnrotation.runner import run
-    return run(run_cfg(["experiment=adam"], tmp_path_factory.mktemp("adam_smoke")))
+    return built_once(tmp_path_factory, "adam_smoke", lambda root: run(run_cfg(["experiment=adam"], root)))

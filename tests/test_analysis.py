@@ -589,6 +589,7 @@ def smoke_root(tmp_path_factory) -> Path:
     return root
 
 
+@pytest.mark.slow
 def test_make_figures_and_claims_run_on_the_runners_output(smoke_root, tmp_path):
     """Every figure is drawn from the runner's output by the notebook test below; here the command line."""
     assert figures.main(["--results", str(smoke_root), "--out", str(tmp_path / "figures"),
@@ -612,6 +613,7 @@ sys.exit(f"analysis imported {bad}" if bad else 0)
 """
 
 
+@pytest.mark.slow
 def test_notebooks_run_against_smoke_results_and_analysis_never_imports_torch(smoke_root):
     """Every notebook runs as a plain script on the runner's output, drawing every figure; and neither the
     analysis modules nor the notebooks import torch (one interpreter, to keep the test fast)."""

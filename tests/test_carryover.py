@@ -79,9 +79,15 @@ def _verdicts(root: Path) -> tuple[dict[str, str], dict[str, claim_kinds.Check],
     return {n: by_name[n].verdict for n in CHECKS}, by_name, md
 
 
+@pytest.fixture(scope="module")
+def passing_verdicts(passing) -> tuple[dict[str, str], dict[str, claim_kinds.Check], str]:
+    """:func:`_verdicts` of ``passing``, built once for the tests that only read it."""
+    return _verdicts(passing)
+
+
 # ----------------------------------------------------------------------------- the verdicts
-def test_resnet_checks_pass_on_runs_built_to_pass(passing):
-    verdict, by_name, md = _verdicts(passing)
+def test_resnet_checks_pass_on_runs_built_to_pass(passing_verdicts):
+    verdict, by_name, md = passing_verdicts
     assert {n: v for n, v in verdict.items() if n not in EXPLORATORY} == {
         n: "PASS" for n in CHECKS if n not in EXPLORATORY}
     assert {n: verdict[n] for n in EXPLORATORY} == {n: "MEASURED" for n in EXPLORATORY}  # never PASS or FAIL
@@ -171,8 +177,8 @@ def test_the_table_names_the_network_of_every_row(passing, tmp_path):
     assert csv.loc["resnet20_adam", "last_conv"] == "layer3.2.conv2"
 
 
-def test_the_claims_header_and_theory_use_each_networks_last_conv(passing):
-    md, _ = claims.build_report(passing, _load(passing))
+def test_the_claims_header_and_theory_use_each_networks_last_conv(passing, passing_verdicts):
+    md = passing_verdicts[2]
     assert "the ResNet-20 runs have a section of their own" in md
     ev = evidence.collect(passing, _load(passing))
     assert ev.stat(R_ADAM, "rotation_per_100_deg").mean == pytest.approx(8.0)  # layer3.2.conv2's, not conv3's
@@ -195,6 +201,7 @@ def both_networks(tmp_path_factory) -> Path:
     return root
 
 
+@pytest.mark.slow
 def test_table_claims_and_figures_run_on_a_root_holding_both_networks(both_networks, tmp_path):
     assert table.main(["--results", str(both_networks), "--out", str(tmp_path)]) == 0
     md = (tmp_path / "table.md").read_text()

@@ -114,6 +114,7 @@ def test_missing_row_says_how_to_pick_one(tmp_path):
         run_cfg([], tmp_path)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("argv, needle", [
     (["experiment=adam", "optimizer.lrr=0.1"], "lrr"),           # misspelt key: struct mode
     (["experiment=adam", "optimizer.lr=fast"], "optimizer.lr"),  # wrong type

@@ -25,6 +25,7 @@ def diagnosis(adam_smoke_run):
     return diagnose_checkpoint(adam_smoke_run, 20, device="cpu")
 
 
+@pytest.mark.kernels
 def test_the_checkpoint_reproduces_the_logged_interventions(diagnosis, adam_smoke_run):
     iv = pd.read_parquet(adam_smoke_run / "interventions.parquet")
     keys = ["intervention", "k", "layer"]

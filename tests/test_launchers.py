@@ -83,6 +83,7 @@ def test_threads_come_from_slurm_when_not_set(monkeypatch):
         torch.set_num_threads(before)
 
 
+@pytest.mark.kernels
 def test_determinism_switch_is_applied_recorded_and_not_part_of_what_a_run_computes(tmp_path):
     cheap = ("experiment=sgd", "interventions=false", "averaging.enabled=false", "task.probe_size=32")
     try:

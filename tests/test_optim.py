@@ -47,6 +47,7 @@ def _same_params(a, b, **tol):
     return all(torch.allclose(pa, pb, **tol) for pa, pb in zip(a.parameters(), b.parameters()))
 
 
+@pytest.mark.kernels
 def test_projection_off_equals_torch_adam_step_for_step():
     a, b = _net(), _net()
     _steps(a, torch.optim.Adam(a.parameters(), lr=3e-3, foreach=False))

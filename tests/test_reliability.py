@@ -97,6 +97,7 @@ def assert_nothing_complete_looking_is_corrupt(out: Path, ref: Path) -> None:
             pytest.fail(f"unexpected file {rel}")
 
 
+@pytest.mark.kernels
 def test_killed_runs_are_never_read_as_complete_and_rerun_whole(tmp_path):
     """Killed during writes (a parquet table, the final run.json, DONE and two more drawn at
     random, each at a random fraction of its bytes), in a random training step, by the kernel at
@@ -328,6 +329,7 @@ def test_every_table_carries_the_schema_version(two_runs, tmp_path):
 
 
 # ----------------------------------------------------------------------------- 5. deterministic reruns
+@pytest.mark.kernels
 def test_same_row_and_seed_twice_on_cpu_gives_identical_results(tmp_path):
     a = run(tiny(tmp_path / "a", "experiment=adam_projected", "seed=3"))
     b = run(tiny(tmp_path / "b", "experiment=adam_projected", "seed=3"))

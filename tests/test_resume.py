@@ -46,6 +46,7 @@ def interrupt_at(monkeypatch, steps: list[int], signum: int = signal.SIGTERM) ->
     monkeypatch.setattr(runner.F, "cross_entropy", loss)
 
 
+@pytest.mark.kernels
 def test_a_run_stopped_at_random_steps_resumes_bit_identical(tmp_path, monkeypatch, uninterrupted):
     seed = random.randrange(2**32)
     rng = random.Random(seed)
@@ -79,6 +80,7 @@ def test_a_run_stopped_at_random_steps_resumes_bit_identical(tmp_path, monkeypat
     assert_same_results(out, uninterrupted)
 
 
+@pytest.mark.kernels
 def test_a_stop_before_the_first_step_saves_step_0_and_resumes_bit_identical(tmp_path, monkeypatch, uninterrupted):
     """A stop that arrives during step 0's measurements (before any training step; under SLURM, a preemption
     right after the job starts) saves the state at step 0; the resumed run does not measure step 0 twice."""
@@ -200,6 +202,7 @@ def test_a_lock_held_by_a_dead_process_does_not_block(tmp_path):
 
 
 # ----------------------------------------------------------------------------- dense windows
+@pytest.mark.kernels
 def test_dense_windows_log_every_step_and_agree_with_the_monitor(tmp_path):
     out = run(tiny(tmp_path, "experiment=adam", "scale.dense_windows=[5,12]", "scale.dense_length=4"))
     dense = pd.read_parquet(out / "dense.parquet")

@@ -30,6 +30,12 @@ def _checks(root: Path) -> tuple[str, dict]:
     return md, {c.name: c for c in checks}
 
 
+@pytest.fixture(scope="module")
+def replication_checks(replication) -> tuple[str, dict]:
+    """:func:`_checks` of the replication, built once for the tests that only read it."""
+    return _checks(replication)
+
+
 def add_dense_seeds(root: Path, row: str, seeds, *, r: float = 0.0, s: float = 0.0, **run) -> None:
     """Runs of ``row`` at ``seeds`` (the published figures, as :func:`write_replication` makes them) with a dense
     table whose middle-layer fresh means drift at r σ per step (±2% across seeds) and wander with step s."""
@@ -61,8 +67,8 @@ def test_the_seeds_column_names_the_seeds_and_expects_those_the_rows_sweeps_run(
     assert "Seeds per row: `sgd` 0–9, `adam_lr3e-4` 0–2, `adam` 0–4." in claims.build_report(tmp_path, _load(tmp_path))[0]
 
 
-def test_every_check_with_a_verdict_states_n_per_row(replication):
-    _, checks = _checks(replication)
+def test_every_check_with_a_verdict_states_n_per_row(replication_checks):
+    _, checks = replication_checks
     for c in checks.values():
         if c.verdict != "NOT RUN":
             assert re.search(r"n = \d+ seeds?|n per row: |on the seeds both rows ran", c.measured), (c.name, c.measured)
@@ -143,8 +149,8 @@ def test_no_single_interval_meets_both_figures_when_the_walk_crosses_adams_at_on
     assert "walk model predicts the measured lag best" in line
 
 
-def test_without_dense_windows_the_sections_say_which_rows_lack_them(replication):
-    md, _ = _checks(replication)
+def test_without_dense_windows_the_sections_say_which_rows_lack_them(replication_checks):
+    md, _ = replication_checks
     assert "No run here has dense windows" in md and "`adam` (seeds 0–2)" in md
     assert "needs dense windows of two or more seeds of both `adam` and `sgd`" in md and "no model is fitted" in md
     assert "dense windows: `adam` 0 seeds, `sgd` 0 seeds." in md

@@ -27,6 +27,10 @@ ARCHS = ("convnet", "resnet20")
 DEVICES = ("auto", "cpu", "cuda")
 AVERAGING_AT = ("interventions", "checks", "last")
 EVAL_BACKENDS = ("auto", "compiled", "eager")
+# Floating-point type of a run's weights, data and statistics. float32 is the study's; float64 is for tests that
+# compare two orders of the same arithmetic (batched vs separate seeds), where float32's rounding, which depends
+# on the CPU's kernels, would set the tolerance.
+DTYPES = ("float32", "float64")
 # eval_backend=auto compiles at this many steps and more (quick and full scale, not smoke): in `make bench`,
 # section (d), a compile took about 1 s and saved 12% of each evaluation pass; a full run makes hundreds of passes
 # (checks, every swap of the interventions, every averaged model), a smoke run a handful.
@@ -227,6 +231,7 @@ class RunConfig:
     # one graph per network; bnrotation.probes.CompiledEvaluation) | eager | auto (compiled for a CPU run of at
     # least EVAL_COMPILED_MIN_STEPS steps, where the passes outweigh the compile). An execution setting.
     eval_backend: str = "auto"
+    dtype: str = "float32"  # float32 | float64 (DTYPES): weights, data, statistics; changes the results
     results_root: str = "results"
     force: bool = False  # rerun even when a finished run with the same config exists
     progress: bool = True  # tqdm bar
@@ -249,6 +254,7 @@ class RunConfig:
         _require(0 <= self.seed <= SEED_MAX, "seed", f"an integer in 0..{SEED_MAX}", self.seed)
         _choice("device", self.device, DEVICES)
         _choice("eval_backend", self.eval_backend, EVAL_BACKENDS)
+        _choice("dtype", self.dtype, DTYPES)
         _require(self.threads >= 0, "threads", "an integer >= 0 (0: the launcher's or torch's default)", self.threads)
         _require(all(0 <= s <= SEED_MAX for s in self.batch_seeds) and len(set(self.batch_seeds)) ==
                  len(self.batch_seeds), "batch_seeds", f"distinct integers in 0..{SEED_MAX} (empty: just `seed`)",

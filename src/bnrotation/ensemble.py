@@ -80,7 +80,7 @@ def stack_models(models: list[nn.Module]) -> nn.Module:
     """One batched model holding ``models`` (same architecture, any weights) as its members, in order.
 
     The members' parameters and buffers are copied in; the batched model lives on the first member's
-    device and in its memory format.
+    device and in its floating-point type and memory format.
 
     Raises:
         ValueError: for fewer than one model, models of different structure, or a layer without a batched
@@ -100,7 +100,8 @@ def stack_models(models: list[nn.Module]) -> nn.Module:
         parent_name, _, attr = name.rpartition(".")
         parent = batched.get_submodule(parent_name) if parent_name else batched
         setattr(parent, attr, replacement)
-    batched = batched.to(next(models[0].parameters()).device)
+    first = next(models[0].parameters())
+    batched = batched.to(device=first.device, dtype=first.dtype)  # the grouped layers are built in float32
     if any(p.dim() == 4 and p.is_contiguous(memory_format=torch.channels_last) and not p.is_contiguous()
            for p in models[0].parameters()):
         batched = batched.to(memory_format=torch.channels_last)

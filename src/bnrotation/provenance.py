@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import importlib.metadata
+import os
 import platform
 import subprocess
 from pathlib import Path
@@ -16,6 +17,18 @@ import torch.nn as nn
 from torch.nn.modules.batchnorm import _BatchNorm
 
 PACKAGES = ("torch", "numpy", "pandas", "pyarrow", "hydra-core", "omegaconf", "bnrotation")
+# The environment variables that cap which CPU kernels torch's own (ATen) and oneDNN's code paths dispatch to.
+KERNEL_ENV = ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA")
+
+
+def cpu_kernels() -> dict:
+    """Which vector kernels this process's CPU operators run: ``capability``, torch's choice
+    (``torch.backends.cpu.get_cpu_capability()``: ``DEFAULT``, ``AVX2``, ``AVX512``, ...; the machine's best
+    unless ``ATEN_CPU_CAPABILITY`` lowers it), and the values of :data:`KERNEL_ENV` (None where unset).
+
+    Float sums run in another order on another kernel path, so float32 results agree across paths only to
+    rounding; bit-identity (a rerun, a resume after a stop signal) holds on one machine and one path."""
+    return {"capability": torch.backends.cpu.get_cpu_capability(), **{k: os.environ.get(k) for k in KERNEL_ENV}}
 
 
 def git_state() -> dict:
@@ -45,8 +58,8 @@ def versions() -> dict:
 def describe_built(model: nn.Module, optimizer: torch.optim.Optimizer, schedule, device: torch.device) -> dict:
     """What actually runs, read back from the built objects (not from the config): the optimizer's class and
     param groups (learning rate, weight decay, projection, ...), the schedule, every normalisation layer's
-    class, momentum and eps, the model's class and size, device, dtype, memory format, threads, versions and
-    the git state. ``run.json`` stores it."""
+    class, momentum and eps, the model's class and size, device, dtype, memory format, threads, CPU kernels
+    (:func:`cpu_kernels`), versions and the git state. ``run.json`` stores it."""
     names = {id(p): n for n, p in model.named_parameters()}
     groups = []
     for g in optimizer.param_groups:
@@ -80,6 +93,7 @@ def describe_built(model: nn.Module, optimizer: torch.optim.Optimizer, schedule,
         "memory_format": "channels_last" if weight.is_contiguous(memory_format=torch.channels_last)
         and not weight.is_contiguous() else "contiguous",
         "threads": torch.get_num_threads(),
+        "cpu_kernels": cpu_kernels(),
         "versions": versions(),
         "git": git_state(),
         "host": platform.node(),

@@ -53,7 +53,7 @@ from .optim import build_optimizer, build_schedule
 from .probes import accuracy, batch_statistics_pass, compiled_evaluation, compiled_evaluation_active, eval_chunk
 from .provenance import describe_built
 from .rows import ROWS
-from .task import NoisyTemplates, generator, heldout_set, memory_format, probe_set, reestimation_batches
+from .task import NoisyTemplates, generator, heldout_set, memory_format, probe_set, reestimation_batches, run_dtype
 
 RESUME_FILE = "resume.pt"
 STOP_SIGNALS = ("SIGTERM", "SIGINT", "SIGUSR2")  # SIGUSR2: submitit's default preemption / time-out signal
@@ -410,7 +410,7 @@ def evaluation_compiled(cfg: RunConfig, device: torch.device) -> bool:
 def _build(cfg: RunConfig, device: torch.device):
     """A seed's own model, optimizer and schedule, and what they are read back as; refused before any work
     when that contradicts what the row means (what ``make table`` would refuse after the run)."""
-    model = build_model(cfg.model, cfg.task.num_classes, cfg.seed, device)
+    model = build_model(cfg.model, cfg.task.num_classes, cfg.seed, device).to(run_dtype(cfg))
     optimizer = build_optimizer(cfg.optimizer, model)
     schedule = build_schedule(cfg.schedule, optimizer, cfg.scale.steps)
     built = describe_built(model, optimizer, schedule, device)
@@ -440,7 +440,7 @@ def _member(cfg: RunConfig, out: Path, resume: bool, device: torch.device, model
             determinism: dict, batched_with: list[int]) -> _Member:
     started = time.time()
     built["threads"] = torch.get_num_threads()
-    task = NoisyTemplates.build(cfg.task, cfg.seed, device)
+    task = NoisyTemplates.build(cfg.task, cfg.seed, device, run_dtype(cfg))
     x_held, y_held = heldout_set(task, cfg)
     x_probe, _ = probe_set(task, cfg)
     has_running = bool(running_stat_layers(model))

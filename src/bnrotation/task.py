@@ -48,27 +48,31 @@ class NoisyTemplates:
     """Sampler for the task; templates live on ``device``.
 
     Attributes:
-        templates: (K, 3, S, S) float32.
+        templates: (K, 3, S, S), float32 (float64 for a run with ``dtype=float64``).
     """
 
     cfg: TaskConfig
     templates: torch.Tensor  # (K, 3, S, S)
 
     @classmethod
-    def build(cls, cfg: TaskConfig, seed: int, device: torch.device | str = "cpu") -> "NoisyTemplates":
+    def build(cls, cfg: TaskConfig, seed: int, device: torch.device | str = "cpu",
+              dtype: torch.dtype = torch.float32) -> "NoisyTemplates":
+        """The task of ``seed``; its templates, and so every sample, in ``dtype`` (the random numbers are drawn
+        in float32 whatever ``dtype``, so a float64 run sees the float32 run's data, exactly widened)."""
         g = generator(seed, "templates")
         templates = torch.randn(cfg.num_classes, 3, cfg.image_size, cfg.image_size, generator=g)
-        return cls(cfg, templates.to(device))
+        return cls(cfg, templates.to(device=device, dtype=dtype))
 
     def sample(self, n: int, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
         """Draw ``n`` samples with ``gen`` (which must live on the templates' device).
 
         Returns:
-            x: (n, 3, S, S) float32; y: (n,) int64 labels in [0, K).
+            x: (n, 3, S, S) in the templates' dtype (the noise drawn in float32); y: (n,) int64 labels in [0, K).
         """
         dev = self.templates.device
         y = torch.randint(0, self.cfg.num_classes, (n,), generator=gen, device=dev)  # (n,)
         noise = torch.randn((n,) + tuple(self.templates.shape[1:]), generator=gen, device=dev)
+        noise = noise.to(self.templates.dtype)  # no copy in float32
         x = noise.add_(self.templates[y], alpha=self.cfg.template_scale)  # (n, 3, S, S)
         return x, y
 
@@ -84,6 +88,11 @@ class NoisyTemplates:
 
 
 # ----------------------------------------------------------------------------- a run's fixed sets and streams
+def run_dtype(cfg: RunConfig) -> torch.dtype:
+    """The run's floating-point type (``dtype``): of its weights, data and statistics."""
+    return getattr(torch, cfg.dtype)
+
+
 def memory_format(cfg: RunConfig) -> torch.memory_format:
     """The model's memory format (``model.channels_last``), which its inputs take too."""
     return torch.channels_last if cfg.model.channels_last else torch.contiguous_format
@@ -111,7 +120,7 @@ def reestimation_batches(task: NoisyTemplates, cfg: RunConfig, device: torch.dev
     interventions' and each averaged model's).
 
     Returns:
-        ``scale.reestimate_batches`` tensors (batch_size, 3, S, S), float32, on ``device``.
+        ``scale.reestimate_batches`` tensors (batch_size, 3, S, S) in the task's dtype, on ``device``.
     """
     g = generator(cfg.seed * 1_000_003 + step, "reestimate")
     cpu_task = NoisyTemplates(task.cfg, task.templates.cpu())
