@@ -7,6 +7,7 @@ import math
 import os
 import subprocess
 import sys
+from pathlib import Path
 import warnings
 
 import pandas as pd
@@ -16,7 +17,7 @@ import torch
 from bnrotation import records
 from bnrotation.analysis.results import load_runs
 from bnrotation.analysis.table import build_table, main as table_main
-from bnrotation.provenance import cpu_kernels
+from bnrotation.provenance import KERNEL_ENV, cpu_kernels
 from bnrotation.rows import ROWS
 from bnrotation.runner import RunExistsError, check_steps, intervention_steps, log_steps, run
 
@@ -118,6 +119,23 @@ def test_run_json_names_the_cpu_kernels_it_ran_on(tmp_path):
     assert plain == "DEFAULT"
     if kernels["capability"] != "DEFAULT":
         assert plain != kernels["capability"]
+
+
+def test_compiled_code_is_cached_per_kernel_path(tmp_path):
+    """torch.compile's cache does not tell kernel paths apart (code compiled under AVX-512 aborted a process on
+    AVX2): the suite gives each path its own folder when TORCHINDUCTOR_CACHE_DIR is unset, and keeps the
+    user's folder when it is set. Fails if two paths share a folder or a set folder is overridden."""
+    code = "from bnrotation.provenance import compile_cache_per_kernel_path as f; print(f())"
+    env = {k: v for k, v in os.environ.items() if k not in ("TORCHINDUCTOR_CACHE_DIR", *KERNEL_ENV)}
+
+    def folder(**extra) -> str:
+        return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                              env={**env, **extra}).stdout.strip()
+
+    default, vectorless = folder(), folder(ATEN_CPU_CAPABILITY="default", ONEDNN_MAX_CPU_ISA="SSE41")
+    assert default != vectorless and Path(default).parent == Path(vectorless).parent
+    assert folder(ATEN_CPU_CAPABILITY="default", ONEDNN_MAX_CPU_ISA="SSE41") == vectorless  # stable
+    assert folder(TORCHINDUCTOR_CACHE_DIR=str(tmp_path)) == str(tmp_path)
 
 
 def test_table_from_smoke_results(smoke_results, tmp_path, capsys):

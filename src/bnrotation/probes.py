@@ -17,6 +17,7 @@ import torch
 import torch.nn as nn
 
 from .bnstats import batch_statistics, norm_layers
+from .provenance import compile_cache_per_kernel_path
 
 
 def _channels(w: torch.Tensor) -> torch.Tensor:
@@ -242,9 +243,12 @@ _compiled: CompiledEvaluation | None = None
 def compiled_evaluation(enabled: bool = True) -> Iterator[CompiledEvaluation | None]:
     """Inside the block every evaluation-mode pass of :func:`accuracy` and :func:`evaluation_forward` runs
     through a :class:`CompiledEvaluation` (when ``enabled``); on exit the compiled graphs are dropped
-    (``torch.compiler.reset``), so that a process running many runs never reaches the recompile limit."""
+    (``torch.compiler.reset``), so that a process running many runs never reaches the recompile limit. The
+    compiled code is cached per CPU kernel path (:func:`.provenance.compile_cache_per_kernel_path`)."""
     global _compiled
     previous = _compiled
+    if enabled:
+        compile_cache_per_kernel_path()
     _compiled = CompiledEvaluation() if enabled else None
     try:
         yield _compiled

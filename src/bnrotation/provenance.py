@@ -31,6 +31,26 @@ def cpu_kernels() -> dict:
     return {"capability": torch.backends.cpu.get_cpu_capability(), **{k: os.environ.get(k) for k in KERNEL_ENV}}
 
 
+def compile_cache_per_kernel_path() -> str:
+    """Point ``torch.compile``'s on-disk cache (``TORCHINDUCTOR_CACHE_DIR``) at a folder of this process's kernel
+    path, unless the variable is already set; returns the folder.
+
+    The cache does not tell kernel paths apart: code compiled under one (AVX-512, say) is handed to a process on
+    another (``ATEN_CPU_CAPABILITY=avx2`` or ``default``), which then aborts in the compiled call or fails to
+    compile it and falls back to eager. Seen here with torch 2.13 on an AVX-512 machine. Torch's own default
+    folder (``torch._inductor.runtime.cache_dir_utils.default_cache_dir``) gets one subfolder per path, named
+    from :func:`cpu_kernels`.
+    """
+    if os.environ.get("TORCHINDUCTOR_CACHE_DIR"):
+        return os.environ["TORCHINDUCTOR_CACHE_DIR"]
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir  # torch's own choice of folder
+    kernels = cpu_kernels()
+    name = "-".join([kernels["capability"]] + [f"{k}={v}" for k in KERNEL_ENV if (v := kernels[k])])
+    folder = os.path.join(default_cache_dir(), "".join(c if c.isalnum() or c in "-=_." else "_" for c in name))
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = folder
+    return folder
+
+
 def git_state() -> dict:
     """The checkout's commit and whether tracked files differ from it (None where git cannot tell)."""
     root = Path(__file__).resolve().parents[2]
