@@ -641,6 +641,7 @@ def test_a_probe_whose_one_sample_outweighs_the_gap_threshold_warns_with_the_sma
     with warnings.catch_warnings():
         warnings.simplefilter("error", MonitorSetupWarning)
         StalenessMonitor(model, torch.randn(20, 12))  # 5% per sample: at the threshold, not above it
+        StalenessMonitor(model, torch.randn(16, 12), modes=False)  # no mode check, no gap to mislead
 
 
 # ----------------------------------------------------------------------------- other inputs

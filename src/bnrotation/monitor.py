@@ -800,7 +800,7 @@ class StalenessMonitor:
                           + "; ".join(f"{p.norm}: {p.reason}" for p in self.pairing.unpaired)
                           + " (monitor.pairing; docs/pairing.md)", MonitorSetupWarning, stacklevel=2)
         smallest = smallest_probe(thresholds.mode_gap)
-        if n < smallest:
+        if modes and n < smallest:  # without the mode check no gap is measured
             warnings.warn(f"probe: one of its {n} samples moves the mode gap by {1 / n:.2%}, more than the "
                           f"threshold of {thresholds.mode_gap:.2%}: one sample alone can cross it; use at least "
                           f"{smallest} samples (docs/pairing.md, 'Probe size')", MonitorSetupWarning, stacklevel=2)
