@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from thirdparty import torchvision_shim
 from filelock import FileLock
 from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig
@@ -19,6 +20,9 @@ ROOT = Path(__file__).resolve().parents[1]
 CONF = ROOT / "conf"
 EXPERIMENTS = sorted(p.stem for p in (CONF / "experiment").glob("*.yaml"))
 
+# Before anything can import torchvision (timm, Lightning's torchmetrics and transformers do, at any test's first
+# use of them, in whichever order pytest or an xdist worker runs the files): see tests/thirdparty.py.
+torchvision_shim()
 register_configs()
 torch.set_num_threads(1)  # tests are many small runs; one thread each is fastest on 2 cores
 
