@@ -32,7 +32,6 @@ def make(width=8):
                          nn.Conv2d(width, width, 3, padding=1, bias=False), nn.BatchNorm2d(width), nn.ReLU(),
                          nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(width, 4))
 '''
-_third_party = import_optional
 
 
 @pytest.fixture(scope="module")
@@ -92,7 +91,7 @@ def test_a_ddp_state_dict_and_a_safetensors_file_give_the_plain_state_dicts_repo
     finally:
         dist.destroy_process_group()
     assert all(k.startswith("module.") for k in torch.load(tmp_path / "ddp.pt", weights_only=True))
-    safetensors = _third_party("safetensors.torch")
+    safetensors = import_optional("safetensors.torch")
     safetensors.save_file(model.state_dict(), tmp_path / "weights.safetensors")
 
     plain = check_checkpoint(nets.make(), batches, weights=tmp_path / "plain.pt")
@@ -112,7 +111,7 @@ def test_a_lightning_trainer_checkpoint_is_read_from_its_state_dict_entry(user, 
     """Two training steps of a tiny LightningModule on CPU, ``trainer.save_checkpoint``: the ``.ckpt`` holds the
     network under ``state_dict`` with keys under ``net.``, beside the loops', optimizer's and hyperparameters'
     entries. The check loads exactly the trained network's tensors and reports as on its plain state dict."""
-    L = _third_party("lightning.pytorch")
+    L = import_optional("lightning.pytorch")
     folder, nets, batches = user
 
     class Classifier(L.LightningModule):
@@ -156,7 +155,7 @@ def test_a_timm_training_checkpoint_of_a_timm_model_with_its_ema_copy(user, tmp_
     (``state_dict_ema``) and the script's arguments; the model comes from ``timm:create_model`` with keyword
     arguments. The default reads ``state_dict`` and names the EMA copy; ``--weights-key state_dict_ema`` reads
     the EMA's tensors exactly."""
-    timm = _third_party("timm")
+    timm = import_optional("timm")
     folder, _, batches = user
     kwargs = {"model_name": "test_resnet", "num_classes": 4}
     model = timm.create_model(**kwargs)
