@@ -12,6 +12,7 @@ import pytest
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from torch.nn.modules.batchnorm import _BatchNorm
 
 from bnrotation.bnstats import reestimate
 from bnrotation.config import ModelConfig
@@ -686,3 +687,206 @@ def test_a_compiled_model_is_measured_through_the_module_it_wraps_without_compil
     assert monitor.model is model and dict(counters["frames"]) == frames  # nothing was compiled
     want = StalenessMonitor(model, x, warn=False)(1)
     assert np.array_equal(record.channels["lag_sigma"].to_numpy(), want.channels["lag_sigma"].to_numpy())
+
+
+# ----------------------------------------------------------------------------- pairing per channel segment
+def batch_statistics_copy(model: nn.Module) -> nn.Module:
+    """A copy normalising with batch statistics, written independently of ``bnstats.batch_statistics``: every
+    module in evaluation mode, every BatchNorm layer (only it) in training mode without running statistics."""
+    twin = copy.deepcopy(model).eval()
+    for m in twin.modules():
+        if isinstance(m, _BatchNorm):
+            m.training, m.track_running_stats = True, False
+    return twin
+
+
+def norm_inputs(model: nn.Module, x) -> dict[str, list[torch.Tensor]]:
+    """``{BatchNorm layer: [its input at each call]}`` on ``x``, from forward pre-hooks."""
+    seen: dict[str, list[torch.Tensor]] = {}
+    hooks = [m.register_forward_pre_hook(lambda mod, inp, n=n: seen.setdefault(n, []).append(inp[0].detach()))
+             for n, m in model.named_modules() if isinstance(m, _BatchNorm)]
+    with torch.no_grad():
+        model(x)
+    for h in hooks:
+        h.remove()
+    return seen
+
+
+def scaled_channels(model: nn.Module, weights) -> dict[str, torch.Tensor]:
+    """Multiplies each output channel c of each named weight layer (weight and bias) by ``alpha[c]``, 1/2 or 2 at
+    random (seeded), in place; returns ``{layer: alpha (C_out,)}``."""
+    g = torch.Generator().manual_seed(1)
+    modules, alphas = dict(model.named_modules()), {}
+    with torch.no_grad():
+        for name in dict.fromkeys(weights):
+            layer = modules[name]
+            alpha = 2.0 ** (2 * torch.randint(0, 2, (layer.weight.shape[0],), generator=g) - 1).to(layer.weight.dtype)
+            layer.weight.mul_(alpha.view(-1, *([1] * (layer.weight.dim() - 1))))
+            if layer.bias is not None:
+                layer.bias.mul_(alpha)
+            alphas[name] = alpha
+    return alphas
+
+
+def assert_pairs_by_scaling(model: nn.Module, x, pairs) -> None:
+    """Each pair, segment by segment, by scale invariance: output channel ``offset + k`` of a segment's weight
+    layer scaled by alpha (1/2 or 2) scales channel ``start + k`` of its norm layer's input by the same alpha,
+    exactly. With alpha a power of 2 every product, sum and square root of a convolution, a concatenation and
+    BatchNorm commutes with the scaling in floating point, and with eps ~ 0 a BatchNorm's output does not change
+    at all, so what reaches each norm layer downstream is unchanged to the bit (NaN where a channel's batch
+    variance is 0, in both runs alike). A channel paired with the wrong layer, or the wrong channel of the right
+    one, sees another factor (or none) and fails."""
+    invariant = batch_statistics_copy(model)
+    for m in invariant.modules():
+        if isinstance(m, _BatchNorm):
+            m.eps = 1e-30  # > 0, as training mode needs, and lost in rounding against any variance above 1e-22
+    unscaled = norm_inputs(invariant, x)
+    alphas = scaled_channels(invariant, [w for p in pairs for w in p.weights])
+    scaled = norm_inputs(invariant, x)
+    for pair in pairs:
+        for z0, z1 in zip(unscaled[pair.norm], scaled[pair.norm]):
+            alpha = torch.cat([alphas[s.weight][s.offset:s.offset + s.stop - s.start] for s in pair.spans(z0.shape[1])])
+            want = alpha.view((1, -1) + (1,) * (z0.dim() - 2)) * z0
+            assert torch.equal(z1.isnan(), want.isnan()) and torch.equal(z1.nan_to_num(), want.nan_to_num()), \
+                (f"{pair.weight} -> {pair.norm}", float((z1 - want).abs().nan_to_num().max()), float(z0.abs().max()))
+
+
+class Concatenated(nn.Module):
+    """BatchNorm layers after concatenations along the channel dim: of two convolutions (one through ReLU and
+    max pooling); of a convolution and the model's input (a segment no weight layer feeds); of two
+    convolutions along a spatial dim (two weight layers in each channel). ``untraceable`` adds a data-dependent
+    branch, so that every layer is placed by execution order."""
+
+    def __init__(self, untraceable: bool = False):
+        super().__init__()
+        self.untraceable = untraceable
+        self.a, self.b = nn.Conv2d(3, 4, 3, padding=1), nn.Conv2d(3, 6, 1, bias=False)
+        self.bn_ab = nn.BatchNorm2d(10)
+        self.c, self.bn_cx = nn.Conv2d(3, 5, 1), nn.BatchNorm2d(8)
+        self.d, self.e, self.bn_spatial = nn.Conv2d(3, 4, 1), nn.Conv2d(3, 4, 1), nn.BatchNorm2d(4)
+        self.head = nn.Linear(10 + 8 + 4, 3)
+
+    def forward(self, x):
+        if self.untraceable and x.sum() > 1e9:  # depends on the data: fx's proxies cannot decide it
+            x = -x
+        ab = self.bn_ab(torch.cat([self.a(x), F.max_pool2d(F.relu(self.b(x)), 1)], dim=1))
+        cx = self.bn_cx(torch.cat((x, self.c(x)), 1))
+        spatial = self.bn_spatial(torch.cat([self.d(x), self.e(x)], dim=-1))
+        return self.head(torch.cat([ab.mean((2, 3)), cx.mean((2, 3)), spatial.mean((2, 3))], 1))
+
+
+@pytest.mark.parametrize("untraceable", [False, True], ids=["fx", "execution order"])
+def test_a_batchnorm_after_a_concatenation_is_paired_per_channel_segment(untraceable):
+    """``cat`` of two convolutions into one BatchNorm: channels [0, 4) are conv a's, [4, 10) conv b's (through
+    ReLU and max pooling); by fx and by execution order alone, checked by scale invariance. A segment from the
+    model's input, and a concatenation along a spatial dim, leave their layers unpaired with the reason."""
+    from bnrotation.monitor import Segment
+    torch.manual_seed(0)
+    x = torch.randn(6, 3, 5, 5)
+    model = Concatenated(untraceable)
+    pairing = find_pairs(model, x)
+    assert pairing.method == ("execution order" if untraceable else "fx")
+    (pair,) = pairing.pairs
+    assert pair.norm == "bn_ab" and pair.weight == "cat(a, b)" and pair.weights == ("a", "b")
+    assert pair.segments == (Segment(0, 4, "a", 0), Segment(4, 10, "b", 0))
+    assert pairing.via["bn_ab"] == ("cat", "relu", "max_pool2d")
+    assert "cat(a, b) -> bn_ab" in pairing.describe()
+    reasons = {p.norm: p.reason for p in pairing.unpaired}
+    assert reasons["bn_cx"].startswith("its channels [0, 3) come from the model's input, not from a convolution")
+    assert reasons["bn_spatial"].startswith("its input comes from cat, not from"), reasons["bn_spatial"]
+    assert_pairs_by_scaling(model, x, pairing.pairs)
+
+
+def test_rotation_and_cosines_of_a_concatenated_layer_are_each_segments_own():
+    """Conv a's and conv b's output channels turned by known, different angles between two calls: each of the
+    BatchNorm's channels reports its own segment's angle, and is named after its segment's layer; the layer's
+    update cosine is the cosine of the two weights' rows taken together, and its weight norm their norm."""
+    torch.manual_seed(0)
+    x = torch.randn(32, 3, 5, 5)
+    model = Concatenated()
+    monitor = StalenessMonitor(model, x, warn=False, warmup_steps=0)
+    monitor(10)
+    angles = {"a": torch.linspace(0.5, 4.0, 4), "b": torch.linspace(6.0, 9.0, 6)}
+    before = monitor.snapshot()
+    with torch.no_grad():
+        for name, angle in angles.items():
+            conv = getattr(model, name)
+            w = conv.weight.detach().double().reshape(conv.out_channels, -1)
+            conv.weight.copy_(rotated(w, angle).reshape(conv.weight.shape).float())
+    record = monitor(20, before)
+    got = record.channels.query("norm_layer == 'bn_ab'").sort_values("channel")
+    assert got["layer"].tolist() == ["a"] * 4 + ["b"] * 6
+    want = torch.cat([angles["a"], angles["b"]]).double()
+    # rotated() turns float64 rows by the angle; the copy to float32 moves each row by < 1e-7 relative: 1e-4°
+    assert torch.allclose(torch.tensor(got["rotation_deg"].to_numpy()), want, rtol=1e-4, atol=1e-4)
+    line = record.layers.set_index("norm_layer").loc["bn_ab"]
+    assert line["layer"] == "cat(a, b)"
+    wb = torch.cat([before["a"].double().flatten(), before["b"].double().flatten()])
+    w = torch.cat([model.a.weight.detach().double().flatten(), model.b.weight.detach().double().flatten()])
+    assert math.isclose(line["update_cos"], float((w - wb) @ wb / ((w - wb).norm() * wb.norm())), rel_tol=1e-9)
+    assert math.isclose(line["weight_norm"], float(w.norm()), rel_tol=1e-12)
+    assert record.channels.query("norm_layer == 'bn_cx'")["rotation_deg"].isna().all()  # unpaired: lag only
+    assert record.channels.query("norm_layer == 'bn_cx'")["lag_sigma"].notna().all()
+
+
+class DenseStem(nn.Module):
+    """timm's DenseNet block (``timm.models.densenet.DenseBlock``, BatchNormAct2d layers) after a stem
+    convolution: each layer's first BatchNorm normalises the concatenation of the stem's output and every
+    earlier layer's last convolution. ``untraceable``: placed by execution order alone."""
+
+    def __init__(self, untraceable: bool = False):
+        super().__init__()
+        from thirdparty import import_timm
+        densenet = import_timm().models.densenet
+        self.untraceable = untraceable
+        self.stem = nn.Conv2d(3, 8, 3, padding=1)
+        self.block = densenet.DenseBlock(num_layers=3, num_input_features=8, bn_size=2, growth_rate=4)
+        self.norm = densenet.BatchNormAct2d(8 + 3 * 4)
+        self.head = nn.Linear(8 + 3 * 4, 3)
+
+    def forward(self, x):
+        if self.untraceable and x.sum() > 1e9:
+            x = -x
+        return self.head(self.norm(self.block(self.stem(x))).mean((2, 3)))
+
+
+@pytest.mark.parametrize("untraceable", [False, True], ids=["fx", "execution order"])
+def test_a_densenet_block_from_timm_is_paired_segment_by_segment(untraceable):
+    """Every BatchNorm of a timm DenseNet block is paired: each ``norm1`` with the stem and the earlier layers'
+    ``conv2`` (one segment each, in concatenation order), each ``norm2`` with its own ``conv1``."""
+    from bnrotation.monitor import Segment
+    torch.manual_seed(0)
+    x = torch.randn(6, 3, 6, 6)
+    model = DenseStem(untraceable)
+    pairing = find_pairs(model, x)
+    assert not pairing.unpaired, pairing.describe()
+    segments = {p.norm: [(s.start, s.stop, s.weight) for s in p.spans(dict(model.named_modules())[p.norm].num_features)]
+                for p in pairing.pairs}
+    conv2 = [f"block.denselayer{i}.conv2" for i in (1, 2, 3)]
+    for i in (1, 2, 3):
+        want = [(0, 8, "stem")] + [(8 + 4 * k, 12 + 4 * k, conv2[k]) for k in range(i - 1)]
+        assert segments[f"block.denselayer{i}.norm1"] == want
+        assert segments[f"block.denselayer{i}.norm2"] == [(0, 8, f"block.denselayer{i}.conv1")]
+    assert segments["norm"] == [(0, 8, "stem")] + [(8 + 4 * k, 12 + 4 * k, conv2[k]) for k in range(3)]
+    assert_pairs_by_scaling(model, x, pairing.pairs)
+    assert all(s == Segment(s.start, s.stop, s.weight, 0) for p in pairing.pairs for s in p.segments)
+
+
+def test_the_scaling_oracle_fails_a_segment_paired_with_the_wrong_layer_or_channels():
+    """The mutation guard: the pairing found passes the scale-invariance oracle; the same pairing with one
+    segment's weight layer swapped for another of the same width, or with its channels shifted, fails it."""
+    import dataclasses
+    torch.manual_seed(0)
+    x = torch.randn(6, 3, 6, 6)
+    model = DenseStem()
+    pairing = find_pairs(model, x)
+    assert_pairs_by_scaling(model, x, pairing.pairs)
+    norm = "block.denselayer3.norm1"  # stem [0, 8), denselayer1.conv2 [8, 12), denselayer2.conv2 [12, 16)
+    pair = next(p for p in pairing.pairs if p.norm == norm)
+    first, second, third = pair.segments
+    swapped = (first, dataclasses.replace(second, weight=third.weight), dataclasses.replace(third, weight=second.weight))
+    shifted = (dataclasses.replace(first, stop=4), dataclasses.replace(first, start=4, offset=4),
+               dataclasses.replace(second, weight="block.denselayer3.conv1"), third)  # conv1: 8 channels
+    for wrong in (swapped, shifted):
+        with pytest.raises(AssertionError, match=norm):
+            assert_pairs_by_scaling(model, x, [dataclasses.replace(pair, segments=wrong)])

@@ -105,18 +105,67 @@ def _call(model: nn.Module, x):
 
 # ----------------------------------------------------------------------------- pairing
 @dataclass(frozen=True)
+class Segment:
+    """Channels ``[start, stop)`` of a normalisation layer are output channels ``[offset, offset + stop - start)``
+    of the weight layer ``weight``, in order.
+
+    Attributes:
+        start, stop: the norm layer's channels (``stop`` excluded).
+        weight: the convolution or linear layer's name.
+        offset: the first of its output channels.
+    """
+
+    start: int
+    stop: int
+    weight: str
+    offset: int = 0
+
+
+@dataclass(frozen=True)
 class NormPair:
-    """A normalisation layer and the layer whose output it normalises.
+    """A normalisation layer and the layer, or the layers, whose output channels it normalises.
+
+    A layer fed by one weight layer has ``weight`` its name and one segment (or, paired without shapes, none:
+    :meth:`spans` fills it in). A layer fed by a concatenation of several weight layers' outputs along its
+    channel dim has one :class:`Segment` per concatenated piece, and ``weight`` is ``"cat(a, b, ...)"``, the
+    segments' weight layers in channel order: each channel still has exactly one weight layer, so its rotation
+    is that layer's output channel's.
 
     Attributes:
         norm: the normalisation layer's name (``model.named_modules()``).
-        weight: the upstream convolution or linear layer's name; ``None`` when unpaired.
+        weight: the upstream convolution or linear layer's name, ``cat(...)`` of several; ``None`` when unpaired.
         reason: why it is unpaired ("" when paired).
+        segments: which weight layer's output channels each range of the norm layer's channels holds, in
+            channel order (empty when unpaired).
     """
 
     norm: str
     weight: str | None
     reason: str = ""
+    segments: tuple[Segment, ...] = ()
+
+    @property
+    def weights(self) -> tuple[str, ...]:
+        """The weight layers of the segments, each once, in channel order (``(weight,)`` for one)."""
+        if not self.segments:
+            return (self.weight,) if self.weight else ()
+        return tuple(dict.fromkeys(s.weight for s in self.segments))
+
+    def spans(self, channels: int) -> tuple[Segment, ...]:
+        """:attr:`segments`, or for a pair without them, one segment of all ``channels`` channels.
+
+        Raises:
+            ValueError: when the segments do not cover ``channels`` channels, in order.
+        """
+        if self.weight is None:
+            return ()
+        segments = self.segments or (Segment(0, channels, self.weight),)
+        if segments[0].start != 0 or segments[-1].stop != channels or any(
+                a.stop != b.start for a, b in zip(segments, segments[1:])):
+            raise ValueError(f"{self.weight} -> {self.norm}: the segments cover "
+                             f"{', '.join(f'[{s.start}, {s.stop})' for s in segments)}, not the {channels} "
+                             "channels normalised")
+        return segments
 
 
 @dataclass
@@ -258,34 +307,127 @@ def _output_channel_axis(weight: nn.Module, ndim: int) -> int:
     return ndim - 1 if isinstance(weight, nn.Linear) else 1
 
 
+# Concatenations: the channels of the result are the pieces' channels, one input after the other.
+CAT_OPS = frozenset({"cat", "concat", "concatenate"})
+
+
+class _Piece:
+    """``size`` consecutive channels of one origin: the weight layer ``weight``'s output channels from ``offset``
+    on, seen through ``via``; or (``weight`` None) channels of what ``source`` names. ``size`` is None only for a
+    weight layer's whole output placed without shapes."""
+
+    __slots__ = ("size", "weight", "offset", "via", "source")
+
+    def __init__(self, size: int | None, weight: str | None, offset: int, via: tuple[str, ...], source: str):
+        self.size, self.weight, self.offset, self.via, self.source = size, weight, offset, via, source
+
+    def key(self) -> tuple:
+        return self.size, self.weight, self.offset
+
+
 class _Placement:
-    """Where one call of a norm layer takes its input from: a weight layer's output channels at ``axis``,
-    seen through ``via``, or nothing pairable (``weight`` None, ``source`` naming what produced the input)."""
+    """What a tensor holds along its dim ``axis``: :class:`_Piece` after :class:`_Piece` of channels kept apart.
+    With ``axis`` None no dim holds a weight layer's channels kept apart: ``source`` names what mixed them (and
+    ``pieces`` the weight layers it mixed) or, without pieces, what produced the tensor."""
 
-    __slots__ = ("weight", "axis", "via", "source")
+    __slots__ = ("axis", "pieces", "source")
 
-    def __init__(self, weight: str | None, axis: int | None, via: tuple[str, ...], source: str):
-        self.weight, self.axis, self.via, self.source = weight, axis, via, source
+    def __init__(self, axis: int | None, pieces: tuple[_Piece, ...], source: str):
+        self.axis, self.pieces, self.source = axis, pieces, source
+
+    @classmethod
+    def of_weight(cls, name: str, axis: int, size: int | None) -> "_Placement":
+        return cls(axis, (_Piece(size, name, 0, (), name),), name)
+
+    @classmethod
+    def nothing(cls, source: str) -> "_Placement":
+        return cls(None, (), source)
+
+    @property
+    def weighted(self) -> bool:
+        """Whether some of its channels are a weight layer's, kept apart along :attr:`axis`."""
+        return self.axis is not None and any(p.weight for p in self.pieces)
+
+    def seen_through(self, op: str, args, in_shape, out_shape) -> "_Placement":
+        """The placement of a see-through operation's result (:func:`channel_axis_after`); a tensor without
+        weight channels keeps its ``source``."""
+        if not self.weighted:
+            return self
+        axis = channel_axis_after(op, args, in_shape, out_shape, self.axis)
+        if axis is None:
+            return _Placement(None, self.pieces, op)
+        return _Placement(axis, tuple(_Piece(p.size, p.weight, p.offset, p.via + (op,), p.source)
+                                      for p in self.pieces), self.source)
+
+    def label(self) -> str:
+        """The weight layer, ``cat(a, b, ...)`` of several, or ``(source)`` without any."""
+        names = list(dict.fromkeys(p.weight for p in self.pieces if p.weight))
+        if not names:
+            return f"({self.source})"
+        return names[0] if len(self.pieces) == 1 else f"cat({', '.join(names)})"
+
+
+def _concatenated(parts: list[_Placement], sizes: list[int], dim: int) -> _Placement:
+    """The placement of ``torch.cat`` of tensors placed at ``parts``, of ``sizes`` along the concatenated dim
+    ``dim`` (>= 0): where every part holds its channels along ``dim``, the parts' pieces one after the other
+    (a part without weight channels is one piece of its ``source``); else nothing pairable (``cat``)."""
+    pieces: list[_Piece] = []
+    for part, size in zip(parts, sizes):
+        if part.weighted and part.axis == dim:
+            whole = len(part.pieces) == 1 and part.pieces[0].size is None
+            own = (_Piece(size, part.pieces[0].weight, 0, part.pieces[0].via, part.source),) if whole else part.pieces
+            pieces += [_Piece(p.size, p.weight, p.offset, p.via + ("cat",), p.source) for p in own]
+        elif part.weighted:  # a weight's channels in another dim: several weights would share a channel
+            return _Placement.nothing("cat")
+        else:
+            pieces.append(_Piece(size, None, 0, (), part.source))
+    if not any(p.weight for p in pieces):
+        return _Placement.nothing("cat")
+    return _Placement(dim, tuple(pieces), "cat")
+
+
+def _cat_dim(args, kwargs) -> int:
+    """The dim argument of ``torch.cat(tensors, dim)`` (also ``dim=`` or numpy's ``axis=``; default 0)."""
+    if len(args) > 1:
+        return args[1]
+    return kwargs.get("dim", kwargs.get("axis", 0))
+
+
+_UNPAIRED = "not from a convolution or linear layer through operations that keep each channel apart"
 
 
 def _decide(norm: str, calls: list[_Placement]) -> tuple[NormPair, tuple[str, ...]]:
-    """One norm layer's pair from the placements of its calls: paired when every call takes the same weight
-    layer's output channels in its channel dim 1; else unpaired with the reason."""
-    sources = {c.weight for c in calls}
-    if len(sources) > 1:
-        names = ", ".join(sorted(str(s) if s else f"({c.source})" for s, c in
-                                 {c.weight: c for c in calls}.items()))
-        return NormPair(norm, None, f"called {len(calls)} times on the outputs of different layers ({names})"), ()
+    """One norm layer's pair from the placements of its calls: paired when every call takes the same channels
+    of the same weight layers in its channel dim 1 and each channel has one weight layer (one segment per
+    concatenated piece); else unpaired with the reason."""
+    labels = {c.label() for c in calls}
+    if len(labels) > 1:
+        return NormPair(norm, None, f"called {len(calls)} times on the outputs of different layers "
+                                    f"({', '.join(sorted(labels))})"), ()
     call = calls[0]
-    if call.weight is None:
-        return NormPair(norm, None, f"its input comes from {call.source}, not from a convolution or linear layer "
-                                    "through operations that keep each channel apart"), ()
+    if not any(p.weight for p in call.pieces):
+        return NormPair(norm, None, f"its input comes from {call.source}, {_UNPAIRED}"), ()
     bad_axis = next((c for c in calls if c.axis != 1), None)
     if bad_axis is not None:
         how = (f"{bad_axis.source} does not keep each channel apart" if bad_axis.axis is None
                else f"its channel dim holds dim {bad_axis.axis}'s channels")
-        return NormPair(norm, None, f"its input comes from {call.weight}, but {how}"), ()
-    return NormPair(norm, call.weight), call.via
+        return NormPair(norm, None, f"its input comes from {call.label()}, but {how}"), ()
+    if len({tuple(p.key() for p in c.pieces) for c in calls}) > 1:
+        return NormPair(norm, None, f"called {len(calls)} times on different channels of {call.label()}"), ()
+    via = tuple(dict.fromkeys(op for p in call.pieces for op in p.via))
+    if len(call.pieces) == 1:
+        return NormPair(norm, call.pieces[0].weight), via
+    segments, start, loose = [], 0, []
+    for p in call.pieces:
+        if p.weight is None:
+            loose.append(f"[{start}, {start + p.size}) come from {p.source}")
+        else:
+            segments.append(Segment(start, start + p.size, p.weight, p.offset))
+        start += p.size
+    if loose:
+        more = f" (and {len(loose) - 1} more channel ranges)" if len(loose) > 1 else ""
+        return NormPair(norm, None, f"its channels {loose[0]}, {_UNPAIRED}{more}"), ()
+    return NormPair(norm, call.label(), "", tuple(segments)), via
 
 
 class NormLeafTracer(torch.fx.Tracer):
@@ -323,30 +465,38 @@ def _fx_placements(model: nn.Module, norms: dict[str, nn.Module], x) -> tuple[di
         meta = node.meta.get("tensor_meta") if isinstance(node, torch.fx.Node) else None
         return tuple(meta.shape) if meta is not None and hasattr(meta, "shape") else None
 
-    def place(node: torch.fx.Node) -> _Placement:
-        chain, src = [], node.args[0] if node.args else None
-        while True:
-            if not isinstance(src, torch.fx.Node):
-                return _Placement(None, None, (), f"a {type(src).__name__}")
-            target = modules.get(src.target) if src.op == "call_module" else src.target
-            if src.op == "call_module" and isinstance(target, WEIGHT_LAYERS):
-                break
-            op = _op_name(target) if src.op in ("call_module", "call_function", "call_method") else src.op
-            if op not in SEE_THROUGH_OPS or not src.args or not isinstance(src.args[0], torch.fx.Node):
-                return _Placement(None, None, (), "the model's input" if src.op == "placeholder" else op)
-            chain.append((op, src))
-            src = src.args[0]
+    flows: dict[torch.fx.Node, _Placement] = {}
+
+    def flow(src) -> _Placement:
+        """The placement of a node's output; LookupError where it needs shapes the graph lacks."""
+        if not isinstance(src, torch.fx.Node):
+            return _Placement.nothing(f"a {type(src).__name__}")
+        if src not in flows:
+            flows[src] = _flow(src)
+        return flows[src]
+
+    def _flow(src: torch.fx.Node) -> _Placement:
+        target = modules.get(src.target) if src.op == "call_module" else src.target
         out = shape(src)
-        if out is None and (chain or isinstance(modules[src.target], nn.Linear)):
-            raise LookupError(src.target)  # no shapes: this layer is placed by execution order
-        axis = 1 if out is None else _output_channel_axis(modules[src.target], len(out))
-        for op, n in reversed(chain):
-            if shape(n) is None:
-                raise LookupError(n.name)
-            axis = channel_axis_after(op, n.args, shape(n.args[0]), shape(n), axis)
-            if axis is None:
-                return _Placement(src.target, None, (), op)
-        return _Placement(src.target, axis, tuple(op for op, _ in reversed(chain)), src.target)
+        if src.op == "call_module" and isinstance(target, WEIGHT_LAYERS):
+            if out is None and isinstance(target, nn.Linear):
+                raise LookupError(src.target)  # its channels are its last dim: placed by execution order
+            axis = 1 if out is None else _output_channel_axis(target, len(out))
+            return _Placement.of_weight(src.target, axis, None if out is None else out[axis])
+        op = _op_name(target) if src.op in ("call_module", "call_function", "call_method") else src.op
+        first = src.args[0] if src.args else None
+        if op in CAT_OPS and isinstance(first, (list, tuple)) and first:
+            shapes, dim = [shape(n) for n in first], _cat_dim(src.args, src.kwargs)
+            if out is None or any(s is None for s in shapes) or not isinstance(dim, int):
+                raise LookupError(src.name)
+            dim %= len(out)
+            return _concatenated([flow(n) for n in first], [s[dim] for s in shapes], dim)
+        if op not in SEE_THROUGH_OPS or not isinstance(first, torch.fx.Node):
+            return _Placement.nothing("the model's input" if src.op == "placeholder" else op)
+        inner = flow(first)
+        if inner.weighted and (out is None or shape(first) is None):
+            raise LookupError(src.name)
+        return inner.seen_through(op, src.args, shape(first), out)
 
     placements: dict[str, list[_Placement]] = {}
     order: list[str] = []
@@ -357,7 +507,7 @@ def _fx_placements(model: nn.Module, norms: dict[str, nn.Module], x) -> tuple[di
         if node.target not in order:
             order.append(node.target)
         try:
-            placements.setdefault(node.target, []).append(place(node))
+            placements.setdefault(node.target, []).append(flow(node.args[0] if node.args else None))
         except LookupError:
             failed.add(node.target)
     for name in failed:
@@ -386,7 +536,7 @@ class _ChannelProvenance(TorchFunctionMode):
         found = self.tensors.get(id(t)) if isinstance(t, torch.Tensor) else None
         if found is not None and found[0] is t:
             return found[1]
-        return _Placement(None, None, (), "the model's input" if isinstance(t, torch.Tensor) else type(t).__name__)
+        return _Placement.nothing("the model's input" if isinstance(t, torch.Tensor) else type(t).__name__)
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -395,19 +545,23 @@ class _ChannelProvenance(TorchFunctionMode):
         if op in ("__get__", "__set__", "dim", "size", "numel", "__len__", "is_floating_point"):
             return out  # attribute reads and sizes: no tensor computed
         first = args[0] if args else None
-        src = self.of(first) if isinstance(first, torch.Tensor) else None
-        placement = _Placement(None, None, (), op)
-        if src is not None and src.weight is not None and isinstance(out, torch.Tensor) and op in SEE_THROUGH_OPS:
-            axis = None if src.axis is None else channel_axis_after(op, args, first.shape, out.shape, src.axis)
-            placement = (_Placement(src.weight, axis, src.via + (op,), src.source) if axis is not None
-                         else _Placement(src.weight, None, (), op))
-        if isinstance(out, torch.Tensor):
+        if not isinstance(out, torch.Tensor):
+            placement = None
+        elif (op in CAT_OPS and isinstance(first, (list, tuple)) and first
+              and all(isinstance(t, torch.Tensor) and t.dim() == out.dim() for t in first)):
+            dim = _cat_dim(args, kwargs) % out.dim()
+            placement = _concatenated([self.of(t) for t in first], [t.shape[dim] for t in first], dim)
+        elif isinstance(first, torch.Tensor) and op in SEE_THROUGH_OPS:
+            placement = self.of(first).seen_through(op, args, first.shape, out.shape)
+        else:
+            placement = _Placement.nothing(op)
+        if placement is not None:
             self.mark(out, placement)
         writes = op.endswith("_") or op == "__setitem__" or "out" in kwargs
         if writes and op not in SEE_THROUGH_OPS:
             for t in (first, kwargs.get("out")):
                 if isinstance(t, torch.Tensor):
-                    self.mark(t, _Placement(None, None, (), op))
+                    self.mark(t, _Placement.nothing(op))
         return out
 
 
@@ -423,14 +577,16 @@ def _execution_placements(model: nn.Module, norms: dict[str, nn.Module], x) -> t
         if isinstance(m, WEIGHT_LAYERS):
             def post(mod, inp, out, name=name):
                 if isinstance(out, torch.Tensor):
-                    mode.mark(out, _Placement(name, _output_channel_axis(mod, out.dim()), (), name))
+                    axis = _output_channel_axis(mod, out.dim())
+                    mode.mark(out, _Placement.of_weight(name, axis, out.shape[axis]))
             hooks.append(m.register_forward_hook(post))
         if name in norms:
             hooks.append(m.register_forward_pre_hook(
                 lambda mod, inp, name=name: found.setdefault(name, []).append(mode.of(inp[0] if inp else None))))
+    head = _probe_head(x, 2)  # outside the mode: the model's input, not a slice it saw made
     try:
         with torch.no_grad(), batch_statistics(model), mode:
-            _call(model, _probe_head(x, 2))
+            _call(model, head)
     finally:
         for h in hooks:
             h.remove()
@@ -677,6 +833,75 @@ class _Previous:
     fresh_mean: dict[str, torch.Tensor] = field(default_factory=dict)
 
 
+@dataclass
+class _Rows:
+    """One weight layer's measures per output channel (all (C_out,) float64 on the CPU; None where not
+    measured): ``norm`` |w_c|, ``rotation`` (degrees since the previous call), and for the update and gradient
+    cosines the dot products with the weights before the step and the squared norms, which a norm layer's
+    segments add up over the rows they take (the cosine of the rows taken together, as :func:`.probes.cosine`
+    of one weight layer's whole weight)."""
+
+    norm: torch.Tensor
+    rotation: torch.Tensor | None = None
+    update_cos: torch.Tensor | None = None
+    update: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None  # (u·wb, |u|², |wb|²) per row
+    grad: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None  # (g·wb, |g|², |wb|²) per row
+
+    @classmethod
+    def of(cls, w: torch.Tensor, then: torch.Tensor | None, before: torch.Tensor | None,
+           grad: torch.Tensor | None) -> "_Rows":
+        """From the weight ``w`` (C_out, ...), the previous call's ``then``, the weight ``before`` this step
+        and the gradient ``grad`` (each None when absent)."""
+        rows = cls(channel_norms(w).cpu())
+        if then is not None and then.shape == w.shape:
+            rows.rotation = rotation_deg(then, w).cpu()
+        if before is not None:
+            u, wb = _flat_rows(w) - _flat_rows(before), _flat_rows(before)
+            rows.update_cos = channel_cosines(u, wb).cpu()
+            wb_sq = wb.square().sum(1)
+            rows.update = ((u * wb).sum(1).cpu(), u.square().sum(1).cpu(), wb_sq.cpu())
+            if grad is not None:
+                g = _flat_rows(grad)
+                rows.grad = ((g * wb).sum(1).cpu(), g.square().sum(1).cpu(), wb_sq.cpu())
+        return rows
+
+    @staticmethod
+    def whole_norm(parts: list[tuple["_Rows", slice]]) -> float:
+        """|w| of the rows ``parts`` take, together; NaN without rows."""
+        if not parts:
+            return math.nan
+        return float(torch.cat([r.norm[s] for r, s in parts]).square().sum().sqrt())
+
+    @staticmethod
+    def whole_cosine(parts: list[tuple["_Rows", slice]], which: str) -> float:
+        """The cosine ``"update"`` (of w(t+1) - w(t) with w(t)) or ``"grad"`` (of the gradient with w(t)) over
+        the rows ``parts`` take, together; NaN where not measured or a norm is 0."""
+        terms = [getattr(r, which) for r, _ in parts]
+        if not parts or any(t is None for t in terms):
+            return math.nan
+        dot, a, b = (sum(float(t[k][s].sum()) for t, (_, s) in zip(terms, parts)) for k in range(3))
+        return dot / math.sqrt(a * b) if a > 0 and b > 0 else math.nan
+
+
+def _flat_rows(w: torch.Tensor) -> torch.Tensor:
+    """(C_out, ...) -> (C_out, D) float64."""
+    return w.detach().reshape(w.shape[0], -1).double()
+
+
+def _gathered(parts: list[tuple[_Rows, slice]], key: str, missing: torch.Tensor) -> torch.Tensor:
+    """A norm layer's (C,) column of the weight rows its segments take (``missing`` where a segment's weight
+    layer lacks it, or without segments)."""
+    if not parts:
+        return missing
+    pieces, start = [], 0
+    for rows, s in parts:
+        values = getattr(rows, key)
+        n = s.stop - s.start
+        pieces.append(values[s] if values is not None else missing[start:start + n])
+        start += n
+    return torch.cat(pieces) if len(pieces) > 1 else pieces[0]
+
+
 def _caller_stacklevel() -> int:
     """``warnings.warn``'s stacklevel, from :meth:`StalenessMonitor.measure`, that names the first line outside
     this module and torch's decorators: the user's ``monitor(step)`` or ``monitor.measure(step)``, not
@@ -789,10 +1014,11 @@ class StalenessMonitor:
         _check_probe(model, self.x, self.y)
         self.pairing = find_pairs(model, self.x, running_statistics_only)
         modules = dict(model.named_modules())
-        self.layers = [(p, modules[p.norm], modules[p.weight] if p.weight else None)
-                       for p in self.pairing.pairs + self.pairing.unpaired]
+        self.layers = [(p, modules[p.norm]) for p in self.pairing.pairs + self.pairing.unpaired]
+        # every weight layer of a paired layer's segments, once: the weight pass measures each once per call
+        self.weight_layers = {w: modules[w] for p in self.pairing.pairs for w in p.weights}
         self.thresholds, self.warn, self.modes = thresholds, warn, modes
-        self.warmup_steps = (default_warmup_steps([m for _, m, _ in self.layers]) if warmup_steps is None
+        self.warmup_steps = (default_warmup_steps([m for _, m in self.layers]) if warmup_steps is None
                              else warmup_steps)
         if self.pairing.unpaired:
             warnings.warn(f"{len(self.pairing.unpaired)} of {len(self.layers)} normalisation layer(s) left unpaired "
@@ -829,10 +1055,11 @@ class StalenessMonitor:
         return self.pairing.unpaired
 
     def snapshot(self) -> dict[str, torch.Tensor]:
-        """Clones of the paired weights, ``{weight layer: (C_out, ...)}``: take one just before
+        """Clones of the paired weights, ``{weight layer: (C_out, ...)}`` (each weight layer of a segment once):
+        take one just before
         ``optimizer.step()`` and pass it to :meth:`measure` to get the update and gradient cosines of
         that step."""
-        return {p.weight: w.weight.detach().clone() for p, _, w in self.layers if w is not None}
+        return {name: w.weight.detach().clone() for name, w in self.weight_layers.items()}
 
     def __call__(self, step: int, weights_before_step: Mapping[str, torch.Tensor] | None = None) -> MonitorRecord:
         return self.measure(step, weights_before_step)
@@ -861,19 +1088,18 @@ class StalenessMonitor:
         if self.previous is not None and step <= self.previous.step:
             raise ValueError(f"step {step} is not after the previous call's step {self.previous.step}")
         with torch.random.fork_rng(devices=_rng_devices(self.model)):
-            out_train, fresh = batch_statistics_pass(self.model, self.x, [(p.norm, m) for p, m, _ in self.layers],
+            out_train, fresh = batch_statistics_pass(self.model, self.x, [(p.norm, m) for p, m in self.layers],
                                                      keep_frozen=True)
             out_eval = self._eval_forward() if self.modes else None
         checks = self._checks(step, out_train, out_eval)
-        layer_rows, channel_columns = [], []
         interval = step - self.previous.step if self.previous is not None else None
-        for pair, norm, weight in self.layers:
-            layer_line, channels = self._layer(step, interval, pair, norm, weight, fresh[pair.norm],
-                                               weights_before_step)
+        rows = self._weight_pass(weights_before_step)
+        layer_rows, channel_columns = [], []
+        for pair, norm in self.layers:
+            layer_line, channels = self._layer(step, interval, pair, norm, fresh[pair.norm], rows)
             layer_rows.append(layer_line)
             channel_columns.append(channels)
-        self.previous = _Previous(step, {p.weight: w.weight.detach().clone() for p, _, w in self.layers
-                                         if w is not None},
+        self.previous = _Previous(step, {name: w.weight.detach().clone() for name, w in self.weight_layers.items()},
                                   {name: mean.cpu() for name, (mean, _) in fresh.items()})
         self.last_fresh = fresh
         channels = pd.DataFrame({k: np.concatenate([c[k] for c in channel_columns]) for k in channel_columns[0]})
@@ -905,8 +1131,19 @@ class StalenessMonitor:
     def _checks(self, step: int, out_train: torch.Tensor, out_eval: torch.Tensor | None) -> pd.DataFrame:
         return mode_check(step, out_train, out_eval, self.y)
 
-    def _layer(self, step: int, interval: int | None, pair: NormPair, norm: nn.Module, weight: nn.Module | None,
-               moments: tuple[torch.Tensor, torch.Tensor], before: Mapping[str, torch.Tensor] | None):
+    def _weight_pass(self, before: Mapping[str, torch.Tensor] | None) -> dict[str, "_Rows"]:
+        """Each weight layer's per-output-channel measures, once per call however many segments use it."""
+        prev = self.previous
+        rows = {}
+        for name, layer in self.weight_layers.items():
+            w = layer.weight.detach()
+            wb = before.get(name) if before is not None else None
+            then = prev.weights.get(name) if prev is not None else None
+            rows[name] = _Rows.of(w, then, wb, layer.weight.grad)
+        return rows
+
+    def _layer(self, step: int, interval: int | None, pair: NormPair, norm: nn.Module,
+               moments: tuple[torch.Tensor, torch.Tensor], weights: dict[str, "_Rows"]):
         f_mean, f_var = (t.cpu() for t in moments)  # (C,) float64
         c = f_mean.numel()
         nan = torch.full((c,), math.nan, dtype=torch.float64)
@@ -918,19 +1155,23 @@ class StalenessMonitor:
         drift = drift_sigma_per_step(f_mean, prev_mean, f_var, interval) if prev_mean is not None else nan
         momentum = norm.momentum if has_running and norm.momentum is not None else math.nan
         lag = lag_sigma(r_mean, f_mean, f_var)  # (C,)
-        w = weight.weight.detach() if weight is not None else None
-        if w is not None and w.shape[0] != c:
-            raise ValueError(f"{pair.weight} -> {pair.norm}: {w.shape[0]} output channels but {c} normalised")
-        wb = before.get(pair.weight) if (before is not None and pair.weight) else None
-        rot = (rotation_deg(prev.weights[pair.weight], w).cpu()
-               if w is not None and prev is not None and pair.weight in prev.weights else nan)
+        spans = pair.spans(c)
+        for s in spans:
+            have = weights[s.weight].norm.numel()
+            fits = have == c if not pair.segments else s.offset + s.stop - s.start <= have
+            if not fits:
+                raise ValueError(f"{s.weight} -> {pair.norm}: {have} output channels but {c} normalised"
+                                 + (f" (channels [{s.start}, {s.stop}) from {s.offset} on)" if pair.segments else ""))
+        parts = [(weights[s.weight], slice(s.offset, s.offset + s.stop - s.start)) for s in spans]
+        rot = _gathered(parts, "rotation", nan)
         per_100 = rot * 100.0 / interval if interval else nan
+        names = (np.concatenate([np.full(s.stop - s.start, s.weight, dtype=object) for s in spans]) if spans
+                 else np.full(c, "", dtype=object))
         channels = {  # columns of (C,) arrays; measure() makes one frame of every layer's
-            "step": np.full(c, step), "layer": np.full(c, pair.weight or "", dtype=object),
-            "norm_layer": np.full(c, pair.norm, dtype=object),
+            "step": np.full(c, step), "layer": names, "norm_layer": np.full(c, pair.norm, dtype=object),
             "channel": np.arange(c), "rotation_deg": rot.numpy(), "rotation_deg_per_100": per_100.numpy(),
-            "weight_norm": (channel_norms(w).cpu() if w is not None else nan).numpy(),
-            "update_cos": (channel_cosines(w.double() - wb.double(), wb).cpu() if wb is not None else nan).numpy(),
+            "weight_norm": _gathered(parts, "norm", nan).numpy(),
+            "update_cos": _gathered(parts, "update_cos", nan).numpy(),
             "running_mean": r_mean.numpy(), "running_var": r_var.numpy(),
             "fresh_mean": f_mean.numpy(), "fresh_var": f_var.numpy(), "lag_sigma": lag.numpy(),
             "drift_sigma_per_step": drift.numpy(), "predicted_lag_sigma": predicted_lag_sigma(drift, momentum).numpy(),
@@ -938,12 +1179,10 @@ class StalenessMonitor:
         }
         abs_lag = lag.abs()
         finite = torch.isfinite(abs_lag)
-        grad = weight.weight.grad if weight is not None else None
         line = {
             "step": step, "layer": pair.weight or "", "norm_layer": pair.norm,
-            "weight_norm": float(w.double().norm()) if w is not None else math.nan,
-            "update_cos": cosine(w.double() - wb.double(), wb) if wb is not None else math.nan,
-            "grad_cos": cosine(grad, wb) if wb is not None and grad is not None else math.nan,
+            "weight_norm": _Rows.whole_norm(parts), "update_cos": _Rows.whole_cosine(parts, "update"),
+            "grad_cos": _Rows.whole_cosine(parts, "grad"),
             "rotation_deg_per_100": float(per_100.median()) if torch.isfinite(per_100).any() else math.nan,
             "lag_median_abs_sigma": float(abs_lag[finite].median()) if finite.any() else math.nan,
             "lag_max_abs_sigma": float(abs_lag[finite].max()) if finite.any() else math.nan,

@@ -44,9 +44,10 @@ def rotation_deg(w_before: torch.Tensor, w_after: torch.Tensor) -> torch.Tensor:
     if w_before.shape != w_after.shape:
         raise ValueError(f"rotation_deg: shapes differ, {tuple(w_before.shape)} vs {tuple(w_after.shape)}")
     a, b = _channels(w_before), _channels(w_after)
-    a = a / a.norm(dim=1, keepdim=True)
+    a = a / a.norm(dim=1, keepdim=True)  # new tensors: the sum below goes in place, one full copy fewer
     b = b / b.norm(dim=1, keepdim=True)
-    return torch.rad2deg(2 * torch.atan2((a - b).norm(dim=1), (a + b).norm(dim=1)))  # (C_out,)
+    diff = a - b
+    return torch.rad2deg(2 * torch.atan2(diff.norm(dim=1), a.add_(b).norm(dim=1)))  # (C_out,)
 
 
 def channel_norms(w: torch.Tensor) -> torch.Tensor:
