@@ -216,9 +216,10 @@ if pl is not None:
             torch.rand(1)
 
 
-def lightning_fit(tmp: Path, callbacks: list, max_steps: int = 6, accumulate: int = 1, val=None, **trainer_kwargs):
+def lightning_fit(tmp: Path, callbacks: list, max_steps: int = 6, accumulate: int = 1, val=None, ckpt_path=None,
+                  **trainer_kwargs):
     """Seed, build the module, fit ``max_steps`` optimizer steps on shuffled batches of 8 (validating on
-    ``val`` if given); the module."""
+    ``val`` if given; resuming from ``ckpt_path`` if given); the module."""
     pl.seed_everything(0, verbose=False)
     module = Module()
     x, y = data()
@@ -230,7 +231,7 @@ def lightning_fit(tmp: Path, callbacks: list, max_steps: int = 6, accumulate: in
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*(num_workers|does not have many workers|log_every_n_steps).*")
         warnings.filterwarnings("ignore", message=".*validation_step.*")
-        pl.Trainer(**kwargs).fit(module, loader, val)
+        pl.Trainer(**kwargs).fit(module, loader, val, ckpt_path=ckpt_path)
     return module
 
 
@@ -306,6 +307,63 @@ def test_lightning_training_is_unchanged_by_the_callback(tmp_path):
     a, b, c = plain.state_dict(), watched.state_dict(), spoiled.state_dict()
     assert all(torch.equal(a[k], b[k]) for k in a)  # every parameter and running statistic, bit for bit
     assert not all(torch.equal(a[k], c[k]) for k in a)  # the comparison can fail: one random draw changes it
+
+
+@needs_lightning
+def test_lightning_resumes_the_monitor_from_the_checkpoint(tmp_path):
+    """fit 4 steps, checkpoint at step 4 (a measured step), ``fit(ckpt_path=...)`` to step 8: the resumed
+    callback does not measure step 4 again, and its first call, at step 6, measures the rotation against
+    step 4's weights from the checkpoint (the same arithmetic: equal) and the drift against step 4's fresh
+    means. Without the callback's state a resumed run measures step 4 twice and its step 6 against step 4 of
+    the resumed run only: the assertions on the steps and on step 4's weights fail."""
+    from lightning.pytorch.callbacks import ModelCheckpoint
+    from bnrotation.probes import rotation_deg
+
+    class Kept(LightningCallback):
+        """Keeps the measured model's weight layers at each call."""
+
+        def on_record(self, trainer, record):
+            self.kept = getattr(self, "kept", {})
+            self.kept[record.step] = {k: v.detach().clone() for k, v in trainer.lightning_module.state_dict().items()}
+
+    first = LightningCallback(probe(), every_n_steps=2, warn=False)
+    ckpt = ModelCheckpoint(dirpath=tmp_path / "ckpt", every_n_train_steps=4, save_top_k=-1)
+    lightning_fit(tmp_path / "first", [first, ckpt], max_steps=4, enable_checkpointing=True)
+    (path,) = (tmp_path / "ckpt").glob("*.ckpt")
+    saved = torch.load(path, weights_only=False)
+    assert [r.step for r in first.records] == [0, 2, 4]
+    resumed = Kept(probe(), every_n_steps=2, warn=False)
+    lightning_fit(tmp_path / "resumed", [resumed], max_steps=8, ckpt_path=path)
+    assert [r.step for r in resumed.records] == [6, 8]
+    at_6 = resumed.records[0].channels
+    assert at_6["rotation_deg"].notna().all() and at_6["drift_sigma_per_step"].notna().all()
+    for layer, rows in at_6.groupby("layer"):
+        want = rotation_deg(saved["state_dict"][f"{layer}.weight"], resumed.kept[6][f"{layer}.weight"])
+        assert torch.equal(torch.tensor(rows.sort_values("channel")["rotation_deg"].to_numpy()), want), layer
+    want = first.records[-1].channels.set_index(["norm_layer", "channel"])["fresh_mean"]  # step 4's
+    got = at_6.set_index(["norm_layer", "channel"])
+    drift = (got["fresh_mean"] - want).abs() / (got["fresh_var"].pow(0.5) * 2)
+    assert torch.allclose(torch.tensor(got["drift_sigma_per_step"].to_numpy()), torch.tensor(drift.to_numpy()),
+                          rtol=1e-12, atol=0)  # the monitor's formula on the same float64 values
+
+
+@needs_lightning
+def test_lightning_refuses_a_checkpoint_of_another_model(tmp_path):
+    """A checkpoint whose monitor state holds weights of other shapes stops the resumed fit, naming them."""
+    from lightning.pytorch.callbacks import ModelCheckpoint
+    ckpt = ModelCheckpoint(dirpath=tmp_path / "ckpt", every_n_train_steps=2, save_top_k=-1)
+    lightning_fit(tmp_path / "first", [LightningCallback(probe(), every_n_steps=2, warn=False), ckpt], max_steps=2,
+                  enable_checkpointing=True)
+    (path,) = (tmp_path / "ckpt").glob("*.ckpt")
+    state = torch.load(path, weights_only=False)
+    (key,) = [k for k in state["callbacks"] if "StalenessCallback" in k]
+    weights = state["callbacks"][key]["monitor"]["weights"]
+    name = next(iter(weights))
+    weights[name] = weights[name][:1]  # one output channel: another model's layer
+    torch.save(state, path)
+    with pytest.raises(ValueError, match=rf"monitor state: weights\['{name}'\] of shape"):
+        lightning_fit(tmp_path / "resumed", [LightningCallback(probe(), every_n_steps=2, warn=False)], max_steps=4,
+                      ckpt_path=path)
 
 
 @needs_lightning

@@ -1043,11 +1043,23 @@ class StalenessMonitor:
                 "last_fresh": {k: list(v) for k, v in (self.last_fresh or {}).items()}}
 
     def load_state_dict(self, state: Mapping) -> None:
-        """Restore :meth:`state_dict`'s output."""
+        """Restore :meth:`state_dict`'s output (weights moved to their layers' devices).
+
+        Raises:
+            ValueError: when its weights are not this model's paired weight layers, of their shapes.
+        """
         if not state:
             self.previous, self.last_fresh = None, None
             return
-        self.previous = _Previous(int(state["step"]), dict(state["weights"]), dict(state["fresh_mean"]))
+        weights = {}
+        for name, w in state["weights"].items():
+            layer = self.weight_layers.get(name)
+            if layer is None or tuple(w.shape) != tuple(layer.weight.shape):
+                want = f"{tuple(layer.weight.shape)}" if layer is not None else "no paired weight layer of that name"
+                raise ValueError(f"monitor state: weights[{name!r}] of shape {tuple(w.shape)}, but this model has "
+                                 f"{want}: a state of another model?")
+            weights[name] = w.to(layer.weight.device)
+        self.previous = _Previous(int(state["step"]), weights, dict(state["fresh_mean"]))
         self.last_fresh = {k: (v[0], v[1]) for k, v in state["last_fresh"].items()}
 
     @property

@@ -120,15 +120,54 @@ class MonitorSession:
         self.last_step: int | None = None  # the last step measured
         self._next = every_n_steps  # the next step due
         self._snapshot: tuple[int, dict[str, torch.Tensor]] | None = None  # (the step it is for, weights)
+        self._restored: dict | None = None  # a checkpoint's state_dict(), applied at start()
 
     def start(self, model: nn.Module, step: int, to_device: Callable) -> MonitorRecord | None:
         """Attach the monitor to ``model`` (the raw training model, on its device) with the probe moved by
         ``to_device(probe)``, at ``step`` (0, or the step a resumed run starts from); measure there if
-        ``measure_at_start``. The next call is due at the first multiple of ``every_n_steps`` after it."""
+        ``measure_at_start``. The next call is due at the first multiple of ``every_n_steps`` after it.
+
+        After :meth:`load_state_dict` the monitor resumes from the checkpoint's last call: the next rotation
+        and drift are measured against it, and the start is not measured again when that call was at
+        ``step`` itself (as it is when the checkpoint was written at a measured step).
+
+        Raises:
+            ValueError: when the restored state's last call is after ``step`` (a checkpoint of another run),
+                or its weights are not this model's (:meth:`StalenessMonitor.load_state_dict`).
+        """
         self.monitor = StalenessMonitor(model, to_device(self.probe), **self.monitor_kwargs)
         self._snapshot, self.last_step = None, None
         self._next = self._next_multiple(step)
+        restored, self._restored = self._restored, None
+        if restored and restored.get("monitor"):
+            last = int(restored["monitor"]["step"])
+            if last > step:
+                raise ValueError(f"the checkpoint's monitor state is from step {last}, after the step {step} "
+                                 "training resumes from: a checkpoint of another run?")
+            self.monitor.load_state_dict(restored["monitor"])
+            self.last_step = last
+            if last == step:
+                return None
         return self._measure(step) if self.measure_at_start else None
+
+    def state_dict(self) -> dict:
+        """What a resumed run needs to go on measuring as if it had not stopped: the monitor's
+        :meth:`StalenessMonitor.state_dict` (the last call's step, the paired weights then, the fresh means)
+        and ``every_n_steps``. Not the records kept so far: a resumed run's records start after the resume."""
+        return {"every_n_steps": self.every_n_steps,
+                "monitor": self.monitor.state_dict() if self.monitor is not None else {}}
+
+    def load_state_dict(self, state: Mapping) -> None:
+        """Keep ``state`` (:meth:`state_dict`'s output) for the next :meth:`start`, which attaches the monitor.
+
+        Raises:
+            ValueError: for a state that is not :meth:`state_dict`'s output.
+        """
+        if not isinstance(state, Mapping) or not {"every_n_steps", "monitor"} <= set(state):
+            got = sorted(map(str, state)) if isinstance(state, Mapping) else type(state).__name__
+            raise ValueError(f"monitor session state: expected the keys 'every_n_steps' and 'monitor' "
+                             f"(MonitorSession.state_dict), got {got}")
+        self._restored = dict(state)
 
     def _next_multiple(self, step: int) -> int:
         return (step // self.every_n_steps + 1) * self.every_n_steps

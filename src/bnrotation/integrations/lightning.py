@@ -115,6 +115,22 @@ class StalenessCallback(SessionView, pl.Callback):
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self.session.finish(write=trainer.is_global_zero)
 
+    @property
+    def state_key(self) -> str:
+        """The key of this callback's state in a checkpoint: one per measured model and interval, the same for a
+        subclass (one that overrides :meth:`on_record` resumes from the base class's checkpoint, and back)."""
+        return f"StalenessCallback{repr({'model': self.model_name, 'every_n_steps': self.session.every_n_steps})}"
+
+    def state_dict(self) -> dict[str, Any]:
+        """Saved in every checkpoint: :meth:`bnrotation.integrations.MonitorSession.state_dict` (the monitor's
+        last call: its step, the paired weights then, the fresh means)."""
+        return self.session.state_dict()
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Restored by ``Trainer.fit(ckpt_path=...)`` before ``on_train_start``, which resumes the monitor from
+        it (:meth:`bnrotation.integrations.MonitorSession.start`)."""
+        self.session.load_state_dict(state_dict)
+
     def on_record(self, trainer: pl.Trainer, record: MonitorRecord) -> None:
         """Called on every rank with each call's record, after it is logged; does nothing. Override it to act
         on a record (stop, re-estimate, print ``record.summary``)."""
