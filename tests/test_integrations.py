@@ -461,25 +461,27 @@ def hf_probe() -> dict[str, torch.Tensor]:
 
 
 def hf_train(tmp: Path, callbacks: list, max_steps: int = 6, accumulate: int = 1, main_process: bool = True,
-             first: list = ()):
+             first: list = (), save_steps: int | None = None, resume: str | None = None):
     """Seed, build the model, train ``max_steps`` optimizer steps with batches of 8 through the real Trainer
     (Adam at 0.01, no scheduler, no checkpoints); the trainer. ``first``: callbacks put before the Trainer's own,
     where its ``report_to`` integrations sit. ``main_process=False`` makes the Trainer
-    report, as a process other than the main one does, ``state.is_world_process_zero = False``."""
+    report, as a process other than the main one does, ``state.is_world_process_zero = False``. ``save_steps``:
+    a checkpoint every so many steps; ``resume``: the checkpoint to resume from."""
     transformers.set_seed(0)
     model = HFNet()
     args = transformers.TrainingArguments(
         output_dir=str(tmp), max_steps=max_steps, per_device_train_batch_size=BATCH,
         gradient_accumulation_steps=accumulate,
         learning_rate=0.01, lr_scheduler_type="constant", optim="adamw_torch", weight_decay=0.0, use_cpu=True,
-        report_to=[], save_strategy="no", logging_steps=1000, disable_tqdm=True, seed=0, dataloader_num_workers=0)
+        report_to=[], save_strategy="steps" if save_steps else "no", save_steps=save_steps or 500,
+        logging_steps=1000, disable_tqdm=True, seed=0, dataloader_num_workers=0)
     trainer = transformers.Trainer(model=model, args=args, train_dataset=Samples(), callbacks=callbacks)
     trainer.callback_handler.callbacks[:0] = first
     if not main_process:
         trainer.is_world_process_zero = lambda: False
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*(PreTrainedModel|num_workers).*")
-        trainer.train()
+        trainer.train(resume_from_checkpoint=resume)
     return trainer
 
 
@@ -588,3 +590,35 @@ def test_transformers_training_is_unchanged_by_the_callback_and_tables_are_writt
                                                                                           "channels")}
     assert tables["checks"]["step"].tolist() == list(range(7))
     pd.testing.assert_frame_equal(tables["channels"], cb.frames()["channels"], check_exact=True)
+
+
+@needs_transformers
+def test_transformers_resumes_the_monitor_from_the_checkpoint(tmp_path):
+    """Train 4 steps with a checkpoint at step 4 (a measured step), resume from it to step 8: the monitor's
+    state written beside the checkpoint is read back, so step 4 is not measured again and the call at step 6
+    measures the rotation against step 4's weights (the checkpoint's: the same arithmetic, equal). Without it
+    the resumed run measures step 4 again, without rotation, and the assertion on the steps fails."""
+    from safetensors.torch import load_file
+    from bnrotation.integrations.transformers import STATE_FILE
+    from bnrotation.probes import rotation_deg
+
+    class Kept(HFCallback):
+        """Keeps the measured model's weights at each call."""
+
+        def on_record(self, state, record):
+            self.kept = getattr(self, "kept", {})
+            self.kept[record.step] = {k: v.detach().clone() for k, v in self.monitor.model.state_dict().items()}
+
+    first = HFCallback(hf_probe(), every_n_steps=2, input_key="x", warn=False)
+    hf_train(tmp_path, [first], max_steps=4, save_steps=4)
+    folder = tmp_path / "checkpoint-4"
+    assert (folder / STATE_FILE).is_file() and [r.step for r in first.records] == [0, 2, 4]
+    saved = load_file(folder / "model.safetensors")  # the model's own names; the monitor's start with "model."
+    resumed = Kept(hf_probe(), every_n_steps=2, input_key="x", warn=False)
+    hf_train(tmp_path, [resumed], max_steps=8, resume=str(folder))
+    assert [r.step for r in resumed.records] == [6, 8]
+    at_6 = resumed.records[0].channels
+    assert at_6["rotation_deg"].notna().all()
+    for layer, rows in at_6.groupby("layer"):
+        want = rotation_deg(saved[layer.removeprefix("model.") + ".weight"], resumed.kept[6][f"{layer}.weight"])
+        assert torch.equal(torch.tensor(rows.sort_values("channel")["rotation_deg"].to_numpy()), want), layer

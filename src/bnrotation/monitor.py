@@ -382,7 +382,7 @@ def _concatenated(parts: list[_Placement], sizes: list[int], dim: int) -> _Place
         else:
             pieces.append(_Piece(size, None, 0, (), part.source))
     if not any(p.weight for p in pieces):
-        return _Placement.nothing("cat")
+        return parts[0] if len(parts) == 1 else _Placement.nothing("cat")  # a cat of one tensor is that tensor
     return _Placement(dim, tuple(pieces), "cat")
 
 

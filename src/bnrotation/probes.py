@@ -43,11 +43,17 @@ def rotation_deg(w_before: torch.Tensor, w_after: torch.Tensor) -> torch.Tensor:
     """
     if w_before.shape != w_after.shape:
         raise ValueError(f"rotation_deg: shapes differ, {tuple(w_before.shape)} vs {tuple(w_after.shape)}")
-    a, b = _channels(w_before), _channels(w_after)
-    a = a / a.norm(dim=1, keepdim=True)  # new tensors: the sum below goes in place, one full copy fewer
-    b = b / b.norm(dim=1, keepdim=True)
+    a, b = _unit_rows(w_before), _unit_rows(w_after)
     diff = a - b
-    return torch.rad2deg(2 * torch.atan2(diff.norm(dim=1), a.add_(b).norm(dim=1)))  # (C_out,)
+    return torch.rad2deg(2 * torch.atan2(diff.norm(dim=1), a.add_(b).norm(dim=1)))  # (C_out,); a is a copy
+
+
+def _unit_rows(w: torch.Tensor) -> torch.Tensor:
+    """(C_out, ...) -> (C_out, D) float64 rows of norm 1, always a new tensor: the float64 copy of a float32
+    weight is divided in place (the same values as out of place, one full-size copy fewer)."""
+    rows = _channels(w)
+    norms = rows.norm(dim=1, keepdim=True)
+    return rows.div_(norms) if rows.data_ptr() != w.data_ptr() else rows / norms
 
 
 def channel_norms(w: torch.Tensor) -> torch.Tensor:

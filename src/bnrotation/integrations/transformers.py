@@ -38,7 +38,10 @@ if not all(hasattr(transformers.TrainerCallback, hook) for hook in _HOOKS):
 from ..monitor import MonitorRecord
 from . import MonitorSession, SessionView
 
-__all__ = ["StalenessCallback", "ModelLogits"]
+__all__ = ["StalenessCallback", "ModelLogits", "STATE_FILE"]
+
+# The monitor's state in a Trainer checkpoint folder (written at on_save, read when a run resumes from it).
+STATE_FILE = "bnrotation_monitor.pt"
 
 
 class ModelLogits(nn.Module):
@@ -125,6 +128,9 @@ class StalenessCallback(SessionView, transformers.TrainerCallback):
 
     def on_train_begin(self, args, state, control, model=None, **kwargs):
         device = next(model.parameters()).device
+        saved = self._state_file(args, state.global_step)
+        if state.global_step > 0 and saved.is_file():  # resumed from this checkpoint: go on from its last call
+            self.session.load_state_dict(torch.load(saved, map_location="cpu", weights_only=True))
         record = self.session.start(ModelLogits(model, self.input_key, self.logits_key), state.global_step,
                                     lambda probe: send_to_device(probe, device))
         if record is not None:
@@ -154,6 +160,19 @@ class StalenessCallback(SessionView, transformers.TrainerCallback):
             logs.update(metrics)
         if state.log_history and state.log_history[-1].get("step") == record.step:
             state.log_history[-1].update(metrics)
+
+    def on_save(self, args, state, control, **kwargs):
+        """Beside the checkpoint the Trainer has just written (``<output_dir>/checkpoint-<step>``), the monitor's
+        state (:meth:`bnrotation.integrations.MonitorSession.state_dict`) as :data:`STATE_FILE`, which a run
+        resumed from that checkpoint reads at ``on_train_begin``: a ``TrainerCallback`` has no hook of its own
+        in the checkpoint (``ExportableState`` keeps JSON, not weights)."""
+        folder = self._state_file(args, state.global_step).parent
+        if state.is_world_process_zero and folder.is_dir() and self.session.monitor is not None:
+            torch.save(self.session.state_dict(), folder / STATE_FILE)
+
+    @staticmethod
+    def _state_file(args, step: int) -> Path:
+        return Path(args.output_dir) / f"{transformers.trainer_utils.PREFIX_CHECKPOINT_DIR}-{step}" / STATE_FILE
 
     def on_train_end(self, args, state, control, **kwargs):
         self.session.finish(write=state.is_world_process_zero)
