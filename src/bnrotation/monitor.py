@@ -274,7 +274,8 @@ def channel_axis_after(op: str, args, in_shape, out_shape, axis: int) -> int | N
     shape; max, average and adaptive pooling (:data:`POOLING_OPS`) over the dims after a channel dim 1;
     reshapes (flatten, view, squeeze, ...) that keep the channel dim whole: a dim of the same size whose
     preceding dims hold as many elements as before (row-major order then keeps every channel's values
-    together); permutes and transposes, which move it. Anything else, an addition, a concatenation, a product
+    together); permutes and transposes, which move it (a concatenation is followed piece by piece by
+    :func:`find_pairs` itself). Anything else, an addition, a concatenation, a product
     with another tensor, SiLU, GELU or a sigmoid, is not seen through.
 
     Args:
@@ -603,9 +604,12 @@ def find_pairs(model: nn.Module, x=None, running_statistics_only: bool = True) -
     with a weight layer when its input is that layer's output seen through operations that keep each channel
     apart and are positively homogeneous in it (:func:`channel_axis_after`: ReLU, LeakyReLU, dropout, identity,
     pooling, and reshapes and permutes that keep the channel dim whole), and the weight's output channels land
-    in the norm layer's channel dim 1. Anything else, an addition, a concatenation, a product with another
-    tensor, SiLU, GELU, a sigmoid, and a norm layer called on the outputs of different layers, leaves it
-    unpaired with the reason, never guessed. ``docs/pairing.md`` explains how to read the result.
+    in the norm layer's channel dim 1. After a concatenation along the channel dim (``torch.cat``: DenseNet,
+    MixNet) it is paired per channel segment (:attr:`NormPair.segments`) when every piece is a weight layer's
+    output so seen through; a piece that is not names its channels in the reason. Anything else, an addition,
+    a concatenation along another dim, a product with another tensor, SiLU, GELU, a sigmoid, and a norm layer
+    called on the outputs of different layers, leaves it unpaired with the reason, never guessed.
+    ``docs/pairing.md`` explains how to read the result.
 
     Args:
         x: probe inputs (N >= 2, ...), a tensor or, for a model that takes a mapping, the mapping; two samples
@@ -795,11 +799,12 @@ class MonitorRecord:
             ``mode_agreement`` (share of probe samples predicted alike in both modes), ``mode_gap``
             (training- minus evaluation-mode accuracy, or 1 - agreement without labels), ``probe_size``.
         layers: one line per normalisation layer: ``step``, ``layer`` (the upstream weight layer, "" if
-            unpaired), ``norm_layer``, ``weight_norm``, ``update_cos``, ``grad_cos``,
+            unpaired; ``cat(a, b, ...)`` for one paired per segment, whose weight norm and cosines are those of
+            its segments' weight rows taken together), ``norm_layer``, ``weight_norm``, ``update_cos``, ``grad_cos``,
             ``rotation_deg_per_100`` (median over channels), ``lag_median_abs_sigma``,
             ``lag_max_abs_sigma``, ``worst_channel``, ``channels_above_1_sigma``.
-        channels: one line per channel, the suite's ``channels`` columns: ``step``, ``layer``,
-            ``norm_layer``, ``channel``, ``rotation_deg`` (since the previous call), ``rotation_deg_per_100``,
+        channels: one line per channel, the suite's ``channels`` columns: ``step``, ``layer`` (the weight
+            layer of the channel's segment), ``norm_layer``, ``channel``, ``rotation_deg`` (since the previous call), ``rotation_deg_per_100``,
             ``weight_norm``, ``update_cos``, ``running_mean``, ``running_var``, ``fresh_mean``, ``fresh_var``,
             ``lag_sigma``, ``drift_sigma_per_step``, ``predicted_lag_sigma``, ``abs_mean_over_std``.
         stale: whether the thresholds were crossed, or a running statistic holds NaN or infinite values.
