@@ -127,6 +127,10 @@ def producers_of_norm_inputs(model: nn.Module, x: torch.Tensor) -> tuple[dict[st
         while history:
             op, first = history.pop()
             chain.append(op)
+            if op in CAT_OPS and len(mode.parts.get(t, ())) == 1:  # a cat of one tensor: that tensor
+                t = mode.parts[t][0][0]
+                history = list(mode.made.get(t, []))
+                continue
             if op not in SEE_THROUGH_OPS or first is None:
                 break
             if first != t:  # not in place: continue with the argument's own history
