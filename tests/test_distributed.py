@@ -1,13 +1,14 @@
 """Rank agreement (:func:`bnrotation.distributed.ranks_agree`) with two real processes on the ``gloo`` backend.
 
-One spawn runs every two-rank case (:func:`_worker`), each rank writing what it measured to a file:
+One start of two processes (fork where the platform has it, else spawn) runs every two-rank case (:func:`_worker`),
+each rank writing what it measured to a file:
 
 - identical data on both ranks: the spread is exactly 0 (the same float32 operations on the same numbers);
 - rank 1's inputs shifted by ``SHIFT``: the first BatchNorm's batch means differ by ``SHIFT * W.sum(1)`` at every
   step, so after ``STEPS`` updates with momentum m its running means differ by ``(1 - (1 - m)**STEPS)`` times that
   (the closed form), while the second BatchNorm sees the first one's batch-normalised output, the same on both
-  ranks but for rounding; the worst layer is the first;
-- the same under ``DistributedDataParallel`` with ``broadcast_buffers=True``: rank 0's buffers are copied to
+  ranks but for rounding; the worst layer is the first. Rank 0's buffers broadcast then: the spread is 0 again;
+- the same under ``DistributedDataParallel`` with its default buffer sync: rank 0's buffers are copied to
   rank 1 before each forward pass, so only the last update differs: m times the shift's effect, a ratio of
   ``m / (1 - (1 - m)**STEPS)`` to the case without DDP;
 - a model converted to ``SyncBatchNorm``: detected; its forward pass needs a GPU under torch 2.13 (CPU inputs
@@ -80,7 +81,10 @@ def _worker(rank: int, world: int, port: int, out: str) -> None:
         shifted = Tiny()
         train(shifted, SHIFT * rank)
         found["shifted"] = ranks_agree(shifted)
-        ddp = nn.parallel.DistributedDataParallel(Tiny(), broadcast_buffers=True)
+        for buffer in shifted.buffers():  # the fix: every rank takes rank 0's statistics
+            dist.broadcast(buffer, src=0)
+        found["broadcast"] = ranks_agree(shifted)
+        ddp = nn.parallel.DistributedDataParallel(Tiny())  # syncs buffers before each forward by default
         train(ddp, SHIFT * rank, backward=True)
         found["ddp"] = ranks_agree(ddp)
         synced = nn.SyncBatchNorm.convert_sync_batchnorm(Tiny())
@@ -109,8 +113,10 @@ def _free_port() -> int:
 def two_ranks(tmp_path_factory) -> list[dict]:
     """What each of two gloo ranks measured in :func:`_worker`; fails (never hangs) after :data:`TIMEOUT_S`."""
     out = tmp_path_factory.mktemp("ranks")
-    context = mp.start_processes(_worker, args=(2, _free_port(), str(out)), nprocs=2, join=False,
-                                 start_method="spawn")
+    # fork: the ranks start from this process's imports in a blink (torch is on one thread, and no process group is
+    # open here); spawn, which imports torch again in each, where fork is missing
+    method = "fork" if "fork" in mp.get_all_start_methods() else "spawn"
+    context = mp.start_processes(_worker, args=(2, _free_port(), str(out)), nprocs=2, join=False, start_method=method)
     deadline = time.monotonic() + TIMEOUT_S
     while not context.join(timeout=1):
         if time.monotonic() > deadline:
@@ -142,6 +148,10 @@ def test_identical_data_gives_a_spread_of_exactly_zero(two_ranks):
         assert list(same.channels["norm_layer"].unique()) == ["bn1", "bn2"] and len(same.channels) == 8 + 4
 
 
+def test_broadcasting_rank_0s_buffers_makes_the_ranks_agree_exactly(two_ranks):
+    assert all(found["broadcast"].agrees() and found["broadcast"].mean_spread_sigma == 0.0 for found in two_ranks)
+
+
 def test_a_shifted_rank_diverges_by_the_closed_form_in_the_first_layer(two_ranks):
     """The spread of bn1 channel c is ``(1 - 0.9**5) * SHIFT * |W1[c].sum()| / sqrt(mean running var + eps)``.
     Tolerance: float32 means of 16 samples and five updates, about 1e-6 relative, against 1e-4 here."""
@@ -164,7 +174,7 @@ def test_a_shifted_rank_diverges_by_the_closed_form_in_the_first_layer(two_ranks
 
 def test_the_spread_is_the_replayed_ranks_and_ddp_broadcast_leaves_one_update_of_it(two_ranks):
     """Against bn1's running means replayed in this process (:func:`_oracle_bn1`), and the ratio
-    ``m / (1 - (1 - m)**STEPS)`` between DDP with ``broadcast_buffers=True`` and no DDP (0.244 at m = 0.1, five
+    ``m / (1 - (1 - m)**STEPS)`` between DDP with its default buffer sync and no DDP (0.244 at m = 0.1, five
     steps). Tolerance: the same float32 rounding as the closed form, 1e-4 relative."""
     shifted, ddp = two_ranks[0]["shifted"], two_ranks[0]["ddp"]
     for found, is_ddp in ((shifted, False), (ddp, True)):

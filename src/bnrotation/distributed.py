@@ -1,9 +1,9 @@
 """Do the ranks of a ``torch.distributed`` job hold the same BatchNorm running statistics?
 
 Under ``DistributedDataParallel`` without ``SyncBatchNorm`` each rank updates its own running statistics from its
-own batches. ``broadcast_buffers=True`` (DDP's default) copies rank 0's buffers to every rank before each forward
-pass, so after that pass the ranks differ again by one update from different batches; with
-``broadcast_buffers=False`` they drift apart for the whole run. Evaluation during training then runs on each
+own batches. DDP's default buffer sync (``forward_sync_buffers``, formerly ``broadcast_buffers``) copies rank 0's
+buffers to every rank before each forward pass, so after that pass the ranks differ again by one update from
+different batches; with the sync off they drift apart for the whole run. Evaluation during training then runs on each
 rank's own statistics, while the checkpoint holds only the rank that saved it. ``SyncBatchNorm`` computes the
 batch statistics over all ranks, so every rank applies the same update.
 
@@ -27,7 +27,7 @@ from .bnstats import running_stat_layers
 __all__ = ["ranks_agree", "RankAgreement"]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)  # holds a DataFrame, which has no single truth value to compare by
 class RankAgreement:
     """How far apart the ranks' BatchNorm running statistics are (:func:`ranks_agree`).
 
@@ -55,8 +55,8 @@ class RankAgreement:
     def agrees(self, tolerance_sigma: float = 0.0, tolerance_var: float = 0.0) -> bool:
         """Whether both spreads are within the tolerances (σ for the mean, a fraction for the variance).
 
-        The default 0 asks for equality: ranks whose buffers come from one broadcast or a ``SyncBatchNorm``
-        update hold the same numbers."""
+        The default 0 asks for equality, which ranks hold whose buffers were just broadcast from one rank or updated
+        by ``SyncBatchNorm``."""
         return self.mean_spread_sigma <= tolerance_sigma and self.var_spread <= tolerance_var
 
     @property
@@ -91,7 +91,8 @@ def ranks_agree(model: nn.Module, group=None) -> RankAgreement:
     Args:
         model: the rank's model, or its ``DistributedDataParallel`` wrapper; every ``_BatchNorm`` subclass that
             keeps running statistics is compared (:func:`bnrotation.bnstats.running_stat_layers`).
-        group: the process group (``None``: the default group).
+        group: the process group (``None``: the default group). Under NCCL call ``torch.cuda.set_device`` with the
+            rank's GPU first: ``all_gather_object``, which compares the layer sets, needs it.
 
     Returns:
         The same :class:`RankAgreement` on every rank.
