@@ -74,7 +74,8 @@ def test_a_clean_model_has_no_finding_in_either_mode():
 def test_timm_models_with_random_weights_have_no_finding(resnet18):
     timm = import_timm()
     mobilenet = timm.create_model("mobilenetv3_small_100", pretrained=False, num_classes=4)  # BatchNormAct2d
-    for model in (resnet18, mobilenet, nn.SyncBatchNorm.convert_sync_batchnorm(copy.deepcopy(resnet18))):
+    others = [timm.create_model(name, pretrained=False, num_classes=4) for name in ("efficientnet_b0", "densenet121")]
+    for model in (resnet18, mobilenet, nn.SyncBatchNorm.convert_sync_batchnorm(copy.deepcopy(resnet18)), *others):
         assert lint_batchnorm(model.train()) == [], type(model).__name__
         assert lint_batchnorm(copy.deepcopy(model).eval()) == []
     assert lint_batchnorm(mobilenet.eval(), torch.randn(2, 3, 32, 32)) == []
