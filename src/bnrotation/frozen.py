@@ -73,7 +73,6 @@ import io
 import math
 import os
 import shutil
-import subprocess
 import sys
 import time
 from collections.abc import Iterator
@@ -103,7 +102,7 @@ from .runner import RunLock, resolve_threads
 from .task import NoisyTemplates, generator, stream_seed
 
 __all__ = ["FrozenConfig", "PretrainConfig", "FinetuneConfig", "ShiftConfig", "MODES", "load_config",
-           "shifted_seed", "ShiftedTemplates", "pretrain", "pretrained_backbone", "finetune_model", "set_bn_mode",
+           "shifted_seed", "ShiftedTemplates", "task_data", "shifted_batches", "pretrain", "pretrained_backbone", "finetune_model", "set_bn_mode",
            "backbone_parameters", "assert_backbone_unchanged", "statistics_move", "running_drift", "run", "sweep", "main"]
 
 MODES = FROZEN_MODES  # bn_train | norm_eval | reestimate
@@ -423,6 +422,14 @@ def finetune_model(cfg: FrozenConfig, backbone: ConvNet | None = None) -> tuple[
     return set_bn_mode(model, cfg.mode), original_head
 
 
+def shifted_batches(cfg: FrozenConfig, data: _Data) -> Iterator[torch.Tensor]:
+    """The ``reestimate`` mode's ``reestimate_batches`` inputs (task.batch_size, 3, S, S) of the shifted task,
+    drawn from its ``reestimate`` stream (:func:`shifted_seed`), channels-last."""
+    g = generator(shifted_seed(cfg.seed), "reestimate")
+    for _ in range(cfg.reestimate_batches):
+        yield data.shifted.sample(cfg.task.batch_size, g)[0].contiguous(memory_format=torch.channels_last)
+
+
 def assert_backbone_unchanged(model: ConvNet, reference: dict[str, torch.Tensor]) -> None:
     """Every backbone parameter equal, bit for bit, to ``reference`` (``{name: tensor}``).
 
@@ -590,12 +597,7 @@ def run(cfg: FrozenConfig, *, progress: bool = False) -> Path | None:
         pretrained = {n: (m.running_mean.detach().clone(), m.running_var.detach().clone())
                       for n, m in running_stat_layers(model)}
         g_train = generator(shifted_seed(cfg.seed), "train")
-        report = None
-        if cfg.mode == "reestimate":
-            g_re = generator(shifted_seed(cfg.seed), "reestimate")
-            batches = (data.shifted.sample(cfg.task.batch_size, g_re)[0].contiguous(memory_format=torch.channels_last)
-                       for _ in range(cfg.reestimate_batches))
-            report = reestimate(model, batches)
+        report = reestimate(model, shifted_batches(cfg, data)) if cfg.mode == "reestimate" else None
         optimizer = build_optimizer(_sgd(cfg.finetune.lr, cfg.finetune.momentum), model)
         trainable = sorted(n for n, p in model.named_parameters() if p.requires_grad)
         monitors = {probe: StalenessMonitor(model, data.probe[probe], warn=False) for probe in ("shifted", "original")}
@@ -658,35 +660,37 @@ def sweep_jobs(seeds=FROZEN_SEEDS, modes=MODES) -> list[tuple[str, int]]:
     return [(mode, seed) for mode in modes for seed in seeds]
 
 
+def _sweep_job(overrides: list[str], mode: str, seed: int) -> str | None:
+    """One run of the sweep, in a joblib worker: None when it finished (or was finished), else why not."""
+    try:
+        out = run(load_config([*overrides, f"mode={mode}", f"seed={seed}"]))
+    except Exception as err:  # noqa: BLE001 - one run's failure is reported, the others go on
+        return f"{frozen_row(mode)} seed={seed}: {type(err).__name__}: {err}"
+    print(f"frozen sweep: {frozen_row(mode)} seed={seed} " + ("done" if out else "finished already, skipped"),
+          file=sys.stderr, flush=True)
+    return None
+
+
 def sweep(overrides: list[str], jobs: int = 2, seeds=FROZEN_SEEDS, modes=MODES) -> int:
-    """Every (mode, seed) of the experiment, each in its own process (``python -m bnrotation.frozen run``),
-    at most ``jobs`` at once; a finished run is skipped by the run itself. Prints a line per finished run.
+    """Every (mode, seed) of the experiment (:func:`sweep_jobs`' order), at most ``jobs`` at once in joblib's
+    worker processes (``loky``); a finished run is skipped by the run itself (:func:`run`), so a sweep that was
+    stopped resumes where it was by being started again. Prints a line per run, and one per failed run.
 
     Returns:
         0 when every run finished (or was finished), else 1.
 
     Raises:
-        ConfigError: when ``overrides`` do not make a valid config (checked once, before any run starts).
+        ConfigError: when ``overrides`` do not make a valid config (checked for every run before any starts).
     """
-    for mode, seed in sweep_jobs(seeds, modes):
+    from joblib import Parallel, delayed
+
+    todo = sweep_jobs(seeds, modes)
+    for mode, seed in todo:
         load_config([*overrides, f"mode={mode}", f"seed={seed}"])
-    pending = sweep_jobs(seeds, modes)
-    running: list[tuple[tuple[str, int], subprocess.Popen]] = []
-    failed = []
-    while pending or running:
-        while pending and len(running) < jobs:
-            mode, seed = pending.pop(0)
-            cmd = [sys.executable, "-m", "bnrotation.frozen", "run", *overrides, f"mode={mode}", f"seed={seed}"]
-            running.append(((mode, seed), subprocess.Popen(cmd)))
-        time.sleep(1.0)
-        for job in [j for j in running if j[1].poll() is not None]:
-            running.remove(job)
-            (mode, seed), proc = job
-            print(f"frozen sweep: {frozen_row(mode)} seed={seed} exited {proc.returncode}", file=sys.stderr, flush=True)
-            if proc.returncode != 0:
-                failed.append(job[0])
-    if failed:
-        print(f"frozen sweep: {len(failed)} run(s) failed: {failed}", file=sys.stderr)
+    failed = [f for f in Parallel(n_jobs=jobs, backend="loky")(delayed(_sweep_job)(list(overrides), mode, seed)
+                                                               for mode, seed in todo) if f]
+    for line in failed:
+        print(f"frozen sweep: failed: {line}", file=sys.stderr)
     return 1 if failed else 0
 
 
