@@ -71,7 +71,6 @@ import datetime as dt
 import fcntl
 import io
 import math
-import os
 import shutil
 import sys
 import time
@@ -97,13 +96,14 @@ from .monitor import StalenessMonitor
 from .optim import build_optimizer
 from .probes import accuracy, eval_chunk
 from .provenance import describe_built, git_state
-from .rows import FROZEN_MODES, FROZEN_ROWS, FROZEN_SEEDS, frozen_row
+from .rows import FROZEN_MODES, FROZEN_SEEDS, frozen_row
 from .runner import RunLock, resolve_threads
 from .task import NoisyTemplates, generator, stream_seed
 
 __all__ = ["FrozenConfig", "PretrainConfig", "FinetuneConfig", "ShiftConfig", "MODES", "load_config",
-           "shifted_seed", "ShiftedTemplates", "task_data", "shifted_batches", "pretrain", "pretrained_backbone", "finetune_model", "set_bn_mode",
-           "backbone_parameters", "assert_backbone_unchanged", "statistics_move", "running_drift", "run", "sweep", "main"]
+           "shifted_seed", "ShiftedTemplates", "task_data", "shifted_batches", "pretrain", "pretrained_backbone",
+           "finetune_model", "set_bn_mode", "backbone_parameters", "assert_backbone_unchanged", "statistics_move",
+           "running_drift", "run", "sweep", "main"]
 
 MODES = FROZEN_MODES  # bn_train | norm_eval | reestimate
 SHIFT_SEED_OFFSET = 1 << 40  # the shifted task's streams: the suite's streams at seed + 2**40
@@ -271,9 +271,9 @@ class ShiftedTemplates(NoisyTemplates):
         return x.mul_(self.noise_std), y
 
     def fixed_set(self, n: int, seed: int, stream: str) -> tuple[torch.Tensor, torch.Tensor]:
-        g = generator(seed, stream)
-        x, y = self.sample(n, g)  # the templates live on the CPU here
-        return x, y
+        """A fixed set from its own stream, scaled as :meth:`sample` (the experiment's templates live on the
+        CPU): x (n, 3, S, S), y (n,)."""
+        return self.sample(n, generator(seed, stream))
 
 
 @dataclass

@@ -172,8 +172,8 @@ def judge(runs: list[FrozenRun], problems: tuple[str, ...] | list[str] = ()) -> 
     frame = per_run(runs)
     have = {row: sorted(frame.loc[frame["row"] == row, "seed"]) if len(frame) else [] for row in (train, evalm)}
     tolerance = (f"norm_eval: displacement exactly 0σ and original-task accuracy unchanged; bn_train: mean "
-                 f"displacement − {Z:g} SE ≥ {cell(DISPLACEMENT_FLOOR_SIGMA, 'sigma')} (the monitor's lag threshold) "
-                 f"and original-task drop ≥ {cell(DROP_FLOOR, 'pct', digits=0)} and > {Z:g} SE over seeds")
+                 f"displacement − {Z:g} SE ≥ {cell(DISPLACEMENT_FLOOR_SIGMA, 'sigma')} (the monitor's lag "
+                 f"threshold) and original-task drop ≥ {cell(DROP_FLOOR, 'pct', digits=0)} and > {Z:g} SE over seeds")
     note = ("; ".join(problems) + ". ") if problems else ""
     if any(len(s) < 2 for s in have.values()):
         return FrozenVerdict(None, f"runs: {have[train]} seeds of `{train}`, {have[evalm]} of `{evalm}`", tolerance,

@@ -20,8 +20,8 @@ import numpy as np
 from .. import article as A
 from ..rows import FROZEN_ROOT, PUBLISHED_ROWS, ROWS
 from . import carryover, lag, metrics
-from .claim_kinds import (FAIL, NOT_RUN, RESNET, Z, Above, Below, Check, MatchesPublished, Outcome, RankOrder, RecoveryShare,
-                          above, bespoke, matches, said, table_figure)
+from .claim_kinds import (FAIL, NOT_RUN, RESNET, Z, Above, Below, Check, MatchesPublished, Outcome, RankOrder,
+                          RecoveryShare, above, bespoke, matches, said, table_figure)
 from .dense import DENSE_INTERVALS
 from .evidence import CONV_LAYERS, Evidence, middle_lag_at_failing
 from .results import Run, count
