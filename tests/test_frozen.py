@@ -267,6 +267,7 @@ def _plant(root: Path, row: str, seed: int, *, displacement: float, acc_start: f
                         "acc_eval_mode": [acc_start, 0.1, acc_end, 0.8], "acc_train_mode": [1.0, 0.1, 1.0, 0.8],
                         "loss": [math.nan, math.nan, 0.5, 0.5]})
     mon = pd.DataFrame({"step": [0, 0, 100, 100], "probe": ["shifted", "original"] * 2, "stale": [False] * 4,
+                        "mode_gap": [0.0, 0.0, 0.0, 0.2],
                         "norm_layer": ["bn1"] * 4, "lag_median_abs_sigma": [0.0, 0.0, 0.01, 0.02]})
     for name, frame in (("statistics", st), ("accuracy", acc), ("monitor", mon)):
         records.write_table(frame.assign(row=row, seed=np.int64(seed)), out / f"{name}.parquet", name)

@@ -100,7 +100,8 @@ def per_run(runs: list[FrozenRun]) -> pd.DataFrame:
     * ``acc_original_train_mode``, ``acc_shifted_eval_mode``, ``acc_shifted_train_mode`` (end);
     * ``stale_shifted``, ``stale_original``: the share of log points at which the monitor's rule fired on
       the shifted and on the original probe; ``lag_shifted_sigma``, ``lag_original_sigma``: its largest
-      per-layer median |lag| at the end (σ);
+      per-layer median |lag| of the running mean at the end (σ); ``gap_shifted``, ``gap_original``: its mode gap
+      (training- minus evaluation-mode accuracy on the probe, with the new head) at the end;
     * ``pretrained_acc``: the pre-trained network's evaluation-mode accuracy on the original task.
     """
     lines = []
@@ -112,6 +113,7 @@ def per_run(runs: list[FrozenRun]) -> pd.DataFrame:
         shifted_end = shifted[shifted["step"] == last].iloc[0]
         stale = mon.groupby(["probe", "step"])["stale"].first()
         mon_end = mon[mon["step"] == last].groupby("probe")["lag_median_abs_sigma"].max()
+        gap_end = mon[mon["step"] == last].groupby("probe")["mode_gap"].first()
         lines.append({
             "row": r.row, "seed": r.seed,
             "displacement_sigma": float(end["displacement_sigma"].mean()),
@@ -130,6 +132,8 @@ def per_run(runs: list[FrozenRun]) -> pd.DataFrame:
             "stale_original": float(stale.get("original", pd.Series(dtype=float)).mean()),
             "lag_shifted_sigma": float(mon_end.get("shifted", math.nan)),
             "lag_original_sigma": float(mon_end.get("original", math.nan)),
+            "gap_shifted": float(gap_end.get("shifted", math.nan)),
+            "gap_original": float(gap_end.get("original", math.nan)),
             "pretrained_acc": float(r.info.get("pretrained", {}).get("acc_eval_mode", math.nan)),
             "steps": last,
         })
@@ -209,8 +213,10 @@ COLUMNS = (("displacement_sigma", "displacement at the end", "sigma"),
            ("acc_shifted_train_mode", "shifted task, train mode, end", "pct"),
            ("stale_shifted", "monitor STALE on the shifted probe (share of log points)", "pct"),
            ("stale_original", "monitor STALE on the original probe (share of log points)", "pct"),
-           ("lag_shifted_sigma", "monitor lag on the shifted probe, end", "sigma"),
-           ("lag_original_sigma", "monitor lag on the original probe, end", "sigma"))
+           ("lag_shifted_sigma", "monitor lag (running mean) on the shifted probe, end", "sigma"),
+           ("lag_original_sigma", "monitor lag (running mean) on the original probe, end", "sigma"),
+           ("gap_shifted", "monitor mode gap on the shifted probe, end", "pct"),
+           ("gap_original", "monitor mode gap on the original probe, end", "pct"))
 
 
 def table_markdown(runs: list[FrozenRun], root: str | Path) -> str:
