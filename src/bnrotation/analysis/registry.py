@@ -20,7 +20,7 @@ import numpy as np
 from .. import article as A
 from ..rows import FROZEN_ROOT, PUBLISHED_ROWS, ROWS
 from . import carryover, lag, metrics
-from .claim_kinds import (FAIL, NOT_RUN, RESNET, Z, Above, Below, Check, MatchesPublished, Outcome, RankOrder,
+from .claim_kinds import (FAIL, FROZEN, NOT_RUN, Z, Above, Below, Check, MatchesPublished, Outcome, RankOrder,
                           RecoveryShare, above, bespoke, matches, said, table_figure)
 from .dense import DENSE_INTERVALS
 from .evidence import CONV_LAYERS, Evidence, middle_lag_at_failing
@@ -356,13 +356,13 @@ def adamw_between_adam_and_sgd(ev: Evidence) -> Outcome:
 # evaluation-mode pass writes a buffer: tolerance 0); bn_train's displacement from the pre-trained statistics at least
 # the monitor's lag threshold (0.1σ) after subtracting 2 standard errors over seeds; the original task's
 # evaluation-mode accuracy down by at least 1 point and by more than 2 standard errors over seeds (paired within each
-# run: same weights, same held-out set). Listed with the other questions beyond the article (the ResNet-20 section).
+# run: same weights, same held-out set). claims.md lists it in a section of its own, after the ResNet-20 checks.
 @bespoke("Freezing a layer does not freeze its BatchNorm: with every backbone parameter frozen and BatchNorm left in "
          "training mode while a new head is fine-tuned on noisier data, the running statistics follow the new data "
          "though no weight moves, and evaluation-mode accuracy on the original task degrades; with BatchNorm in "
          "evaluation mode (norm_eval) they stay the pre-trained ones.",
          "beyond the article; pytorch/pytorch#86590, Lightning-AI/pytorch-lightning#15062, lightly-ai/lightly#1438",
-         section=RESNET)
+         section=FROZEN)
 def frozen_backbone_batchnorm_follows_new_data(ev: Evidence) -> Outcome:
     from . import frozen  # here, so that the claim stays one entry
 
