@@ -129,6 +129,20 @@ def test_the_fine_tuning_model_of_each_mode(mode):
     assert unchanged == (mode != "bn_train")
 
 
+@pytest.mark.parametrize("mode", frozen.MODES)
+def test_the_lint_flags_the_common_mistake_and_only_it(mode):
+    """The lint (bnrotation.lint) on each mode's fine-tuning model: bn_train, a frozen backbone whose BatchNorm layers
+    still train, is flagged on every one of its BatchNorm layers, and by that rule alone; norm_eval and reestimate
+    (BatchNorm in evaluation mode) get no finding."""
+    from bnrotation.lint import lint_batchnorm
+
+    model, _ = frozen.finetune_model(frozen.load_config([*TOY, f"mode={mode}"]))
+    findings = lint_batchnorm(model)
+    expected = [n for n, _ in running_stat_layers(model)] if mode == "bn_train" else []
+    assert [f.layer for f in findings] == expected
+    assert {f.rule for f in findings} <= {"frozen-weights-training-bn"}
+
+
 def test_a_backbone_that_moves_is_caught():
     """The failure case: one convolution weight nudged by 1e-6 must raise, naming it."""
     model, _ = frozen.finetune_model(frozen.load_config(TOY))
