@@ -55,7 +55,7 @@ $(error JOBS=$(JOBS): expected a whole number >= 1 (runs at once))
 endif
 endif
 
-.PHONY: help install test test-fast test-kernels sweep reproduce places row table diagnose check figures claims report notebooks bench clean
+.PHONY: help install test test-fast test-kernels sweep reproduce places row table diagnose check figures claims report notebooks bench frozen clean
 .DEFAULT_GOAL := help
 
 help: ## list the targets
@@ -150,6 +150,10 @@ claims: $(VENV)/.installed ## <root>/claims.md: every claim of the article, PASS
 
 report: $(VENV)/.installed ## <root>/report.html: headline, table, claims and figures on one page that opens offline (RESULTS=<root>; OUT=<folder>)
 	$(out_dir) $(PY) -m bnrotation.analysis.webpage $(results_flag) --out "$$out" $(skip_flag)
+
+frozen: $(VENV)/.installed ## the frozen-backbone experiment, 3 BatchNorm modes x 3 seeds, resumable, then <root>/frozen.md (RESULTS=<root> [results/frozen]; JOBS=n; FORCE=1)
+	$(PY) experiments/frozen.py sweep --jobs $(JOBS) results_root=$(or $(RESULTS),results/frozen) force=$(force_flag)
+	$(PY) -m bnrotation.analysis.frozen --results $(or $(RESULTS),results/frozen)
 
 notebooks: $(VENV)/.installed ## run every notebooks/*.py as a script against the results (RESULTS=<root>)
 	@for nb in notebooks/*.py; do echo "$$nb"; \

@@ -11,7 +11,10 @@ The public API, importable from the package itself::
 - the check of a saved checkpoint (:mod:`bnrotation.check`): :func:`check_checkpoint`, :class:`CheckReport`;
 - weight averaging with a declared BatchNorm buffer policy (:mod:`bnrotation.averaging`): :class:`EMA`,
   :func:`average_checkpoints`, :func:`validate_inference_state`, :func:`compare_states`,
-  :class:`BufferProvenance`, :data:`POLICIES`.
+  :class:`BufferProvenance`, :data:`POLICIES`;
+- the BatchNorm settings lint (:mod:`bnrotation.lint`): :func:`lint_batchnorm`, :class:`Finding`;
+- the agreement of running statistics across ``torch.distributed`` ranks (:mod:`bnrotation.distributed`):
+  :func:`ranks_agree`, :class:`RankAgreement`.
 
 Each name is imported on first use (PEP 562), so ``import bnrotation`` itself loads none of the suite's stack
 (Hydra, pyarrow, matplotlib, seaborn), nor torch.
@@ -27,6 +30,8 @@ _PUBLIC = {
     "check": ("check_checkpoint", "CheckReport"),
     "averaging": ("EMA", "average_checkpoints", "validate_inference_state", "compare_states", "BufferProvenance",
                   "POLICIES"),
+    "lint": ("lint_batchnorm", "Finding"),
+    "distributed": ("ranks_agree", "RankAgreement"),
 }
 _HOME = {name: module for module, names in _PUBLIC.items() for name in names}
 

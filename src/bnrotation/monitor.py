@@ -980,6 +980,8 @@ class StalenessMonitor:
 
     Unpaired layers (:attr:`pairing`, :func:`find_pairs`) are named, with the reason, in one
     :class:`MonitorSetupWarning` at construction: their lag is measured, their rotation is not.
+    BatchNorm settings that break the running statistics (:func:`bnrotation.lint.lint_batchnorm`, kept in
+    :attr:`findings`) are named in one more.
 
     A call costs one forward pass in training mode with batch statistics (it gives the fresh statistics
     and the training-mode predictions at once), one in evaluation mode, and a pass over the paired
@@ -1030,6 +1032,10 @@ class StalenessMonitor:
                           "(their lag is measured, their rotation is not): "
                           + "; ".join(f"{p.norm}: {p.reason}" for p in self.pairing.unpaired)
                           + " (monitor.pairing; docs/pairing.md)", MonitorSetupWarning, stacklevel=2)
+        from .lint import findings_line, lint_batchnorm  # lint builds on find_pairs: imported here, not above
+        self.findings = lint_batchnorm(model, pairing=self.pairing)  # BatchNorm settings that break the statistics
+        if self.findings:
+            warnings.warn(findings_line(self.findings), MonitorSetupWarning, stacklevel=2)
         smallest = smallest_probe(thresholds.mode_gap)
         if modes and n < smallest:  # without the mode check no gap is measured
             warnings.warn(f"probe: one of its {n} samples moves the mode gap by {1 / n:.2%}, more than the "

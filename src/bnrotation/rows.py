@@ -134,6 +134,42 @@ SETS = {"resnet": Sweep(RESNET_ROWS, SEEDS),
                            ("full",))}
 
 
+# The frozen-backbone experiment (bnrotation.frozen; `make frozen`): pre-trained with SGD as the `sgd` row, then every
+# backbone parameter frozen and a new head fine-tuned on the task with noisier samples, in one of three BatchNorm
+# modes. Not rows of the table: their runs live under a root of their own (FROZEN_ROOT) with tables of their own.
+@dataclass(frozen=True)
+class FrozenRow:
+    """One BatchNorm mode of the frozen-backbone experiment."""
+
+    label: str
+    mode: str  # bn_train | norm_eval | reestimate (bnrotation.frozen.MODES)
+    colour: str
+
+
+FROZEN_ROWS: dict[str, FrozenRow] = {
+    "frozen_bn_train": FrozenRow("Frozen backbone, BatchNorm in training mode", "bn_train", "#d62728"),
+    "frozen_norm_eval": FrozenRow("Frozen backbone, BatchNorm in evaluation mode (norm_eval)", "norm_eval",
+                                  "#1f77b4"),
+    "frozen_reestimate": FrozenRow("Frozen backbone, statistics re-estimated on the new data", "reestimate",
+                                   "#2ca02c"),
+}
+FROZEN_MODES = tuple(r.mode for r in FROZEN_ROWS.values())
+FROZEN_SEEDS = SEEDS
+FROZEN_ROOT = "frozen"  # the committed runs: results/reference/frozen/runs/<row>/seed=<s>/
+
+
+def frozen_row(mode: str) -> str:
+    """The row name of a frozen-backbone BatchNorm mode (:data:`FROZEN_ROWS`).
+
+    Raises:
+        KeyError: for a mode no row has.
+    """
+    for name, spec in FROZEN_ROWS.items():
+        if spec.mode == mode:
+            return name
+    raise KeyError(f"no frozen-backbone row has mode {mode!r}; expected one of {', '.join(FROZEN_MODES)}")
+
+
 def network_label(arch: str) -> str:
     """The network ``arch`` (``model.arch``) names, in words (:data:`NETWORKS`); an unknown one as it is."""
     return NETWORKS.get(arch, arch)

@@ -18,10 +18,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from .. import article as A
-from ..rows import PUBLISHED_ROWS, ROWS
+from ..rows import FROZEN_ROOT, PUBLISHED_ROWS, ROWS
 from . import carryover, lag, metrics
-from .claim_kinds import (FAIL, NOT_RUN, Z, Above, Below, Check, MatchesPublished, Outcome, RankOrder, RecoveryShare,
-                          above, bespoke, matches, said, table_figure)
+from .claim_kinds import (FAIL, FROZEN, NOT_RUN, Z, Above, Below, Check, MatchesPublished, Outcome, RankOrder,
+                          RecoveryShare, above, bespoke, matches, said, table_figure)
 from .dense import DENSE_INTERVALS
 from .evidence import CONV_LAYERS, Evidence, middle_lag_at_failing
 from .results import Run, count
@@ -350,6 +350,29 @@ def adamw_between_adam_and_sgd(ev: Evidence) -> Outcome:
                    f"{how2}", ok1 and ok2)
 
 
+# ----------------------------------------------------------------------------- the frozen-backbone experiment
+# Beyond the article (bnrotation.frozen), fixed before its runs. The runs live under <root>/frozen/ (rows.FROZEN_ROOT)
+# and analysis/frozen.py reads them and states the test (frozen.judge): norm_eval's statistics exactly still (no
+# evaluation-mode pass writes a buffer: tolerance 0); bn_train's displacement from the pre-trained statistics at least
+# the monitor's lag threshold (0.1σ) after subtracting 2 standard errors over seeds; the original task's
+# evaluation-mode accuracy down by at least 1 point and by more than 2 standard errors over seeds (paired within each
+# run: same weights, same held-out set). claims.md lists it in a section of its own, after the ResNet-20 checks.
+@bespoke("Freezing a layer does not freeze its BatchNorm: with every backbone parameter frozen and BatchNorm left in "
+         "training mode while a new head is fine-tuned on noisier data, the running statistics follow the new data "
+         "though no weight moves, and evaluation-mode accuracy on the original task degrades; with BatchNorm in "
+         "evaluation mode (norm_eval) they stay the pre-trained ones.",
+         "beyond the article; pytorch/pytorch#86590, Lightning-AI/pytorch-lightning#15062, lightly-ai/lightly#1438",
+         section=FROZEN)
+def frozen_backbone_batchnorm_follows_new_data(ev: Evidence) -> Outcome:
+    from . import frozen  # here, so that the claim stays one entry
+
+    root = ev.root / FROZEN_ROOT
+    runs, problems = frozen.load_frozen_runs(root) if (root / "runs").is_dir() else ([], [])
+    verdict = frozen.judge(runs, problems)
+    where = f"Runs under `{root}` (`python -m bnrotation.analysis.frozen --results {root}`)."
+    return Outcome(verdict.measured, verdict.tolerance, verdict.passed, f"{where} {verdict.note}".strip())
+
+
 # ----------------------------------------------------------------------------- the registry
 CLAIMS = (
     RankOrder("rotation_orders_accuracy", "Sorted by rotation, evaluation-mode accuracy falls in order across the six "
@@ -403,6 +426,7 @@ CLAIMS = (
     adamw_between_adam_and_sgd,
     # Does it carry over? ResNet-20 (claims.md lists these under their own heading; analysis/carryover.py)
     *carryover.CHECKS,
+    frozen_backbone_batchnorm_follows_new_data,
 )
 
 # The article's table, cell by cell: every published cell against the measured row mean.

@@ -12,7 +12,7 @@ from .. import records
 from ..article import FAIL_BELOW
 from ..rows import PUBLISHED_SEEDS, row_order
 from . import metrics, theory
-from .claim_kinds import ALPHA, ARTICLE, FAIL, MEASURED, NOT_JUDGED, NOT_RUN, PASS, RESNET, Z, Check
+from .claim_kinds import ALPHA, ARTICLE, FAIL, FROZEN, MEASURED, NOT_JUDGED, NOT_RUN, PASS, RESNET, Z, Check
 from .evidence import Evidence
 from .findings import findings
 from .results import count, scale_note
@@ -74,6 +74,17 @@ def carryover_lines(checks: list[Check]) -> list[str]:
     return out
 
 
+def frozen_lines(checks: list[Check]) -> list[str]:
+    """The section "Beyond the article: a frozen backbone" (``checks``: the :data:`.claim_kinds.FROZEN` ones)."""
+    out = ["## Beyond the article: a frozen backbone\n",
+           "Convolutions frozen after pre-training, a new head fine-tuned on noisier data, BatchNorm in training mode, "
+           "in evaluation mode or re-estimated (`bnrotation.frozen`; its runs under `frozen/` beside these). The "
+           "tolerance was fixed before the runs.\n"]
+    for c in checks:
+        out += check_block(c)
+    return out
+
+
 def summary_line(checks: list[Check]) -> str:
     """``'**3 PASS, 1 FAIL, 2 NOT RUN**'``, with ``', 2 exploratory (MEASURED, no verdict)'`` when any are."""
     measured = sum(c.verdict == MEASURED for c in checks)
@@ -95,6 +106,7 @@ def to_markdown(ev: Evidence, checks: list[Check], cells: list[tuple[str, str, C
     carry over? ResNet-20") and ``cells`` ((row, column title, check) of the article's table) as weighed on
     ``ev``."""
     resnet = [c for c in checks if c.section == RESNET]
+    frozen = [c for c in checks if c.section == FROZEN]
     checks = [c for c in checks if c.section == ARTICLE]
     seeds = ev.per_run.groupby("row")["seed"].apply(seed_ranges)
     intervene_every = int(ev.runs[0].config["scale"]["intervene_every"])
@@ -129,6 +141,10 @@ def to_markdown(ev: Evidence, checks: list[Check], cells: list[tuple[str, str, C
         out += ["", f"Does it carry over? ResNet-20 (its own section, at the end): {summary_line(resnet)}.\n",
                 "| Check | Verdict | Measured |", "|---|---|---|"]
         out += [f"| {label(c)} | {c.verdict} | {md_cell(c.measured)} |" for c in resnet]
+    if frozen:
+        out += ["", f"Beyond the article: a frozen backbone (its own section, at the end): {summary_line(frozen)}.\n",
+                "| Check | Verdict | Measured |", "|---|---|---|"]
+        out += [f"| {label(c)} | {c.verdict} | {md_cell(c.measured)} |" for c in frozen]
     out += ["", "## Checks\n"]
     for c in checks:
         out += check_block(c)
@@ -150,4 +166,6 @@ def to_markdown(ev: Evidence, checks: list[Check], cells: list[tuple[str, str, C
             "## Findings on the article's open questions\n", *findings(ev)]
     if resnet:
         out += carryover_lines(resnet)
+    if frozen:
+        out += frozen_lines(frozen)
     return "\n".join(out) + "\n"

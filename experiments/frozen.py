@@ -1,0 +1,12 @@
+"""The frozen-backbone experiment (bnrotation.frozen): one run, or the resumable sweep of every mode and seed.
+
+    python experiments/frozen.py run mode=bn_train seed=0 [key=value ...]
+    python experiments/frozen.py sweep --jobs 2 results_root=results/reference/frozen
+"""
+
+import sys
+
+from bnrotation.frozen import main
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,355 @@
+"""The frozen-backbone experiment (bnrotation.frozen) and its claim (analysis/frozen.py, registry), at toy scale.
+
+Each test trains for a few steps on 8x8 images with a narrow network; the planted runs of the claim's tests are
+tables written by hand, not training.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+from torch.optim.swa_utils import update_bn
+
+from bnrotation import frozen, records
+from bnrotation.analysis import frozen as frozen_analysis
+from bnrotation.analysis.evidence import Evidence
+from bnrotation.analysis.registry import CLAIMS
+from bnrotation.bnstats import frozen_layers, reestimate, running_stat_layers
+from bnrotation.config import ConfigError
+from bnrotation.rows import FROZEN_ROOT, FROZEN_ROWS, frozen_row
+
+ROOT = Path(__file__).resolve().parents[1]
+TOY = ["task.image_size=8", "task.batch_size=16", "task.probe_size=32", "model.channels=[4,8,8]",
+       "pretrain.steps=3", "pretrain.reestimate_batches=2", "finetune.steps=4", "finetune.log_every=1",
+       "heldout_size=64", "reestimate_batches=3"]
+
+
+def toy(tmp: Path, *extra: str) -> frozen.FrozenConfig:
+    return frozen.load_config([*TOY, f"results_root={tmp}", *extra])
+
+
+# ----------------------------------------------------------------------------- config
+@pytest.mark.parametrize("override, key", [
+    ("mode=bn_eval", "mode"), ("shift.noise_std=1.0", "shift.noise_std"), ("shift.noise_std=-2", "shift.noise_std"),
+    ("finetune.log_every=500", "finetune.log_every"), ("pretrain.steps=0", "pretrain.steps"),
+    ("finetune.lr=-0.1", "finetune.lr"), ("model.norm=group", "model"), ("heldout_size=0", "heldout_size"),
+    ("finetune.stepz=3", "finetune.stepz"), ("seed=abc", "seed"), ("threads=-1", "threads"),
+])
+def test_a_bad_config_stops_with_one_line_naming_the_key(override, key):
+    with pytest.raises(ConfigError) as err:
+        frozen.load_config([override])
+    message = str(err.value)
+    assert "\n" not in message and message.startswith(key), message
+
+
+def test_the_command_line_refuses_bad_input_before_any_work(tmp_path, capsys):
+    assert frozen.main(["run", f"results_root={tmp_path}", "mode=nope"]) == 2
+    assert capsys.readouterr().err.startswith("error: mode: expected one of bn_train, norm_eval, reestimate")
+    assert frozen.main(["sweep", "seed=1"]) == 2
+    assert frozen.main(["fly"]) == 2
+    assert frozen.main(["run", "mode"]) == 2
+    assert not any(tmp_path.iterdir())  # nothing written
+
+
+def test_every_mode_has_its_row():
+    assert {frozen_row(m) for m in frozen.MODES} == set(FROZEN_ROWS)
+    with pytest.raises(KeyError):
+        frozen_row("bn_eval")
+
+
+# ----------------------------------------------------------------------------- the measurement
+def test_drift_in_sigma_per_100_steps_has_the_closed_form():
+    """Channel 0: its mean moves by 0.5 with σ = 2 (0.25σ); channel 1: σ goes from 1 to 3 (2σ), its mean stays.
+    Over 50 steps: (0.25 + 2) / 2 channels * 100 / 50 = 2.25σ per 100 steps. Exact in float64 (the powers of two
+    and 9 = 3² are exact)."""
+    before = (torch.tensor([1.0, 0.0]), torch.tensor([4.0, 1.0]))
+    now = (torch.tensor([1.5, 0.0]), torch.tensor([4.0, 9.0]))
+    mean_move, std_move = frozen.statistics_move(now, before)
+    assert mean_move.tolist() == [0.25, 0.0] and std_move.tolist() == [0.0, 2.0]
+    assert frozen.running_drift(now, before, 50) == 2.25
+    assert frozen.running_drift(now, before, 100) == 1.125  # the displacement itself
+    assert frozen.running_drift(before, before, 7) == 0.0
+    with pytest.raises(ValueError):
+        frozen.running_drift(now, before, 0)
+
+
+def test_the_shifted_task_has_the_original_templates_and_the_noise_it_names():
+    """Sample minus template part is noise of standard deviation noise_std: over 20,000 values per pixel of 8x8x3
+    images the sample standard deviation of the noise is within 3% of 3.0 (its relative standard error is
+    1/sqrt(2 * 20,000 * 192) < 0.2%)."""
+    cfg = frozen.load_config([*TOY, "shift.noise_std=3.0"])
+    data = frozen.task_data(cfg)
+    g = torch.Generator().manual_seed(0)
+    x, y = data.shifted.sample(20_000, g)
+    noise = x - cfg.task.template_scale * data.original.templates[y]
+    assert abs(float(noise.std()) / 3.0 - 1) < 0.03
+    assert torch.equal(data.shifted.templates, data.original.templates)
+
+
+# ----------------------------------------------------------------------------- the freeze
+def _step(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> None:
+    opt = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.1)
+    loss = torch.nn.functional.cross_entropy(model(x), y)
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+
+
+@pytest.mark.parametrize("mode", frozen.MODES)
+def test_the_fine_tuning_model_of_each_mode(mode):
+    """Built without training (for the lint): backbone frozen, a new head, BatchNorm as the mode says. Then a few
+    steps on the shifted task: no backbone parameter moves; the BatchNorm buffers move in bn_train only."""
+    cfg = frozen.load_config([*TOY, f"mode={mode}"])
+    model, original_head = frozen.finetune_model(cfg)
+    assert model.training
+    assert all(not p.requires_grad for p in frozen.backbone_parameters(model).values())
+    assert all(p.requires_grad for p in model.fc.parameters())
+    assert not torch.equal(model.fc.weight, original_head.weight)
+    bn = running_stat_layers(model)
+    assert [m.training for _, m in bn] == [mode == "bn_train"] * 3
+    assert [n for n, _ in frozen_layers(model)] == ([] if mode == "bn_train" else [n for n, _ in bn])
+    reference = {n: p.detach().clone() for n, p in frozen.backbone_parameters(model).items()}
+    buffers = [t.clone() for _, m in bn for t in (m.running_mean, m.running_var, m.num_batches_tracked)]
+    data = frozen.task_data(cfg)
+    g = torch.Generator().manual_seed(1)
+    for _ in range(3):
+        _step(model, *data.shifted.sample(16, g))
+    frozen.assert_backbone_unchanged(model, reference)
+    after = [t for _, m in bn for t in (m.running_mean, m.running_var, m.num_batches_tracked)]
+    unchanged = all(torch.equal(a, b) for a, b in zip(after, buffers))
+    assert unchanged == (mode != "bn_train")
+
+
+@pytest.mark.parametrize("mode", frozen.MODES)
+def test_the_lint_flags_the_common_mistake_and_only_it(mode):
+    """The lint (bnrotation.lint) on each mode's fine-tuning model: bn_train, a frozen backbone whose BatchNorm layers
+    still train, is flagged on every one of its BatchNorm layers, and by that rule alone; norm_eval and reestimate
+    (BatchNorm in evaluation mode) get no finding."""
+    from bnrotation.lint import lint_batchnorm
+
+    model, _ = frozen.finetune_model(frozen.load_config([*TOY, f"mode={mode}"]))
+    findings = lint_batchnorm(model)
+    expected = [n for n, _ in running_stat_layers(model)] if mode == "bn_train" else []
+    assert [f.layer for f in findings] == expected
+    assert {f.rule for f in findings} <= {"frozen-weights-training-bn"}
+
+
+def test_a_backbone_that_moves_is_caught():
+    """The failure case: one convolution weight nudged by 1e-6 must raise, naming it."""
+    model, _ = frozen.finetune_model(frozen.load_config(TOY))
+    reference = {n: p.detach().clone() for n, p in frozen.backbone_parameters(model).items()}
+    with torch.no_grad():
+        model.conv2.weight[0, 0, 0, 0] += 1e-6
+    with pytest.raises(RuntimeError, match="conv2.weight"):
+        frozen.assert_backbone_unchanged(model, reference)
+
+
+def test_reestimation_mode_matches_swa_utils_update_bn(tmp_path):
+    """The reestimate mode's statistics are the cumulative average over the shifted batches, as
+    torch.optim.swa_utils.update_bn computes it on a copy (no dropout: the same forward passes, the same order,
+    so equal to float32 rounding: rtol 1e-6 on values of order 1)."""
+    cfg = toy(tmp_path, "mode=reestimate")
+    data = frozen.task_data(cfg)
+    backbone, _ = frozen.pretrained_backbone(cfg, data)
+    model, _ = frozen.finetune_model(cfg, backbone)
+    oracle, _ = frozen.finetune_model(cfg, backbone)
+    report = reestimate(model, frozen.shifted_batches(cfg, data))
+    assert report.batches == cfg.reestimate_batches
+    update_bn(list(frozen.shifted_batches(cfg, data)), oracle)
+    for (name, m), (_, o) in zip(running_stat_layers(model), running_stat_layers(oracle)):
+        torch.testing.assert_close(m.running_mean, o.running_mean, rtol=1e-6, atol=1e-7, msg=name)
+        torch.testing.assert_close(m.running_var, o.running_var, rtol=1e-6, atol=1e-7, msg=name)
+    pre = dict(running_stat_layers(backbone))
+    assert not torch.equal(pre["bn1"].running_var, dict(running_stat_layers(model))["bn1"].running_var)
+    assert [m.training for _, m in running_stat_layers(model)] == [False] * 3  # held in evaluation mode after
+
+
+# ----------------------------------------------------------------------------- runs
+@pytest.fixture(scope="module")
+def toy_runs(tmp_path_factory):
+    """One toy run per mode, seed 0, into one root (pre-trained once, then cached)."""
+    root = tmp_path_factory.mktemp("frozen")
+    outs = {mode: frozen.run(toy(root, f"mode={mode}")) for mode in frozen.MODES}
+    return root, outs
+
+
+def test_a_run_writes_its_tables_and_done_last(toy_runs):
+    root, outs = toy_runs
+    for mode, out in outs.items():
+        assert out == records.run_dir(root, frozen_row(mode), 0)
+        names = {p.name for p in out.iterdir()}
+        assert names == {"config.yaml", "run.json", "accuracy.parquet", "statistics.parquet", "monitor.parquet", "DONE"}
+        assert max((p.stat().st_mtime_ns, p.name) for p in out.iterdir())[1] == "DONE"
+        info = json.loads((out / "run.json").read_text())
+        assert info["status"] == "done" and info["backbone_unchanged"] is True and info["mode"] == mode
+        assert info["trainable_parameters"] == ["fc.bias", "fc.weight"]
+    infos = [json.loads((o / "run.json").read_text())["pretrained"] for o in outs.values()]
+    assert [i["cached"] for i in infos] == [False, True, True]  # pre-trained once per seed
+
+
+def test_statistics_move_in_training_mode_and_stand_still_otherwise(toy_runs):
+    """bn_train: the buffers follow the noisier data (displacement > 0 after the first step); norm_eval: the
+    pre-trained statistics exactly, at every log point, so its original-task accuracy never changes; reestimate:
+    moved once at step 0 (the re-estimation), then still."""
+    root, outs = toy_runs
+    st = {m: pd.read_parquet(o / "statistics.parquet") for m, o in outs.items()}
+    acc = {m: pd.read_parquet(o / "accuracy.parquet") for m, o in outs.items()}
+    moving = st["bn_train"][st["bn_train"]["step"] > 0]
+    assert (moving["displacement_sigma"] > 0).all() and (moving["drift_sigma_per_100"] > 0).all()
+    assert (st["norm_eval"]["displacement_sigma"] == 0).all()
+    assert (st["norm_eval"]["drift_sigma_per_100"].dropna() == 0).all()
+    orig = acc["norm_eval"][acc["norm_eval"]["task"] == "original"]["acc_eval_mode"]
+    assert orig.nunique() == 1
+    re = st["reestimate"]
+    assert (re[re["step"] == 0]["displacement_sigma"] > 0).all()
+    assert (re["drift_sigma_per_100"].dropna() == 0).all()
+    # training-mode accuracy on the original task uses batch statistics only: the same in every mode and step
+    train_mode = pd.concat([a[a["task"] == "original"]["acc_train_mode"] for a in acc.values()])
+    assert train_mode.nunique() == 1
+    mon = pd.read_parquet(outs["bn_train"] / "monitor.parquet")
+    assert set(mon["probe"]) == {"shifted", "original"} and mon["stale"].dtype == bool
+
+
+def test_a_finished_run_is_skipped_and_another_config_refused(toy_runs):
+    root, outs = toy_runs
+    out = outs["norm_eval"]
+    stamp = {p.name: p.stat().st_mtime_ns for p in out.iterdir()}
+    assert frozen.run(toy(root, "mode=norm_eval")) is None
+    assert {p.name: p.stat().st_mtime_ns for p in out.iterdir()} == stamp
+    with pytest.raises(FileExistsError, match="another config"):
+        frozen.run(toy(root, "mode=norm_eval", "finetune.lr=0.01"))
+    # the sweep skips it too, in its own process
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+    done = subprocess.run([sys.executable, "-c", "import sys; from bnrotation.frozen import sweep; "
+                           f"sys.exit(sweep({[*TOY, f'results_root={root}']!r}, jobs=1, seeds=(0,), "
+                           "modes=('norm_eval',)))"], env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert "frozen_norm_eval seed=0 finished already, skipped" in done.stderr
+    assert {p.name: p.stat().st_mtime_ns for p in out.iterdir()} == stamp
+
+
+KILLER = """
+import os, signal, sys
+from bnrotation import frozen
+calls = []
+original = frozen._accuracy_lines
+def dying(*args, **kwargs):
+    calls.append(1)
+    if len(calls) == 3:
+        os.kill(os.getpid(), signal.SIGKILL)  # no clean-up of any kind
+    return original(*args, **kwargs)
+frozen._accuracy_lines = dying
+frozen.run(frozen.load_config(sys.argv[1:]))
+"""
+
+
+def test_a_killed_run_leaves_no_done_and_is_rerun(tmp_path):
+    overrides = [*TOY, f"results_root={tmp_path}", "mode=bn_train"]
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+    killed = subprocess.run([sys.executable, "-c", KILLER, *overrides], env=env, capture_output=True, timeout=300)
+    assert killed.returncode == -9
+    out = records.run_dir(tmp_path, "frozen_bn_train", 0)
+    assert (out / "config.yaml").exists() and not (out / "DONE").exists()
+    runs, problems = frozen_analysis.load_frozen_runs(tmp_path)
+    assert runs == [] and len(problems) == 1 and "no DONE" in problems[0]
+    assert frozen.run(frozen.load_config(overrides)) == out  # rerun from scratch, not skipped
+    assert (out / "DONE").exists()
+    assert len(frozen_analysis.load_frozen_runs(tmp_path)[0]) == 1
+
+
+# ----------------------------------------------------------------------------- the claim, on planted runs
+def _plant(root: Path, row: str, seed: int, *, displacement: float, acc_start: float, acc_end: float,
+           unchanged: bool = True) -> None:
+    """A finished run folder with two log points (steps 0 and 100) whose end figures are the given ones."""
+    out = records.run_dir(root, row, seed)
+    out.mkdir(parents=True)
+    layers = ("bn1", "bn2", "bn3")
+    st = pd.DataFrame({"step": [0] * 3 + [100] * 3, "norm_layer": layers * 2,
+                       "drift_sigma_per_100": [math.nan] * 3 + [displacement] * 3,
+                       "displacement_sigma": [0.0] * 3 + [displacement] * 3,
+                       "mean_displacement_sigma": [0.0] * 6, "std_displacement_sigma": [0.0] * 3 + [displacement] * 3})
+    acc = pd.DataFrame({"step": [0, 0, 100, 100], "task": ["original", "shifted"] * 2,
+                        "acc_eval_mode": [acc_start, 0.1, acc_end, 0.8], "acc_train_mode": [1.0, 0.1, 1.0, 0.8],
+                        "loss": [math.nan, math.nan, 0.5, 0.5]})
+    mon = pd.DataFrame({"step": [0, 0, 100, 100], "probe": ["shifted", "original"] * 2, "stale": [False] * 4,
+                        "mode_gap": [0.0, 0.0, 0.0, 0.2],
+                        "norm_layer": ["bn1"] * 4, "lag_median_abs_sigma": [0.0, 0.0, 0.01, 0.02]})
+    for name, frame in (("statistics", st), ("accuracy", acc), ("monitor", mon)):
+        records.write_table(frame.assign(row=row, seed=np.int64(seed)), out / f"{name}.parquet", name)
+    records.write_json(out / "run.json", {"row": row, "seed": seed, "mode": FROZEN_ROWS[row].mode,
+                                          "backbone_unchanged": unchanged, "pretrained": {"acc_eval_mode": 1.0}})
+    records.mark_done(out)
+
+
+def _planted(root: Path, **change) -> Path:
+    """Three seeds of bn_train (displacement about 0.8σ, the original task from 100% to about 80%) and of
+    norm_eval (still): the claim holds, unless ``change`` plants a failure."""
+    for seed, (d, drop) in enumerate(((0.8, 0.20), (0.7, 0.25), (0.9, 0.15))):
+        _plant(root, "frozen_bn_train", seed, displacement=change.get("displacement", d),
+               acc_start=1.0, acc_end=1.0 - change.get("drop", drop))
+        _plant(root, "frozen_norm_eval", seed, displacement=change.get("still", 0.0), acc_start=1.0,
+               acc_end=1.0 - change.get("still_drop", 0.0), unchanged=change.get("unchanged", True))
+    return root
+
+
+def _claim(root: Path):
+    claim = next(c for c in CLAIMS if c.name == "frozen_backbone_batchnorm_follows_new_data")
+    return claim.check(Evidence(root, [], pd.DataFrame({"row": [], "seed": []})))
+
+
+def test_the_claim_passes_on_runs_that_show_it(tmp_path):
+    _planted(tmp_path / FROZEN_ROOT)
+    check = _claim(tmp_path)
+    assert check.verdict == "PASS", check
+    assert "displacement 0.8σ" in check.measured
+
+
+@pytest.mark.parametrize("change, reason", [
+    ({"still": 1e-9}, "norm_eval statistics moved"),
+    ({"still_drop": 0.0005}, "norm_eval statistics moved"),
+    ({"displacement": 0.05}, "did not move enough"),  # below the monitor's 0.1σ
+    ({"drop": 0.005}, "did not degrade enough"),  # half a point
+    ({"unchanged": False}, "a backbone moved"),
+])
+def test_the_claim_fails_on_planted_runs_that_contradict_it(tmp_path, change, reason):
+    _planted(tmp_path / FROZEN_ROOT, **change)
+    check = _claim(tmp_path)
+    assert check.verdict == "FAIL" and reason in check.note, check
+
+
+def test_the_claim_fails_when_the_drop_is_within_its_seed_spread(tmp_path):
+    """Drops of +9, -3 and +0.5 points: mean 2.2 points ≥ 1, but its standard error (3.6 points) is larger."""
+    root = tmp_path / FROZEN_ROOT
+    for seed, drop in enumerate((0.09, -0.03, 0.005)):
+        _plant(root, "frozen_bn_train", seed, displacement=0.8, acc_start=0.9, acc_end=0.9 - drop)
+        _plant(root, "frozen_norm_eval", seed, displacement=0.0, acc_start=1.0, acc_end=1.0)
+    assert _claim(tmp_path).verdict == "FAIL"
+
+
+def test_the_claim_is_not_run_without_its_runs_and_names_a_refused_one(tmp_path):
+    assert _claim(tmp_path).verdict == "NOT RUN"
+    root = _planted(tmp_path / FROZEN_ROOT)
+    (records.run_dir(root, "frozen_bn_train", 2) / "DONE").unlink()
+    check = _claim(tmp_path)
+    assert check.verdict == "PASS" and "seed=2: no DONE" in check.note  # two seeds still judge; the third is named
+    for seed in (0, 1):
+        (records.run_dir(root, "frozen_bn_train", seed) / "DONE").unlink()
+    assert _claim(tmp_path).verdict == "NOT RUN"
+
+
+def test_the_docs_table_comes_from_the_runs(tmp_path, capsys):
+    root = _planted(tmp_path / FROZEN_ROOT)
+    assert frozen_analysis.main(["--results", str(root)]) == 0
+    text = (root / "frozen.md").read_text()
+    assert "| displacement at the end | 0.8σ ± 0.1σ (n = 3) | 0σ ± 0σ (n = 3) |" in text
+    assert "**PASS**" in text
+    assert frozen_analysis.main(["--results", str(tmp_path / "nowhere")]) == 2
