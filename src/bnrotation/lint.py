@@ -112,8 +112,8 @@ def _frozen_findings(model: nn.Module, pairing: Pairing) -> list[Finding]:
     modules = dict(model.named_modules())
     found = []
     for pair in pairing.pairs:
-        norm, weight = modules[pair.norm], modules[pair.weight]
-        params = [*norm.parameters(), *weight.parameters()]
+        norm = modules[pair.norm]  # after a concatenation, every segment's weight layer (NormPair.weights)
+        params = [*norm.parameters(), *(p for w in pair.weights for p in modules[w].parameters())]
         moving = isinstance(norm, _BatchNorm) and norm.track_running_stats and norm.training
         if not moving or not params or any(p.requires_grad for p in params):
             continue

@@ -489,7 +489,9 @@ def _fx_placements(model: nn.Module, norms: dict[str, nn.Module], x) -> tuple[di
         if op in CAT_OPS and isinstance(first, (list, tuple)) and first:
             shapes, dim = [shape(n) for n in first], _cat_dim(src.args, src.kwargs)
             if out is None or any(s is None for s in shapes) or not isinstance(dim, int):
-                raise LookupError(src.name)
+                if x is None:  # no probe, no shapes: a concatenation is not followed, as without this rule
+                    return _Placement.nothing("cat")
+                raise LookupError(src.name)  # the graph did not run: placed by execution order
             dim %= len(out)
             return _concatenated([flow(n) for n in first], [s[dim] for s in shapes], dim)
         if op not in SEE_THROUGH_OPS or not isinstance(first, torch.fx.Node):
@@ -614,7 +616,8 @@ def find_pairs(model: nn.Module, x=None, running_statistics_only: bool = True) -
     Args:
         x: probe inputs (N >= 2, ...), a tensor or, for a model that takes a mapping, the mapping; two samples
             give the fx graph its shapes and run the execution-order pass. Without it, a model that traces is
-            paired on the graph alone, where only reshapes and permutes need shapes.
+            paired on the graph alone, where only reshapes and permutes need shapes, and a concatenation, whose
+            segments need them, leaves its norm layers unpaired.
         running_statistics_only: only BatchNorm layers that keep running statistics (the monitor's
             default); else every BatchNorm, GroupNorm, LayerNorm and InstanceNorm layer.
 
