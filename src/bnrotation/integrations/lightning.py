@@ -55,6 +55,11 @@ class StalenessCallback(SessionView, pl.Callback):
     call that every rank must make), and only global rank 0 (``trainer.is_global_zero``) logs and writes
     ``save_dir``; each rank keeps its own records.
 
+    Resuming: the monitor's state (its last call's step, the paired weights then, the fresh means) is saved in
+    every checkpoint through the ``state_dict`` / ``load_state_dict`` hooks, so ``fit(ckpt_path=...)``
+    measures its next rotation against the last call before the checkpoint and does not measure that call's
+    step again (``docs/integrations.md``, "Resuming").
+
     Which model it measures: the raw training model, ``pl_module`` (or its submodule ``model``), never a
     DDP wrapper. Lightning's ``WeightAveraging`` (and ``EMAWeightAveraging``) keeps its average in an
     ``AveragedModel`` and swaps it into ``pl_module`` only from ``on_validation_epoch_start`` to

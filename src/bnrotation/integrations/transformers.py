@@ -89,6 +89,11 @@ class StalenessCallback(SessionView, transformers.TrainerCallback):
     own copy of the model, in step with the others, and only the main process
     (``state.is_world_process_zero``) logs and writes ``save_dir``; each keeps its own records.
 
+    Resuming: at ``on_save`` the monitor's state is written into the checkpoint folder just saved
+    (:data:`STATE_FILE`), and a run resumed from that checkpoint reads it at ``on_train_begin``, so its next
+    rotation is measured against the last call before the checkpoint and that call's step is not measured
+    again; without the file a resumed run starts a fresh monitor (``docs/integrations.md``, "Resuming").
+
     Which model it measures: the raw training model the Trainer passes to its callbacks (``model``, not
     the DDP wrapper), through :class:`ModelLogits`. ``transformers`` has no weight-averaging callback of
     its own; an average kept elsewhere is not measured.
