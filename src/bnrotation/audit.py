@@ -296,20 +296,19 @@ class AuditReport:
 
     @property
     def mode_gap(self) -> float:
-        """The copy's training- minus evaluation-mode accuracy on the probe (without labels, the share of changed
-        predictions), a fraction."""
-        return float(self.copy.checks["mode_gap"].iloc[0])
+        """The copy's mode gap on the probe, a fraction (:attr:`monitor.MonitorRecord.mode_gap`)."""
+        return self.copy.mode_gap
 
     @property
     def acc_eval_mode(self) -> float:
         """The copy's evaluation-mode accuracy on the probe, a fraction; NaN without labels."""
-        return float(self.copy.checks["acc_eval_mode"].iloc[0])
+        return self.copy.acc_eval_mode
 
     @property
     def lag_sigma(self) -> float:
         """The copy's worst layer's median |running-mean lag| against its own weights, in σ (the lag the rule
         reads)."""
-        return float(self.copy.layers["lag_median_abs_sigma"].max())
+        return self.copy.worst_median_lag_sigma
 
     @property
     def judged(self) -> bool:

@@ -379,7 +379,8 @@ class GatedReestimation:
             lag threshold).
         layers: the layers re-estimated (empty when the rule did not fire).
         before, after: the monitor's records (:class:`monitor.MonitorRecord`) on the probe before and after the
-            re-estimation, at steps 0 and 1; ``after`` is ``before`` when nothing was re-estimated.
+            re-estimation, at steps 0 and 1; ``after`` is ``before`` when nothing was re-estimated. Their
+            ``mode_gap``, ``acc_eval_mode`` (with labels) and ``worst_median_lag_sigma`` are the rule's inputs.
         report: the :class:`ReestimationReport`, None when nothing was re-estimated.
         saved: the buffers as they were before (:class:`SavedBuffers`); :meth:`restore` puts them back.
 
@@ -406,40 +407,13 @@ class GatedReestimation:
         return False
 
     @property
-    def mode_gap_before(self) -> float:
-        """Training- minus evaluation-mode accuracy on the probe (the share of changed predictions without labels),
-        a fraction, before."""
-        return float(self.before.checks["mode_gap"].iloc[0])
-
-    @property
-    def mode_gap_after(self) -> float:
-        return float(self.after.checks["mode_gap"].iloc[0])
-
-    @property
-    def acc_eval_mode_before(self) -> float:
-        """Evaluation-mode accuracy on the probe, a fraction; NaN without labels."""
-        return float(self.before.checks["acc_eval_mode"].iloc[0])
-
-    @property
-    def acc_eval_mode_after(self) -> float:
-        return float(self.after.checks["acc_eval_mode"].iloc[0])
-
-    @property
-    def lag_sigma_before(self) -> float:
-        """The worst layer's median |running-mean lag| in σ (the lag the rule reads), before."""
-        return float(self.before.layers["lag_median_abs_sigma"].max())
-
-    @property
-    def lag_sigma_after(self) -> float:
-        return float(self.after.layers["lag_median_abs_sigma"].max())
-
-    @property
     def helped(self) -> bool:
         """Re-estimated, and the worst median |lag| fell while the mode gap did not grow (nor, with labels, the
         evaluation-mode accuracy fall)."""
-        acc_kept = not self.acc_eval_mode_after < self.acc_eval_mode_before  # NaN (no labels) keeps it
-        return bool(self.fired and self.lag_sigma_after < self.lag_sigma_before
-                    and self.mode_gap_after <= self.mode_gap_before and acc_kept)
+        b, a = self.before, self.after
+        acc_kept = not a.acc_eval_mode < b.acc_eval_mode  # NaN (no labels) keeps it
+        return bool(self.fired and a.worst_median_lag_sigma < b.worst_median_lag_sigma
+                    and a.mode_gap <= b.mode_gap and acc_kept)
 
     def lags(self) -> pd.DataFrame:
         """One line per BatchNorm layer: ``norm_layer``, ``reestimated``, and ``lag_median_abs_sigma_before``,
@@ -453,14 +427,14 @@ class GatedReestimation:
     def summary(self) -> str:
         """One line: whether the rule fired, what was re-estimated, and the mode gap, lag and accuracy before and
         after."""
-        acc = (f", eval-mode accuracy {self.acc_eval_mode_before:.1%} -> {self.acc_eval_mode_after:.1%}"
-               if not math.isnan(self.acc_eval_mode_before) else "")
+        b, a = self.before, self.after
+        acc = (f", eval-mode accuracy {b.acc_eval_mode:.1%} -> {a.acc_eval_mode:.1%}"
+               if not math.isnan(b.acc_eval_mode) else "")
         if not self.fired:
-            return (f"not stale (mode gap {self.mode_gap_before:.3f}, worst median lag {self.lag_sigma_before:.3f}σ"
+            return (f"not stale (mode gap {b.mode_gap:.3f}, worst median lag {b.worst_median_lag_sigma:.3f}σ"
                     f"{acc}): nothing re-estimated")
-        return (f"stale: re-estimated {len(self.layers)} layer(s); mode gap {self.mode_gap_before:.3f} -> "
-                f"{self.mode_gap_after:.3f}, worst median lag {self.lag_sigma_before:.3f}σ -> "
-                f"{self.lag_sigma_after:.3f}σ{acc}")
+        return (f"stale: re-estimated {len(self.layers)} layer(s); mode gap {b.mode_gap:.3f} -> {a.mode_gap:.3f}, "
+                f"worst median lag {b.worst_median_lag_sigma:.3f}σ -> {a.worst_median_lag_sigma:.3f}σ{acc}")
 
 
 GATE_SCOPES = ("model", "layers")
