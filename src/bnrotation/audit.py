@@ -46,6 +46,9 @@ import torch.nn as nn
 
 from .averaging import BufferProvenance, EMA, compare_states
 from .bnstats import running_stat_layers
+from .check import CheckInputError, load_batches, load_weights, model_from_factory, parse_model_kwargs
+from .check import _one_line as one_line  # the check's one-line error messages
+from .checkpoints import BadCheckpointError, UnsafeCheckpointError, load_checkpoint, state_dict_of
 from .monitor import MonitorRecord, StalenessMonitor, Thresholds, uncompiled
 
 __all__ = ["BUFFER_POLICIES", "AveragedCopy", "AuditReport", "audit_averaged", "unwrap_averaged", "format_audit",
@@ -139,8 +142,6 @@ def unwrap_averaged(averaged, model: nn.Module | None = None,
     elif isinstance(averaged, Mapping):
         if model is None:
             raise ValueError("averaged: a state dict needs model= (the architecture to load it into)")
-        from .check import load_weights  # the check's loader: checkpoint entries, prefixes, one-line errors
-
         contents = averaged
         updates = None
         if isinstance(averaged.get("averaging_state"), Mapping):  # Lightning's WeightAveraging checkpoint
@@ -148,11 +149,7 @@ def unwrap_averaged(averaged, model: nn.Module | None = None,
             contents = averaged["state_dict"]
         elif all(isinstance(v, torch.Tensor) for v in averaged.values()):
             contents, updates = _strip_averaged_model_keys(averaged)
-        module = copy.deepcopy(model)
-        try:
-            kind = load_weights(module, contents)
-        except ValueError as err:
-            raise ValueError(f"averaged: {str(err).removeprefix('--weights: ').removeprefix('--weights')}") from None
+        module, kind = _loaded(model, contents, "averaged")
         out = AveragedCopy(module, f"a state dict ({kind})", updates=updates)
     else:
         raise TypeError(f"averaged: expected an AveragedModel, a timm ModelEmaV2/V3, a Lightning WeightAveraging "
@@ -180,14 +177,19 @@ def _raw_module(raw, template: nn.Module, averaged) -> nn.Module:
         raise TypeError(f"raw: expected an nn.Module or a state dict, got {type(raw).__name__}")
     if isinstance(raw.get("current_model_state"), Mapping):  # a WeightAveraging checkpoint: its raw model
         raw = raw["current_model_state"]
-    from .check import load_weights
+    return _loaded(template, raw, "raw")[0]
 
+
+def _loaded(template: nn.Module, contents: Mapping, argument: str) -> tuple[nn.Module, str]:
+    """A copy of ``template`` holding ``contents`` and what they were (:func:`check.load_weights`: checkpoint
+    entries, wrapper prefixes, one-line errors), its errors naming ``argument`` where the check names
+    ``--weights``."""
     module = copy.deepcopy(template)
     try:
-        load_weights(module, raw)
+        kind = load_weights(module, contents)
     except ValueError as err:
-        raise ValueError(f"raw: {str(err).removeprefix('--weights: ').removeprefix('--weights')}") from None
-    return module
+        raise ValueError(f"{argument}: {str(err).removeprefix('--weights').lstrip(': ')}") from None
+    return module, kind
 
 
 # ----------------------------------------------------------------------------- the evidence, layer by layer
@@ -451,9 +453,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def _read(path: str, key: str | None, argument: str):
-    from .check import CheckInputError
-    from .checkpoints import BadCheckpointError, UnsafeCheckpointError, load_checkpoint, state_dict_of
-
     try:
         contents = load_checkpoint(path, map_location="cpu")
         if key is not None:
@@ -466,8 +465,6 @@ def _read(path: str, key: str | None, argument: str):
 def main(argv: list[str] | None = None) -> int:
     """Print the audit; exit 0 when one policy was named, 1 when the buffers do not tell (``undetermined`` or
     ``mixed``), 2 on bad input (one line on stderr, before any measurement)."""
-    from .check import CheckInputError, _one_line, load_batches, model_from_factory, parse_model_kwargs
-
     args = parse_args(argv)
     try:
         try:
@@ -488,7 +485,7 @@ def main(argv: list[str] | None = None) -> int:
         except (ValueError, TypeError) as err:
             raise CheckInputError(str(err)) from None
     except CheckInputError as err:
-        print(f"error: {_one_line(str(err))}", file=sys.stderr)
+        print(f"error: {one_line(str(err))}", file=sys.stderr)
         return 2
     print(format_audit(report), end="")
     return 0 if report.judged else 1
