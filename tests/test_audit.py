@@ -19,7 +19,7 @@ from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
 from bnrotation import audit as audit_module
 from bnrotation.audit import audit_averaged, format_audit, unwrap_averaged
 from bnrotation.averaging import EMA, average_checkpoints
-from bnrotation.monitor import StalenessMonitor, Thresholds
+from bnrotation.monitor import StalenessMonitor
 
 torch.set_num_threads(1)
 NORMS = ["1", "4"]  # the BatchNorm layers of _net
