@@ -150,7 +150,7 @@ def unwrap_averaged(averaged, model: nn.Module | None = None,
         elif all(isinstance(v, torch.Tensor) for v in averaged.values()):
             contents, updates = _strip_averaged_model_keys(averaged)
         module, kind = _loaded(model, contents, "averaged")
-        out = AveragedCopy(module, f"a state dict ({kind})", updates=updates)
+        out = AveragedCopy(module, kind, updates=updates)
     else:
         raise TypeError(f"averaged: expected an AveragedModel, a timm ModelEmaV2/V3, a Lightning WeightAveraging "
                         f"callback, a bnrotation EMA, an nn.Module or a state dict; got {type(averaged).__name__}")
@@ -407,13 +407,15 @@ def audit_averaged(raw, averaged, probe, *, model: nn.Module | None = None,
                        rec_copy, rec_raw, thresholds)
 
 
-def format_audit(report: AuditReport) -> str:
-    """The printed audit: the policy and its evidence, one line per layer, the copy's mode gap and lag, the
-    verdict."""
+def format_audit(report: AuditReport, averaged: str = "", raw: str = "") -> str:
+    """The printed audit (``averaged``, ``raw``: how to name them): the policy and its evidence, one line per layer,
+    the copy's mode gap and lag, the verdict."""
     r, t = report, report.thresholds
     what = r.policy + (f" (candidates: {', '.join(r.candidates)})" if r.candidates else "")
     what += f", since count {r.since_count}" if r.since_count is not None else ""
-    out = [f"Audited {r.source}" + (f", {r.updates} averaging updates" if r.updates is not None else "") + ".",
+    named = f"{averaged}: {r.source}" if averaged else r.source
+    out = [f"Audited {named}" + (f" against {raw}" if raw else "")
+           + (f", {r.updates} averaging updates" if r.updates is not None else "") + ".",
            f"Buffer policy: {what}: {r.reason}.", "",
            "| norm layer | policy | count raw | count copy | copy's median abs lag (σ) | raw's (σ) |",
            "|---|---|---:|---:|---:|---:|"]
@@ -487,7 +489,10 @@ def main(argv: list[str] | None = None) -> int:
     except CheckInputError as err:
         print(f"error: {one_line(str(err))}", file=sys.stderr)
         return 2
-    print(format_audit(report), end="")
+    def named(path: str, key: str | None) -> str:
+        return f"{path} (entry {key!r})" if key else path
+
+    print(format_audit(report, named(args.averaged, args.averaged_key), named(args.raw, args.raw_key)), end="")
     return 0 if report.judged else 1
 
 
