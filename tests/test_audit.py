@@ -279,6 +279,23 @@ def test_the_suites_checkpoint_average_policies_are_named_from_the_buffers(polic
     assert a.policy == expected, a.reason
 
 
+@pytest.mark.parametrize("policy, alone, declared", [("copy", "undetermined", "never updated"),
+                                                     ("average", "undetermined", "averaged"),
+                                                     ("mixture", "undetermined", "averaged")])
+def test_a_checkpoint_average_against_a_raw_model_that_trained_past_its_newest_constituent(policy, alone, declared):
+    """The raw model trains 3 steps past the newest snapshot (count 30): every policy holds count 30, which alone
+    could be a frozen copy, an average of counts or a re-estimation; the suite's provenance settles it: ``copy``
+    holds that snapshot's buffers, not updated since count 30; ``average`` and ``mixture`` averaged them."""
+    raw, _, snapshots = _suite_run()
+    _train(raw, 3)
+    held, provenance = average_checkpoints(_net(), snapshots, policy=policy)
+    a = audit_averaged(raw, held, _probe())
+    b = audit_averaged(raw, held, _probe(), provenance=provenance)
+    assert (a.policy, b.policy) == (alone, declared), (a.reason, b.reason)
+    assert (a.layers["count_copy"] == 30).all() and (a.layers["count_raw"] == 33).all()
+    assert b.since_count == (30 if declared == "never updated" else None)
+
+
 def test_the_two_state_dicts_of_an_averaged_model_file():
     """``AveragedModel.state_dict()`` (``n_averaged`` and ``module.`` keys) and the raw state dict, as saved."""
     raw = _net()

@@ -72,15 +72,17 @@ class AveragedCopy:
             None when nothing says (a plain module or state dict).
         updates: how many averaging updates the wrapper made (``AveragedModel.n_averaged``, ``EMA.updates``),
             None when unknown.
-        counts_averaged: whether the wrapper averages ``num_batches_tracked`` too (then it trails the raw
-            model's count without saying the buffers are frozen).
+        count_may_trail: whether the copy's ``num_batches_tracked`` trails the raw model's without its buffers
+            being frozen: the wrapper averages the count too, or (the suite's checkpoint averages) takes it from
+            the newest constituent, which the raw model has trained past. Otherwise a count behind the raw
+            model's means no update since.
     """
 
     module: nn.Module
     source: str
     declared: str | None = None
     updates: int | None = None
-    counts_averaged: bool = False
+    count_may_trail: bool = False
 
 
 def _class_names(obj) -> set[str]:
@@ -119,22 +121,22 @@ def unwrap_averaged(averaged, model: nn.Module | None = None,
     if isinstance(averaged, torch.optim.swa_utils.AveragedModel):
         policy = "averaged" if averaged.use_buffers else "copied"
         out = AveragedCopy(averaged.module, f"torch AveragedModel(use_buffers={averaged.use_buffers})", policy,
-                           int(averaged.n_averaged), counts_averaged=averaged.use_buffers)
+                           int(averaged.n_averaged), count_may_trail=averaged.use_buffers)
     elif "WeightAveraging" in names and hasattr(averaged, "_average_model"):
         if averaged._average_model is None:
             raise ValueError("averaged: the Lightning WeightAveraging callback holds no averaged model yet (it makes "
                              "one when fit starts)")
         inner = unwrap_averaged(averaged._average_model)
         out = AveragedCopy(inner.module, f"Lightning {type(averaged).__name__} ({inner.source})", inner.declared,
-                           inner.updates, inner.counts_averaged)
+                           inner.updates, inner.count_may_trail)
     elif "ModelEmaV3" in names:
         excluded = bool(getattr(averaged, "exclude_buffers", False))
         out = AveragedCopy(averaged.module, f"timm ModelEmaV3(exclude_buffers={excluded})",
                            "copied" if excluded else "averaged")
     elif "ModelEmaV2" in names:
-        out = AveragedCopy(averaged.module, "timm ModelEmaV2", "averaged", counts_averaged=True)
+        out = AveragedCopy(averaged.module, "timm ModelEmaV2", "averaged", count_may_trail=True)
     elif "ModelEma" in names and isinstance(getattr(averaged, "ema", None), nn.Module):
-        out = AveragedCopy(averaged.ema, "timm ModelEma", "averaged", counts_averaged=True)
+        out = AveragedCopy(averaged.ema, "timm ModelEma", "averaged", count_may_trail=True)
     elif isinstance(averaged, EMA):
         out = AveragedCopy(averaged.module, f"bnrotation EMA(decay={averaged.decay})", "averaged", averaged.updates)
     elif isinstance(averaged, nn.Module):
@@ -154,8 +156,9 @@ def unwrap_averaged(averaged, model: nn.Module | None = None,
     else:
         raise TypeError(f"averaged: expected an AveragedModel, a timm ModelEmaV2/V3, a Lightning WeightAveraging "
                         f"callback, a bnrotation EMA, an nn.Module or a state dict; got {type(averaged).__name__}")
-    if provenance is not None:
+    if provenance is not None:  # what the suite did, in its words: it wins over what the buffers alone suggest
         out.declared = _SUITE_POLICY.get(provenance.policy, out.declared)
+        out.count_may_trail = out.count_may_trail or provenance.policy in ("average", "mixture")
         out.source += f"; provenance: {provenance.source}"
     return out
 
@@ -233,7 +236,7 @@ def _layer_evidence(raw: nn.Module, avg: nn.Module) -> tuple[str, tuple[str, ...
 
 
 def _resolve(observed: str, candidates: tuple[str, ...], declared: str | None,
-             counts_averaged: bool) -> tuple[str, str]:
+             count_may_trail: bool) -> tuple[str, str]:
     """The layer's policy once the wrapper's declaration is read, and what that adds to the reason."""
     if declared is None or observed in ("copied", "never updated"):
         if observed == "copied" and declared not in (None, "copied"):
@@ -244,11 +247,11 @@ def _resolve(observed: str, candidates: tuple[str, ...], declared: str | None,
             return "never updated", ("; the wrapper copies the buffers at each update: they were not updated since "
                                      "its last one")
         return "undetermined", "; the wrapper declares 'copied', yet they differ from the raw model's"
-    if declared == "averaged" and not counts_averaged and "never updated" in candidates:
+    if declared == "averaged" and not count_may_trail and "never updated" in candidates:
         return "never updated", ("; the wrapper copies num_batches_tracked at each update: it has made none since "
                                  "that count")
-    if declared == "averaged" and (observed == "averaged" or (counts_averaged and "averaged" in candidates)):
-        return "averaged", "; the wrapper averages the buffers" + (" and their counts" if counts_averaged else "")
+    if declared == "averaged" and (observed == "averaged" or (count_may_trail and "averaged" in candidates)):
+        return "averaged", "; the wrapper averages the buffers" + (", its count trails" if count_may_trail else "")
     if declared == "re-estimated":
         return "re-estimated", "; the provenance records a re-estimation on these weights"
     return "undetermined", f"; the wrapper declares {declared!r}, which the buffers do not show"
@@ -380,7 +383,7 @@ def audit_averaged(raw, averaged, probe, *, model: nn.Module | None = None,
     for name, m in avg_layers:
         r = raw_layers[name]
         observed, cands, why = _layer_evidence(r, m)
-        policy, more = _resolve(observed, cands, held.declared, held.counts_averaged)
+        policy, more = _resolve(observed, cands, held.declared, held.count_may_trail)
         policies.append(policy)
         candidates.append(cands if policy == "undetermined" else ())
         reasons.append(why + more)
