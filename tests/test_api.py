@@ -26,7 +26,8 @@ def _loaded_after(code: str) -> dict[str, bool]:
 def test_every_public_name_imports_from_the_package_and_is_its_modules():
     assert set(bnrotation.__all__) >= {"StalenessMonitor", "Thresholds", "MonitorRecord", "find_pairs",
                                        "StaleStatisticsWarning", "reestimate", "check_checkpoint", "EMA",
-                                       "average_checkpoints"}
+                                       "average_checkpoints", "reestimate_if_stale", "GatedReestimation",
+                                       "SavedBuffers", "audit_averaged", "AuditReport", "BUFFER_POLICIES"}
     assert set(bnrotation.__all__) >= {"lint_batchnorm", "Finding", "ranks_agree", "RankAgreement"}
     for module, names in bnrotation._PUBLIC.items():
         mod = importlib.import_module(f"bnrotation.{module}")
@@ -50,7 +51,8 @@ def test_the_monitor_and_reestimation_need_none_of_the_suites_stack():
     """Beyond what torch, numpy and pandas load themselves (pandas 3 imports pyarrow when it is installed)."""
     baseline = _loaded_after("import torch, numpy, pandas")
     loaded = _loaded_after("from bnrotation import StalenessMonitor, Thresholds, MonitorRecord, find_pairs, "
-                           "StaleStatisticsWarning, reestimate, lint_batchnorm, ranks_agree")
+                           "StaleStatisticsWarning, reestimate, reestimate_if_stale, audit_averaged, "
+                           "lint_batchnorm, ranks_agree")
     assert loaded["torch"]
     assert not [m for m in STACK if loaded[m] and not baseline[m]], loaded
 
@@ -68,5 +70,5 @@ def test_every_all_lists_only_names_that_exist(name):
 
 
 def test_the_public_modules_declare_all():
-    for name in ("bnrotation", "bnrotation.averaging"):
+    for name in ("bnrotation", "bnrotation.averaging", "bnrotation.audit", "bnrotation.bnstats"):
         assert importlib.import_module(name).__all__, name

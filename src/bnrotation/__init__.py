@@ -7,7 +7,8 @@ The public API, importable from the package itself::
 - the staleness monitor (:mod:`bnrotation.monitor`): :class:`StalenessMonitor`, :class:`Thresholds`,
   :class:`MonitorRecord`, :func:`find_pairs`, :class:`StaleStatisticsWarning`;
 - re-estimation of the running statistics (:mod:`bnrotation.bnstats`): :func:`reestimate`,
-  :class:`ReestimationReport`;
+  :class:`ReestimationReport`, and only when the monitor finds them stale, :func:`reestimate_if_stale`,
+  :class:`GatedReestimation`, with :class:`SavedBuffers` to put the previous ones back;
 - the check of a saved checkpoint (:mod:`bnrotation.check`): :func:`check_checkpoint`, :class:`CheckReport`;
 - weight averaging with a declared BatchNorm buffer policy (:mod:`bnrotation.averaging`): :class:`EMA`,
   :func:`average_checkpoints`, :func:`validate_inference_state`, :func:`compare_states`,
@@ -15,6 +16,8 @@ The public API, importable from the package itself::
 - the BatchNorm settings lint (:mod:`bnrotation.lint`): :func:`lint_batchnorm`, :class:`Finding`;
 - the agreement of running statistics across ``torch.distributed`` ranks (:mod:`bnrotation.distributed`):
   :func:`ranks_agree`, :class:`RankAgreement`.
+- the audit of an averaged model (:mod:`bnrotation.audit`): :func:`audit_averaged`, :class:`AuditReport`,
+  :data:`BUFFER_POLICIES`.
 
 Each name is imported on first use (PEP 562), so ``import bnrotation`` itself loads none of the suite's stack
 (Hydra, pyarrow, matplotlib, seaborn), nor torch.
@@ -26,12 +29,13 @@ import importlib
 
 _PUBLIC = {
     "monitor": ("StalenessMonitor", "Thresholds", "MonitorRecord", "find_pairs", "StaleStatisticsWarning"),
-    "bnstats": ("reestimate", "ReestimationReport"),
+    "bnstats": ("reestimate", "ReestimationReport", "reestimate_if_stale", "GatedReestimation", "SavedBuffers"),
     "check": ("check_checkpoint", "CheckReport"),
     "averaging": ("EMA", "average_checkpoints", "validate_inference_state", "compare_states", "BufferProvenance",
                   "POLICIES"),
     "lint": ("lint_batchnorm", "Finding"),
     "distributed": ("ranks_agree", "RankAgreement"),
+    "audit": ("audit_averaged", "AuditReport", "BUFFER_POLICIES"),
 }
 _HOME = {name: module for module, names in _PUBLIC.items() for name in names}
 

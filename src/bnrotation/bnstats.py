@@ -20,17 +20,24 @@ from __future__ import annotations
 import copy
 import hashlib
 import itertools
+import math
 from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
+import pandas as pd
 import torch
 import torch.nn as nn
 from torch.nn.modules.batchnorm import _BatchNorm
 
+if TYPE_CHECKING:  # for the annotations only: the monitor imports this module
+    from .monitor import MonitorRecord, Thresholds
+
 __all__ = ["reestimate", "ReestimationReport", "running_stat_layers", "norm_layers", "frozen_layers",
            "batch_statistics", "running_stats", "swapped_statistics", "top_k_channel_masks", "nonfinite_state",
-           "NonFinite", "weights_fingerprint", "parameter_digests", "batch_input"]
+           "NonFinite", "weights_fingerprint", "parameter_digests", "batch_input", "SavedBuffers",
+           "GatedReestimation", "reestimate_if_stale"]
 
 
 def running_stat_layers(model: nn.Module) -> list[tuple[str, _BatchNorm]]:
@@ -194,8 +201,8 @@ class ReestimationReport:
         batches, samples: how many batches, and samples in them, went through.
         weights_fingerprint: :func:`weights_fingerprint` of the weights the statistics describe.
         momentum_restored: ``{layer: momentum}`` put back on each re-estimated layer.
-        skipped: names of the layers left untouched because they were frozen
-            (``skip_frozen=True``: in evaluation mode inside a model in training mode).
+        skipped: names of the layers left untouched: frozen (``skip_frozen=True``: in evaluation mode
+            inside a model in training mode) or not among the ``layers`` asked for.
     """
 
     layers: list[str]
@@ -217,7 +224,7 @@ def _check_initialised(layers: list[tuple[str, _BatchNorm]]) -> None:
 
 def reestimate(model: nn.Module, batches: Iterable, *, input_key: str = "input",
                device: torch.device | str | None = None, max_batches: int | None = None,
-               skip_frozen: bool = False) -> ReestimationReport:
+               skip_frozen: bool = False, layers: Iterable[str] | None = None) -> ReestimationReport:
     """Re-estimate every running mean and variance for the model's current weights.
 
     Resets each BatchNorm layer's running statistics, forwards the batches
@@ -250,13 +257,17 @@ def reestimate(model: nn.Module, batches: Iterable, *, input_key: str = "input",
             running statistics during the pass; ``report.skipped`` names it.
             A model in evaluation mode has no frozen layer (every layer is
             re-estimated). Default False: every layer, whatever its flag.
+        layers: re-estimate only these layers (names from ``model.named_modules()``); the others keep
+            their running statistics, momentum and ``num_batches_tracked`` and normalise with their running
+            statistics during the pass, as in evaluation. None (default): every layer.
 
     Returns:
         A :class:`ReestimationReport`.
 
     Raises:
         ValueError: if the model has no layer with running statistics (or,
-            with ``skip_frozen``, every one is frozen); if a lazy BatchNorm
+            with ``skip_frozen``, every one is frozen); if ``layers`` names a
+            layer without running statistics, or none; if a lazy BatchNorm
             layer is uninitialised (naming it); if ``max_batches`` is not a
             positive integer; or if ``batches`` is empty (the buffers are then
             left as they were).
@@ -271,7 +282,14 @@ def reestimate(model: nn.Module, batches: Iterable, *, input_key: str = "input",
     if not found:
         raise ValueError("reestimate: the model has no normalisation layer with running statistics")
     _check_initialised(found)
-    frozen = {name for name, m in found if skip_frozen and model.training and not m.training}
+    if layers is not None:
+        chosen = list(dict.fromkeys(layers))
+        unknown = sorted(set(chosen) - {name for name, _ in found})
+        if unknown or not chosen:
+            raise ValueError(f"reestimate: layers: {unknown or 'none given'}; expected names of layers with running "
+                             f"statistics: {[name for name, _ in found]}")
+    frozen = {name for name, m in found if (skip_frozen and model.training and not m.training)
+              or (layers is not None and name not in chosen)}
     layers = [(name, m) for name, m in found if name not in frozen]
     if not layers:
         raise ValueError(f"reestimate: every layer with running statistics is frozen (in evaluation mode inside a "
@@ -312,6 +330,171 @@ def reestimate(model: nn.Module, batches: Iterable, *, input_key: str = "input",
         raise RuntimeError(f"reestimate: parameters changed during the statistics pass: {sorted(changed)}")
     return ReestimationReport([n for n, _ in layers], n_batches, n_samples, weights_fingerprint(model), momenta,
                               [n for n, _ in found if n in frozen])
+
+
+class SavedBuffers:
+    """Every BatchNorm layer's running mean, running variance, ``num_batches_tracked`` and momentum, saved to be
+    put back exactly.
+
+    The tensors are cloned on their own devices when the object is made; :meth:`restore` copies them back in
+    place, bit for bit, and resets each layer's momentum (it can be called any number of times). As a context
+    manager it restores on exit, also when the block raises::
+
+        with SavedBuffers(model):
+            reestimate(model, loader)
+            evaluate(model)          # re-estimated statistics here; the previous ones after the block
+
+    Layers are those of :func:`running_stat_layers` when the object is made.
+    """
+
+    def __init__(self, model: nn.Module):
+        self.layers = [name for name, _ in running_stat_layers(model)]
+        self._saved = [(m, {key: t.detach().clone() for key in ("running_mean", "running_var", "num_batches_tracked")
+                            if (t := getattr(m, key, None)) is not None}, m.momentum)
+                       for _, m in running_stat_layers(model)]
+
+    def restore(self) -> None:
+        """Put every saved buffer and momentum back."""
+        with torch.no_grad():
+            for m, tensors, momentum in self._saved:
+                for key, value in tensors.items():
+                    getattr(m, key).copy_(value)
+                m.momentum = momentum
+
+    def __enter__(self) -> SavedBuffers:
+        return self
+
+    def __exit__(self, *exc) -> bool:
+        self.restore()
+        return False
+
+
+@dataclass
+class GatedReestimation:
+    """What :func:`reestimate_if_stale` measured and did.
+
+    Attributes:
+        fired: whether the monitor's rule fired on the probe before, and so whether anything was re-estimated.
+        scope: ``"model"`` (every layer re-estimated when the rule fires) or ``"layers"`` (only those over the
+            lag threshold).
+        layers: the layers re-estimated (empty when the rule did not fire).
+        before, after: the monitor's records (:class:`monitor.MonitorRecord`) on the probe before and after the
+            re-estimation, at steps 0 and 1; ``after`` is ``before`` when nothing was re-estimated. Their
+            ``mode_gap``, ``acc_eval_mode`` (with labels) and ``worst_median_lag_sigma`` are the rule's inputs.
+        report: the :class:`ReestimationReport`, None when nothing was re-estimated.
+        saved: the buffers as they were before (:class:`SavedBuffers`); :meth:`restore` puts them back.
+
+    Usable as a context manager: the re-estimated statistics inside the block, the previous ones after it.
+    """
+
+    fired: bool
+    scope: str
+    layers: list[str]
+    before: MonitorRecord
+    after: MonitorRecord
+    report: ReestimationReport | None
+    saved: SavedBuffers
+
+    def restore(self) -> None:
+        """Put back every BatchNorm buffer and momentum as they were before the call (:class:`SavedBuffers`)."""
+        self.saved.restore()
+
+    def __enter__(self) -> GatedReestimation:
+        return self
+
+    def __exit__(self, *exc) -> bool:
+        self.restore()
+        return False
+
+    @property
+    def helped(self) -> bool:
+        """Re-estimated, and the worst median |lag| fell while the mode gap did not grow (nor, with labels, the
+        evaluation-mode accuracy fall)."""
+        b, a = self.before, self.after
+        acc_kept = not a.acc_eval_mode < b.acc_eval_mode  # NaN (no labels) keeps it
+        return bool(self.fired and a.worst_median_lag_sigma < b.worst_median_lag_sigma
+                    and a.mode_gap <= b.mode_gap and acc_kept)
+
+    def lags(self) -> pd.DataFrame:
+        """One line per BatchNorm layer: ``norm_layer``, ``reestimated``, and ``lag_median_abs_sigma_before``,
+        ``lag_median_abs_sigma_after``, ``lag_max_abs_sigma_before``, ``lag_max_abs_sigma_after`` (σ)."""
+        cols = ["norm_layer", "lag_median_abs_sigma", "lag_max_abs_sigma"]
+        out = self.before.layers[cols].merge(self.after.layers[cols], on="norm_layer", suffixes=("_before", "_after"))
+        out.insert(1, "reestimated", out["norm_layer"].isin(self.layers))
+        return out
+
+    @property
+    def summary(self) -> str:
+        """One line: whether the rule fired, what was re-estimated, and the mode gap, lag and accuracy before and
+        after."""
+        b, a = self.before, self.after
+        acc = (f", eval-mode accuracy {b.acc_eval_mode:.1%} -> {a.acc_eval_mode:.1%}"
+               if not math.isnan(b.acc_eval_mode) else "")
+        if not self.fired:
+            return (f"not stale (mode gap {b.mode_gap:.3f}, worst median lag {b.worst_median_lag_sigma:.3f}σ"
+                    f"{acc}): nothing re-estimated")
+        return (f"stale: re-estimated {len(self.layers)} layer(s); mode gap {b.mode_gap:.3f} -> {a.mode_gap:.3f}, "
+                f"worst median lag {b.worst_median_lag_sigma:.3f}σ -> {a.worst_median_lag_sigma:.3f}σ{acc}")
+
+
+GATE_SCOPES = ("model", "layers")
+
+
+def reestimate_if_stale(model: nn.Module, batches: Iterable, probe, *, thresholds: Thresholds | None = None,
+                        scope: str = "model", input_key: str = "input", target_key: str = "target",
+                        device: torch.device | str | None = None, max_batches: int | None = None,
+                        skip_frozen: bool = False) -> GatedReestimation:
+    """Re-estimate the running statistics only when the monitor finds them stale, and measure before and after.
+
+    The staleness monitor (:class:`monitor.StalenessMonitor`, no warning) measures the mode gap and each layer's
+    running-mean lag on ``probe``; when its rule fires (:class:`monitor.Thresholds`: the mode gap and the worst
+    layer's median |lag| both at or over their thresholds, or a running statistic not finite),
+    :func:`reestimate` runs on ``batches``, over every layer (``scope="model"``) or only the layers whose median
+    |lag| is at or over ``thresholds.lag_sigma`` or whose running statistics are not finite
+    (``scope="layers"``; the others normalise with their running statistics during the pass), and the monitor
+    measures again. As in :func:`reestimate`, dropout stays off and no parameter changes. A refresh before every
+    evaluation costs a pass over ``batches``; this costs two forward passes of the probe when the statistics
+    are fine.
+
+    Args:
+        model: any ``nn.Module`` with BatchNorm layers that keep running statistics.
+        batches: the re-estimation batches (:func:`reestimate`).
+        probe: the batch to judge on, as :class:`monitor.StalenessMonitor` takes it: a tensor, ``(x, y)``, or a
+            mapping with ``input_key`` (and ``target_key``). With labels, ``before`` and ``after`` hold the
+            evaluation-mode accuracy on it. A probe that is also among ``batches`` judges the statistics on
+            data they were estimated on: a diagnostic, not a held-out score.
+        thresholds: the rule (default ``Thresholds()``).
+        scope: ``"model"`` or ``"layers"``.
+
+    Returns:
+        A :class:`GatedReestimation`; its :meth:`~GatedReestimation.restore` (or leaving it as a context
+        manager) puts back the previous buffers exactly.
+
+    Raises:
+        ValueError: for a ``scope`` other than :data:`GATE_SCOPES`; what :class:`monitor.StalenessMonitor`
+            raises for a model or probe it cannot measure; what :func:`reestimate` raises (the buffers are then
+            left as they were).
+        TypeError: for thresholds that are not a :class:`monitor.Thresholds`, or a probe the monitor cannot read.
+    """
+    from .monitor import StalenessMonitor, Thresholds  # the monitor is built on this module
+
+    if scope not in GATE_SCOPES:
+        raise ValueError(f"reestimate_if_stale: scope: expected one of {', '.join(GATE_SCOPES)}, got {scope!r}")
+    thresholds = Thresholds() if thresholds is None else thresholds
+    monitor = StalenessMonitor(model, probe, input_key=input_key, target_key=target_key, thresholds=thresholds,
+                               warn=False)
+    saved = SavedBuffers(monitor.model)
+    before = monitor(0)
+    if not before.stale:
+        return GatedReestimation(False, scope, [], before, before, None, saved)
+    chosen = None
+    if scope == "layers":
+        bad = {name.rsplit(".", 1)[0] for name in before.nonfinite.running_statistics}
+        lag = before.layers.set_index("norm_layer")["lag_median_abs_sigma"]
+        chosen = [name for name in saved.layers if name in bad or lag.get(name, math.nan) >= thresholds.lag_sigma]
+    report = reestimate(monitor.model, batches, input_key=input_key, device=device, max_batches=max_batches,
+                        skip_frozen=skip_frozen, layers=chosen)
+    return GatedReestimation(True, scope, report.layers, before, monitor(1), report, saved)
 
 
 def running_stats(model: nn.Module) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:

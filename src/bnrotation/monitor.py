@@ -825,6 +825,22 @@ class MonitorRecord:
     summary: str
     nonfinite: NonFinite = field(default_factory=NonFinite)
 
+    @property
+    def mode_gap(self) -> float:
+        """The probe's training- minus evaluation-mode accuracy (1 - agreement without labels), a fraction."""
+        return float(self.checks["mode_gap"].iloc[0])
+
+    @property
+    def acc_eval_mode(self) -> float:
+        """The probe's evaluation-mode accuracy, a fraction; NaN without labels."""
+        return float(self.checks["acc_eval_mode"].iloc[0])
+
+    @property
+    def worst_median_lag_sigma(self) -> float:
+        """The largest, over layers, median |running-mean lag| in σ: the lag the rule reads (NaN when none)."""
+        lag = self.layers["lag_median_abs_sigma"]
+        return float(lag.max()) if lag.notna().any() else math.nan
+
     def worst(self) -> tuple[str, int, float] | None:
         """(norm layer, channel, signed lag in σ) of the channel with the largest |lag|; None without lag."""
         ch = self.channels[np.isfinite(self.channels["lag_sigma"])]
@@ -1218,10 +1234,8 @@ class StalenessMonitor:
         return line, channels
 
     def _stale(self, record: MonitorRecord) -> bool:
-        gap = float(record.checks["mode_gap"].iloc[0])
-        lag = record.layers["lag_median_abs_sigma"]
-        worst_median = float(lag.max()) if lag.notna().any() else math.nan
-        return self.thresholds.crossed(gap, worst_median) or bool(record.nonfinite.running_statistics)
+        return (self.thresholds.crossed(record.mode_gap, record.worst_median_lag_sigma)
+                or bool(record.nonfinite.running_statistics))
 
     def _rotation_text(self, record: MonitorRecord) -> str:
         """The summary's rotation: the median over paired layers, how many of the layers they are when some are
