@@ -228,7 +228,7 @@ class RunConfig:
     threads: int = 0  # torch intra-op threads; 0: SLURM_CPUS_PER_TASK under SLURM, else torch's default
     deterministic: bool = False  # torch.use_deterministic_algorithms + cuDNN flags (GPU runs; recorded in run.json)
     # How the evaluation-mode passes run (checks, interventions, averaging, the monitor): compiled (torch.compile,
-    # one graph per network; bnrotation.probes.CompiledEvaluation) | eager | auto (compiled for a CPU run of at
+    # one graph per network; bnrotation.evaluation.CompiledEvaluation) | eager | auto (compiled for a CPU run of at
     # least EVAL_COMPILED_MIN_STEPS steps, where the passes outweigh the compile). An execution setting.
     eval_backend: str = "auto"
     dtype: str = "float32"  # float32 | float64 (DTYPES): weights, data, statistics; changes the results
