@@ -1,4 +1,4 @@
-"""Reliability (issue 6): killed runs and sweeps, diverging runs, corrupt or foreign results,
+"""Reliability: killed runs and sweeps, diverging runs, corrupt or foreign results,
 deterministic reruns, safe checkpoint loading, and the config that was never applied.
 
 Runs here are the smoke scale at a toy size (``TINY``: 8x8 images, 4-8 channels), a

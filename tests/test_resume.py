@@ -1,4 +1,4 @@
-"""Runs that survive the real world (issue 12, points 4-5): a stop signal saves a resumable state at a step
+"""Runs that survive the real world: a stop signal saves a resumable state at a step
 boundary and the next run resumes it, bit-identical to an uninterrupted run; one process trains a run at a
 time; the dense windows log what the monitor logs, at every step."""
 

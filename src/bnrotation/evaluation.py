@@ -24,9 +24,8 @@ __all__ = ["EVAL_CHUNK", "eval_chunk", "CompiledEvaluation", "compiled_evaluatio
 
 
 # Held-out samples per evaluation-mode forward pass on a CPU (checks, interventions, averaging): small chunks
-# keep the activations in cache, where 1,000 at a time do not. On one thread 64 took 1.0 s for the study's
-# network on the 4,000 held-out samples against 1.8 s at 128 (ResNet-20 on 16x16 images: 1.2 s both); make
-# bench measures it (results/bench.md, "chunk size"). On a GPU the whole set goes in one pass.
+# keep the activations in cache, where 1,000 at a time do not; `make bench` times the chunk sizes on both
+# networks (results/bench.md, "chunk size"). On a GPU the whole set goes in one pass.
 EVAL_CHUNK = 64
 
 
@@ -47,9 +46,9 @@ class CompiledEvaluation:
     recompilation; each chunk size compiles once (``dynamic=False``). The template is a copy of the first
     such model in evaluation mode, kept per ``repr`` (which holds every layer's shape, ε and momentum).
 
-    `make bench`, section (d) (``results/bench.md``): on the study's network on two CPU threads a chunked
-    evaluation pass took 0.88x of eager time after a compile of about 1 s, and its outputs agreed with eager
-    execution to 7e-8. If the compiler fails, it warns once and runs eagerly from then on.
+    `make bench`, section (d) (``results/bench.md``), times a chunked evaluation pass compiled against eager
+    execution, the compile itself, and how far the outputs differ. If the compiler fails, it warns once and
+    runs eagerly from then on.
     """
 
     def __init__(self) -> None:
