@@ -62,11 +62,11 @@ from bnrotation.model import build_model
 from bnrotation.monitor import StalenessMonitor
 from bnrotation.bnstats import batch_statistics
 from bnrotation.optim import build_optimizer
-from bnrotation.probes import (CompiledEvaluation, accuracy, channel_dims, eval_chunk, fresh_statistics,
-                               input_moments)
+from bnrotation.evaluation import CompiledEvaluation, eval_chunk
+from bnrotation.probes import accuracy, channel_dims, fresh_statistics, input_moments
 from bnrotation.rows import RESNET_ROWS, ROWS, SEEDS, SETS, SWEEP_ROWS
-from bnrotation.runner import (averaging_steps, check_steps, evaluation_compiled, intervention_steps, log_steps,
-                               resolve_device, run)
+from bnrotation.runner import averaging_steps, check_steps, intervention_steps, log_steps, run
+from bnrotation.runtime import evaluation_compiled, resolve_device
 from bnrotation.task import NoisyTemplates, reestimation_batches
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -75,8 +75,8 @@ HOUR = 3600.0
 # Parts of a run's time, as the report's columns.
 PARTS = {"steps": "steps", "checks": "checks", "probes": "probes", "interventions": "interventions",
          "averaging": "weight averaging", "fixed": "setup, writing"}
-TARGET_RATIO = 0.7  # issue 15: the instrumented full run within 0.7x the bare loop's time
-TARGET_SWEEP_HOURS = 3.0  # and the full 30-run sweep within 3 hours on 2 cores
+TARGET_RATIO = 0.7  # the target: the instrumented full run within 0.7x the bare loop's time
+TARGET_SWEEP_HOURS = 3.0  # and the full sweep (rows.SWEEPS) within 3 hours on 2 cores
 
 
 # ----------------------------------------------------------------------------- configs and schedules
@@ -722,10 +722,10 @@ def report_options(ctx: Context, d: dict) -> list[str]:
     ev_faster = "error" not in ev and ev.get("compiled", math.inf) < ev.get("eager", 0.0)
     step_faster = "error" not in step and step.get("compiled", math.inf) < step.get("eager", 0.0)
     lines += ["", "The evaluation pass is timed as the runner makes it: chunks of the held-out set through "
-              "`probes.CompiledEvaluation`, one compiled graph per network that every copy of the model (averaged, "
-              "with fresh statistics swapped in) shares. The runner compiles its evaluation passes on a CPU "
-              f"(`eval_backend=auto`: runs of {EVAL_COMPILED_MIN_STEPS:,} steps or more) and keeps the training step "
-              "eager. Here the compiled evaluation pass was " +
+              "`evaluation.CompiledEvaluation`, one compiled graph per network that every copy of the model "
+              "(averaged, with fresh statistics swapped in) shares. The runner compiles its evaluation passes on a "
+              f"CPU (`eval_backend=auto`: runs of {EVAL_COMPILED_MIN_STEPS:,} steps or more) and keeps the training "
+              "step eager. Here the compiled evaluation pass was " +
               (f"{ev['eager'] / ev['compiled']:.2f}x as fast as eager" if ev_faster else
                "**not faster than eager: set `eval_backend=eager` on this machine**") +
               ", and the compiled training step " +

@@ -43,7 +43,7 @@ import torch  # noqa: E402
 
 from conftest import run_cfg  # noqa: E402  (composes the real configs)
 
-from bnrotation import checkpoints, records, runner  # noqa: E402
+from bnrotation import checkpoints, ensemble, records, runner  # noqa: E402
 from bnrotation.config import RunConfig  # noqa: E402
 
 
@@ -95,7 +95,7 @@ def kill_during_write(target: str, nth: int, fraction: float) -> None:
 
 def kill_in_step(k: int) -> None:
     """Patch the training loss: the k-th call dies."""
-    real, seen = runner.F.cross_entropy, {"n": 0}
+    real, seen = ensemble.F.cross_entropy, {"n": 0}
 
     def loss(*args, **kwargs):
         seen["n"] += 1
@@ -103,7 +103,7 @@ def kill_in_step(k: int) -> None:
             die()
         return real(*args, **kwargs)
 
-    runner.F.cross_entropy = loss
+    ensemble.F.cross_entropy = loss
 
 
 def child(cfg: RunConfig, kill: str, reference: str) -> None:

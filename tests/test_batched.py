@@ -15,7 +15,9 @@ from bnrotation import ensemble, records
 from bnrotation.config import ModelConfig, OptimizerConfig
 from bnrotation.model import build_model
 from bnrotation.optim import build_optimizer
-from bnrotation.runner import RESUME_FILE, RunInterrupted, run, run_seeds
+from bnrotation.rundir import RESUME_FILE
+from bnrotation.runner import run, run_seeds
+from bnrotation.runtime import RunInterrupted
 
 from test_reliability import tiny
 from test_resume import interrupt_at

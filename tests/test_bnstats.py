@@ -323,10 +323,10 @@ def test_a_model_without_running_statistics_is_an_error(model):
 
 
 @pytest.mark.parametrize("bad, match", [
-    ("not a batch", "type str"),
-    ({"x": torch.zeros(2, 3, 8, 8)}, r"key 'input'.*keys: \['x'\]"),
-    ((["a list"], torch.zeros(2)), "type tuple"),
-    ([], "type list"),
+    ("not a batch", "got str"),
+    ({"x": torch.zeros(2, 3, 8, 8)}, r"under 'input'.*keys: \['x'\]"),
+    ((["a list"], torch.zeros(2)), "got tuple of 2 items"),
+    ([], "got list of 0 items"),
 ])
 def test_an_unreadable_batch_is_an_error_and_leaves_the_buffers(bad, match):
     net = _net(dropout=0.5)

@@ -1,4 +1,4 @@
-"""Does it carry over? The ResNet-20 checks (issue 16, points 3-4): each gives PASS on synthetic runs built to
+"""Does it carry over? The ResNet-20 checks: each gives PASS on synthetic runs built to
 pass, FAIL on runs built to fail and NOT RUN with its rows missing; both networks in one results root, for the
 table, the claims and the figures, on synthetic runs and on the runner's own output (the depth statistic and the
 learning-rate halves: tests/test_depth.py; the critical value for 21 layers: tests/test_stats.py).

@@ -185,3 +185,21 @@ def test_a_timm_training_checkpoint_of_a_timm_model_with_its_ema_copy(user, tmp_
     assert "it also holds 'state_dict_ema' (--weights-key state_dict_ema checks that copy)" in out
     code, out, err = _run(folder, monkeypatch, capsys, *args, "--weights-key", "state_dict_ema")
     assert code in (0, 1) and err == "" and "(a checkpoint dict, its 'state_dict_ema' entry)" in out, err
+
+
+def test_state_of_reads_a_model_a_state_dict_and_the_checkpoint_dicts_of_the_suite_and_lightning():
+    """``checkpoints.state_of`` (what averaging and ``compare_states`` read) finds the same tensors in a model,
+    its state dict, the suite's checkpoint dict (``model``) and a Lightning-style one (``state_dict``); anything
+    else is a TypeError that says what it holds."""
+    from bnrotation.checkpoints import state_of
+
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4))
+    want = net.state_dict()
+    for given in (net, dict(want), {"model": dict(want), "step": 3, "row": "adam"},
+                  {"state_dict": dict(want), "epoch": 1}):
+        got = state_of(given)
+        assert got.keys() == want.keys() and all(torch.equal(got[k], want[k]) for k in want)
+    for bad, says in (([1, 2], "holds a list"), ({}, "holds no state dict"), ({"weights": [1]}, "'weights'")):
+        with pytest.raises(TypeError, match=says):
+            state_of(bad)

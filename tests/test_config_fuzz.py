@@ -1,4 +1,4 @@
-"""Bad configs, tried systematically (issue 6, point 4).
+"""Bad configs, tried systematically.
 
 Property: any value of any key, put into the composed real config, is either
 accepted, and then within what the key allows, or rejected with a

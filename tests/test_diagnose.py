@@ -14,8 +14,8 @@ from bnrotation.analysis import interventions as logged
 from bnrotation.analysis.results import load_run
 from bnrotation.checkpoints import checkpoint_path, load_checkpoint
 from bnrotation.diagnose import diagnose_checkpoint, format_checkpoint_report, main, refine_k
+from bnrotation.evaluation import EVAL_CHUNK
 from bnrotation.interventions import top_k_accuracy
-from bnrotation.probes import EVAL_CHUNK
 
 from conftest import ROOT
 

@@ -1,4 +1,4 @@
-"""Figures a reader can trust without their captions (issue 12, point 15): n and, below the article's scale, a
+"""Figures a reader can trust without their captions: n and, below the article's scale, a
 warning inside every image; rows without running statistics set apart; published marks off the data; one panel
 per row where bands overlapped. On synthetic results (tests/test_analysis.py), whose every value is known."""
 

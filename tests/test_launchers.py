@@ -16,7 +16,8 @@ from omegaconf import OmegaConf
 
 from bnrotation import records
 from bnrotation.config import to_run_config
-from bnrotation.runner import resolve_threads, run
+from bnrotation.runner import run
+from bnrotation.runtime import resolve_threads
 
 from conftest import CONF, ROOT
 from test_reliability import tiny

@@ -16,10 +16,11 @@ from torch.nn.modules.batchnorm import _BatchNorm
 
 from bnrotation.bnstats import reestimate
 from bnrotation.config import ModelConfig
+from bnrotation.evaluation import EVAL_CHUNK
 from bnrotation.model import build_model
 from bnrotation.monitor import (MonitorSetupWarning, StaleStatisticsWarning, StalenessMonitor, Thresholds,
                                evaluation_forward, find_pairs, split_probe)
-from bnrotation.probes import EVAL_CHUNK, fresh_statistics, rotation_deg
+from bnrotation.probes import fresh_statistics, rotation_deg
 
 from test_probes import rotated
 

@@ -14,7 +14,7 @@ from bnrotation.config import ModelConfig, TaskConfig
 from bnrotation.model import build_model
 from bnrotation.probes import accuracy
 from bnrotation.interventions import run_interventions
-from bnrotation.probes import EVAL_CHUNK, eval_chunk
+from bnrotation.evaluation import EVAL_CHUNK, eval_chunk
 from bnrotation.task import NoisyTemplates, generator
 
 from conftest import ROOT, compose_cfg
@@ -137,8 +137,8 @@ def test_compiled_evaluation_equals_eager_and_one_graph_serves_every_model_of_a_
     runs through the same compiled graph; flags are restored; on exit the context is gone."""
     import torch._dynamo.utils as dynamo_utils
 
-    from bnrotation import probes
-    from bnrotation.probes import compiled_evaluation, evaluation_forward
+    from bnrotation import evaluation
+    from bnrotation.evaluation import compiled_evaluation, evaluation_forward
 
     models = [build_model(ModelConfig(), 10, seed=s) for s in (0, 1)]
     for m in models[1].modules():
@@ -152,10 +152,10 @@ def test_compiled_evaluation_equals_eager_and_one_graph_serves_every_model_of_a_
     eager = [(evaluation_forward(m, x), accuracy(m, x, y, "eval", 16)) for m in models]
     dynamo_utils.counters.clear()
     with compiled_evaluation() as compiled:
-        assert probes._compiled is compiled
+        assert evaluation._compiled is compiled
         got = [(evaluation_forward(m, x), accuracy(m, x, y, "eval", 16)) for m in models]
         graphs = dynamo_utils.counters["stats"]["unique_graphs"]
-    assert probes._compiled is None and compiled.failed is None
+    assert evaluation._compiled is None and compiled.failed is None
     assert models[0].training and not models[1].training  # flags as they were
     for (out_e, acc_e), (out_c, acc_c) in zip(eager, got):
         assert torch.allclose(out_c, out_e, atol=1e-5) and acc_c == acc_e

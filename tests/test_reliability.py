@@ -1,4 +1,4 @@
-"""Reliability (issue 6): killed runs and sweeps, diverging runs, corrupt or foreign results,
+"""Reliability: killed runs and sweeps, diverging runs, corrupt or foreign results,
 deterministic reruns, safe checkpoint loading, and the config that was never applied.
 
 Runs here are the smoke scale at a toy size (``TINY``: 8x8 images, 4-8 channels), a
@@ -26,7 +26,7 @@ import torch
 import yaml
 from hydra import compose, initialize_config_dir
 
-from bnrotation import cli, records, runner
+from bnrotation import cli, ensemble, records, rundir, runner
 from bnrotation.analysis import metrics
 from bnrotation.analysis.results import BadRunError, has_runs, load_run, load_runs, read_table
 from bnrotation.analysis.table import build_table, main as table_main
@@ -149,7 +149,7 @@ def test_forced_rerun_killed_while_removing_the_old_run_is_rerun_not_skipped(tmp
             (Path(path) / name).unlink()
         raise KeyboardInterrupt("killed")
 
-    monkeypatch.setattr(runner.shutil, "rmtree", killed_half_way)
+    monkeypatch.setattr(rundir.shutil, "rmtree", killed_half_way)
     with pytest.raises(KeyboardInterrupt):
         run(tiny(tmp_path, "experiment=sgd", "interventions=false", "force=true"))
     monkeypatch.undo()
@@ -194,14 +194,14 @@ def test_killed_sweep_resumes_without_redoing_or_duplicating(tmp_path):
 # ----------------------------------------------------------------------------- 2. diverging runs
 def nan_loss_at(monkeypatch, step: int) -> None:
     """The training loss turns NaN at ``step`` (the runner computes one loss per step)."""
-    real, calls = runner.F.cross_entropy, {"n": 0}
+    real, calls = ensemble.F.cross_entropy, {"n": 0}
 
     def loss(*args, **kwargs):
         calls["n"] += 1
         value = real(*args, **kwargs)
         return value * float("nan") if calls["n"] == step else value
 
-    monkeypatch.setattr(runner.F, "cross_entropy", loss)
+    monkeypatch.setattr(ensemble.F, "cross_entropy", loss)
 
 
 def test_diverged_run_ends_at_its_step_keeps_its_rows_and_is_not_averaged(tmp_path, monkeypatch):

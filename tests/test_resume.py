@@ -1,4 +1,4 @@
-"""Runs that survive the real world (issue 12, points 4-5): a stop signal saves a resumable state at a step
+"""Runs that survive the real world: a stop signal saves a resumable state at a step
 boundary and the next run resumes it, bit-identical to an uninterrupted run; one process trains a run at a
 time; the dense windows log what the monitor logs, at every step."""
 
@@ -17,8 +17,10 @@ import pandas as pd
 import pytest
 import torch
 
-from bnrotation import records, runner
-from bnrotation.runner import RESUME_FILE, RunInterrupted, run
+from bnrotation import ensemble, records, rundir, runner
+from bnrotation.rundir import RESUME_FILE
+from bnrotation.runner import run
+from bnrotation.runtime import RunInterrupted
 
 from conftest import ROOT
 from test_reliability import assert_same_results, tiny
@@ -35,7 +37,7 @@ def uninterrupted(tmp_path_factory) -> Path:
 
 def interrupt_at(monkeypatch, steps: list[int], signum: int = signal.SIGTERM) -> None:
     """Send ``signum`` to this process during the training steps numbered ``steps`` (1-based loss calls)."""
-    real, calls = runner.F.cross_entropy, {"n": 0}
+    real, calls = ensemble.F.cross_entropy, {"n": 0}
 
     def loss(*args, **kwargs):
         calls["n"] += 1
@@ -43,7 +45,7 @@ def interrupt_at(monkeypatch, steps: list[int], signum: int = signal.SIGTERM) ->
             os.kill(os.getpid(), signum)
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(runner.F, "cross_entropy", loss)
+    monkeypatch.setattr(ensemble.F, "cross_entropy", loss)
 
 
 @pytest.mark.kernels
@@ -189,15 +191,15 @@ def test_two_processes_on_one_run_folder_train_it_once(tmp_path):
 
 def test_a_lock_held_by_a_dead_process_does_not_block(tmp_path):
     holder = subprocess.Popen([sys.executable, "-c", (
-        "import sys, time; sys.path.insert(0, sys.argv[1]); from bnrotation.runner import RunLock; "
+        "import sys, time; sys.path.insert(0, sys.argv[1]); from bnrotation.rundir import RunLock; "
         "l = RunLock(sys.argv[2], 'sgd', 0).__enter__(); print('locked', flush=True); time.sleep(60)"),
         str(ROOT / "src"), str(tmp_path)], stdout=subprocess.PIPE, text=True)
     assert holder.stdout.readline().strip() == "locked"
-    with pytest.raises(runner.RunBusyError, match="is being trained by pid"):
-        runner.RunLock(tmp_path, "sgd", 0).__enter__()
+    with pytest.raises(rundir.RunBusyError, match="is being trained by pid"):
+        rundir.RunLock(tmp_path, "sgd", 0).__enter__()
     holder.kill()
     holder.wait()
-    with runner.RunLock(tmp_path, "sgd", 0):  # the kernel released it with the process
+    with rundir.RunLock(tmp_path, "sgd", 0):  # the kernel released it with the process
         pass
 
 

@@ -19,7 +19,8 @@ from bnrotation.analysis.results import load_runs
 from bnrotation.analysis.table import build_table, main as table_main
 from bnrotation.provenance import KERNEL_ENV, cpu_kernels
 from bnrotation.rows import ROWS
-from bnrotation.runner import RunExistsError, check_steps, intervention_steps, log_steps, run
+from bnrotation.rundir import RunExistsError
+from bnrotation.runner import check_steps, intervention_steps, log_steps, run
 
 from conftest import EXPERIMENTS
 from test_reliability import TINY, tiny  # the toy size, for what does not need the study's network

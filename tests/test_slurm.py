@@ -1,4 +1,4 @@
-"""Preemption and time-outs on a real scheduler (issue 12, point 5): a one-node SLURM cluster on this machine
+"""Preemption and time-outs on a real scheduler: a one-node SLURM cluster on this machine
 (Debian's slurmctld, slurmd and munge, started by ``tests/slurm/start.sh``), the sweep submitted through
 ``hydra/launcher=submitit_slurm``. The job gets SLURM's time-out signal mid-run; submitit's own handler
 requeues it, and the requeued job resumes from the state the run saved, finishing with tables bit-identical

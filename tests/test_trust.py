@@ -1,4 +1,4 @@
-"""Never a false reproduction (issue 12, points 1-3): a sweep that lost a run fails and names it, the analysis
+"""Never a false reproduction: a sweep that lost a run fails and names it, the analysis
 never swaps the reference results in for the user's own, a key the schema lacks stops the run even with ``+``,
 and a variant that keeps a row's name is refused before it trains."""
 

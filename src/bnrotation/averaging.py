@@ -45,22 +45,18 @@ import torch
 import torch.nn as nn
 
 from .bnstats import ReestimationReport, reestimate, running_stat_layers, weights_fingerprint
-from .checkpoints import checkpoint_path, load_checkpoint
+from .checkpoints import Checkpoint, checkpoint_path, load_checkpoint, state_of
 from .probes import accuracy, fresh_statistics, lag_sigma
 
 if TYPE_CHECKING:  # the runner's config, for the annotation only: averaging itself needs no Hydra
     from .config import AveragingConfig
 
-__all__ = ["POLICIES", "EMA_POLICIES", "BufferProvenance", "state_of", "mixture_moments", "policy_buffers",
+__all__ = ["POLICIES", "EMA_POLICIES", "BufferProvenance", "mixture_moments", "policy_buffers",
            "average_checkpoints", "saved_checkpoints", "EMA", "LayerLag", "InferenceStateReport",
            "validate_inference_state", "StateDiff", "compare_states"]
 
 POLICIES = ("copy", "average", "mixture", "refresh")
 EMA_POLICIES = ("copy", "average", "refresh")
-
-# A model, a state dict, or a checkpoint dict as :func:`checkpoints.save_checkpoint` writes it.
-Checkpoint = nn.Module | Mapping
-
 
 @dataclass
 class BufferProvenance:
@@ -82,23 +78,6 @@ class BufferProvenance:
 
 
 # ----------------------------------------------------------------------------- averaging checkpoints
-def state_of(checkpoint: Checkpoint) -> dict[str, torch.Tensor]:
-    """The state dict of a model, a state dict, or a checkpoint dict (its ``"model"`` entry).
-
-    Raises:
-        TypeError: for anything else.
-    """
-    if isinstance(checkpoint, nn.Module):
-        return checkpoint.state_dict()
-    if isinstance(checkpoint, Mapping):
-        if isinstance(checkpoint.get("model"), Mapping):
-            return dict(checkpoint["model"])
-        if checkpoint and all(isinstance(v, torch.Tensor) for v in checkpoint.values()):
-            return dict(checkpoint)
-    raise TypeError(f"cannot read a state dict from a {type(checkpoint).__name__}; expected a model, "
-                    "a state dict, or a checkpoint dict with a 'model' entry")
-
-
 def normalised_weights(weights: Sequence[float] | None, n: int) -> list[float]:
     """``weights`` scaled to sum to 1; uniform when None.
 

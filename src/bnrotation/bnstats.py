@@ -31,13 +31,15 @@ import torch
 import torch.nn as nn
 from torch.nn.modules.batchnorm import _BatchNorm
 
+from .batches import split_batch
+
 if TYPE_CHECKING:  # for the annotations only: the monitor imports this module
     from .monitor import MonitorRecord, Thresholds
 
 __all__ = ["reestimate", "ReestimationReport", "running_stat_layers", "norm_layers", "frozen_layers",
            "batch_statistics", "running_stats", "swapped_statistics", "top_k_channel_masks", "nonfinite_state",
-           "NonFinite", "weights_fingerprint", "parameter_digests", "batch_input", "SavedBuffers",
-           "GatedReestimation", "reestimate_if_stale"]
+           "NonFinite", "weights_fingerprint", "parameter_digests", "SavedBuffers", "GatedReestimation",
+           "reestimate_if_stale"]
 
 
 def running_stat_layers(model: nn.Module) -> list[tuple[str, _BatchNorm]]:
@@ -173,25 +175,6 @@ def parameter_digests(model: nn.Module) -> dict[str, str]:
     return out
 
 
-def batch_input(batch, key: str = "input") -> torch.Tensor:
-    """The model input of one batch: a tensor, the first item of a tuple/list, or ``batch[key]``.
-
-    Raises:
-        TypeError: naming what was found, for anything else.
-    """
-    if isinstance(batch, torch.Tensor):
-        return batch
-    if isinstance(batch, (tuple, list)) and batch and isinstance(batch[0], torch.Tensor):
-        return batch[0]
-    if isinstance(batch, Mapping):
-        if key in batch and isinstance(batch[key], torch.Tensor):
-            return batch[key]
-        raise TypeError(f"batch is a mapping without a tensor under key {key!r} "
-                        f"(keys: {sorted(map(str, batch))}); pass input_key=")
-    raise TypeError(f"cannot read a model input from a batch of type {type(batch).__name__}; "
-                    "expected a tensor, an (input, target) tuple or list, or a mapping")
-
-
 @dataclass
 class ReestimationReport:
     """What :func:`reestimate` did: the provenance to store beside the buffers.
@@ -307,7 +290,7 @@ def reestimate(model: nn.Module, batches: Iterable, *, input_key: str = "input",
             m.train()
         with torch.no_grad():
             for batch in itertools.islice(batches, max_batches):
-                x = batch_input(batch, input_key)
+                x, _ = split_batch(batch, input_key, labels=False)
                 if device is not None:
                     x = x.to(device)
                 model(x)

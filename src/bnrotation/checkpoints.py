@@ -27,8 +27,8 @@ from pathlib import Path
 import torch
 
 __all__ = ["BadCheckpointError", "UnsafeCheckpointError", "checkpoint_path", "save_checkpoint", "load_checkpoint",
-           "state_dict_of", "strip_prefix", "shared_prefixes", "few", "STATE_DICT_ENTRIES", "OTHER_COPIES",
-           "SAFE_GLOBALS"]
+           "state_dict_of", "state_of", "Checkpoint", "strip_prefix", "shared_prefixes", "few", "STATE_DICT_ENTRIES",
+           "OTHER_COPIES", "SAFE_GLOBALS"]
 
 # Entries that hold a model's state dict in the checkpoint dicts of common tools, in the order they are tried:
 # the suite's own ("model"), Lightning's and timm's ("state_dict").
@@ -185,6 +185,26 @@ def state_dict_of(contents, key: str | None = None) -> tuple[dict[str, torch.Ten
             return dict(contents[entry]), f"a checkpoint dict, its {entry!r} entry{also}"
     raise BadCheckpointError(f"holds no state dict: a dict of {len(contents)} entries ({few(contents, 6)}), "
                              f"none of them {' or '.join(map(repr, STATE_DICT_ENTRIES))} holding one")
+
+
+# A model, a state dict, or a checkpoint dict (:func:`save_checkpoint`'s, or another tool's: :func:`state_dict_of`).
+Checkpoint = torch.nn.Module | Mapping
+
+
+def state_of(checkpoint: Checkpoint) -> dict[str, torch.Tensor]:
+    """The state dict of a model (its ``state_dict()``), of a state dict, or of a checkpoint dict (the entry
+    :func:`state_dict_of` finds: ``"model"``, ``"state_dict"``).
+
+    Raises:
+        TypeError: for anything else, saying what it holds.
+    """
+    if isinstance(checkpoint, torch.nn.Module):
+        return checkpoint.state_dict()
+    try:
+        return state_dict_of(checkpoint)[0]
+    except BadCheckpointError as err:
+        raise TypeError(f"cannot read a state dict from a {type(checkpoint).__name__}: it {err}; expected a model, "
+                        "a state dict, or a checkpoint dict with a 'model' entry") from None
 
 
 def _describe(obj) -> str:

@@ -84,7 +84,9 @@ def run_task(cfg: DictConfig) -> Outcome:
     if problem:
         print(f"error: {problem}", file=sys.stderr)
         return Outcome("bad config", 2, where, problem)
-    from .runner import RunBusyError, RunExistsError, RunInterrupted, run_seeds  # torch only once the config is valid
+    from .rundir import RunBusyError, RunExistsError  # torch only once the config is valid
+    from .runner import run_seeds
+    from .runtime import RunInterrupted
 
     try:
         outs = run_seeds(dataclasses.replace(run_cfg, batch_seeds=seeds))

@@ -31,8 +31,8 @@ EVAL_BACKENDS = ("auto", "compiled", "eager")
 # compare two orders of the same arithmetic (batched vs separate seeds), where float32's rounding, which depends
 # on the CPU's kernels, would set the tolerance.
 DTYPES = ("float32", "float64")
-# eval_backend=auto compiles at this many steps and more (quick and full scale, not smoke): in `make bench`,
-# section (d), a compile took about 1 s and saved 12% of each evaluation pass; a full run makes hundreds of passes
+# eval_backend=auto compiles at this many steps and more (quick and full scale, not smoke): a compile pays for itself
+# after a number of evaluation passes (`make bench`, section (d), times both); a full run makes hundreds of passes
 # (checks, every swap of the interventions, every averaged model), a smoke run a handful.
 EVAL_COMPILED_MIN_STEPS = 1000
 # A row name becomes a folder name: letters, digits, "_", ".", "+", "-", starting with a letter or digit
@@ -190,7 +190,7 @@ class ScaleConfig:
 
 @dataclass
 class AveragingConfig:
-    """Weight averaging evaluated during a run (:mod:`bnrotation.averaging`, issue 4).
+    """Weight averaging evaluated during a run (:mod:`bnrotation.averaging`).
 
     An EMA of the weights per decay in ``ema_decays`` (one update per
     optimizer step, the first update copies), and a tail average of the
@@ -228,7 +228,7 @@ class RunConfig:
     threads: int = 0  # torch intra-op threads; 0: SLURM_CPUS_PER_TASK under SLURM, else torch's default
     deterministic: bool = False  # torch.use_deterministic_algorithms + cuDNN flags (GPU runs; recorded in run.json)
     # How the evaluation-mode passes run (checks, interventions, averaging, the monitor): compiled (torch.compile,
-    # one graph per network; bnrotation.probes.CompiledEvaluation) | eager | auto (compiled for a CPU run of at
+    # one graph per network; bnrotation.evaluation.CompiledEvaluation) | eager | auto (compiled for a CPU run of at
     # least EVAL_COMPILED_MIN_STEPS steps, where the passes outweigh the compile). An execution setting.
     eval_backend: str = "auto"
     dtype: str = "float32"  # float32 | float64 (DTYPES): weights, data, statistics; changes the results

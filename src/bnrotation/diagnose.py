@@ -33,10 +33,10 @@ from .analysis import interventions as logged
 from .analysis.results import BadRunError, load_run, read_table
 from .checkpoints import checkpoint_path, load_checkpoint
 from .config import ConfigError, RunConfig, to_run_config
-from .model import build_model
+from .evaluation import eval_chunk
 from .interventions import Interventions, layer_lags, run_interventions, top_k_accuracy
-from .probes import eval_chunk
-from .runner import resolve_device
+from .model import build_model
+from .runtime import resolve_device
 from .task import NoisyTemplates, heldout_set, reestimation_batches
 
 KEYS = {"run": "run folder, runs/<row>/seed=<s> (required)",

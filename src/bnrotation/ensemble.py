@@ -13,9 +13,10 @@ alone, so no member sees another's data, and the gradient of each member's
 loss, summed over members, reaches only that member's weights: the batched
 model trains each member as it would train alone, up to the order of
 floating-point sums inside the grouped kernels. This is the runner's
-``batch_seeds`` option (:func:`bnrotation.runner.run`). The batch-norm
-patching utilities of ``torch.func`` drop the running statistics, which the
-study is about, so they are not used.
+``batch_seeds`` option (:func:`bnrotation.runner.run_seeds`), whose training
+step is :class:`BatchedTrainer` (:class:`Trainer` for one seed alone). The
+batch-norm patching utilities of ``torch.func`` drop the running statistics,
+which the study is about, so they are not used.
 
 Every tensor of the batched model (parameters, buffers, gradients, optimizer
 state) holds member s in its dim-0 chunk s of S (:func:`member_slice`), except
@@ -31,6 +32,9 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 from torch.nn.modules.batchnorm import _BatchNorm
+
+from .config import OptimizerConfig, ScheduleConfig
+from .optim import build_optimizer, build_schedule
 
 
 class GroupedLinear(nn.Module):
@@ -217,3 +221,90 @@ def member_losses(logits: torch.Tensor, targets: list[torch.Tensor]) -> torch.Te
     n = logits.shape[0]
     per = logits.reshape(n, s, -1)  # (N, S, K)
     return torch.stack([F.cross_entropy(per[:, m], y) for m, y in enumerate(targets)])
+
+
+# ----------------------------------------------------------------------------- the training step
+class Trainer:
+    """The training step of one seed alone: the seed's own model, optimizer and schedule.
+
+    Args:
+        model, optimizer: the seed's own; ``schedule``: its learning-rate schedule, or None.
+        memory_format: the inputs' (``torch.channels_last`` or ``torch.contiguous_format``).
+    """
+
+    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer,
+                 schedule: torch.optim.lr_scheduler.LRScheduler | None, memory_format: torch.memory_format):
+        self.model, self.optimizer, self.schedule, self.fmt = model, optimizer, schedule, memory_format
+
+    def losses(self, batches: list[tuple[torch.Tensor, torch.Tensor]]) -> list[torch.Tensor]:
+        """The mean cross-entropy of the one batch ``[(x (N, ...), y (N,))]``, as ``[() tensor]``, with the
+        gradients of the model set from it (no host synchronisation)."""
+        (x, y), = batches
+        loss = F.cross_entropy(self.model(x.contiguous(memory_format=self.fmt)), y)
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        return [loss]
+
+    def step(self) -> None:
+        """One optimizer step, then one schedule step."""
+        self.optimizer.step()
+        if self.schedule is not None:
+            self.schedule.step()
+
+    def sync(self, grads: bool = False) -> None:
+        """Nothing to do: the seed's model is the one that trains."""
+
+    def sync_optimizer(self) -> None:
+        """Nothing to do: the seed's optimizer is the one that steps."""
+
+
+class BatchedTrainer(Trainer):
+    """The training step of several seeds as one batched model (:func:`stack_models`), with one batched
+    optimizer and schedule built from the same config as each seed's own; :meth:`sync` copies each seed's
+    part back into its own plain model, where everything is measured.
+
+    Args:
+        models, optimizers, schedules: each seed's own, in member order (the schedules all None or none).
+        optimizer_cfg, schedule_cfg, steps: what the seeds' own optimizers and schedules were built from.
+        memory_format: the inputs'.
+        resumed: the seeds' optimizers and schedules hold a resumed state (all at the same step), which the
+            batched ones take.
+    """
+
+    def __init__(self, models: list[nn.Module], optimizers: list[torch.optim.Optimizer],
+                 schedules: list[torch.optim.lr_scheduler.LRScheduler | None], optimizer_cfg: OptimizerConfig,
+                 schedule_cfg: ScheduleConfig, steps: int, memory_format: torch.memory_format, resumed: bool):
+        self.models, self.optimizers, self.schedules = models, optimizers, schedules
+        self.n = len(models)
+        batched = stack_models(models)
+        optimizer = build_optimizer(optimizer_cfg, batched, members=self.n)
+        super().__init__(batched, optimizer, build_schedule(schedule_cfg, optimizer, steps), memory_format)
+        if resumed:
+            load_optimizer_members(self.optimizer, self.model, optimizers, models)
+            if self.schedule is not None:
+                self.schedule.load_state_dict(schedules[0].state_dict())
+
+    def losses(self, batches: list[tuple[torch.Tensor, torch.Tensor]]) -> list[torch.Tensor]:
+        """Each seed's mean cross-entropy on its own batch, ``[() tensor]`` in member order; the gradients of
+        the batched model are those of their sum (:func:`member_losses`)."""
+        x = stacked_inputs([xb for xb, _ in batches]).contiguous(memory_format=self.fmt)
+        losses = member_losses(self.model(x), [yb for _, yb in batches])
+        self.optimizer.zero_grad(set_to_none=True)
+        losses.sum().backward()
+        return list(losses.detach())
+
+    def sync(self, grads: bool = False) -> None:
+        """Each seed's plain model takes its part of the batched one (its gradients too, with ``grads``), and
+        each seed's optimizer the learning rates the batched schedule set (the checks log them)."""
+        for i, (model, optimizer) in enumerate(zip(self.models, self.optimizers, strict=True)):
+            copy_member(self.model, i, self.n, model, grads=grads)
+            for g_member, g in zip(optimizer.param_groups, self.optimizer.param_groups, strict=True):
+                g_member["lr"] = g["lr"]
+
+    def sync_optimizer(self) -> None:
+        """Each seed's own optimizer and schedule take its part of the batched state (to save it)."""
+        for i, (model, optimizer, schedule) in enumerate(zip(self.models, self.optimizers, self.schedules,
+                                                             strict=True)):
+            member_optimizer_state(self.optimizer, self.model, i, self.n, optimizer, model)
+            if self.schedule is not None:
+                schedule.load_state_dict(self.schedule.state_dict())

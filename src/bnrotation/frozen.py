@@ -94,10 +94,12 @@ from .config import ConfigError, ModelConfig, OptimizerConfig, TaskConfig
 from .model import ConvNet, build_model
 from .monitor import StalenessMonitor
 from .optim import build_optimizer
-from .probes import accuracy, eval_chunk
+from .evaluation import eval_chunk
+from .probes import accuracy
 from .provenance import describe_built, git_state
 from .rows import FROZEN_MODES, FROZEN_SEEDS, frozen_row
-from .runner import RunLock, resolve_threads
+from .rundir import RunLock
+from .runtime import resolve_threads
 from .task import NoisyTemplates, generator, stream_seed
 
 __all__ = ["FrozenConfig", "PretrainConfig", "FinetuneConfig", "ShiftConfig", "MODES", "load_config",
@@ -576,7 +578,7 @@ def run(cfg: FrozenConfig, *, progress: bool = False) -> Path | None:
     Raises:
         FileExistsError: a finished run with another config is in the way (and ``force`` is off).
         RuntimeError: a backbone parameter changed during fine-tuning (:func:`assert_backbone_unchanged`).
-        runner.RunBusyError: another process is running it now.
+        rundir.RunBusyError: another process is running it now.
     """
     out = records.run_dir(cfg.results_root, cfg.row, cfg.seed)
     config_text = yaml.safe_dump(config_dict(cfg), sort_keys=True)

@@ -46,10 +46,12 @@ import torch.nn as nn
 from torch.nn.modules.batchnorm import _BatchNorm
 from torch.overrides import TorchFunctionMode
 
+from .batches import sample_count, split_batch
 from .bnstats import (NORM_LAYER_KINDS, NonFinite, batch_statistics, nonfinite_state, norm_layers,
                       running_stat_layers)
-from .probes import (batch_statistics_pass, channel_cosines, channel_norms, cosine, drift_sigma_per_step,
-                     evaluation_forward, evaluation_mode, lag_sigma, predicted_lag_sigma, rotation_deg)
+from .evaluation import evaluation_forward, evaluation_mode
+from .probes import (batch_statistics_pass, channel_cosines, channel_norms, cosine, drift_sigma_per_step, lag_sigma,
+                     predicted_lag_sigma, rotation_deg)
 
 __all__ = ["StalenessMonitor", "MonitorRecord", "Thresholds", "StaleStatisticsWarning", "MonitorSetupWarning",
            "find_pairs", "Pairing", "NormPair", "NormLeafTracer", "channel_axis_after", "split_probe", "mode_check",
@@ -81,19 +83,12 @@ def _buffers_kept(model: nn.Module):
                 b.copy_(v)
 
 
-def _probe_len(x) -> int:
-    """Samples in probe inputs: a tensor's first dim, or that of a mapping's first tensor."""
-    if isinstance(x, torch.Tensor):
-        return len(x)
-    return next((len(v) for v in x.values() if isinstance(v, torch.Tensor) and v.dim() > 0), 0)
-
-
 def _probe_head(x, n: int):
     """The first ``n`` samples of probe inputs: of a tensor, or of every tensor of a mapping that has one
     value per sample (other values as they are)."""
     if isinstance(x, torch.Tensor):
         return x[:n]
-    total = _probe_len(x)
+    total = sample_count(x)
     return {k: v[:n] if isinstance(v, torch.Tensor) and v.dim() > 0 and len(v) == total else v
             for k, v in x.items()}
 
@@ -666,34 +661,13 @@ def find_pairs(model: nn.Module, x=None, running_statistics_only: bool = True) -
 # ----------------------------------------------------------------------------- the probe batch
 def split_probe(probe, input_key: str | None = "input", target_key: str = "target") -> tuple[torch.Tensor,
                                                                                             torch.Tensor | None]:
-    """``(x, y)`` from a probe batch: a tensor (no labels), an ``(x, y)`` or ``(x,)`` tuple or list, or a
-    mapping with ``input_key`` (and optionally ``target_key``). With ``input_key=None`` a mapping is the model's
-    input whole (a model whose ``forward(batch)`` reads its own keys): ``x`` is the mapping, ``y`` still
-    ``probe[target_key]`` if present.
+    """``(x, y)`` from a probe batch, read as :func:`bnrotation.batches.split_batch` reads any batch (a tensor,
+    an ``(x, y)`` or ``(x,)`` tuple or list, or a mapping), labels checked.
 
     Raises:
-        TypeError: naming what was found, for anything else.
-        ValueError: when labels are given but their count differs from the inputs'.
+        TypeError, ValueError: as :func:`bnrotation.batches.split_batch`, naming the probe.
     """
-    if isinstance(probe, torch.Tensor):
-        x, y = probe, None
-    elif isinstance(probe, (tuple, list)) and len(probe) in (1, 2) and isinstance(probe[0], torch.Tensor):
-        x, y = probe[0], probe[1] if len(probe) > 1 else None
-    elif isinstance(probe, Mapping) and input_key is None and _probe_len(probe):
-        x, y = dict(probe), probe.get(target_key)
-    elif isinstance(probe, Mapping) and input_key is not None and isinstance(probe.get(input_key), torch.Tensor):
-        x, y = probe[input_key], probe.get(target_key)
-    else:
-        keys = f" (keys: {sorted(map(str, probe))})" if isinstance(probe, Mapping) else ""
-        n = f" of {len(probe)} items" if isinstance(probe, (tuple, list)) else ""
-        whole = (" (input_key=None passes a mapping whole; it needs a tensor with one value per sample)"
-                 if isinstance(probe, Mapping) else "")
-        raise TypeError(f"probe: expected a tensor, an (input, target) tuple, or a mapping with a tensor under "
-                        f"{input_key!r}; got {type(probe).__name__}{n}{keys}{whole}")
-    if y is not None and (not isinstance(y, torch.Tensor) or len(y) != _probe_len(x)):
-        raise ValueError(f"probe: {_probe_len(x)} inputs but labels {type(y).__name__} "
-                         f"{tuple(y.shape) if isinstance(y, torch.Tensor) else ''}")
-    return x, y
+    return split_batch(probe, input_key, target_key, what="probe")
 
 
 def _check_probe(model: nn.Module, x, y: torch.Tensor | None) -> None:
@@ -1024,7 +998,7 @@ class StalenessMonitor:
         model = uncompiled(model)
         self.model = model
         self.x, self.y = split_probe(probe, input_key, target_key)
-        n = _probe_len(self.x)
+        n = sample_count(self.x)
         if n < 2:
             raise ValueError(f"probe: BatchNorm needs at least 2 samples for batch statistics, got {n}")
         if warmup_steps is not None and (isinstance(warmup_steps, bool) or not isinstance(warmup_steps, int)

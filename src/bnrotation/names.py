@@ -5,7 +5,7 @@
 :func:`bnrotation.optim.build_optimizer` and :func:`bnrotation.optim.build_schedule`
 build objects whose class names ``run.json`` records. The analysis compares
 those records with these tables to refuse a run whose optimizer is not what its
-row means (:func:`bnrotation.analysis.results.check_against_row`); a test
+row means (:func:`bnrotation.rows.check_against_row`); a test
 builds every name and checks the class against them.
 """
 

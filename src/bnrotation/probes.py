@@ -3,21 +3,17 @@
 Every probe is a pure function of tensors (or of a model and a batch) and of
 what it measured last time; the runner decides when to call it. Angles are in
 degrees, statistics in units of the channel's standard deviation (sigma),
-rates per optimizer step.
+rates per optimizer step. How an evaluation-mode pass runs (in chunks,
+compiled or eagerly) is :mod:`bnrotation.evaluation`'s; it changes no result.
 """
 
 from __future__ import annotations
-
-import copy
-import warnings
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 
 import torch
 import torch.nn as nn
 
 from .bnstats import batch_statistics, norm_layers
-from .provenance import compile_cache_per_kernel_path
+from .evaluation import evaluation_call, evaluation_mode
 
 
 def _channels(w: torch.Tensor) -> torch.Tensor:
@@ -93,9 +89,9 @@ def input_moments(z: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     ``(Σc² - r² / n) / (n - 1)`` with ``r = Σc`` (the corrected two-pass algorithm; Chan, Golub and LeVeque,
     "Algorithms for computing the sample variance", The American Statistician 37(3), 1983). The centring
     keeps the variance accurate when |mean| is many σ. Against float64 the mean is within 1e-6 σ and the
-    variance within 1e-5 relative, also at |mean| = 30σ (``tests/test_probes.py``). On a CPU it took 0.052 s
-    against ``torch.var_mean``'s 0.092 s for a 512x32x32x32 input (`make bench`, section (c)): ``var_mean``'s
-    float32 reductions accumulate in float64.
+    variance within 1e-5 relative, also at |mean| = 30σ (``tests/test_probes.py``). On a CPU it is faster
+    than ``torch.var_mean``, whose float32 reductions accumulate in float64 (`make bench`, section (c), times
+    both).
 
     Raises:
         ValueError: for an input of fewer than 2 dims (:func:`channel_dims`).
@@ -181,132 +177,13 @@ def predicted_lag_sigma(drift: torch.Tensor, momentum: float) -> torch.Tensor:
     return drift * (1.0 - momentum) / momentum
 
 
-# Held-out samples per evaluation-mode forward pass on a CPU (checks, interventions, averaging): small chunks
-# keep the activations in cache, where 1,000 at a time do not. On one thread 64 took 1.0 s for the study's
-# network on the 4,000 held-out samples against 1.8 s at 128 (ResNet-20 on 16x16 images: 1.2 s both); make
-# bench measures it (results/bench.md, "chunk size"). On a GPU the whole set goes in one pass.
-EVAL_CHUNK = 64
-
-
-def eval_chunk(device: torch.device, n: int) -> int:
-    """Samples per evaluation-mode forward pass: ``EVAL_CHUNK`` on a CPU, all ``n`` at once on a GPU.
-
-    Evaluation-mode outputs are per sample, so the accuracy does not depend on it.
-    """
-    return n if device.type == "cuda" else min(EVAL_CHUNK, n)
-
-
-class CompiledEvaluation:
-    """Evaluation-mode forward passes through one ``torch.compile``d graph per network structure.
-
-    The graph is of ``torch.func.functional_call(template, state, x)``: the network's parameters and buffers
-    are its inputs, so every model of the same structure and memory format (the live model, its averaged
-    copies, a copy with fresh statistics swapped in) runs through the same compiled graph, with no
-    recompilation; each chunk size compiles once (``dynamic=False``). The template is a copy of the first
-    such model in evaluation mode, kept per ``repr`` (which holds every layer's shape, ε and momentum).
-
-    `make bench`, section (d) (``results/bench.md``): on the study's network on two CPU threads a chunked
-    evaluation pass took 0.88x of eager time after a compile of about 1 s, and its outputs agreed with eager
-    execution to 7e-8. If the compiler fails, it warns once and runs eagerly from then on.
-    """
-
-    def __init__(self) -> None:
-        self.templates: dict[str, nn.Module] = {}
-        self.failed: str | None = None
-        self.fn = torch.compile(self._forward, dynamic=False)
-
-    @staticmethod
-    def _forward(template: nn.Module, state: dict[str, torch.Tensor], x: torch.Tensor) -> torch.Tensor:
-        return torch.func.functional_call(template, state, (x,))
-
-    def forward(self, model: nn.Module) -> Callable[[torch.Tensor], torch.Tensor]:
-        """``x (N, ...) -> model's output`` in evaluation mode, for a model already in evaluation mode."""
-        if self.failed:
-            return model
-        key = repr(model)
-        if key not in self.templates:
-            self.templates[key] = copy.deepcopy(model).eval()
-        template = self.templates[key]
-        state = {**dict(model.named_parameters()), **dict(model.named_buffers())}
-
-        def call(x: torch.Tensor) -> torch.Tensor:
-            if self.failed:
-                return model(x)
-            try:
-                return self.fn(template, state, x)
-            except Exception as err:  # noqa: BLE001 - a compiler that cannot run here: eager from now on
-                self.failed = f"{type(err).__name__}: {str(err).splitlines()[0][:200] if str(err) else ''}"
-                warnings.warn(f"compiled evaluation failed ({self.failed}); evaluating eagerly from now on",
-                              RuntimeWarning, stacklevel=2)
-                return model(x)
-
-        return call
-
-
-_compiled: CompiledEvaluation | None = None
-
-
-@contextmanager
-def compiled_evaluation(enabled: bool = True) -> Iterator[CompiledEvaluation | None]:
-    """Inside the block every evaluation-mode pass of :func:`accuracy` and :func:`evaluation_forward` runs
-    through a :class:`CompiledEvaluation` (when ``enabled``); on exit the compiled graphs are dropped
-    (``torch.compiler.reset``), so that a process running many runs never reaches the recompile limit. The
-    compiled code is cached per CPU kernel path (:func:`.provenance.compile_cache_per_kernel_path`)."""
-    global _compiled
-    previous = _compiled
-    if enabled:
-        compile_cache_per_kernel_path()
-    _compiled = CompiledEvaluation() if enabled else None
-    try:
-        yield _compiled
-    finally:
-        if _compiled is not None:
-            torch.compiler.reset()
-        _compiled = previous
-
-
-def compiled_evaluation_active() -> bool:
-    """Whether evaluation-mode passes run compiled now (inside :func:`compiled_evaluation`)."""
-    return _compiled is not None
-
-
-def _evaluation_call(model: nn.Module) -> Callable[[torch.Tensor], torch.Tensor]:
-    """The callable an evaluation-mode pass uses: compiled inside :func:`compiled_evaluation`, else the model."""
-    return _compiled.forward(model) if _compiled is not None else model
-
-
-@contextmanager
-def evaluation_mode(model: nn.Module) -> Iterator[nn.Module]:
-    """``model.eval()`` inside the block; every module's training flag is restored after, also on an error."""
-    flags = {m: m.training for m in model.modules()}
-    try:
-        yield model.eval()
-    finally:
-        for m, f in flags.items():
-            m.training = f
-
-
-def evaluation_forward(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
-    """The model's output on ``x`` (N, ...) in evaluation mode (running statistics), flags restored after
-    (:func:`evaluation_mode`). On a CPU in chunks of :data:`EVAL_CHUNK` samples (:func:`eval_chunk`): each
-    sample's output is its own in evaluation mode, and small chunks stay in cache (`make bench`, section (c)).
-    Compiled inside :func:`compiled_evaluation`. A mapping ``x`` (a model that reads its input's keys) goes
-    through in one pass."""
-    with evaluation_mode(model):
-        forward = _evaluation_call(model)
-        if not isinstance(x, torch.Tensor):
-            return forward(x)  # a mapping the model reads whole: one pass
-        chunk = eval_chunk(x.device, len(x))
-        return forward(x) if chunk >= len(x) else torch.cat([forward(c) for c in x.split(chunk)])
-
-
 @torch.no_grad()
 def accuracy(model: nn.Module, x: torch.Tensor, y: torch.Tensor, mode: str, chunk: int = 1000) -> float:
     """Top-1 accuracy on (x, y), as a fraction.
 
     ``mode="eval"``: ``model.eval()``, running statistics, in chunks of
     ``chunk`` samples (results do not depend on the chunking); compiled inside
-    :func:`compiled_evaluation`.
+    :func:`.evaluation.compiled_evaluation`.
     ``mode="train"``: BatchNorm normalises with the statistics of the whole
     set ``x`` in one pass (:func:`bnstats.batch_statistics`); no running
     statistic changes.
@@ -320,7 +197,7 @@ def accuracy(model: nn.Module, x: torch.Tensor, y: torch.Tensor, mode: str, chun
     if mode != "eval":
         raise ValueError(f"accuracy: mode must be 'eval' or 'train', got {mode!r}")
     with evaluation_mode(model):
-        forward = _evaluation_call(model)
+        forward = evaluation_call(model)
         correct = torch.zeros((), dtype=torch.long, device=y.device)  # counted on the device: one sync
         for xc, yc in zip(x.split(chunk), y.split(chunk)):
             correct += (forward(xc).argmax(1) == yc).sum()

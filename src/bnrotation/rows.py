@@ -3,7 +3,8 @@
 ``conf/experiment/<row>.yaml`` says how to run a row; this registry says what
 the row *is* (optimizer, learning rate, schedule, BatchNorm momentum, ...) and
 what the article published for it. The table compares every run's read-back
-``run.json`` with this registry, so a config edit that never reached the run
+``run.json`` with this registry (:func:`check_against_row`; the runner asks the
+same before its first step), so a config edit that never reached the run
 (the article's window-test mistake) cannot go unnoticed. A test checks that
 every experiment file composes to the settings declared here.
 
@@ -12,8 +13,11 @@ No torch here: the analysis imports this module.
 
 from __future__ import annotations
 
+import math
 import sys
 from dataclasses import dataclass, field
+
+from .names import ARCH_CLASSES, OPTIMIZER_CLASSES, PROJECTION_MODES, SCHEDULE_CLASSES
 
 
 @dataclass(frozen=True)
@@ -189,6 +193,64 @@ def row_order(name: str) -> tuple[int, str]:
     """Sort key: registry order first, unknown (user-made) rows after, by name."""
     names = list(ROWS)
     return (names.index(name), name) if name in ROWS else (len(names), name)
+
+
+def check_against_row(info: dict, spec: RowSpec) -> list[str]:
+    """What ``run.json`` (read back from the built objects) says that contradicts the row's meaning.
+
+    Returns:
+        One line per contradiction; empty when the run is what its row says.
+    """
+    problems = []
+    opt = info.get("optimizer", {})
+    unknown = [f"the row's {what} {name!r} has no entry in bnrotation/names.py {table_name} (known: "
+               f"{', '.join(table)}); add the class it builds there"
+               for what, name, table, table_name in (
+                   ("optimizer", spec.optimizer, OPTIMIZER_CLASSES, "OPTIMIZER_CLASSES"),
+                   ("schedule", spec.schedule, SCHEDULE_CLASSES, "SCHEDULE_CLASSES"))
+               if name not in table]
+    if unknown:
+        return unknown
+    want_cls = OPTIMIZER_CLASSES[spec.optimizer]
+    if opt.get("class") != want_cls:
+        problems.append(f"optimizer class {opt.get('class')!r}, the row means {want_cls!r}")
+    for g in opt.get("param_groups", []):
+        if not math.isclose(float(g.get("lr", math.nan)), spec.lr, rel_tol=1e-9):
+            problems.append(f"learning rate {g.get('lr')} in group {g.get('name')!r}, the row means {spec.lr}")
+        if not math.isclose(float(g.get("weight_decay", 0.0)), spec.weight_decay, rel_tol=1e-9, abs_tol=0.0):
+            problems.append(f"weight decay {g.get('weight_decay')} in group {g.get('name')!r}, "
+                            f"the row means {spec.weight_decay}")
+        for key, want in spec.extra.items():  # e.g. AdamP's delta and wd_ratio
+            got = g.get(key)
+            if not isinstance(got, (int, float)) or not math.isclose(float(got), float(want), rel_tol=1e-9):
+                problems.append(f"{key} {got!r} in group {g.get('name')!r}, the row means {want}")
+    modes = info.get("projection", {}).get("mode", [])
+    want_modes = sorted(set(PROJECTION_MODES.get(spec.optimizer, ())))
+    if sorted(modes) != want_modes:
+        problems.append(f"projection modes {modes}, the row means {want_modes}")
+    sched = info.get("schedule")
+    got_sched = sched.get("class") if isinstance(sched, dict) else None
+    if got_sched != SCHEDULE_CLASSES[spec.schedule]:
+        problems.append(f"schedule {got_sched!r}, the row means {spec.schedule!r}")
+    model_class = info.get("model", {}).get("class")  # absent from runs made before the suite had two networks
+    if model_class is not None and model_class != ARCH_CLASSES.get(spec.arch):
+        problems.append(f"network {model_class!r}, the row means {ARCH_CLASSES.get(spec.arch)!r}")
+    norms = info.get("norm_layers", {})
+    if not norms:
+        problems.append("no norm layer read back")
+    for name, n in norms.items():
+        if spec.norm == "batch":
+            if n.get("class") != "BatchNorm2d":
+                problems.append(f"{name} is {n.get('class')}, the row means BatchNorm2d")
+            elif not math.isclose(float(n.get("momentum") or math.nan), spec.bn_momentum, rel_tol=1e-9):
+                problems.append(f"{name} ran with BatchNorm momentum {n.get('momentum')}, "
+                                f"the row means {spec.bn_momentum}")
+        else:
+            groups = {"group": 8, "layer": 1}[spec.norm]
+            if n.get("class") != "GroupNorm" or n.get("num_groups") != groups:
+                problems.append(f"{name} is {n.get('class')} with {n.get('num_groups')} groups, "
+                                f"the row means GroupNorm with {groups}")
+    return problems
 
 
 def main(argv: list[str]) -> int:

@@ -9,74 +9,50 @@ The training step itself does no host synchronisation: the loss is read only
 at check steps, and divergence is tracked on the device and read at the steps
 that measure something.
 
-A run holds a lock on its folder while it trains (:class:`RunLock`), so one
-process trains a run at a time. On SIGTERM, SIGINT or submitit's preemption
-signal it stops at the next step boundary and saves a resumable state
-(``resume.pt``, written atomically); the next sweep resumes it from there,
-with results identical to an uninterrupted run on the same machine.
+A run holds a lock on its folder while it trains, and decides there whether
+to skip, refuse, resume or start anew (:mod:`bnrotation.rundir`). Threads,
+deterministic kernels, the device and compiled evaluation are set before the
+first step (:mod:`bnrotation.runtime`). On SIGTERM, SIGINT or submitit's
+preemption signal it stops at the next step boundary and saves a resumable
+state (``resume.pt``, written atomically); the next sweep resumes it from
+there, with results identical to an uninterrupted run on the same machine.
+Several seeds train as one batched model through :mod:`bnrotation.ensemble`.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import datetime as dt
-import fcntl
 import io
-import os
-import platform
-import shutil
 import signal
 import sys
 import time
-from contextlib import ExitStack, contextmanager
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import torch
-import torch.nn.functional as F
-import yaml
-from omegaconf import OmegaConf
 from tqdm.auto import tqdm
 
 from . import ensemble, records
-from .analysis.results import check_against_row
 from .averaging import RunAverages
 from .bnstats import running_stat_layers
 from .checkpoints import checkpoint_path, save_checkpoint
-from .config import EVAL_COMPILED_MIN_STEPS, ConfigError, RunConfig, check_row, semantic_dict
+from .config import ConfigError, RunConfig, check_row
+from .evaluation import compiled_evaluation, compiled_evaluation_active, eval_chunk
 from .interventions import run_interventions
 from .model import build_model
 from .monitor import StalenessMonitor
 from .optim import build_optimizer, build_schedule
-from .probes import accuracy, batch_statistics_pass, compiled_evaluation, compiled_evaluation_active, eval_chunk
+from .probes import accuracy, batch_statistics_pass
 from .provenance import describe_built
-from .rows import ROWS
+from .rows import ROWS, check_against_row
+from .rundir import RESUME_FILE, RunLock, config_yaml, prepare_run_dir
+from .runtime import (RunInterrupted, evaluation_compiled, pass_on_to_submitit, resolve_device, resolve_threads,
+                      set_determinism, stop_signals)
 from .task import NoisyTemplates, generator, heldout_set, memory_format, probe_set, reestimation_batches, run_dtype
-
-RESUME_FILE = "resume.pt"
-STOP_SIGNALS = ("SIGTERM", "SIGINT", "SIGUSR2")  # SIGUSR2: submitit's default preemption / time-out signal
-
-
-class RunExistsError(RuntimeError):
-    """A finished run with a different config sits where this run would write."""
-
-
-class RunBusyError(RuntimeError):
-    """Another process holds the run's lock: it is training that run now."""
-
-
-class RunInterrupted(Exception):
-    """The run stopped on a signal at a step boundary and saved a resumable state.
-
-    Attributes:
-        signum: the signal; step: the last completed step; path: the saved state.
-    """
-
-    def __init__(self, signum: int, step: int, path: Path):
-        self.signum, self.step, self.path = signum, step, path
-        super().__init__(f"stopped by {signal.Signals(signum).name} after step {step}; resumable state in {path}")
 
 
 # ----------------------------------------------------------------------------- schedule of a run
@@ -109,174 +85,6 @@ def averaging_steps(cfg: RunConfig) -> list[int]:
 def dense_steps(cfg: RunConfig) -> set[int]:
     """Every step from each start in ``scale.dense_windows`` to start + ``scale.dense_length`` inclusive."""
     return {w + i for w in cfg.scale.dense_windows for i in range(cfg.scale.dense_length + 1)}
-
-
-# ----------------------------------------------------------------------------- the run folder
-def config_yaml(cfg: RunConfig) -> str:
-    return OmegaConf.to_yaml(OmegaConf.structured(cfg))
-
-
-def _saved_config(out: Path) -> dict:
-    """The semantic config of the run in ``out`` (keys added to the schema since count as their defaults).
-
-    Raises:
-        RunExistsError: when its config.yaml no longer fits the schema.
-    """
-    old = yaml.safe_load((out / "config.yaml").read_text()) if (out / "config.yaml").exists() else {}
-    try:
-        return semantic_dict(OmegaConf.merge(OmegaConf.structured(RunConfig), old or {}))
-    except Exception as err:  # noqa: BLE001 - a key the schema no longer has, or a wrong type
-        raise RunExistsError(f"{out} holds a run whose config.yaml does not fit this suite's schema "
-                             f"({str(err).splitlines()[0]}); rerun with force=true to replace it") from err
-
-
-def prepare_run_dir(cfg: RunConfig) -> tuple[Path | None, bool]:
-    """Decide what to do with the run's folder: ``(folder, resume)``, or ``(None, False)`` to skip.
-
-    * ``DONE`` present and the same config (up to keys that do not change
-      results): skip, unless ``force``.
-    * ``DONE`` present, a different config: refuse, unless ``force``.
-    * no ``DONE``, a resumable state (``resume.pt``) and the same config: resume, unless ``force``.
-    * otherwise: a crashed or killed run; removed and rerun from scratch.
-      A folder that is replaced loses its ``DONE`` before anything else.
-
-    Call it while holding the run's :class:`RunLock`.
-
-    Raises:
-        RunExistsError: naming the folder and the keys that differ.
-    """
-    out = records.run_dir(cfg.results_root, cfg.row, cfg.seed)
-    if (out / records.DONE).exists() and not cfg.force:
-        old, new = _saved_config(out), semantic_dict(cfg)
-        if old == new:
-            return None, False
-        raise RunExistsError(f"{out} holds a finished run with a different config (keys "
-                             f"{sorted(_diff_keys(old, new))}); rerun with force=true to replace it, or give this "
-                             "variant its own row=<name>")
-    if (out / RESUME_FILE).exists() and not cfg.force and _saved_config(out) == semantic_dict(cfg):
-        return out, True
-    if out.exists():
-        (out / records.DONE).unlink(missing_ok=True)  # first: a kill during the removal leaves a crashed run
-        shutil.rmtree(out)
-    out.mkdir(parents=True)
-    return out, False
-
-
-def _diff_keys(a: dict, b: dict, prefix: str = "") -> list[str]:
-    keys = []
-    for k in sorted(set(a) | set(b)):
-        va, vb = a.get(k), b.get(k)
-        if isinstance(va, dict) and isinstance(vb, dict):
-            keys += _diff_keys(va, vb, f"{prefix}{k}.")
-        elif va != vb:
-            keys.append(prefix + k)
-    return keys
-
-
-class RunLock:
-    """An exclusive lock on one run, ``<results root>/locks/<row>/seed=<s>.lock`` (``fcntl.flock``), outside the
-    run's folder, which a rerun removes and makes anew.
-
-    The kernel releases it when the holding process dies, however it dies, so a
-    stale lock never blocks a rerun. A second process that asks for a held lock
-    is refused at once (:class:`RunBusyError`) with the holder's pid and host.
-    """
-
-    def __init__(self, results_root: str | Path, row: str, seed: int):
-        self.run_dir = records.run_dir(results_root, row, seed)
-        self.path = Path(results_root) / "locks" / row / f"seed={seed}.lock"
-        self.fd: int | None = None
-
-    def __enter__(self) -> "RunLock":
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = os.pread(fd, 200, 0).decode(errors="replace").strip() or "another process"
-            os.close(fd)
-            raise RunBusyError(f"{self.run_dir} is being trained by {holder}; not started here "
-                               "(rerun the sweep once it has finished)") from None
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"pid {os.getpid()} on {platform.node()} since "
-                      f"{dt.datetime.now(dt.timezone.utc).isoformat(timespec='seconds')}".encode(), 0)
-        self.fd = fd
-        return self
-
-    def __exit__(self, *exc) -> None:
-        if self.fd is not None:
-            os.close(self.fd)  # releases the lock
-            self.fd = None
-
-
-# ----------------------------------------------------------------------------- where and how it runs
-def resolve_threads(threads: int) -> int:
-    """Set torch's intra-op threads for a run and return how many it uses.
-
-    ``threads > 0`` is taken as is. ``0`` means: what the launcher gave the
-    job, i.e. ``SLURM_CPUS_PER_TASK`` under SLURM, else torch's default, which
-    follows ``OMP_NUM_THREADS`` (joblib's workers get cores // n_jobs).
-    """
-    if threads == 0 and os.environ.get("SLURM_CPUS_PER_TASK", "").isdigit():
-        threads = int(os.environ["SLURM_CPUS_PER_TASK"])
-    if threads > 0:
-        torch.set_num_threads(threads)
-    return torch.get_num_threads()
-
-
-def set_determinism(on: bool, device: torch.device) -> dict:
-    """Switch deterministic kernels on or off for this process; returns the flags now in force.
-
-    ``on``: ``torch.use_deterministic_algorithms(True)`` (an op without a
-    deterministic kernel raises), cuDNN deterministic with autotuning off, and
-    on CUDA ``CUBLAS_WORKSPACE_CONFIG=:4096:8`` unless already set (cuBLAS
-    needs it to be deterministic). CPU kernels here are deterministic either
-    way; on a GPU the switch trades speed for bitwise-repeatable runs.
-    """
-    if on and device.type == "cuda":
-        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
-    torch.use_deterministic_algorithms(on)
-    torch.backends.cudnn.deterministic = on
-    torch.backends.cudnn.benchmark = False
-    return {"deterministic_algorithms": torch.are_deterministic_algorithms_enabled(),
-            "cudnn_deterministic": torch.backends.cudnn.deterministic,
-            "cudnn_benchmark": torch.backends.cudnn.benchmark,
-            "cublas_workspace_config": os.environ.get("CUBLAS_WORKSPACE_CONFIG")}
-
-
-def resolve_device(name: str) -> torch.device:
-    """``auto``: CUDA when torch sees a GPU, else the CPU.
-
-    Raises:
-        ConfigError: for ``cuda`` on a machine where torch sees no GPU.
-    """
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if name == "cuda" and not torch.cuda.is_available():
-        raise ConfigError("device: expected auto or cpu on this machine, got 'cuda': torch sees no CUDA device")
-    return torch.device(name)
-
-
-@contextmanager
-def stop_signals():
-    """Catch SIGTERM, SIGINT and SIGUSR2 for the duration of a run: each sets a flag the loop reads at the
-    next step boundary. Yields ``{"signum": int | None, "previous": handler}``; the previous handlers are
-    restored on exit. A signal that the loop never read (it arrived after the last step boundary) is raised again
-    by :func:`run_seeds` once they are. Outside the main thread (joblib's threads) nothing is caught."""
-    caught: dict = {"signum": None, "previous": None}
-    names = [n for n in STOP_SIGNALS if hasattr(signal, n)]
-    try:
-        previous = {n: signal.getsignal(getattr(signal, n)) for n in names}
-        for n in names:
-            signal.signal(getattr(signal, n), lambda signum, frame: caught.update(
-                signum=signum, previous=previous[signal.Signals(signum).name]))
-    except ValueError:  # not the main thread
-        previous = {}
-    try:
-        yield caught
-    finally:
-        for n, handler in previous.items():
-            signal.signal(getattr(signal, n), handler)
 
 
 # ----------------------------------------------------------------------------- one run's state
@@ -344,9 +152,9 @@ def run(cfg: RunConfig) -> Path | None:
     Raises:
         ConfigError: the config keeps a registered row's name but changes what the row means, or asks
             for ``device=cuda`` where there is none.
-        RunExistsError: a finished run with another config is in the way.
-        RunBusyError: another process is training this run now.
-        RunInterrupted: a stop signal arrived; the resumable state is saved.
+        rundir.RunExistsError: a finished run with another config is in the way.
+        rundir.RunBusyError: another process is training this run now.
+        runtime.RunInterrupted: a stop signal arrived; the resumable state is saved.
     """
     return run_seeds(dataclasses.replace(cfg, batch_seeds=[cfg.seed]))[cfg.seed]
 
@@ -371,7 +179,7 @@ def run_seeds(cfg: RunConfig) -> dict[int, Path | None]:
     device = resolve_device(cfg.device)
     seeds = list(dict.fromkeys(cfg.batch_seeds))
     cfgs = {s: dataclasses.replace(cfg, seed=s, batch_seeds=[]) for s in seeds}
-    plain = {s: _build(c, device) for s, c in cfgs.items()}
+    built = {s: _build(c, device) for s, c in cfgs.items()}
     with ExitStack() as stack:
         for s in seeds:
             stack.enter_context(RunLock(cfg.results_root, cfg.row, s))
@@ -383,14 +191,14 @@ def run_seeds(cfg: RunConfig) -> dict[int, Path | None]:
             determinism = set_determinism(cfg.deterministic, device)
             compiled = evaluation_compiled(cfg, device)
             for s in todo:
-                plain[s][3]["eval_backend"] = "compiled" if compiled else "eager"
+                built[s].described["eval_backend"] = "compiled" if compiled else "eager"
             # Stop signals are caught from before run.json is written: a stop during the setup (the compile
             # included) or step 0's measurements saves the state at step 0, so that a preempted job resumes.
             with stop_signals() as caught:
-                members = [_member(cfgs[s], *prepared[s], device, *plain[s], determinism, batched_with=todo)
-                           for s in todo]
+                members = [_member(cfgs[s], built[s], out=prepared[s][0], resume=prepared[s][1], device=device,
+                                   determinism=determinism, batched_with=todo) for s in todo]
                 with compiled_evaluation(compiled):
-                    results.update(_train(members, device, caught))
+                    results.update(_train(members, caught))
             if caught["signum"] is not None:
                 # It arrived after the last step boundary, so every run finished and is complete. Pass it on to
                 # the handler it was meant for, now restored: a sweep stops instead of starting its next run.
@@ -398,26 +206,27 @@ def run_seeds(cfg: RunConfig) -> dict[int, Path | None]:
         return results
 
 
-def evaluation_compiled(cfg: RunConfig, device: torch.device) -> bool:
-    """Whether the run's evaluation-mode passes are compiled (:func:`.probes.compiled_evaluation`):
-    ``eval_backend`` compiled or eager, or auto: compiled on a CPU for runs of at least
-    :data:`.config.EVAL_COMPILED_MIN_STEPS` steps (on a GPU unmeasured, so eager)."""
-    if cfg.eval_backend != "auto":
-        return cfg.eval_backend == "compiled"
-    return device.type == "cpu" and cfg.scale.steps >= EVAL_COMPILED_MIN_STEPS
+@dataclass
+class _Built:
+    """A seed's own model, optimizer and schedule, and what they are read back as (``run.json``'s settings)."""
+
+    model: torch.nn.Module
+    optimizer: torch.optim.Optimizer
+    schedule: torch.optim.lr_scheduler.LRScheduler | None
+    described: dict
 
 
-def _build(cfg: RunConfig, device: torch.device):
-    """A seed's own model, optimizer and schedule, and what they are read back as; refused before any work
-    when that contradicts what the row means (what ``make table`` would refuse after the run)."""
+def _build(cfg: RunConfig, device: torch.device) -> _Built:
+    """A seed's own model, optimizer and schedule; refused before any work when what they are read back as
+    contradicts what the row means (what ``make table`` would refuse after the run)."""
     model = build_model(cfg.model, cfg.task.num_classes, cfg.seed, device).to(run_dtype(cfg))
     optimizer = build_optimizer(cfg.optimizer, model)
     schedule = build_schedule(cfg.schedule, optimizer, cfg.scale.steps)
-    built = describe_built(model, optimizer, schedule, device)
-    if cfg.row in ROWS and (problems := check_against_row(built, ROWS[cfg.row])):
+    described = describe_built(model, optimizer, schedule, device)
+    if cfg.row in ROWS and (problems := check_against_row(described, ROWS[cfg.row])):
         raise ConfigError(f"row: what this config builds contradicts row {cfg.row!r}: {'; '.join(problems)}; "
                           f"give the variant a row name of its own (row=<name>)")
-    return model, optimizer, schedule, built
+    return _Built(model, optimizer, schedule, described)
 
 
 @dataclass
@@ -436,16 +245,19 @@ class _Member:
     finished: bool = False
 
 
-def _member(cfg: RunConfig, out: Path, resume: bool, device: torch.device, model, optimizer, schedule, built: dict,
-            determinism: dict, batched_with: list[int]) -> _Member:
+def _member(cfg: RunConfig, built: _Built, *, out: Path, resume: bool, device: torch.device, determinism: dict,
+            batched_with: list[int]) -> _Member:
+    """One seed ready to train in ``out``: its data, its state (resumed from ``out`` with ``resume``), and its
+    ``config.yaml`` and first ``run.json`` written; ``batched_with``: the seeds that train with it."""
     started = time.time()
-    built["threads"] = torch.get_num_threads()
+    built.described["threads"] = torch.get_num_threads()
     task = NoisyTemplates.build(cfg.task, cfg.seed, device, run_dtype(cfg))
     x_held, y_held = heldout_set(task, cfg)
     x_probe, _ = probe_set(task, cfg)
+    model = built.model
     has_running = bool(running_stat_layers(model))
     state = RunState(
-        model, optimizer, schedule, generator(cfg.seed, "train", device),
+        model, built.optimizer, built.schedule, generator(cfg.seed, "train", device),
         StalenessMonitor(model, x_probe, warn=False, modes=False, running_statistics_only=False),
         records.TableBuffer(cfg.row, cfg.seed),
         RunAverages(cfg.averaging, model) if cfg.averaging.enabled and has_running else None,
@@ -456,7 +268,7 @@ def _member(cfg: RunConfig, out: Path, resume: bool, device: torch.device, model
         print(f"resuming {cfg.row} seed={cfg.seed} at step {state.step} of {cfg.scale.steps} "
               f"from {out / RESUME_FILE}", file=sys.stderr, flush=True)
     info = {"schema_version": records.SCHEMA_VERSION, "row": cfg.row, "seed": cfg.seed, "status": "running",
-            "started_at": dt.datetime.fromtimestamp(started, dt.timezone.utc).isoformat(), **built,
+            "started_at": dt.datetime.fromtimestamp(started, dt.timezone.utc).isoformat(), **built.described,
             "determinism": determinism, "pairing": state.monitor.pairing.describe(),
             "batched_with_seeds": batched_with if len(batched_with) > 1 else None}
     records.atomic_write_text(out / "config.yaml", config_yaml(cfg))
@@ -464,74 +276,7 @@ def _member(cfg: RunConfig, out: Path, resume: bool, device: torch.device, model
     return _Member(cfg, out, state, task, x_held, y_held, x_probe, info, started)
 
 
-class _Trainer:
-    """The training step of one seed alone: the seed's own model, optimizer and schedule."""
-
-    def __init__(self, members: list[_Member]):
-        (self.member,) = members
-        self.model, self.optimizer = self.member.state.model, self.member.state.optimizer
-        self.schedule = self.member.state.schedule
-        self.fmt = memory_format(self.member.cfg)
-
-    def losses(self, batches: list[tuple[torch.Tensor, torch.Tensor]]) -> list[torch.Tensor]:
-        (x, y), = batches
-        loss = F.cross_entropy(self.model(x.contiguous(memory_format=self.fmt)), y)
-        self.optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        return [loss]
-
-    def step(self) -> None:
-        self.optimizer.step()
-        if self.schedule is not None:
-            self.schedule.step()
-
-    def sync(self, grads: bool = False) -> None:
-        """Nothing to do: the seed's model is the one that trains."""
-
-    def sync_optimizer(self) -> None:
-        """Nothing to do."""
-
-
-class _BatchedTrainer(_Trainer):
-    """The training step of several seeds as one batched model (:mod:`bnrotation.ensemble`); :meth:`sync`
-    copies each seed's part back into its own plain model, where everything is measured."""
-
-    def __init__(self, members: list[_Member]):
-        self.members = members
-        self.n = len(members)
-        cfg = members[0].cfg
-        plain = [m.state.model for m in members]
-        self.model = ensemble.stack_models(plain)
-        self.optimizer = build_optimizer(cfg.optimizer, self.model, members=self.n)
-        self.schedule = build_schedule(cfg.schedule, self.optimizer, cfg.scale.steps)
-        if members[0].state.step:  # resumed: the members' optimizer and schedule states, merged
-            ensemble.load_optimizer_members(self.optimizer, self.model, [m.state.optimizer for m in members], plain)
-            if self.schedule is not None:
-                self.schedule.load_state_dict(members[0].state.schedule.state_dict())
-        self.fmt = memory_format(cfg)
-
-    def losses(self, batches: list[tuple[torch.Tensor, torch.Tensor]]) -> list[torch.Tensor]:
-        x = ensemble.stacked_inputs([xb for xb, _ in batches]).contiguous(memory_format=self.fmt)
-        losses = ensemble.member_losses(self.model(x), [yb for _, yb in batches])
-        self.optimizer.zero_grad(set_to_none=True)
-        losses.sum().backward()
-        return list(losses.detach())
-
-    def sync(self, grads: bool = False) -> None:
-        for i, m in enumerate(self.members):
-            ensemble.copy_member(self.model, i, self.n, m.state.model, grads=grads)
-            for g_member, g in zip(m.state.optimizer.param_groups, self.optimizer.param_groups, strict=True):
-                g_member["lr"] = g["lr"]  # the schedule steps the batched optimizer; the checks log the rate
-
-    def sync_optimizer(self) -> None:
-        """Each seed's own optimizer and schedule take its part of the batched state (to save it)."""
-        for i, m in enumerate(self.members):
-            ensemble.member_optimizer_state(self.optimizer, self.model, i, self.n, m.state.optimizer, m.state.model)
-            if self.schedule is not None:
-                m.state.schedule.load_state_dict(self.schedule.state_dict())
-
-
-def _train(members: list[_Member], device: torch.device, caught: dict) -> dict[int, Path]:
+def _train(members: list[_Member], caught: dict) -> dict[int, Path]:
     """The training loop, for one seed or a batch of seeds at the same step; ``caught``: :func:`stop_signals`'
     flag, read at each step boundary."""
     steps_at = {m.state.step for m in members}
@@ -540,7 +285,7 @@ def _train(members: list[_Member], device: torch.device, caught: dict) -> dict[i
                           f"({', '.join(f'seed {m.cfg.seed} at step {m.state.step}' for m in members)}); resume them "
                           "one batch per step (batch_seeds=[...]) or alone")
     cfg = members[0].cfg
-    trainer = _Trainer(members) if len(members) == 1 else _BatchedTrainer(members)
+    trainer = _trainer(members)
     has_running = bool(running_stat_layers(members[0].state.model))
     sched = _Schedule(cfg, has_running, members[0].state.averages is not None)
     start = steps_at.pop()
@@ -597,6 +342,16 @@ def _train(members: list[_Member], device: torch.device, caught: dict) -> dict[i
         if not m.finished:
             results[m.cfg.seed] = _finish(m)
     return results
+
+
+def _trainer(members: list[_Member]) -> ensemble.Trainer:
+    """The training step of the seeds: the seed's own model alone, or the seeds batched (:mod:`.ensemble`)."""
+    cfg, states = members[0].cfg, [m.state for m in members]
+    if len(members) == 1:
+        return ensemble.Trainer(states[0].model, states[0].optimizer, states[0].schedule, memory_format(cfg))
+    return ensemble.BatchedTrainer([s.model for s in states], [s.optimizer for s in states],
+                                   [s.schedule for s in states], cfg.optimizer, cfg.schedule, cfg.scale.steps,
+                                   memory_format(cfg), resumed=states[0].step > 0)
 
 
 @dataclass
@@ -702,7 +457,7 @@ def _dense_lines(model: torch.nn.Module, step: int, fresh: dict) -> pd.DataFrame
     return pd.concat(frames, ignore_index=True)
 
 
-def _stop(members: list[_Member], trainer: _Trainer, caught: dict, t_mark: float) -> None:
+def _stop(members: list[_Member], trainer: ensemble.Trainer, caught: dict, t_mark: float) -> None:
     """Save each seed's resumable state after a stop signal; hand submitit's preemption signal on to submitit
     (which requeues the job and exits), else raise :class:`RunInterrupted`."""
     trainer.sync()
@@ -714,15 +469,6 @@ def _stop(members: list[_Member], trainer: _Trainer, caught: dict, t_mark: float
         m.state.save(m.out / RESUME_FILE, time.time() - m.started)
         print(f"stopped by {signal.Signals(caught['signum']).name} at step {m.state.step}: {m.cfg.row} "
               f"seed={m.cfg.seed} saved to {m.out / RESUME_FILE}", file=sys.stderr, flush=True)
-    signum, previous = caught["signum"], caught["previous"]
-    if callable(previous) and getattr(previous, "__module__", "").startswith("submitit"):
-        # A SLURM job under submitit: its handler of the preemption / time-out signal checkpoints the Hydra job,
-        # requeues it and exits; the requeued job resumes from the saved states. SIGTERM, which SLURM sends
-        # before it kills a job it requeues or preempts, submitit ignores: wait for the kill, writing no result,
-        # so that submitit waits for the requeued job's.
-        previous(signum, None)
-        if signum == signal.SIGTERM:
-            while True:
-                time.sleep(3600)
+    pass_on_to_submitit(caught)
     alive = [m for m in members if not m.finished] or members
-    raise RunInterrupted(signum, alive[0].state.step, alive[0].out / RESUME_FILE)
+    raise RunInterrupted(caught["signum"], alive[0].state.step, alive[0].out / RESUME_FILE)

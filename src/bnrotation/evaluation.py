@@ -1,0 +1,141 @@
+"""How evaluation-mode forward passes run: in chunks on a CPU, and compiled inside :func:`compiled_evaluation`.
+
+An evaluation-mode output is per sample (running statistics, no batch statistics), so neither the chunking
+nor the compiled graph changes what a pass computes beyond the order of floating-point sums; the accuracy
+(:func:`bnrotation.probes.accuracy`), the monitor's mode check, the interventions and the averaged models
+all evaluate through here. Whether a run compiles is :func:`bnrotation.runtime.evaluation_compiled`'s
+decision.
+"""
+
+from __future__ import annotations
+
+import copy
+import warnings
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+
+import torch
+import torch.nn as nn
+
+from .provenance import compile_cache_per_kernel_path
+
+__all__ = ["EVAL_CHUNK", "eval_chunk", "CompiledEvaluation", "compiled_evaluation", "compiled_evaluation_active",
+           "evaluation_call", "evaluation_mode", "evaluation_forward"]
+
+
+# Held-out samples per evaluation-mode forward pass on a CPU (checks, interventions, averaging): small chunks
+# keep the activations in cache, where 1,000 at a time do not; `make bench` times the chunk sizes on both
+# networks (results/bench.md, "chunk size"). On a GPU the whole set goes in one pass.
+EVAL_CHUNK = 64
+
+
+def eval_chunk(device: torch.device, n: int) -> int:
+    """Samples per evaluation-mode forward pass: ``EVAL_CHUNK`` on a CPU, all ``n`` at once on a GPU.
+
+    Evaluation-mode outputs are per sample, so the accuracy does not depend on it.
+    """
+    return n if device.type == "cuda" else min(EVAL_CHUNK, n)
+
+
+class CompiledEvaluation:
+    """Evaluation-mode forward passes through one ``torch.compile``d graph per network structure.
+
+    The graph is of ``torch.func.functional_call(template, state, x)``: the network's parameters and buffers
+    are its inputs, so every model of the same structure and memory format (the live model, its averaged
+    copies, a copy with fresh statistics swapped in) runs through the same compiled graph, with no
+    recompilation; each chunk size compiles once (``dynamic=False``). The template is a copy of the first
+    such model in evaluation mode, kept per ``repr`` (which holds every layer's shape, ε and momentum).
+
+    `make bench`, section (d) (``results/bench.md``), times a chunked evaluation pass compiled against eager
+    execution, the compile itself, and how far the outputs differ. If the compiler fails, it warns once and
+    runs eagerly from then on.
+    """
+
+    def __init__(self) -> None:
+        self.templates: dict[str, nn.Module] = {}
+        self.failed: str | None = None
+        self.fn = torch.compile(self._forward, dynamic=False)
+
+    @staticmethod
+    def _forward(template: nn.Module, state: dict[str, torch.Tensor], x: torch.Tensor) -> torch.Tensor:
+        return torch.func.functional_call(template, state, (x,))
+
+    def forward(self, model: nn.Module) -> Callable[[torch.Tensor], torch.Tensor]:
+        """``x (N, ...) -> model's output`` in evaluation mode, for a model already in evaluation mode."""
+        if self.failed:
+            return model
+        key = repr(model)
+        if key not in self.templates:
+            self.templates[key] = copy.deepcopy(model).eval()
+        template = self.templates[key]
+        state = {**dict(model.named_parameters()), **dict(model.named_buffers())}
+
+        def call(x: torch.Tensor) -> torch.Tensor:
+            if self.failed:
+                return model(x)
+            try:
+                return self.fn(template, state, x)
+            except Exception as err:  # noqa: BLE001 - a compiler that cannot run here: eager from now on
+                self.failed = f"{type(err).__name__}: {str(err).splitlines()[0][:200] if str(err) else ''}"
+                warnings.warn(f"compiled evaluation failed ({self.failed}); evaluating eagerly from now on",
+                              RuntimeWarning, stacklevel=2)
+                return model(x)
+
+        return call
+
+
+_compiled: CompiledEvaluation | None = None
+
+
+@contextmanager
+def compiled_evaluation(enabled: bool = True) -> Iterator[CompiledEvaluation | None]:
+    """Inside the block every evaluation-mode pass of :func:`.probes.accuracy` and :func:`evaluation_forward` runs
+    through a :class:`CompiledEvaluation` (when ``enabled``); on exit the compiled graphs are dropped
+    (``torch.compiler.reset``), so that a process running many runs never reaches the recompile limit. The
+    compiled code is cached per CPU kernel path (:func:`.provenance.compile_cache_per_kernel_path`)."""
+    global _compiled
+    previous = _compiled
+    if enabled:
+        compile_cache_per_kernel_path()
+    _compiled = CompiledEvaluation() if enabled else None
+    try:
+        yield _compiled
+    finally:
+        if _compiled is not None:
+            torch.compiler.reset()
+        _compiled = previous
+
+
+def compiled_evaluation_active() -> bool:
+    """Whether evaluation-mode passes run compiled now (inside :func:`compiled_evaluation`)."""
+    return _compiled is not None
+
+
+def evaluation_call(model: nn.Module) -> Callable[[torch.Tensor], torch.Tensor]:
+    """The callable an evaluation-mode pass uses: compiled inside :func:`compiled_evaluation`, else the model."""
+    return _compiled.forward(model) if _compiled is not None else model
+
+
+@contextmanager
+def evaluation_mode(model: nn.Module) -> Iterator[nn.Module]:
+    """``model.eval()`` inside the block; every module's training flag is restored after, also on an error."""
+    flags = {m: m.training for m in model.modules()}
+    try:
+        yield model.eval()
+    finally:
+        for m, f in flags.items():
+            m.training = f
+
+
+def evaluation_forward(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """The model's output on ``x`` (N, ...) in evaluation mode (running statistics), flags restored after
+    (:func:`evaluation_mode`). On a CPU in chunks of :data:`EVAL_CHUNK` samples (:func:`eval_chunk`): each
+    sample's output is its own in evaluation mode, and small chunks stay in cache (`make bench`, section (c)).
+    Compiled inside :func:`compiled_evaluation`. A mapping ``x`` (a model that reads its input's keys) goes
+    through in one pass."""
+    with evaluation_mode(model):
+        forward = evaluation_call(model)
+        if not isinstance(x, torch.Tensor):
+            return forward(x)  # a mapping the model reads whole: one pass
+        chunk = eval_chunk(x.device, len(x))
+        return forward(x) if chunk >= len(x) else torch.cat([forward(c) for c in x.split(chunk)])
