@@ -40,8 +40,8 @@ The article's figures come from :mod:`bnrotation.rows` (its table) and
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 
 from .. import article
 from ..article import Figure
@@ -110,23 +110,31 @@ class Check:
     note: str = ""
     section: str = ARTICLE  # ARTICLE or RESNET: where claims.md lists it
     exploratory: bool = False  # measured without a tolerance fixed in advance: MEASURED, never PASS or FAIL
+    figures: dict[str, float] = field(default_factory=dict)  # the numbers its verdict rests on (Outcome.figures)
 
 
 @dataclass(frozen=True)
 class Outcome:
-    """What a claim's evidence says: the measured figure, the tolerance and why, ``passed`` (None: no
-    verdict, NOT RUN) and a note."""
+    """What a claim's evidence says, in words: the measured figure, the tolerance and why, ``passed`` (None: no
+    verdict, NOT RUN) and a note; ``figures``, the numbers the verdict rests on (name → value in the claim's
+    unit, from the kind's numbers' :meth:`figures`; empty for a bespoke check that keeps its numbers to itself)."""
 
     measured: str
     tolerance: str
     passed: bool | None
     note: str = ""
+    figures: Mapping[str, float] = field(default_factory=dict)
 
 
 class Claim:
     """What every kind of claim has: ``name``, ``claim`` (the article's statement), the rows it needs, the
     published figure as text, and :meth:`outcome`; ``section`` (:data:`ARTICLE` unless a kind says otherwise)
-    and ``exploratory``. :meth:`check` gives NOT RUN when a needed row has no run."""
+    and ``exploratory``. :meth:`check` gives NOT RUN when a needed row has no run.
+
+    A declared kind splits :meth:`outcome` in two: :meth:`judge` computes the numbers and the verdict from the
+    evidence (a frozen dataclass with ``passed`` and ``figures()``: :class:`Match`, :class:`Gap`, :class:`Rank`,
+    :class:`Share`, :class:`NotBelowBy`), and :meth:`words`, the kind's one template, writes them as text. A
+    :class:`Bespoke` check gives its :class:`Outcome` directly."""
 
     name: str
     claim: str
@@ -139,8 +147,16 @@ class Claim:
     def published_text(self) -> str:
         raise NotImplementedError
 
-    def outcome(self, ev: Evidence) -> Outcome:
+    def judge(self, ev: Evidence):
+        """The numbers the verdict rests on and the verdict (``passed``), no text."""
         raise NotImplementedError
+
+    def words(self, ev: Evidence, numbers) -> Outcome:
+        """:meth:`judge`'s ``numbers`` as the kind's sentences (``ev`` for the seeds and rows they name)."""
+        raise NotImplementedError
+
+    def outcome(self, ev: Evidence) -> Outcome:
+        return self.words(ev, self.judge(ev))
 
     def check(self, ev: Evidence) -> Check:
         published_text = self.published_text()
@@ -155,9 +171,10 @@ class Claim:
         else:
             verdict = NOT_RUN if o.passed is None else PASS if o.passed else FAIL
         return Check(self.name, self.claim, published_text, o.measured, o.tolerance, verdict, o.note,
-                     section=self.section, exploratory=self.exploratory)
+                     section=self.section, exploratory=self.exploratory, figures=dict(o.figures))
 
 
+# ----------------------------------------------------------------------------- numbers and verdicts, no text
 def match_tolerance(s: SeedStat, figure: Figure) -> float:
     """How far a measured mean may lie from a published one and still match it: max(2 · s · √(1/n + 1/3),
     half a unit of the figure's last digit), two standard errors of the difference of two means (the article's
@@ -170,8 +187,162 @@ def match_tolerance(s: SeedStat, figure: Figure) -> float:
 
 def matches(s: SeedStat, figure: Figure) -> bool | None:
     """Whether ``s``'s mean matches ``figure`` within :func:`match_tolerance`; None for n < 2."""
-    tol = match_tolerance(s, figure)
-    return None if math.isnan(tol) else abs(s.mean - figure.value) <= tol
+    return Match(s, figure).passed
+
+
+@dataclass(frozen=True)
+class Match:
+    """A row's per-seed values ``stat`` against a published ``figure`` (:class:`MatchesPublished`):
+    ``off`` = |mean − published| within ``tolerance`` (:func:`match_tolerance`; ``floor``, its rounding part)."""
+
+    stat: SeedStat
+    figure: Figure
+
+    @property
+    def floor(self) -> float:
+        return half_unit(self.figure.decimals)
+
+    @property
+    def tolerance(self) -> float:
+        return match_tolerance(self.stat, self.figure)
+
+    @property
+    def off(self) -> float:
+        return abs(self.stat.mean - self.figure.value)
+
+    @property
+    def passed(self) -> bool | None:
+        """None for n < 2: one seed gives no spread to set the tolerance."""
+        return None if self.stat.n < 2 else self.off <= self.tolerance
+
+    def figures(self) -> dict[str, float]:
+        return {"mean": self.stat.mean, "sd": self.stat.sd, "n": self.stat.n, "published": self.figure.value,
+                "tolerance": self.tolerance, "off": self.off}
+
+
+@dataclass(frozen=True)
+class Gap:
+    """``upper``'s mean above ``lower``'s by more than :data:`Z` standard errors of the difference (Welch,
+    :func:`.stats.se_of_difference`); with one seed on a side (no spread), by the sign alone."""
+
+    upper: SeedStat
+    lower: SeedStat
+
+    @property
+    def difference(self) -> float:
+        return self.upper.mean - self.lower.mean
+
+    @property
+    def se(self) -> float:
+        return se_of_difference(self.upper, self.lower)
+
+    @property
+    def passed(self) -> bool:
+        return self.difference > Z * self.se if not math.isnan(self.se) else self.difference > 0
+
+    def figures(self) -> dict[str, float]:
+        return {"upper_mean": self.upper.mean, "lower_mean": self.lower.mean, "difference": self.difference,
+                "se": self.se}
+
+    def words(self) -> str:
+        """``'difference +0.283 against 2 · SE = 0.0484'``, or the sign alone with one seed on a side."""
+        if not math.isnan(self.se):
+            return f"difference {self.difference:+.3g} against {Z:g} · SE = {Z * self.se:.3g}"
+        return f"difference {self.difference:+.3g}; one seed on a side, so the sign alone (no spread)"
+
+
+def above(a: SeedStat, b: SeedStat) -> tuple[bool, str]:
+    """Whether a's mean exceeds b's by more than :data:`Z` standard errors of the difference
+    (:class:`Gap`); with one seed on a side, whether it exceeds it at all. Also the sentence that says so."""
+    gap = Gap(a, b)
+    return gap.passed, gap.words()
+
+
+@dataclass(frozen=True)
+class NotBelowBy:
+    """``row``'s mean not below ``than``'s by more than max(:data:`Z` standard errors of the difference,
+    ``margin``) (``margin`` alone with one seed on a side): "matches" where only falling short counts."""
+
+    row: SeedStat
+    than: SeedStat
+    margin: float
+
+    @property
+    def tolerance(self) -> float:
+        se = se_of_difference(self.row, self.than)
+        return max(Z * se, self.margin) if not math.isnan(se) else self.margin
+
+    @property
+    def passed(self) -> bool:
+        return self.row.mean - self.than.mean >= -self.tolerance
+
+    def figures(self) -> dict[str, float]:
+        return {"row_mean": self.row.mean, "than_mean": self.than.mean, "tolerance": self.tolerance}
+
+
+@dataclass(frozen=True)
+class Rank:
+    """Spearman's ``rho`` of a column against evaluation-mode accuracy over ``n_rows`` row means, against the
+    exact one-sided :data:`ALPHA` ``critical`` value: ``ordered`` when ρ ≤ −critical; ``passed`` is
+    ``ordered`` when the claim says the column ``orders`` accuracy, ``not ordered`` when it says it does not.
+    No verdict with fewer than ``min_rows`` rows. ``per_seed``: ρ within each seed of ``seeds`` (described,
+    not tested)."""
+
+    rho: float
+    n_rows: int
+    orders: bool
+    per_seed: tuple[float, ...] = ()
+    seeds: tuple[int, ...] = ()
+    min_rows: int = MIN_RANK_ROWS
+
+    @property
+    def critical(self) -> float:
+        return spearman_critical(self.n_rows, ALPHA) if self.n_rows >= self.min_rows else math.nan
+
+    @property
+    def ordered(self) -> bool:
+        return rho_at_or_beyond(self.rho, -self.critical)
+
+    @property
+    def passed(self) -> bool | None:
+        if self.n_rows < self.min_rows:
+            return None
+        return self.ordered if self.orders else not self.ordered
+
+    def figures(self) -> dict[str, float]:
+        return {"rho": self.rho, "n_rows": self.n_rows, "critical": self.critical}
+
+
+@dataclass(frozen=True)
+class Share:
+    """The per-seed ``share`` of the accuracy one row loses against another that a third wins back
+    (:func:`.evidence.recovery_share`): "most" is a mean above :data:`MOST` and, with two or more seeds, above 0
+    by :data:`Z` standard errors. No verdict when no seed has all three rows."""
+
+    share: SeedStat
+
+    @property
+    def passed(self) -> bool | None:
+        s = self.share
+        if s.n == 0:
+            return None
+        return s.mean > MOST and (s.n < 2 or s.mean - Z * s.se > 0)
+
+    def figures(self) -> dict[str, float]:
+        return {"share_mean": self.share.mean, "share_se": self.share.se, "n": self.share.n}
+
+
+# ----------------------------------------------------------------------------- the kinds: judge and template
+NEEDS_TWO_SEEDS = "needs ≥ 2 seeds: with one there is no seed spread to set the tolerance"
+
+
+def match_words(m: Match, unit: str) -> tuple[str, str]:
+    """The template of :class:`MatchesPublished`: (measured, tolerance) of ``m`` in ``unit``."""
+    if m.passed is None:
+        return m.stat.describe(unit), NEEDS_TWO_SEEDS
+    return m.stat.describe(unit), (f"|measured − published| ≤ {spread(m.tolerance, unit)} = max({Z:g} · s · "
+                                   f"√(1/{m.stat.n} + 1/{PUBLISHED_SEEDS}), {spread(m.floor, unit)} rounding); off "
+                                   f"by {spread(m.off, unit)}")
 
 
 @dataclass(frozen=True)
@@ -195,30 +366,12 @@ class MatchesPublished(Claim):
     def published_text(self) -> str:
         return cell(self.figure().value, self.unit)
 
-    def outcome(self, ev: Evidence) -> Outcome:
-        s, fig = ev.stat(self.row, self.column), self.figure()
-        note = self.note(ev, self) if self.note else ""
-        if s.n < 2:
-            return Outcome(s.describe(self.unit), "needs ≥ 2 seeds: with one there is no seed spread to set the "
-                           "tolerance", None, note)
-        floor = half_unit(fig.decimals)
-        tol = match_tolerance(s, fig)
-        off = abs(s.mean - fig.value)
-        return Outcome(s.describe(self.unit),
-                       f"|measured − published| ≤ {spread(tol, self.unit)} = max({Z:g} · s · √(1/{s.n} + "
-                       f"1/{PUBLISHED_SEEDS}), {spread(floor, self.unit)} rounding); off by {spread(off, self.unit)}",
-                       off <= tol, note)
+    def judge(self, ev: Evidence) -> Match:
+        return Match(ev.stat(self.row, self.column), self.figure())
 
-
-def above(a: SeedStat, b: SeedStat) -> tuple[bool, str]:
-    """Whether a's mean exceeds b's by more than :data:`Z` standard errors of the difference
-    (:func:`.stats.se_of_difference`); with one seed on a side, whether it exceeds it at all. Also the
-    sentence that says so."""
-    diff = a.mean - b.mean
-    se = se_of_difference(a, b)
-    if not math.isnan(se):
-        return diff > Z * se, f"difference {diff:+.3g} against {Z:g} · SE = {Z * se:.3g}"
-    return diff > 0, f"difference {diff:+.3g}; one seed on a side, so the sign alone (no spread)"
+    def words(self, ev: Evidence, m: Match) -> Outcome:
+        measured, tolerance = match_words(m, self.unit)
+        return Outcome(measured, tolerance, m.passed, self.note(ev, self) if self.note else "", m.figures())
 
 
 @dataclass(frozen=True)
@@ -243,12 +396,15 @@ class Below(Claim):
         return (f"{said(table_figure(self.row, self.column), self.unit)} against "
                 f"{said(table_figure(self.than, self.column), self.unit)}")
 
-    def outcome(self, ev: Evidence) -> Outcome:
+    def judge(self, ev: Evidence) -> Gap:
         lower, upper = self.lower_upper()
-        lo, hi = ev.stat(lower, self.column), ev.stat(upper, self.column)
-        ok, how = above(hi, lo)
-        return Outcome(f"`{lower}` {lo.describe(self.unit)}; `{upper}` {hi.describe(self.unit)}",
-                       f"`{lower}` below `{upper}` by more than {Z:g} standard errors of the difference: {how}", ok)
+        return Gap(ev.stat(upper, self.column), ev.stat(lower, self.column))
+
+    def words(self, ev: Evidence, g: Gap) -> Outcome:
+        lower, upper = self.lower_upper()
+        return Outcome(f"`{lower}` {g.lower.describe(self.unit)}; `{upper}` {g.upper.describe(self.unit)}",
+                       f"`{lower}` below `{upper}` by more than {Z:g} standard errors of the difference: {g.words()}",
+                       g.passed, figures=g.figures())
 
 
 @dataclass(frozen=True)
@@ -260,10 +416,29 @@ class Above(Below):
 
 
 @dataclass(frozen=True)
+class NotBelow(Below):
+    """``row``'s mean of ``column`` is not below ``than``'s by more than max(2 standard errors of the difference,
+    ``margin``) (:class:`NotBelowBy`); ``margin_words``, the margin as the tolerance's text names it (default:
+    :func:`.stats.spread` of it). Published: the article's two figures, ``row``'s first."""
+
+    margin: float = 0.0
+    margin_words: str = ""
+
+    def judge(self, ev: Evidence) -> NotBelowBy:
+        return NotBelowBy(ev.stat(self.row, self.column), ev.stat(self.than, self.column), self.margin)
+
+    def words(self, ev: Evidence, b: NotBelowBy) -> Outcome:
+        margin = self.margin_words or spread(self.margin, self.unit)
+        return Outcome(f"`{self.row}` {b.row.describe(self.unit)}, `{self.than}` {b.than.describe(self.unit)}",
+                       f"not below {ROWS[self.than].short} by more than {spread(b.tolerance, self.unit)} = max({Z:g} "
+                       f"standard errors of the difference, {margin})", b.passed, figures=b.figures())
+
+
+@dataclass(frozen=True)
 class RankOrder(Claim):
     """Spearman's ρ between ``column`` and evaluation-mode accuracy over the article's rows that have runs:
     with ``orders`` the accuracy must fall in the column's order (ρ at or below minus the exact one-sided
-    critical value), without it it must not. Published: ρ over the article's own figures."""
+    critical value), without it it must not (:class:`Rank`). Published: ρ over the article's own figures."""
 
     name: str
     claim: str
@@ -275,34 +450,42 @@ class RankOrder(Claim):
         acc = [table_figure(r, "acc_eval_mode").value for r in PUBLISHED_ROWS]
         return f"rho = {cell(spearman_rho(x, acc), 'rho')} over the six rows of the article's table"
 
-    def outcome(self, ev: Evidence) -> Outcome:
-        rows = [r for r in PUBLISHED_ROWS if ev.has(r)]
+    def rows_with_runs(self, ev: Evidence) -> list[str]:
+        return [r for r in PUBLISHED_ROWS if ev.has(r)]
+
+    def judge(self, ev: Evidence) -> Rank:
+        rows = self.rows_with_runs(ev)
         if len(rows) < MIN_RANK_ROWS:
-            return Outcome(f"{len(rows)} of the six rows have runs", f"needs ≥ {MIN_RANK_ROWS} of the six rows", None)
+            return Rank(math.nan, len(rows), self.orders)
         runs = ev.per_run[ev.per_run["row"].isin(rows)]
         means = runs.groupby("row")[[self.column, "acc_eval_mode"]].mean()
-        rho = spearman_rho(means[self.column], means["acc_eval_mode"])
         full = {seed: g for seed, g in runs.groupby("seed") if g["row"].nunique() == len(rows)}
-        per_seed = [spearman_rho(g[self.column], g["acc_eval_mode"]) for g in full.values()]
-        crit = spearman_critical(len(rows), ALPHA)
-        seeds = (f"; per seed {', '.join(cell(r, 'rho') for r in per_seed)} (seeds {seed_ranges(full)}, those all "
-                 f"{len(rows)} rows ran)" if per_seed else "")
-        measured = f"rho = {cell(rho, 'rho')} over row means of {len(rows)} rows ({ev.seeds_per_row(rows)}){seeds}"
-        ordered = rho_at_or_beyond(rho, -crit)
+        return Rank(spearman_rho(means[self.column], means["acc_eval_mode"]), len(rows), self.orders,
+                    tuple(spearman_rho(g[self.column], g["acc_eval_mode"]) for g in full.values()), tuple(full))
+
+    def words(self, ev: Evidence, r: Rank) -> Outcome:
+        rows = self.rows_with_runs(ev)
+        if r.passed is None:
+            return Outcome(f"{len(rows)} of the six rows have runs", f"needs ≥ {MIN_RANK_ROWS} of the six rows",
+                           None)
+        seeds = (f"; per seed {', '.join(cell(x, 'rho') for x in r.per_seed)} (seeds {seed_ranges(r.seeds)}, those "
+                 f"all {len(rows)} rows ran)" if r.per_seed else "")
+        measured = f"rho = {cell(r.rho, 'rho')} over row means of {len(rows)} rows ({ev.seeds_per_row(rows)}){seeds}"
         level = cell(ALPHA, "pct", digits=0)
         if self.orders:
-            tol = f"rho ≤ −{crit:.2f}, the exact one-sided {level} critical value for {len(rows)} rows"
+            tol = f"rho ≤ −{r.critical:.2f}, the exact one-sided {level} critical value for {len(rows)} rows"
         else:
-            tol = (f"rho > −{crit:.2f}: no ordering significant at the one-sided {level} level for {len(rows)} rows "
-                   "(the exact critical value)")
+            tol = (f"rho > −{r.critical:.2f}: no ordering significant at the one-sided {level} level for "
+                   f"{len(rows)} rows (the exact critical value)")
         note = "" if len(rows) == len(PUBLISHED_ROWS) else f"only {len(rows)} of the six rows have runs"
-        return Outcome(measured, tol, ordered if self.orders else not ordered, note)
+        return Outcome(measured, tol, r.passed, note, r.figures())
 
 
 @dataclass(frozen=True)
 class RecoveryShare(Claim):
     """``row`` wins back most (more than half, and more than 0 by 2 standard errors) of the evaluation-mode
-    accuracy ``lost`` gives up against ``reference``, per seed (:func:`.evidence.recovery_share`)."""
+    accuracy ``lost`` gives up against ``reference``, per seed (:func:`.evidence.recovery_share`,
+    :class:`Share`)."""
 
     name: str
     claim: str
@@ -320,16 +503,19 @@ class RecoveryShare(Claim):
                 f"{ROWS[self.reference].short}'s {cell(p_ref, 'pct')}: {cell(share, 'pct', digits=0)} of the loss "
                 "recovered")
 
-    def outcome(self, ev: Evidence) -> Outcome:
-        share = recovery_share(ev, self.row, self.lost, self.reference)
-        if share.n == 0:
+    def judge(self, ev: Evidence) -> Share:
+        return Share(recovery_share(ev, self.row, self.lost, self.reference))
+
+    def tolerance_words(self) -> str:
+        return (f"\"most\": the mean share recovered above {cell(MOST, 'pct', digits=0)}, and above 0 by {Z:g} "
+                "standard errors (paired by seed; one seed: the mean alone)")
+
+    def words(self, ev: Evidence, s: Share) -> Outcome:
+        if s.passed is None:
             return Outcome("no seed has all three rows", "–", None)
-        ok = share.mean > MOST and (share.n < 2 or share.mean - Z * share.se > 0)
         return Outcome(f"`{self.row}` {ev.stat(self.row, 'acc_eval_mode').describe('pct')}; share of "
                        f"{ROWS[self.lost].short}'s loss against {ROWS[self.reference].short} recovered, per seed: "
-                       f"{share.describe('plain')}",
-                       f"\"most\": the mean share recovered above {cell(MOST, 'pct', digits=0)}, and above 0 by "
-                       f"{Z:g} standard errors (paired by seed; one seed: the mean alone)", ok)
+                       f"{s.share.describe('plain')}", self.tolerance_words(), s.passed, figures=s.figures())
 
 
 class DeclaredRows:
@@ -345,7 +531,7 @@ class DeclaredRows:
 @dataclass(frozen=True)
 class Bespoke(DeclaredRows, Claim):
     """A check of its own: ``evaluate`` weighs the evidence (it runs only when every row of ``rows`` has
-    runs). Declared with :func:`bespoke`."""
+    runs) and gives the :class:`Outcome`, text and verdict together. Declared with :func:`bespoke`."""
 
     name: str
     claim: str
@@ -372,8 +558,8 @@ def bespoke(claim: str, published: str, rows: tuple[str, ...] = (), *, section: 
 class Ordering(DeclaredRows, Claim):
     """Spearman's ρ between ``column`` and evaluation-mode accuracy over the row means of ``rows`` (every one
     needed): accuracy must fall in the column's order, ρ at or below minus the exact one-sided :data:`ALPHA`
-    critical value for that many rows (:func:`.stats.spearman_critical`). ``published`` says what the article
-    has to compare (it ran one network)."""
+    critical value for that many rows (:func:`.stats.spearman_critical`, :class:`Rank`). ``published`` says what
+    the article has to compare (it ran one network)."""
 
     name: str
     claim: str
@@ -383,24 +569,49 @@ class Ordering(DeclaredRows, Claim):
     section: str = RESNET
     exploratory: bool = False
 
-    def outcome(self, ev: Evidence) -> Outcome:
+    def means(self, ev: Evidence):
         runs = ev.per_run[ev.per_run["row"].isin(self.rows)]
-        means = runs.groupby("row")[[self.column, "acc_eval_mode"]].mean().reindex(list(self.rows))
-        rho = spearman_rho(means[self.column], means["acc_eval_mode"])
-        per_seed = [spearman_rho(g.set_index("row").loc[list(self.rows), self.column],
-                                 g.set_index("row").loc[list(self.rows), "acc_eval_mode"])
-                    for _, g in runs.groupby("seed") if set(self.rows) <= set(g["row"])]
-        n = len(self.rows)
-        crit = spearman_critical(n, ALPHA)
-        orders = math.factorial(n)
-        seeds = f"; per seed {', '.join(cell(r, 'rho') for r in per_seed)}" if per_seed else ""
-        order = " > ".join(f"`{r}` {cell(means.loc[r, 'acc_eval_mode'], 'pct')}"
-                           for r in means.sort_values("acc_eval_mode", ascending=False).index)
-        return Outcome(f"rho = {cell(rho, 'rho')} over the row means of {n} rows{seeds}; by accuracy: {order}",
-                       f"rho ≤ −{crit:.2f}, the exact one-sided {cell(ALPHA, 'pct', digits=0)} critical value for "
-                       f"{n} rows" + (f" (only the perfect order: 1 of {orders} orders, "
-                                      f"{cell(1 / orders, 'pct')} under chance)" if crit >= 1 else ""),
-                       rho_at_or_beyond(rho, -crit))
+        return runs.groupby("row")[[self.column, "acc_eval_mode"]].mean().reindex(list(self.rows))
+
+    def judge(self, ev: Evidence) -> Rank:
+        runs = ev.per_run[ev.per_run["row"].isin(self.rows)]
+        means = self.means(ev)
+        per_seed = tuple(spearman_rho(g.set_index("row").loc[list(self.rows), self.column],
+                                      g.set_index("row").loc[list(self.rows), "acc_eval_mode"])
+                         for _, g in runs.groupby("seed") if set(self.rows) <= set(g["row"]))
+        return Rank(spearman_rho(means[self.column], means["acc_eval_mode"]), len(self.rows), True, per_seed,
+                    min_rows=3)
+
+    def words(self, ev: Evidence, r: Rank) -> Outcome:
+        means = self.means(ev)
+        orders = math.factorial(r.n_rows)
+        seeds = f"; per seed {', '.join(cell(x, 'rho') for x in r.per_seed)}" if r.per_seed else ""
+        order = " > ".join(f"`{row}` {cell(means.loc[row, 'acc_eval_mode'], 'pct')}"
+                           for row in means.sort_values("acc_eval_mode", ascending=False).index)
+        return Outcome(f"rho = {cell(r.rho, 'rho')} over the row means of {r.n_rows} rows{seeds}; by accuracy: "
+                       f"{order}",
+                       f"rho ≤ −{r.critical:.2f}, the exact one-sided {cell(ALPHA, 'pct', digits=0)} critical value "
+                       f"for {r.n_rows} rows" + (f" (only the perfect order: 1 of {orders} orders, "
+                                                 f"{cell(1 / orders, 'pct')} under chance)" if r.critical >= 1 else ""),
+                       r.passed, figures=r.figures())
+
+
+@dataclass(frozen=True)
+class Beside:
+    """:class:`RecoveryShareBeside`'s numbers: whether ``lost`` loses anything against ``reference`` at all
+    (``loses``, a :class:`Gap`), the share recovered on this network (``share``) and the study's network's
+    (``study``, shown, not judged). No verdict when nothing is lost."""
+
+    loses: Gap
+    share: Share
+    study: SeedStat
+
+    @property
+    def passed(self) -> bool | None:
+        return self.share.passed if self.loses.passed else None
+
+    def figures(self) -> dict[str, float]:
+        return {**self.loses.figures(), **self.share.figures(), "study_share_mean": self.study.mean}
 
 
 @dataclass(frozen=True)
@@ -409,7 +620,7 @@ class RecoveryShareBeside(RecoveryShare):
     ("most": above half, and above 0 by 2 standard errors, paired by seed), and beside it the study's
     network's share for the rows ``beside`` (row, lost, reference): the article's figure as published, and the
     share its runs measure where present (no verdict on that). No verdict when ``lost`` loses nothing against
-    ``reference`` (not below it by more than 2 standard errors): there is nothing to recover."""
+    ``reference`` (not below it by more than 2 standard errors): there is nothing to recover (:class:`Beside`)."""
 
     beside: tuple[str, str, str] = ()
     section: str = RESNET
@@ -422,33 +633,35 @@ class RecoveryShareBeside(RecoveryShare):
         row, lost, reference = self.beside
         return RecoveryShare(self.name, self.claim, row, lost, reference)
 
-    def outcome(self, ev: Evidence) -> Outcome:
-        lost_stat, ref_stat = ev.stat(self.lost, "acc_eval_mode"), ev.stat(self.reference, "acc_eval_mode")
-        loses, how = above(ref_stat, lost_stat)
+    def judge(self, ev: Evidence) -> Beside:
+        loses = Gap(ev.stat(self.reference, "acc_eval_mode"), ev.stat(self.lost, "acc_eval_mode"))
+        return Beside(loses, super().judge(ev), recovery_share(ev, *self.beside))
+
+    def words(self, ev: Evidence, b: Beside) -> Outcome:
+        lost_stat, ref_stat, share, study = b.loses.lower, b.loses.upper, b.share.share, b.study
+        how = b.loses.words()
         row, lost, reference = self.beside
-        study = recovery_share(ev, row, lost, reference)
         beside = (f"The study's network measured here: `{row}` recovers {study.describe('plain')} of "
                   f"`{lost}`'s loss against `{reference}` (no verdict on it: the rule was fixed after those runs "
                   "existed)." if study.n else "")
-        if not loses:
+        if not b.loses.passed:
             return Outcome(f"`{self.lost}` {lost_stat.describe('pct')}, `{self.reference}` "
                            f"{ref_stat.describe('pct')}: nothing lost to recover ({how})",
                            f"needs `{self.lost}` below `{self.reference}` by more than {Z:g} standard errors", None,
-                           beside)
-        o = super().outcome(ev)
-        share = recovery_share(ev, self.row, self.lost, self.reference)
+                           beside, b.figures())
+        measured, tolerance = "no seed has all three rows", "–"
         if share.n:  # the rows by name: they share their optimizer's short name across networks
-            o = Outcome(f"`{self.row}` {ev.stat(self.row, 'acc_eval_mode').describe('pct')}, `{self.lost}` "
+            measured = (f"`{self.row}` {ev.stat(self.row, 'acc_eval_mode').describe('pct')}, `{self.lost}` "
                         f"{lost_stat.describe('pct')}, `{self.reference}` {ref_stat.describe('pct')}; share of "
                         f"`{self.lost}`'s loss against `{self.reference}` recovered, per seed: "
-                        f"{share.describe('plain')}",
-                        f"{o.tolerance}; run only where `{self.lost}` is below `{self.reference}` by more than "
-                        f"{Z:g} standard errors: {how}", o.passed)
+                        f"{share.describe('plain')}")
+            tolerance = (f"{self.tolerance_words()}; run only where `{self.lost}` is below `{self.reference}` by "
+                         f"more than {Z:g} standard errors: {how}")
         se = se_of_difference(share, study)
         diff = (f" This network's share minus the study's: {share.mean - study.mean:+.2f}"
                 + (f" ({Z:g} standard errors of the difference: {Z * se:.2f})." if not math.isnan(se) else ".")
                 if study.n and share.n else "")
-        return Outcome(o.measured, o.tolerance, o.passed, (beside + diff).strip())
+        return Outcome(measured, tolerance, b.passed, (beside + diff).strip(), b.figures())
 
 
 def withhold_verdicts(checks: list[Check]) -> None:

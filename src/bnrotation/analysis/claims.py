@@ -9,7 +9,8 @@ FAIL, or NOT RUN when the runs it needs are missing (:mod:`.claim_kinds` states
 the tolerance of each kind). Then the article's table cell by cell
 (:data:`.registry.TABLE_CELLS`), the rotational-equilibrium prediction beside
 the measured rotation (:mod:`.theory`), and findings on the article's open
-questions (:mod:`.findings`). The values come from :mod:`.evidence`, the
+questions (:mod:`.findings`). Beside it, ``<out>/claims.json``: every verdict
+by id (:func:`verdicts`), apart from the wording. The values come from :mod:`.evidence`, the
 markdown from :mod:`.report`; this module only ties them together.
 
 Read from the committed reference runs into their own folder (``make claims
@@ -21,6 +22,7 @@ analysis's.
 from __future__ import annotations
 
 import argparse
+import json
 import re
 import sys
 from pathlib import Path
@@ -61,6 +63,18 @@ def build_report(root: Path, runs: list[Run]) -> tuple[str, list[Check]]:
     return to_markdown(ev, checks, cells), checks
 
 
+def verdicts(checks: list[Check], cells: list[tuple[str, str, Check]]) -> dict[str, dict[str, str]]:
+    """What ``claims.json`` holds: every verdict by id, apart from the sentences of ``claims.md``, so that a change
+    of wording shows as no change here. ``{"checks": {name: verdict}, "table_cells": {"<row>:<column>": verdict}}``,
+    in ``claims.md``'s order."""
+    return {"checks": {c.name: c.verdict for c in checks}, "table_cells": {c.name: c.verdict for _, _, c in cells}}
+
+
+def verdicts_json(checks: list[Check], cells: list[tuple[str, str, Check]]) -> str:
+    """:func:`verdicts` as the text of ``claims.json``."""
+    return json.dumps(verdicts(checks, cells), indent=1, ensure_ascii=False) + "\n"
+
+
 def readme_blocks(ev: Evidence, checks: list[Check], cells: list[tuple[str, str, Check]]) -> dict[str, str]:
     """The README's generated blocks, by name: ``headline`` (Adam's evaluation- and training-mode accuracy
     against SGD's, mean ± sample standard deviation over seeds with n, and Adam's lowest check) and ``verdicts``
@@ -99,6 +113,20 @@ def fill_readme(text: str, blocks: dict[str, str]) -> str:
     return BLOCK.sub(lambda m: m.group(1) + blocks[m["name"]] + m.group(4), text)
 
 
+def write_claims(root: Path, runs: list[Run], out: Path
+                 ) -> tuple[Evidence, list[Check], list[tuple[str, str, Check]]]:
+    """What ``make claims`` writes from ``runs`` (read from ``root``) into ``out``: ``claims.md`` and
+    ``claims.json`` (:func:`verdicts_json`); prints each verdict. Returns :func:`weigh`'s evidence and checks."""
+    ev, checks, cells = weigh(root, runs)
+    records.atomic_write_text(out / "claims.md", to_markdown(ev, checks, cells))
+    records.atomic_write_text(out / "claims.json", verdicts_json(checks, cells))
+    for c in checks:
+        print(f"{c.verdict:8s} {c.name}", file=sys.stderr)
+    print(f"wrote {out / 'claims.md'} and {out / 'claims.json'} from {count(len(runs), 'run')} under {root}",
+          file=sys.stderr)
+    return ev, checks, cells
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_results_arguments(p)
@@ -108,11 +136,7 @@ def main(argv: list[str] | None = None) -> int:
     if found is None:
         return 2
     root, runs, out = found
-    ev, checks, cells = weigh(root, runs)
-    records.atomic_write_text(out / "claims.md", to_markdown(ev, checks, cells))
-    for c in checks:
-        print(f"{c.verdict:8s} {c.name}", file=sys.stderr)
-    print(f"wrote {out / 'claims.md'} from {count(len(runs), 'run')} under {root}", file=sys.stderr)
+    ev, checks, cells = write_claims(root, runs, out)
     reference = REFERENCE_ROOT.resolve()
     if Path(root).resolve() == reference and Path(out).resolve() == reference and README.is_file():
         try:

@@ -20,8 +20,8 @@ import numpy as np
 from .. import article as A
 from ..rows import PUBLISHED_ROWS, ROWS
 from . import carryover, lag, metrics
-from .claim_kinds import (FAIL, NOT_RUN, Z, Above, Below, Check, MatchesPublished, Outcome, RankOrder, RecoveryShare,
-                          above, bespoke, matches, said, table_figure)
+from .claim_kinds import (FAIL, NOT_RUN, Z, Above, Below, Check, Match, MatchesPublished, NotBelow, Outcome, RankOrder,
+                          RecoveryShare, above, bespoke, match_words, matches, said, table_figure)
 from .dense import DENSE_INTERVALS
 from .evidence import CONV_LAYERS, Evidence, middle_lag_at_failing
 from .results import Run, count
@@ -207,10 +207,13 @@ class MatchesPublishedAtAge(MatchesPublished):
 
     fallback: str = ""
 
-    def outcome(self, ev: Evidence) -> Outcome:
+    def judge(self, ev: Evidence) -> Match:
+        at_age = ev.stat(self.row, self.column)
+        return Match(at_age if at_age.n else ev.stat(self.row, self.fallback), self.figure())
+
+    def words(self, ev: Evidence, m: Match) -> Outcome:
         at_age, logged = ev.stat(self.row, self.column), ev.stat(self.row, self.fallback)
-        column = self.column if at_age.n else self.fallback
-        o = MatchesPublished(self.name, self.claim, self.row, column, self.unit).outcome(ev)
+        measured, tolerance = match_words(m, self.unit)
         interval = int(ev.runs_of(self.row)[0].config["scale"]["log_every"])
         if at_age.n:
             scale = next(r.config["scale"] for r in ev.runs_of(self.row) if r.seed in at_age.seeds)
@@ -227,7 +230,7 @@ class MatchesPublishedAtAge(MatchesPublished):
                      f"Δ = {AGE}")
             note = self.note(ev, MatchesPublished(self.name, self.claim, self.row, self.fallback, self.unit)) \
                 if self.note else ""
-        return Outcome(f"{where}: {o.measured}", o.tolerance, o.passed, note)
+        return Outcome(f"{where}: {measured}", tolerance, m.passed, note, m.figures())
 
 
 @bespoke("The running mean trails the drifting fresh mean by drift·(1 − m)/m: the formula's "
@@ -327,17 +330,6 @@ def window_test_rotation_almost_unchanged(ev: Evidence) -> Outcome:
                    f"difference); {floor:.0%} is twice the published change", abs(rel) <= tol)
 
 
-@bespoke("A ten times smaller constant learning rate (3e-4) matched SGD.",
-         f"{quoted(SMALL_LR, ACC, 'pct')} against {quoted(SGD, ACC, 'pct')}", rows=(SMALL_LR, SGD))
-def small_learning_rate_matches_sgd(ev: Evidence) -> Outcome:
-    s, g = ev.stat(SMALL_LR, ACC), ev.stat(SGD, ACC)
-    se = se_of_difference(s, g)
-    tol = max(Z * se, MATCH_MARGIN) if not math.isnan(se) else MATCH_MARGIN
-    return Outcome(f"`{SMALL_LR}` {s.describe('pct')}, `{SGD}` {g.describe('pct')}",
-                   f"not below {ROWS[SGD].short} by more than {spread(tol, 'pct')} = max({Z:g} standard errors of the "
-                   f"difference, {spread(MATCH_MARGIN, 'pct', digits=0, sign=False)} point)", s.mean - g.mean >= -tol)
-
-
 @bespoke(f"AdamW (weight decay {ROWS[ADAMW].weight_decay:g}) landed between Adam and SGD.",
          f"{quoted(ADAM, ACC, 'pct')} < {quoted(ADAMW, ACC, 'pct')} < {quoted(SGD, ACC, 'pct')}",
          rows=(ADAMW, ADAM, SGD))
@@ -399,7 +391,9 @@ CLAIMS = (
                   WINDOW, lost=ADAM, reference=SGD),
     RecoveryShare("cosine_decay_recovers", f"Cosine decay took Adam from {quoted(ADAM, ACC, 'pct', 0)} to "
                   f"{quoted(COS, ACC, 'pct', 0)}.", COS, lost=ADAM, reference=SGD),
-    small_learning_rate_matches_sgd,
+    NotBelow("small_learning_rate_matches_sgd", "A ten times smaller constant learning rate (3e-4) matched SGD.",
+             SMALL_LR, SGD, ACC, "pct", margin=MATCH_MARGIN,
+             margin_words=f"{spread(MATCH_MARGIN, 'pct', digits=0, sign=False)} point"),
     adamw_between_adam_and_sgd,
     # Does it carry over? ResNet-20 (claims.md lists these under their own heading; analysis/carryover.py)
     *carryover.CHECKS,

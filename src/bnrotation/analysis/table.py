@@ -191,6 +191,26 @@ def to_markdown(table: pd.DataFrame, root: Path, skipped: list[str] = (), scale:
     return "\n".join(out) + "\n"
 
 
+def write_tables(root: Path, runs: list[Run], out: Path, skipped: list[str] = (), seeds: int | None = None) -> None:
+    """What ``make table`` writes from ``runs`` (read from ``root``) into ``out``: ``table.md`` and ``table.csv``,
+    ``lag.md`` (:func:`.lag.write_lag`), ``averaging.md`` and ``.csv`` where runs logged averaged models
+    (:func:`.averaging.write_averaging`), and ``monitor.md`` (:func:`.monitoring.write_monitor`); ``skipped``
+    names the bad entries left out, ``seeds`` the seeds each row should have (:func:`build_table`). Prints the
+    table and what it wrote."""
+    table = build_table(runs, seeds)
+    md = to_markdown(table, root, skipped, scale_note(runs))
+    records.atomic_write_text(out / "table.md", md)
+    records.atomic_write_text(out / "table.csv", table.to_csv(index=False))
+    lag.write_lag(runs, out, root)
+    print(md)
+    print(f"wrote {out / 'table.md'}, {out / 'table.csv'} and {out / 'lag.md'} from {count(len(runs), 'run')} under {root}"
+          + (f", leaving out {len(skipped)} bad entries (listed above)" if skipped else ""), file=sys.stderr)
+    averaging_md = write_averaging(runs, out, root)  # averaged weights under each buffer policy
+    if averaging_md is not None:
+        print(f"wrote {averaging_md} and {averaging_md.with_suffix('.csv')}", file=sys.stderr)
+    print(f"wrote {monitoring.write_monitor(runs, out, root)}", file=sys.stderr)  # the monitor's rule on these runs
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_results_arguments(p)
@@ -204,18 +224,7 @@ def main(argv: list[str] | None = None) -> int:
     if found is None:
         return 2
     root, runs, out = found
-    table = build_table(runs, args.seeds)
-    md = to_markdown(table, root, skipped, scale_note(runs))
-    records.atomic_write_text(out / "table.md", md)
-    records.atomic_write_text(out / "table.csv", table.to_csv(index=False))
-    lag.write_lag(runs, out, root)
-    print(md)
-    print(f"wrote {out / 'table.md'}, {out / 'table.csv'} and {out / 'lag.md'} from {count(len(runs), 'run')} under {root}"
-          + (f", leaving out {len(skipped)} bad entries (listed above)" if skipped else ""), file=sys.stderr)
-    averaging_md = write_averaging(runs, out, root)  # averaged weights under each buffer policy
-    if averaging_md is not None:
-        print(f"wrote {averaging_md} and {averaging_md.with_suffix('.csv')}", file=sys.stderr)
-    print(f"wrote {monitoring.write_monitor(runs, out, root)}", file=sys.stderr)  # the monitor's rule on these runs
+    write_tables(root, runs, out, skipped, args.seeds)
     return 0
 
 
