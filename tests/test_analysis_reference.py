@@ -17,7 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from bnrotation.analysis import claims, figures, table
+from bnrotation.analysis import claims
+from bnrotation.analysis.tables import figures, table
 from bnrotation.analysis.results import ALL_TABLES, load_runs
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -54,7 +55,7 @@ def test_a_committed_output_is_what_the_analysis_writes_from_the_committed_runs(
 def test_the_committed_verdicts_name_every_check_once(regenerated):
     """``claims.json`` lists every named check and every table cell, each with a verdict ``claims.md`` uses."""
     committed = json.loads((ROOT / REFERENCE / "claims.json").read_text())
-    from bnrotation.analysis.registry import CLAIMS, TABLE_CELLS
+    from bnrotation.analysis.claims.registry import CLAIMS, TABLE_CELLS
     assert list(committed["checks"]) == [c.name for c in CLAIMS]
     assert list(committed["table_cells"]) == [c.name for c in TABLE_CELLS]
     md = (ROOT / REFERENCE / "claims.md").read_text()

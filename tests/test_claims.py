@@ -18,9 +18,9 @@ from types import SimpleNamespace
 import pandas as pd
 import pytest
 
-from bnrotation.analysis import carryover, claim_kinds, registry
-from bnrotation.analysis.claim_kinds import FAIL, NOT_RUN, PASS
-from bnrotation.analysis.evidence import Evidence
+from bnrotation.analysis.claims import carryover, kinds, registry
+from bnrotation.analysis.claims.kinds import FAIL, NOT_RUN, PASS
+from bnrotation.analysis.claims.evidence import Evidence
 from bnrotation.rows import PUBLISHED_ROWS
 
 EPS = 1e-6  # relative step across a boundary
@@ -33,7 +33,7 @@ BOUNDARY_CASES = ("update_cosine_adam", "drift_middle_adam", "projected_grows_le
                   "window_test_recovers_most_accuracy", "resnet_window_test_recovers_most_accuracy")
 
 
-def claim(name: str) -> claim_kinds.Claim:
+def claim(name: str) -> kinds.Claim:
     found = [c for c in registry.CLAIMS if c.name == name]
     assert len(found) == 1 and name in BOUNDARY_CASES, name
     return found[0]
@@ -55,7 +55,7 @@ def sd_of(a: float) -> float:
     return 2 * a / math.sqrt(3)
 
 
-def verdict(c: claim_kinds.Claim, ev: Evidence) -> str:
+def verdict(c: kinds.Claim, ev: Evidence) -> str:
     return c.check(ev).verdict
 
 
@@ -246,5 +246,5 @@ def test_a_recovery_share_beside_gives_no_verdict_when_nothing_is_lost():
 def test_every_declared_kind_is_covered_by_a_boundary_case():
     """Every kind the registry declares claims with (all but bespoke checks, which carry their own rules) has a
     boundary case above; a new kind needs one too."""
-    declared = {type(c) for c in registry.CLAIMS} - {claim_kinds.Bespoke}
+    declared = {type(c) for c in registry.CLAIMS} - {kinds.Bespoke}
     assert declared - {type(claim(name)) for name in BOUNDARY_CASES} == set()

@@ -13,7 +13,9 @@ import pandas as pd
 import pytest
 
 from bnrotation import article, records
-from bnrotation.analysis import claims, evidence, findings, registry, table
+from bnrotation.analysis import claims
+from bnrotation.analysis.claims import evidence, findings, registry
+from bnrotation.analysis.tables import table
 from bnrotation.analysis.results import load_runs
 from bnrotation.rows import ROWS
 

@@ -17,7 +17,7 @@ needs are missing.
   side, by the sign alone, and the check says so.
 - :class:`RankOrder`: a Spearman rank correlation with evaluation-mode accuracy
   across the article's rows, beyond (or not) the exact one-sided 5% critical
-  value for that many rows (:func:`.stats.spearman_critical`).
+  value for that many rows (:func:`..stats.spearman_critical`).
 - :class:`RecoveryShare`: the share of the accuracy one row loses against
   another that a third wins back, paired by seed; "most" is more than half.
 - :class:`Bespoke`: any other check, a function registered with
@@ -43,13 +43,13 @@ import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
-from .. import article
-from ..article import Figure
-from ..rows import PUBLISHED_DECIMALS, PUBLISHED_ROWS, PUBLISHED_SEEDS, ROWS
+from ... import article
+from ...article import Figure
+from ...rows import PUBLISHED_DECIMALS, PUBLISHED_ROWS, PUBLISHED_SEEDS, ROWS
+from ..formatting import cell, decimals_shown, seed_ranges, spread
+from ..stats import SeedStat, half_unit, rho_at_or_beyond, se_of_difference, spearman_critical, spearman_rho
+from ..tables.table import COLUMNS as TABLE_COLUMNS
 from .evidence import Evidence, recovery_share
-from .stats import (SeedStat, cell, decimals_shown, half_unit, rho_at_or_beyond, se_of_difference, seed_ranges,
-                    spearman_critical, spearman_rho, spread)
-from .table import COLUMNS as TABLE_COLUMNS
 
 PASS, FAIL, NOT_RUN = "PASS", "FAIL", "NOT RUN"
 NOT_JUDGED = "not judged at this scale"  # runs below the article's scale: measured, weighed against nothing
@@ -223,7 +223,7 @@ class Match:
 @dataclass(frozen=True)
 class Gap:
     """``upper``'s mean above ``lower``'s by more than :data:`Z` standard errors of the difference (Welch,
-    :func:`.stats.se_of_difference`); with one seed on a side (no spread), by the sign alone."""
+    :func:`..stats.se_of_difference`); with one seed on a side (no spread), by the sign alone."""
 
     upper: SeedStat
     lower: SeedStat
@@ -419,7 +419,7 @@ class Above(Below):
 class NotBelow(Below):
     """``row``'s mean of ``column`` is not below ``than``'s by more than max(2 standard errors of the difference,
     ``margin``) (:class:`NotBelowBy`); ``margin_words``, the margin as the tolerance's text names it (default:
-    :func:`.stats.spread` of it). Published: the article's two figures, ``row``'s first."""
+    :func:`..formatting.spread` of it). Published: the article's two figures, ``row``'s first."""
 
     margin: float = 0.0
     margin_words: str = ""
@@ -558,7 +558,7 @@ def bespoke(claim: str, published: str, rows: tuple[str, ...] = (), *, section: 
 class Ordering(DeclaredRows, Claim):
     """Spearman's ρ between ``column`` and evaluation-mode accuracy over the row means of ``rows`` (every one
     needed): accuracy must fall in the column's order, ρ at or below minus the exact one-sided :data:`ALPHA`
-    critical value for that many rows (:func:`.stats.spearman_critical`, :class:`Rank`). ``published`` says what
+    critical value for that many rows (:func:`..stats.spearman_critical`, :class:`Rank`). ``published`` says what
     the article has to compare (it ran one network)."""
 
     name: str
