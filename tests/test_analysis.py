@@ -26,11 +26,11 @@ import yaml
 
 from bnrotation import records
 from bnrotation.analysis import claims
-from bnrotation.analysis.claims import kinds, evidence, registry
-from bnrotation.analysis.tables import figures, table
+from bnrotation.analysis.claims import evidence, kinds, registry
 from bnrotation.analysis.measures import intervention_log, metrics, theory
 from bnrotation.analysis.results import BadRunError, Run, check_against_row, load_run, load_runs, protocol_scale
 from bnrotation.analysis.stats import SeedStat
+from bnrotation.analysis.tables import figures, table
 from bnrotation.names import OPTIMIZER_CLASSES
 from bnrotation.rows import PUBLISHED_ROWS, ROWS, RowSpec
 from test_monitor_notebook import MONITOR_NOTEBOOK

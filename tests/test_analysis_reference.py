@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 
 from bnrotation.analysis import claims
-from bnrotation.analysis.tables import figures, table
 from bnrotation.analysis.results import ALL_TABLES, load_runs
+from bnrotation.analysis.tables import figures, table
 
 ROOT = Path(__file__).resolve().parents[1]
 REFERENCE = Path("results/reference")  # as make names it: the root's name is part of each report's header

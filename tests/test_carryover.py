@@ -17,7 +17,7 @@ import pytest
 
 from bnrotation import records
 from bnrotation.analysis import claims
-from bnrotation.analysis.claims import carryover, kinds, evidence
+from bnrotation.analysis.claims import carryover, evidence, kinds
 from bnrotation.analysis.tables import figures, table
 from bnrotation.rows import RESNET_ROWS
 

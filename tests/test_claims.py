@@ -19,8 +19,8 @@ import pandas as pd
 import pytest
 
 from bnrotation.analysis.claims import carryover, kinds, registry
-from bnrotation.analysis.claims.kinds import FAIL, NOT_RUN, PASS
 from bnrotation.analysis.claims.evidence import Evidence
+from bnrotation.analysis.claims.kinds import FAIL, NOT_RUN, PASS
 from bnrotation.rows import PUBLISHED_ROWS
 
 EPS = 1e-6  # relative step across a boundary

@@ -14,8 +14,8 @@ from bnrotation.analysis.measures.lag import (age_interval, drift_exponent, drif
                                               lag_table, predicted_lag_combined, predicted_lag_correlated_walk,
                                               predicted_lag_random_walk, predicted_lag_steady, run_lags,
                                               running_average_age)
-from bnrotation.analysis.tables.lag_report import drift_markdown, to_markdown, write_lag
 from bnrotation.analysis.results import Run
+from bnrotation.analysis.tables.lag_report import drift_markdown, to_markdown, write_lag
 
 CONFIG = {"scale": {"check_start": 2000, "steps": 2200, "log_every": 100}}
 

@@ -370,6 +370,6 @@ def test_make_reproduce_keeps_each_scale_in_its_own_root(scale, root):
     lines = proc.stdout.replace("\\\n", " ").splitlines()
     sweep = next(line for line in lines if "experiments/train.py -m" in line)
     assert f"results_root={root} " in sweep + " "
-    for module in ("table", "figures", "claims"):
+    for module in ("tables.table", "tables.figures", "claims"):
         line = next(line for line in lines if f"bnrotation.analysis.{module}" in line)
         assert f"--results {root} " in line
