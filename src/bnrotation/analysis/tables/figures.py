@@ -834,10 +834,9 @@ def save(fig: plt.Figure, out: Path, name: str) -> None:
         records.atomic_write_bytes(out / f"{name}.{ext}", buf.getvalue())
 
 
-def make_figures(root: Path, runs: list[Run], out: Path, only: tuple[str, ...] = (), render: bool = True
-                 ) -> list[Drawn]:
+def make_figures(root: Path, runs: list[Run], out: Path, only: tuple[str, ...] = ()) -> list[Drawn]:
     """Draw every figure (or only those named in ``only``) into ``out``; with every figure, write the index
-    ``out/README.md``. ``render=False`` draws each figure for its caption but writes no image (the index alone).
+    ``out/README.md``.
 
     Returns:
         One :class:`Drawn` per figure, drawn or skipped with its reason.
@@ -852,11 +851,10 @@ def make_figures(root: Path, runs: list[Run], out: Path, only: tuple[str, ...] =
             fig, caption = draw(d)
         except Skip as why:
             done.append(Drawn(name, title, skipped=str(why)))
-            for ext in ("png", "pdf") if render else ():
+            for ext in ("png", "pdf"):
                 (out / f"{name}.{ext}").unlink(missing_ok=True)  # no stale figure beside a "not drawn" entry
             continue
-        if render:
-            save(fig, out, name)
+        save(fig, out, name)
         plt.close(fig)
         done.append(Drawn(name, title, caption))
     if not only:  # a partial run must not replace the index of every figure
