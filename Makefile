@@ -130,7 +130,7 @@ row: $(VENV)/.installed ## one row at one seed, SCALE=full unless given (a run: 
 		$(results_override) $(ARGS)
 
 table: $(VENV)/.installed ## <root>/table.md, table.csv, lag.md, averaging.md from the parquet results (RESULTS=<root>; OUT=<folder>; SKIP_BAD=1 leaves bad runs out)
-	$(out_dir) $(PY) -m bnrotation.analysis.table $(results_flag) --out "$$out" $(skip_flag)
+	$(out_dir) $(PY) -m bnrotation.analysis.tables.table $(results_flag) --out "$$out" $(skip_flag)
 
 diagnose: $(VENV)/.installed ## stale statistics and fixes of one run: make diagnose RUN=<run folder> [STEP=<n>|last|worst]
 	$(PY) experiments/diagnose.py run=$(RUN) $(if $(STEP),step=$(STEP),)
@@ -143,7 +143,7 @@ bench: $(VENV)/.installed ## results/bench.md: runner vs the article's bare loop
 	$(PY) bench/bench.py --venv $(VENV) --out $(or $(OUT),results)/bench.md $(BENCH_ARGS)
 
 figures: $(VENV)/.installed ## <root>/figures/*.png, *.pdf and README.md from the parquet results (RESULTS=<root>; OUT=<folder>)
-	$(out_dir) $(PY) -m bnrotation.analysis.figures $(results_flag) --out "$$out/figures" $(skip_flag)
+	$(out_dir) $(PY) -m bnrotation.analysis.tables.figures $(results_flag) --out "$$out/figures" $(skip_flag)
 
 claims: $(VENV)/.installed ## <root>/claims.md: every claim of the article, PASS/FAIL/NOT RUN (RESULTS=<root>; OUT=<folder>)
 	$(out_dir) $(PY) -m bnrotation.analysis.claims $(results_flag) --out "$$out" $(skip_flag)

@@ -25,11 +25,12 @@ import pytest
 import yaml
 
 from bnrotation import records
-from bnrotation.analysis import (claim_kinds, claims, evidence, figures, interventions, metrics, registry, table,
-                                 theory)
-from bnrotation.analysis.results import (BadRunError, Run, check_against_row, load_run, load_runs,
-                                         protocol_scale)
+from bnrotation.analysis import claims
+from bnrotation.analysis.claims import evidence, kinds, registry
+from bnrotation.analysis.measures import intervention_log, metrics, theory
+from bnrotation.analysis.results import BadRunError, Run, check_against_row, load_run, load_runs, protocol_scale
 from bnrotation.analysis.stats import SeedStat
+from bnrotation.analysis.tables import figures, table
 from bnrotation.names import OPTIMIZER_CLASSES
 from bnrotation.rows import PUBLISHED_ROWS, ROWS, RowSpec
 from test_monitor_notebook import MONITOR_NOTEBOOK
@@ -245,7 +246,7 @@ def test_a_check_at_exactly_90_percent_is_not_below_90_percent():
     assert metrics.failing_steps(run) == [2000, 2400]
     # and recovering to exactly 90% counts as recovered (smallest_k: accuracy >= the threshold)
     curve = pd.Series([0.5, 0.7, 0.90, 0.95], index=[0, 1, 2, 4])
-    assert interventions.smallest_k(curve) == 2
+    assert intervention_log.smallest_k(curve) == 2
 
 
 def test_the_table_spread_is_the_sample_sd_over_seeds(tmp_path):
@@ -374,11 +375,11 @@ def test_every_claim_is_declared_once_and_bespoke_checks_register_under_their_na
     names = [c.name for c in registry.CLAIMS]
     assert len(names) == len(set(names))
     sections = [c.section for c in registry.CLAIMS]
-    assert sections.count(claim_kinds.ARTICLE) == 27 and sections.count(claim_kinds.RESNET) == 9
-    assert sections.count(claim_kinds.FROZEN) == 1
-    assert sections == sorted(sections, key=[claim_kinds.ARTICLE, claim_kinds.RESNET, claim_kinds.FROZEN].index)
+    assert sections.count(kinds.ARTICLE) == 27 and sections.count(kinds.RESNET) == 9
+    assert sections.count(kinds.FROZEN) == 1
+    assert sections == sorted(sections, key=[kinds.ARTICLE, kinds.RESNET, kinds.FROZEN].index)
     assert registry.training_mode_stays_at_100.name == "training_mode_stays_at_100"
-    assert isinstance(registry.training_mode_stays_at_100, claim_kinds.Bespoke)
+    assert isinstance(registry.training_mode_stays_at_100, kinds.Bespoke)
     # the article's table, cell by cell: every published cell that is not NaN (6 rows x 4 + the window test's 3)
     assert len(registry.TABLE_CELLS) == 27 and {c.row for c in registry.TABLE_CELLS} == {
         row for row, spec in ROWS.items() if spec.published is not None}
@@ -392,19 +393,19 @@ def test_published_figures_are_read_from_rows_and_article():
     assert by_name["projected_grows_less_than_adam"].published_text() == (
         f"{ROWS['adam_projected'].published.norm_growth:.2f}× against "
         f"{ROWS['adam'].published.norm_growth:.2f}×")
-    assert claim_kinds.published("adam", "acc_eval_mode") == article.Figure(ROWS["adam"].published.acc_eval_mode, 3)
-    assert claim_kinds.published("adam_bn_m0.3", "norm_growth") is None  # the article gives no norm for it
-    assert claim_kinds.published("adamp", "rotation_per_100_deg") is None  # nor any figure for AdamP
+    assert kinds.published("adam", "acc_eval_mode") == article.Figure(ROWS["adam"].published.acc_eval_mode, 3)
+    assert kinds.published("adam_bn_m0.3", "norm_growth") is None  # the article gives no norm for it
+    assert kinds.published("adamp", "rotation_per_100_deg") is None  # nor any figure for AdamP
     with pytest.raises(KeyError, match="no figure for 'norm_growth' of row 'adam_bn_m0.3'"):
-        claim_kinds.table_figure("adam_bn_m0.3", "norm_growth")
+        kinds.table_figure("adam_bn_m0.3", "norm_growth")
 
 
 def test_tolerances_follow_the_seed_spread():
     a, b = SeedStat((0.5, 0.6, 0.7)), SeedStat((0.1, 0.2, 0.3))
-    assert a.sd == pytest.approx(0.1) and claim_kinds.above(a, b)[0] and not claim_kinds.above(b, a)[0]
+    assert a.sd == pytest.approx(0.1) and kinds.above(a, b)[0] and not kinds.above(b, a)[0]
     close = SeedStat((0.25, 0.35, 0.45))
-    assert not claim_kinds.above(close, b)[0]  # 0.15 apart, 2 SE = 0.163
-    ok, how = claim_kinds.above(SeedStat((0.3,)), SeedStat((0.2,)))
+    assert not kinds.above(close, b)[0]  # 0.15 apart, 2 SE = 0.163
+    ok, how = kinds.above(SeedStat((0.3,)), SeedStat((0.2,)))
     assert ok and "sign alone" in how
 
 
@@ -605,8 +606,8 @@ def test_make_figures_and_claims_run_on_the_runners_output(smoke_root, tmp_path)
 
 NO_TORCH = """
 import runpy, sys
-import bnrotation.analysis.claims, bnrotation.analysis.figures, bnrotation.analysis.metrics
-import bnrotation.analysis.results, bnrotation.analysis.table, bnrotation.analysis.theory
+import bnrotation.analysis.claims, bnrotation.analysis.tables.figures, bnrotation.analysis.measures.metrics
+import bnrotation.analysis.results, bnrotation.analysis.tables.table, bnrotation.analysis.measures.theory
 for path in sys.argv[1:]:
     runpy.run_path(path, run_name="__main__")
 bad = sorted(m for m in sys.modules if m == "torch" or m.startswith("torch."))

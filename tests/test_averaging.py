@@ -378,7 +378,7 @@ def test_saved_checkpoints_of_a_run_are_averaged(averaging_run):
 
 
 def test_make_table_writes_averaging_md(averaging_run, tmp_path):
-    from bnrotation.analysis.table import main as table_main
+    from bnrotation.analysis.tables.table import main as table_main
     root, _ = averaging_run
     assert table_main(["--results", str(root), "--out", str(tmp_path)]) == 0
     md = (tmp_path / "averaging.md").read_text()

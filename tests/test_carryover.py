@@ -16,7 +16,9 @@ import pandas as pd
 import pytest
 
 from bnrotation import records
-from bnrotation.analysis import carryover, claim_kinds, claims, evidence, figures, table
+from bnrotation.analysis import claims
+from bnrotation.analysis.claims import carryover, evidence, kinds
+from bnrotation.analysis.tables import figures, table
 from bnrotation.rows import RESNET_ROWS
 
 from test_analysis import _load, cosine_lr, resnet_layers, write_replication, write_resnet_run
@@ -73,14 +75,14 @@ def passing(tmp_path_factory) -> Path:
     return write_replication(root, rows=("sgd", "adam_cosine", "adam", "adam_bn_m0.3"))
 
 
-def _verdicts(root: Path) -> tuple[dict[str, str], dict[str, claim_kinds.Check], str]:
+def _verdicts(root: Path) -> tuple[dict[str, str], dict[str, kinds.Check], str]:
     md, checks = claims.build_report(root, _load(root))
     by_name = {c.name: c for c in checks}
     return {n: by_name[n].verdict for n in CHECKS}, by_name, md
 
 
 @pytest.fixture(scope="module")
-def passing_verdicts(passing) -> tuple[dict[str, str], dict[str, claim_kinds.Check], str]:
+def passing_verdicts(passing) -> tuple[dict[str, str], dict[str, kinds.Check], str]:
     """:func:`_verdicts` of ``passing``, built once for the tests that only read it."""
     return _verdicts(passing)
 
@@ -157,7 +159,7 @@ def test_the_articles_claims_are_weighed_on_the_study_network_only(tmp_path):
                          grad_cos=0.5, reestimated=0.3)
     _, before = claims.build_report(alone, _load(alone))
     _, after = claims.build_report(both, _load(both))
-    article = [c.name for c in before if c.section == claim_kinds.ARTICLE]
+    article = [c.name for c in before if c.section == kinds.ARTICLE]
     assert [(c.name, c.verdict, c.measured) for c in after if c.name in article] == \
         [(c.name, c.verdict, c.measured) for c in before if c.name in article]
     assert {c.verdict for c in before if c.name in ("training_mode_stays_at_100", "gradient_cosine_is_zero",

@@ -1,4 +1,4 @@
-"""Drift and lag from the dense windows (analysis/dense.py) on dense tables with known answers; no torch.
+"""Drift and lag from the dense windows (analysis/measures/dense.py) on dense tables with known answers; no torch.
 
 A synthetic dense table is built from a channel mean with known increments (a steady drift, a random walk, a
 walk with correlated steps), its running mean made as the runner's PyTorch running average makes it: the batch
@@ -15,8 +15,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from bnrotation.analysis import dense, lag
+from bnrotation.analysis.measures import dense, lag
 from bnrotation.analysis.results import Run
+from bnrotation.analysis.tables import lag_report
 
 M = 0.03
 STARTS, LENGTH = (300, 600, 900), 128
@@ -101,13 +102,13 @@ def test_a_run_without_a_dense_table_has_no_drift_and_is_listed_by_row():
     table, lacking = dense.dense_drift_table(runs)
     assert lacking == {"sgd": [1, 2], "adam": [0]}
     assert table[["row", "n_seeds", "seeds"]].values.tolist() == [["adam", 1, "3"]]
-    md = "\n".join(dense.drift_markdown(table, lacking))
+    md = "\n".join(lag_report.dense_drift_markdown(table, lacking))
     assert "left out above: `sgd` (seeds 1, 2), `adam` (seed 0)." in md
     assert "| Adam, lr 3e-3 (`adam`) | 3 (1) | 0.00400 |" in md
     none, lacking = dense.dense_drift_table(runs[1:])
-    assert none.empty and "No run here has dense windows" in dense.drift_markdown(none, lacking)[0]
+    assert none.empty and "No run here has dense windows" in lag_report.dense_drift_markdown(none, lacking)[0]
     assert dense.lag_model_fit(runs[1]).empty and dense.lag_model_table(runs[1:]).empty
-    assert "no model is fitted" in dense.models_markdown(pd.DataFrame())[0]
+    assert "no model is fitted" in lag_report.lag_models_markdown(pd.DataFrame())[0]
 
 
 # ----------------------------------------------------------------------------- the lag of a wandering mean
@@ -167,7 +168,7 @@ def test_lag_md_has_both_dense_sections(tmp_path):
     for run in runs:
         run.tables["channels"] = pd.DataFrame({c: pd.Series(dtype=float) for c in (
             "step", "channel", "lag_sigma", "predicted_lag_sigma", "drift_sigma_per_step")}).assign(layer="")
-    md = lag.write_lag(runs, tmp_path, tmp_path)
+    md = lag_report.write_lag(runs, tmp_path, tmp_path)
     assert "## Drift at short intervals, from the dense windows" in md
     assert "## The lag of a wandering mean: steady drift or random walk" in md
     drift_line = next(ln for ln in md.splitlines() if ln.startswith("| Adam") and "(2) |" in ln and "Δ" not in ln)

@@ -1,5 +1,5 @@
-"""Running-mean lag against depth (:mod:`bnrotation.analysis.depth`) and checks against the learning rate
-(:mod:`bnrotation.analysis.midrun`): closed forms, invariances and failures, on tables built here (no torch)."""
+"""Running-mean lag against depth (:mod:`bnrotation.analysis.measures.depth`) and checks against the learning rate
+(:mod:`bnrotation.analysis.measures.midrun`): closed forms, invariances and failures, on tables built here (no torch)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from bnrotation.analysis import depth, midrun
+from bnrotation.analysis.measures import depth, midrun
 from bnrotation.analysis.results import Run
 
 

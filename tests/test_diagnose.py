@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 import torch
 
-from bnrotation.analysis import interventions as logged
+from bnrotation.analysis.measures import intervention_log as logged
 from bnrotation.analysis.results import load_run
 from bnrotation.checkpoints import checkpoint_path, load_checkpoint
 from bnrotation.diagnose import diagnose_checkpoint, format_checkpoint_report, main, refine_k

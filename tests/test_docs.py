@@ -223,7 +223,7 @@ def test_the_readme_blocks_are_what_make_claims_writes_from_the_reference_runs(r
 
 
 def test_the_committed_claims_report_is_what_the_analysis_gives(reference):
-    from bnrotation.analysis.report import to_markdown
+    from bnrotation.analysis.claims.report import to_markdown
     assert to_markdown(*reference) == (ROOT / "results" / "reference" / "claims.md").read_text()
     checks = {c.name: c for c in reference[1]}
     failing = [c for c in checks.values() if c.verdict == "FAIL" and c.section == "article"]

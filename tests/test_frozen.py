@@ -21,8 +21,8 @@ from torch.optim.swa_utils import update_bn
 
 from bnrotation import frozen, records
 from bnrotation.analysis import frozen as frozen_analysis
-from bnrotation.analysis.evidence import Evidence
-from bnrotation.analysis.registry import CLAIMS
+from bnrotation.analysis.claims.evidence import Evidence
+from bnrotation.analysis.claims.registry import CLAIMS
 from bnrotation.bnstats import frozen_layers, reestimate, running_stat_layers
 from bnrotation.config import ConfigError
 from bnrotation.rows import FROZEN_ROOT, FROZEN_ROWS, frozen_row

@@ -9,10 +9,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from bnrotation.analysis import monitoring
-from bnrotation.analysis.monitoring import (ALL, check_signals, classify, rule_fires, threshold_table, to_markdown,
-                                            write_monitor)
 from bnrotation.analysis.results import Run
+from bnrotation.analysis.tables import monitor_report
+from bnrotation.analysis.tables.monitor_report import (ALL, check_signals, classify, rule_fires, threshold_table,
+                                                       to_markdown, write_monitor)
 
 CONFIG = {"scale": {"check_start": 2000, "steps": 2300, "log_every": 100, "heldout_size": 4000},
           "task": {"probe_size": 512}}
@@ -88,7 +88,7 @@ def test_the_rule_fires_at_its_thresholds_and_never_on_nan():
 def test_the_rule_and_its_defaults_are_the_monitors():
     from bnrotation.monitor import Thresholds
     default = Thresholds()
-    assert (monitoring.DEFAULT_MODE_GAP, monitoring.DEFAULT_LAG_SIGMA) == (default.mode_gap, default.lag_sigma)
+    assert (monitor_report.DEFAULT_MODE_GAP, monitor_report.DEFAULT_LAG_SIGMA) == (default.mode_gap, default.lag_sigma)
     values = (0.0, 0.049, 0.05, 0.1, 0.25, 0.3, math.nan)
     for t in (default, Thresholds(mode_gap=0.1, lag_sigma=0.1)):
         for gap in values:

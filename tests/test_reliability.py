@@ -27,9 +27,9 @@ import yaml
 from hydra import compose, initialize_config_dir
 
 from bnrotation import cli, ensemble, records, rundir, runner
-from bnrotation.analysis import metrics
+from bnrotation.analysis.measures import metrics
 from bnrotation.analysis.results import BadRunError, has_runs, load_run, load_runs, read_table
-from bnrotation.analysis.table import build_table, main as table_main
+from bnrotation.analysis.tables.table import build_table, main as table_main
 from bnrotation.checkpoints import BadCheckpointError, UnsafeCheckpointError, load_checkpoint, save_checkpoint
 from bnrotation.config import ConfigError, RunConfig, to_run_config
 from bnrotation.runner import run

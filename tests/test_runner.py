@@ -16,7 +16,7 @@ import torch
 
 from bnrotation import records
 from bnrotation.analysis.results import load_runs
-from bnrotation.analysis.table import build_table, main as table_main
+from bnrotation.analysis.tables.table import build_table, main as table_main
 from bnrotation.provenance import KERNEL_ENV, cpu_kernels
 from bnrotation.rows import ROWS
 from bnrotation.rundir import RunExistsError

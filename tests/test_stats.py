@@ -14,9 +14,10 @@ import pytest
 from scipy.stats import spearmanr
 
 from bnrotation.analysis import stats
-from bnrotation.analysis.stats import (SeedStat, cell, half_unit, over_seeds, rank_distance_counts, rho_at_or_beyond,
-                                       se_of_difference, seed_ranges, share_at_or_below, spearman_critical,
-                                       spearman_rho, spread, subset_means)
+from bnrotation.analysis.formatting import cell, seed_ranges, spread
+from bnrotation.analysis.stats import (SeedStat, half_unit, over_seeds, rank_distance_counts, rho_at_or_beyond,
+                                       se_of_difference, share_at_or_below, spearman_critical, spearman_rho,
+                                       subset_means)
 
 
 # ----------------------------------------------------------------------------- mean and sample sd over seeds

@@ -13,8 +13,10 @@ import pandas as pd
 import pytest
 
 from bnrotation import article, records
-from bnrotation.analysis import claims, evidence, findings, registry, table
+from bnrotation.analysis import claims
+from bnrotation.analysis.claims import evidence, findings, registry
 from bnrotation.analysis.results import load_runs
+from bnrotation.analysis.tables import table
 from bnrotation.rows import ROWS
 
 from test_analysis import replication, write_replication, write_run  # noqa: F401 (replication: a fixture)

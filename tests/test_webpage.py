@@ -28,7 +28,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from bnrotation.analysis import claims, figures, table, webpage
+from bnrotation.analysis import claims, webpage
+from bnrotation.analysis.tables import figures, table
 from bnrotation.rows import ROWS
 from test_analysis import PUBLISHED_LIKE, SCALE, write_replication
 

@@ -29,7 +29,7 @@ import torch
 import yaml
 
 from . import records
-from .analysis import interventions as logged
+from .analysis.measures import intervention_log as logged
 from .analysis.results import BadRunError, load_run, read_table
 from .checkpoints import checkpoint_path, load_checkpoint
 from .config import ConfigError, RunConfig, to_run_config

@@ -724,7 +724,7 @@ class Thresholds:
     The defaults were chosen on the suite's reference runs by how often the rule fires at checks that fail
     (evaluation-mode accuracy below 90%) and at checks that pass; the counts on the committed runs, for these
     and other thresholds, are in ``results/reference/monitor.md``
-    (:func:`bnrotation.analysis.monitoring.threshold_table`, ``make table``).
+    (:func:`bnrotation.analysis.tables.monitor_report.threshold_table`, ``make table``).
     """
 
     mode_gap: float = 0.05

@@ -20,7 +20,8 @@ import pandas as pd
 
 from .. import records
 from ..rows import FROZEN_ROOT, FROZEN_ROWS, FROZEN_SEEDS
-from .stats import SeedStat, cell
+from .formatting import cell
+from .stats import SeedStat
 
 __all__ = ["FrozenRun", "load_frozen_runs", "per_run", "judge", "FrozenVerdict", "table_markdown", "main",
            "DISPLACEMENT_FLOOR_SIGMA", "DROP_FLOOR", "Z"]

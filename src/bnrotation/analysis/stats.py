@@ -1,26 +1,25 @@
-"""Statistics over seeds, Spearman's rank correlation, and the one formatter of numbers in every report (no torch).
+"""Statistics over seeds and Spearman's rank correlation: numbers only, no text (no torch).
 
 Every mean ± spread in ``table.md``, ``lag.md``, ``averaging.md`` and
 ``claims.md`` comes from :class:`SeedStat` (or :func:`over_seeds`, its
 column-wise form): the mean over seeds and the *sample* standard deviation
 (Bessel's correction, n − 1 in the denominator), which is NaN with fewer than
-two finite values. Every rank correlation is :func:`spearman_rho`, and every
-number printed in a report goes through :func:`cell` (a value, optionally with
-its spread and n) or :func:`spread` (a spread, tolerance or difference alone),
-both driven by one table of units, :data:`UNITS`.
+two finite values. Every rank correlation is :func:`spearman_rho`. How the
+numbers are printed is :mod:`.formatting`'s.
 """
 
 from __future__ import annotations
 
 import itertools
 import math
-import numbers
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 
 import numpy as np
 import pandas as pd
+
+from .formatting import cell
 
 
 # ----------------------------------------------------------------------------- per-seed values
@@ -219,90 +218,3 @@ def rho_at_or_beyond(rho: float, critical: float) -> bool:
     """Whether |ρ| reaches the critical value in ρ's direction: ρ ≥ c for c > 0, ρ ≤ c for c < 0, up to
     float rounding (:data:`RHO_TOLERANCE`)."""
     return rho >= critical - RHO_TOLERANCE if critical > 0 else rho <= critical + RHO_TOLERANCE
-
-
-# ----------------------------------------------------------------------------- formatting
-@dataclass(frozen=True)
-class Unit:
-    """How a number of one unit is printed: ``scale`` multiplies it first (100 for a fraction shown in %);
-    ``value`` and ``spread_format`` are format specs for a value and for a spread (an sd, a tolerance, a
-    difference); ``sign`` and ``spread_sign`` follow them."""
-
-    scale: float
-    value: str
-    spread_format: str
-    sign: str
-    spread_sign: str
-
-    def spec(self, digits: int | None, spread: bool = False) -> str:
-        """The format spec, with ``digits`` fixed decimals (in the printed unit) if given."""
-        spec = self.spread_format if spread else self.value
-        return spec if digits is None else ("+" if spec.startswith("+") else "") + f".{digits}f"
-
-
-UNITS = {
-    "pct": Unit(100.0, ".1f", ".1f", "%", " points"),  # a fraction 0..1, printed in % (spreads in points)
-    "deg": Unit(1.0, ".2f", ".2f", "°", "°"),  # degrees
-    "x": Unit(1.0, ".2f", ".2f", "×", "×"),  # a ratio
-    "sigma": Unit(1.0, ".3g", ".2g", "σ", "σ"),  # standard deviations of a channel's fresh statistics
-    "cos": Unit(1.0, "+.4f", ".4f", "", ""),  # a cosine, signed
-    "rho": Unit(1.0, "+.2f", ".2g", "", ""),  # a rank correlation, signed
-    "drift": Unit(1.0, ".2g", ".2g", "σ/step", "σ/step"),  # σ per step
-    "plain": Unit(1.0, ".3g", ".2g", "", ""),  # anything else: three significant digits
-}
-
-
-def _missing(value) -> bool:
-    return value is None or (isinstance(value, numbers.Real) and math.isnan(value))
-
-
-def spread(sd: float, unit: str = "plain", *, digits: int | None = None, sign: bool = True) -> str:
-    """A spread, tolerance or difference alone, in ``unit`` (:data:`UNITS`): ``'12.2 points'``, ``'0.04×'``;
-    ``''`` for NaN. ``digits`` fixes the decimals; ``sign=False`` leaves the unit sign off."""
-    if _missing(sd):
-        return ""
-    u = UNITS[unit]
-    return f"{sd * u.scale:{u.spec(digits, spread=True)}}" + (u.spread_sign if sign else "")
-
-
-def cell(value: float, unit: str = "plain", sd: float | None = None, *, n: int | None = None,
-         digits: int | None = None, spread_digits: int | None = None, sign: bool = True,
-         spread_sign: bool = True) -> str:
-    """One number of a report in ``unit`` (:data:`UNITS`), with its spread and n when given.
-
-    ``cell(0.704, "pct")`` is ``'70.4%'``; ``cell(0.704, "pct", 0.122, n=3)`` is
-    ``'70.4% ± 12.2 points (n = 3 seeds)'``; ``cell(6.49, "deg", 1.21, spread_sign=False)`` is
-    ``'6.49° ± 1.21'``. A missing value (None or NaN) is ``'–'``, a missing spread is left out.
-    ``digits`` fixes the value's decimals in the printed unit (``digits=0``: ``'70%'``), ``spread_digits``
-    the spread's (default: ``digits``); ``sign`` and ``spread_sign`` keep or drop the unit signs.
-    """
-    if _missing(value):
-        return "–"
-    u = UNITS[unit]
-    text = f"{value * u.scale:{u.spec(digits)}}" + (u.sign if sign else "")
-    if not _missing(sd):
-        text += " ± " + spread(sd, unit, digits=digits if spread_digits is None else spread_digits,
-                               sign=spread_sign)
-    if n is not None:
-        text += f" (n = {n} seed{'s' * (n != 1)})"
-    return text
-
-
-def seed_ranges(seeds: Iterable[int]) -> str:
-    """Seeds as a reader scans them: three or more consecutive seeds as a range, ``'0–9'``, ``'0–2, 5, 7, 8'``;
-    ``'–'`` for none."""
-    seeds = sorted({int(s) for s in seeds})
-    runs: list[list[int]] = []
-    for s in seeds:
-        if runs and s == runs[-1][-1] + 1:
-            runs[-1].append(s)
-        else:
-            runs.append([s])
-    parts = [f"{r[0]}–{r[-1]}" if len(r) >= 3 else ", ".join(map(str, r)) for r in runs]
-    return ", ".join(parts) if parts else "–"
-
-
-def decimals_shown(decimals: int, unit: str) -> int:
-    """Decimals of a figure in its printed unit, given its decimals as stored (``0.306`` with 3 decimals is
-    ``30.6%``, 1 decimal in %)."""
-    return max(decimals - round(math.log10(UNITS[unit].scale)), 0)

@@ -9,9 +9,9 @@ rotation with one point per run and the article's row means beside them; the art
 figure, the measured mean ± spread, n and a verdict per cell; the claims, each verdict with its reason; the
 accuracy over steps per row in both modes (mean, lowest and highest run at each check, as figure 3 draws them);
 and the other figures. No number of the table or the claims is computed here: the table is
-:func:`.table.build_table` (the lines of ``table.csv``), the verdicts are :func:`.claims.weigh` (those of
-``claims.md``), the per-run values are :func:`.evidence.collect`'s, the published figures are
-:func:`.claim_kinds.published`'s (:mod:`bnrotation.rows`, :mod:`bnrotation.article`). The page has no time
+:func:`.tables.table.build_table` (the lines of ``table.csv``), the verdicts are :func:`.claims.command.weigh` (those of
+``claims.md``), the per-run values are :func:`.claims.evidence.collect`'s, the published figures are
+:func:`.claims.kinds.published`'s (:mod:`bnrotation.rows`, :mod:`bnrotation.article`). The page has no time
 stamp and fixed element ids, so the same runs, figures and commit give the same bytes.
 
 Library: Plotly (plotly.py), because it writes a figure with plotly.js inlined (``include_plotlyjs=True``) and
@@ -35,13 +35,13 @@ import pandas as pd
 from .. import records
 from ..article import FAIL_BELOW
 from ..rows import ROWS, row_order
-from .claim_kinds import ARTICLE, FAIL, MEASURED, NOT_JUDGED, NOT_RUN, PASS, RESNET, Check, published
 from .claims import weigh
-from .figures import FIGURES, Data, network_style, norms, row_palette
-from .report import verdict_counts
+from .claims.kinds import ARTICLE, FAIL, MEASURED, NOT_JUDGED, NOT_RUN, PASS, RESNET, Check, published
+from .claims.report import verdict_counts
+from .formatting import cell
 from .results import ALL_TABLES, Run, add_results_arguments, command_inputs, count, scale_note
-from .stats import cell
-from .table import COLUMNS, build_table, cell_parts, seeds_cell
+from .tables.figures import FIGURES, Data, network_style, norms, row_palette
+from .tables.table import COLUMNS, build_table, cell_parts, seeds_cell
 
 __all__ = ["build_page", "main"]
 
@@ -203,8 +203,8 @@ def accuracy_over_steps(d: Data, go, make_subplots) -> object:
 
 
 def table_html(table: pd.DataFrame, cells: dict[str, Check]) -> str:
-    """The article's table, one line per row of :func:`.table.build_table` (``table.csv``): per column the
-    measured mean ± spread, the published figure and the cell's verdict (``cells``: :func:`.claims.weigh`'s
+    """The article's table, one line per row of :func:`.tables.table.build_table` (``table.csv``): per column the
+    measured mean ± spread, the published figure and the cell's verdict (``cells``: :func:`.claims.command.weigh`'s
     table cells by name, ``<row>:<column key>``). Each cell carries its numbers as ``data-`` attributes
     (``repr`` of the float: the same bits as ``table.csv``)."""
     head = "".join(f"<th>{html.escape(c.header)}</th>" for c in COLUMNS)
@@ -246,7 +246,7 @@ def claims_html(checks: list[Check]) -> str:
 
 def figure_captions(folder: Path) -> dict[str, str]:
     """Each figure's caption, or ``Not drawn: <reason>.``, from ``folder/README.md`` as
-    :func:`.figures.index_markdown` writes it (empty where there is no README)."""
+    :func:`.tables.figures.index_markdown` writes it (empty where there is no README)."""
     readme = folder / "README.md"
     if not readme.is_file():
         return {}

@@ -26,9 +26,9 @@ import math
 import numpy as np
 import pandas as pd
 
+from ..results import Run
+from ..stats import spearman_rho
 from . import metrics
-from .results import Run
-from .stats import spearman_rho
 
 PROFILE_COLUMNS = ("depth", "layer", "norm_layer", "n", "median_abs_lag_sigma", "worst_abs_lag_sigma")
 

@@ -15,9 +15,9 @@ import math
 
 import pandas as pd
 
-from ..article import FAIL_BELOW
-from .results import Run
-from .stats import cell
+from ...article import FAIL_BELOW
+from ..formatting import cell
+from ..results import Run
 
 RECOVERY_THRESHOLD = FAIL_BELOW  # "recovers": evaluation-mode accuracy >= the accuracy below which a check fails
 

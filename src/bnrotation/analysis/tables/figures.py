@@ -1,6 +1,6 @@
 """``make figures``: every figure of the write-up, from the parquet results (no torch).
 
-    python -m bnrotation.analysis.figures --results results/reference   # into results/reference/figures
+    python -m bnrotation.analysis.tables.figures --results results/reference   # into results/reference/figures
 
 Writes ``<out>/<name>.png`` (for reading) and ``<out>/<name>.pdf`` (vector, for
 write-ups) for each figure, and ``<out>/README.md``, which shows every figure
@@ -28,13 +28,14 @@ import matplotlib.pyplot as plt
 import pandas as pd
 import seaborn as sns
 
-from .. import article, records
-from ..article import FAIL_BELOW
-from ..rows import ROWS, network_label, row_order
-from . import averaging, depth, interventions, lag, metrics, midrun, theory
-from .results import (ALL_TABLES, Run, add_results_arguments, at_protocol_scale, command_inputs, describe_scale,
-                      protocol_scale, scale_note)
-from .stats import cell
+from ... import article, records
+from ...article import FAIL_BELOW
+from ...rows import ROWS, network_label, row_order
+from ..formatting import cell
+from ..measures import depth, intervention_log, lag, metrics, midrun, theory
+from ..results import (ALL_TABLES, Run, add_results_arguments, at_protocol_scale, command_inputs, describe_scale,
+                       protocol_scale, scale_note)
+from . import averaging_report
 from .table import run_metrics
 
 TABLES = ALL_TABLES
@@ -135,7 +136,7 @@ def span(counts: pd.Series) -> str:
 
 def footnote(fig: plt.Figure, d: Data, n: str) -> None:
     """Write ``n`` (what the figure rests on: runs, seeds, checks, points) into the image, under everything
-    drawn; and when the runs are not at the article's scale (:func:`.results.at_protocol_scale`), a boxed
+    drawn; and when the runs are not at the article's scale (:func:`..results.at_protocol_scale`), a boxed
     warning above everything, saying their scale and that published figures in the image are for orientation
     only. Call it last: it places both outside the figure's drawn extent, which ``bbox_inches="tight"`` keeps."""
     import textwrap
@@ -513,7 +514,7 @@ def fig_top_k(d: Data) -> tuple[plt.Figure, str]:
     networks = {d.arch(r): totals[r] for r in rows}
     all_k = f"k = {total}" if one_total else "k = all channels of the row's network (" + ", ".join(
         f"{network_label(a)}: {k}" for a, k in networks.items()) + ")"
-    threshold = interventions.RECOVERY_THRESHOLD
+    threshold = intervention_log.RECOVERY_THRESHOLD
     k_needed = metrics.failing_checks(d.runs, FAIL_BELOW)  # the smallest grid k reaching it, per failing check
     fig, axes = _facets(len(rows), size=(3.9, 2.8), sharex=one_total)
     counts = []
@@ -605,17 +606,17 @@ def fig_drift(d: Data) -> tuple[plt.Figure, str]:
 
 # ----------------------------------------------------------------------------- 9: weight averaging
 def fig_averaging(d: Data) -> tuple[plt.Figure, str]:
-    frames = [averaging.run_values(r).assign(row=r.row, seed=r.seed) for r in d.runs]
+    frames = [averaging_report.run_values(r).assign(row=r.row, seed=r.seed) for r in d.runs]
     frames = [f for f in frames if not f.empty]
     if not frames:
         raise Skip("no averaging results (the averaging table is absent or empty in every run)")
     av = pd.concat(frames, ignore_index=True)
-    av = av.assign(model=[averaging.averaged_model(line) for _, line in av.iterrows()])
+    av = av.assign(model=[averaging_report.averaged_model(line) for _, line in av.iterrows()])
     rows = [r for r in d.rows if (av["row"] == r).any()]
     present = set(av["policy"])
-    policies = [p for p in averaging.POLICY_ORDER if p in present] + sorted(present - set(averaging.POLICY_ORDER))
+    policies = [p for p in averaging_report.POLICY_ORDER if p in present] + sorted(present - set(averaging_report.POLICY_ORDER))
     kinds = av.drop_duplicates("model")
-    order = {a: i for i, a in enumerate(averaging.AVERAGE_ORDER)}
+    order = {a: i for i, a in enumerate(averaging_report.AVERAGE_ORDER)}
     models = [m for _, _, _, m in sorted(zip(kinds["average"].map(order).fillna(len(order)),
                                             kinds["decay"].fillna(0.0), kinds["window_steps"], kinds["model"]))]
     fig, axes = _facets(len(rows), size=(3.8, 3.0))
@@ -758,7 +759,7 @@ def fig_top_k_networks(d: Data) -> tuple[plt.Figure, str]:
     if "resnet20" not in archs:
         raise Skip(f"no failing check in a {network_label('resnet20')} run: nothing to set beside the study's network")
     fig, axes = plt.subplots(1, len(archs), figsize=(5.4 * len(archs), 3.9), sharey=True, squeeze=False)
-    threshold = interventions.RECOVERY_THRESHOLD
+    threshold = intervention_log.RECOVERY_THRESHOLD
     counts = []
     for ax, arch in zip(axes[0], archs):
         totals = []
@@ -863,7 +864,7 @@ def make_figures(root: Path, runs: list[Run], out: Path, only: tuple[str, ...] =
 
 def index_markdown(done: list[Drawn], root: Path, scale: str = "") -> str:
     """``README.md`` of the figures folder: every figure, its caption, and the figures not drawn; ``scale`` (the
-    runs' scale, :func:`.results.scale_note`) under the heading."""
+    runs' scale, :func:`..results.scale_note`) under the heading."""
     out = ["# Figures\n",
            f"Regenerated by `make figures` from the runs under `{root}` (parquet only). Each figure is a PNG "
            "(shown here) and a vector PDF beside it, for write-ups." + (f" {scale}" if scale else "") + "\n"]

@@ -32,16 +32,14 @@ means of the dense windows, and ``lag.md`` ends with both sections
 from __future__ import annotations
 
 import math
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
-from .. import records
-from ..rows import ROWS, row_order
+from ...rows import ROWS, row_order
+from ..results import Run
+from ..stats import over_seeds, spearman_rho
 from .metrics import MIDDLE_CONV, check_window
-from .results import Run
-from .stats import cell, over_seeds, spearman_rho
 
 # (column key, header, decimals of a cell: mean ± sd over seeds, unit in the header)
 COLUMNS = (
@@ -270,70 +268,3 @@ def lag_table(runs: list[Run]) -> tuple[pd.DataFrame, list[str]]:
                 "n_per_seed": str(n_lo) if n_lo == n_hi else f"{n_lo}–{n_hi}"}
         lines.append(line | over_seeds(g, [key for key, _, _ in COLUMNS]))
     return pd.DataFrame(lines), without
-
-
-def drift_markdown(scaling: pd.DataFrame) -> list[str]:
-    """The "drift against the interval" section of ``lag.md`` (no lines when no run logged drift)."""
-    if scaling.empty:
-        return []
-    intervals = sorted(int(c[:-5]) for c in scaling.columns if c.endswith("_mean") and c[:-5].isdigit())
-    out = ["\n## Drift of the middle layer against the interval Δ\n",
-           f"Median drift of `{MIDDLE_CONV}`'s fresh means, |fresh mean(t) − fresh mean(t − Δ)| / (fresh std · Δ) "
-           "in σ per step, over the (step, channel) pairs whose interval ends inside the check window, recomputed "
-           "from the logged fresh statistics at multiples of the log interval (the table above uses the first). "
-           "Exponent: least-squares slope of log drift on log Δ; 0 if the mean moves at a steady rate, −0.5 if it "
-           "wanders like a random walk. Each cell: mean over seeds ± sample standard deviation.\n",
-           "| Row | Seeds | " + " | ".join(f"Δ = {d:,}" for d in intervals) + " | Exponent, first doubling | "
-           "Exponent, all Δ |", "|---|---:|" + "---:|" * (len(intervals) + 2)]
-    for _, r in scaling.iterrows():
-        cells = [cell(r[f"{d}_mean"], "plain", r[f"{d}_std"], digits=5) for d in intervals]
-        cells += [cell(r[f"{k}_mean"], "plain", r[f"{k}_std"], digits=2) for k in ("first_doubling", "exponent")]
-        out.append(f"| {r['label']} (`{r['row']}`) | {r['n_seeds']} | " + " | ".join(cells) + " |")
-    return out
-
-
-def to_markdown(table: pd.DataFrame, without: list[str], root: Path, scaling: pd.DataFrame | None = None,
-                dense_sections: list[str] | None = None) -> str:
-    """``results/lag.md``: one line per row and layer, ``mean ± spread`` in each cell."""
-    out = ["# The lag formula, channel by channel\n",
-           f"Rebuilt by `make table` from the runs under `{root}` (schema version {records.SCHEMA_VERSION}). "
-           "Per row and conv layer (the lag is that of the BatchNorm after it), over the channels and log steps "
-           "inside the check window: measured lag = |running mean − fresh mean| / fresh std; predicted lag = "
-           "drift · (1 − m) / m, with the drift of the fresh mean over the last log interval, in σ per step; "
-           "Spearman ρ ranks the two against each other over the (step, channel) pairs. Each cell: mean over "
-           "seeds ± sample standard deviation over seeds; n: (step, channel) pairs per seed.\n"]
-    if not table.empty:
-        out += ["| Row | Layer | Seeds | n | " + " | ".join(h for _, h, _ in COLUMNS) + " |",
-                "|---|---|---:|---:|" + "---:|" * len(COLUMNS)]
-        for _, r in table.iterrows():
-            cells = [cell(r[f"{k}_mean"], "plain", r[f"{k}_std"], digits=digits) for k, _, digits in COLUMNS]
-            out.append(f"| {r['label']} (`{r['row']}`) | {r['layer']} ({r['norm_layer']}) | {r['n_seeds']} | "
-                       f"{r['n_per_seed']} | " + " | ".join(cells) + " |")
-    else:
-        out.append("No run logged a running-mean lag.")
-    if without:
-        out.append("\nNo running statistics, so no lag to measure: " + ", ".join(f"`{w}`" for w in without) + ".")
-    if scaling is not None:
-        out += drift_markdown(scaling)
-    if dense_sections:
-        out += dense_sections
-    return "\n".join(out) + "\n"
-
-
-def dense_markdown(runs: list[Run]) -> list[str]:
-    """The two sections of ``lag.md`` from the dense windows (:mod:`.dense`): drift at short intervals, and
-    the lag of a wandering mean against the steady-drift and random-walk models."""
-    from . import dense  # dense builds on this module's closed forms, so it is imported here, not at the top
-
-    return ["\n## Drift at short intervals, from the dense windows\n",
-            *dense.drift_markdown(*dense.dense_drift_table(runs)),
-            "\n## The lag of a wandering mean: steady drift or random walk\n",
-            *dense.models_markdown(dense.lag_model_table(runs))]
-
-
-def write_lag(runs: list[Run], out: Path, root: Path) -> str:
-    """Write ``<out>/lag.md`` atomically and return its text."""
-    table, without = lag_table(runs)
-    md = to_markdown(table, without, root, drift_scaling_table(runs), dense_markdown(runs))
-    records.atomic_write_text(Path(out) / "lag.md", md)
-    return md

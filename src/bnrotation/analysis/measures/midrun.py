@@ -18,10 +18,10 @@ import math
 import numpy as np
 import pandas as pd
 
-from ..article import FAIL_BELOW
+from ...article import FAIL_BELOW
+from ..results import Run
+from ..stats import spearman_rho
 from . import metrics
-from .results import Run
-from .stats import spearman_rho
 
 
 def rate_halves(run: Run, threshold: float = FAIL_BELOW) -> dict:

@@ -1,9 +1,9 @@
 """Every claim of the article ``make claims`` checks, declared once: :data:`CLAIMS` and :data:`TABLE_CELLS` (no torch).
 
 A claim is one entry of :data:`CLAIMS`, in the order ``claims.md`` lists
-them: a declared kind (:mod:`.claim_kinds`: a value against a published one, an
+them: a declared kind (:mod:`.kinds`: a value against a published one, an
 ordering between two rows, a rank correlation across rows, a recovery share)
-or a bespoke check, a function decorated with :func:`.claim_kinds.bespoke`.
+or a bespoke check, a function decorated with :func:`.kinds.bespoke`.
 Every published figure a claim quotes or tests is read from
 :mod:`bnrotation.rows` (the article's table) or :mod:`bnrotation.article` (its
 text); none is typed here. Tolerances fixed a priori are the named constants
@@ -17,16 +17,18 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .. import article as A
-from ..rows import FROZEN_ROOT, PUBLISHED_ROWS, ROWS
-from . import carryover, lag, metrics
-from .claim_kinds import (FAIL, FROZEN, NOT_RUN, Z, Above, Below, Check, MatchesPublished, Outcome, RankOrder,
-                          RecoveryShare, above, bespoke, matches, said, table_figure)
-from .dense import DENSE_INTERVALS
+from ... import article as A
+from ...rows import FROZEN_ROOT, PUBLISHED_ROWS, ROWS
+from ..formatting import cell, seed_ranges, spread
+from ..measures import lag, metrics
+from ..measures.dense import DENSE_INTERVALS
+from ..results import Run, count
+from ..stats import SeedStat, half_unit, spearman_rho
+from ..tables.table import COLUMNS as TABLE_COLUMNS
+from . import carryover
 from .evidence import CONV_LAYERS, Evidence, middle_lag_at_failing
-from .results import Run, count
-from .stats import SeedStat, cell, half_unit, se_of_difference, seed_ranges, spearman_rho, spread
-from .table import COLUMNS as TABLE_COLUMNS
+from .kinds import (FAIL, FROZEN, NOT_RUN, Z, Above, Below, Check, Match, MatchesPublished, NotBelow, Outcome, RankOrder,
+                    RecoveryShare, above, bespoke, match_words, matches, said, table_figure)
 
 SGD, ADAM, ADAMW, PROJ, COS, SMALL_LR, WINDOW = ("sgd", "adam", "adamw", "adam_projected", "adam_cosine",
                                                  "adam_lr3e-4", "adam_bn_m0.3")
@@ -39,7 +41,7 @@ STUDY_ARCH = "convnet"  # the article's claims are about its network only (RowSp
 
 
 def quoted(row: str, column: str, unit: str, digits: int | None = None) -> str:
-    """The article's figure for ``column`` of ``row`` as a claim's sentence quotes it (:func:`.claim_kinds.said`)."""
+    """The article's figure for ``column`` of ``row`` as a claim's sentence quotes it (:func:`.kinds.said`)."""
     return said(table_figure(row, column), unit, digits)
 
 
@@ -139,7 +141,7 @@ def update_cosine_note(ev: Evidence, claim: MatchesPublished) -> str:
     and the monitor takes the difference after it), so SGD's includes its momentum. What the article leaves
     open is the layer and the part of the window: each conv layer's cosine over the whole check window, its
     first and its last 500 steps (:func:`.evidence.update_cosines`), against the published figure with the
-    claim's own tolerance (:func:`.claim_kinds.matches`)."""
+    claim's own tolerance (:func:`.kinds.matches`)."""
     fig = claim.figure()
     stats = {(layer, part): ev.stat(claim.row, f"update_cos_{layer}_{part}") for layer in CONV_LAYERS
              for part in PARTS}
@@ -168,7 +170,7 @@ def update_cosine_note(ev: Evidence, claim: MatchesPublished) -> str:
 
 def drift_interval_note(drift: SeedStat, exponent: SeedStat, published: float, run: Run) -> str:
     """Drift depends on the interval Δ it is measured over, which the article does not state: at the
-    first doubling's exponent a (drift ∝ Δ^a, :func:`.lag.drift_exponent`), the interval at which the
+    first doubling's exponent a (drift ∝ Δ^a, :func:`..measures.lag.drift_exponent`), the interval at which the
     measured drift (σ/step) would equal the published one is Δ · (published / measured)^(1/a)."""
     interval = int(run.config["scale"]["log_every"])
     if exponent.n == 0 or not math.isfinite(exponent.mean) or exponent.mean >= 0 or drift.mean <= 0:
@@ -203,14 +205,17 @@ class MatchesPublishedAtAge(MatchesPublished):
     interval Δ = the running average's age (:data:`AGE_RULE`): ``column`` is the value at that Δ from the dense
     windows (:func:`.evidence.dense_values`), used when any run of the row has them, over those runs only;
     ``fallback`` is the value over the log interval, used otherwise. The tolerance is
-    :class:`.claim_kinds.MatchesPublished`'s. The note keeps the figure at the log interval beside it."""
+    :class:`.kinds.MatchesPublished`'s. The note keeps the figure at the log interval beside it."""
 
     fallback: str = ""
 
-    def outcome(self, ev: Evidence) -> Outcome:
+    def judge(self, ev: Evidence) -> Match:
+        at_age = ev.stat(self.row, self.column)
+        return Match(at_age if at_age.n else ev.stat(self.row, self.fallback), self.figure())
+
+    def words(self, ev: Evidence, m: Match) -> Outcome:
         at_age, logged = ev.stat(self.row, self.column), ev.stat(self.row, self.fallback)
-        column = self.column if at_age.n else self.fallback
-        o = MatchesPublished(self.name, self.claim, self.row, column, self.unit).outcome(ev)
+        measured, tolerance = match_words(m, self.unit)
         interval = int(ev.runs_of(self.row)[0].config["scale"]["log_every"])
         if at_age.n:
             scale = next(r.config["scale"] for r in ev.runs_of(self.row) if r.seed in at_age.seeds)
@@ -227,7 +232,7 @@ class MatchesPublishedAtAge(MatchesPublished):
                      f"Δ = {AGE}")
             note = self.note(ev, MatchesPublished(self.name, self.claim, self.row, self.fallback, self.unit)) \
                 if self.note else ""
-        return Outcome(f"{where}: {o.measured}", o.tolerance, o.passed, note)
+        return Outcome(f"{where}: {measured}", tolerance, m.passed, note, m.figures())
 
 
 @bespoke("The running mean trails the drifting fresh mean by drift·(1 − m)/m: the formula's "
@@ -327,17 +332,6 @@ def window_test_rotation_almost_unchanged(ev: Evidence) -> Outcome:
                    f"difference); {floor:.0%} is twice the published change", abs(rel) <= tol)
 
 
-@bespoke("A ten times smaller constant learning rate (3e-4) matched SGD.",
-         f"{quoted(SMALL_LR, ACC, 'pct')} against {quoted(SGD, ACC, 'pct')}", rows=(SMALL_LR, SGD))
-def small_learning_rate_matches_sgd(ev: Evidence) -> Outcome:
-    s, g = ev.stat(SMALL_LR, ACC), ev.stat(SGD, ACC)
-    se = se_of_difference(s, g)
-    tol = max(Z * se, MATCH_MARGIN) if not math.isnan(se) else MATCH_MARGIN
-    return Outcome(f"`{SMALL_LR}` {s.describe('pct')}, `{SGD}` {g.describe('pct')}",
-                   f"not below {ROWS[SGD].short} by more than {spread(tol, 'pct')} = max({Z:g} standard errors of the "
-                   f"difference, {spread(MATCH_MARGIN, 'pct', digits=0, sign=False)} point)", s.mean - g.mean >= -tol)
-
-
 @bespoke(f"AdamW (weight decay {ROWS[ADAMW].weight_decay:g}) landed between Adam and SGD.",
          f"{quoted(ADAM, ACC, 'pct')} < {quoted(ADAMW, ACC, 'pct')} < {quoted(SGD, ACC, 'pct')}",
          rows=(ADAMW, ADAM, SGD))
@@ -364,7 +358,7 @@ def adamw_between_adam_and_sgd(ev: Evidence) -> Outcome:
          "beyond the article; pytorch/pytorch#86590, Lightning-AI/pytorch-lightning#15062, lightly-ai/lightly#1438",
          section=FROZEN)
 def frozen_backbone_batchnorm_follows_new_data(ev: Evidence) -> Outcome:
-    from . import frozen  # here, so that the claim stays one entry
+    from .. import frozen  # here, so that the claim stays one entry
 
     root = ev.root / FROZEN_ROOT
     runs, problems = frozen.load_frozen_runs(root) if (root / "runs").is_dir() else ([], [])
@@ -422,9 +416,11 @@ CLAIMS = (
                   WINDOW, lost=ADAM, reference=SGD),
     RecoveryShare("cosine_decay_recovers", f"Cosine decay took Adam from {quoted(ADAM, ACC, 'pct', 0)} to "
                   f"{quoted(COS, ACC, 'pct', 0)}.", COS, lost=ADAM, reference=SGD),
-    small_learning_rate_matches_sgd,
+    NotBelow("small_learning_rate_matches_sgd", "A ten times smaller constant learning rate (3e-4) matched SGD.",
+             SMALL_LR, SGD, ACC, "pct", margin=MATCH_MARGIN,
+             margin_words=f"{spread(MATCH_MARGIN, 'pct', digits=0, sign=False)} point"),
     adamw_between_adam_and_sgd,
-    # Does it carry over? ResNet-20 (claims.md lists these under their own heading; analysis/carryover.py)
+    # Does it carry over? ResNet-20 (claims.md lists these under their own heading; analysis/claims/carryover.py)
     *carryover.CHECKS,
     frozen_backbone_batchnorm_follows_new_data,
 )

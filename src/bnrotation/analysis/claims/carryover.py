@@ -8,7 +8,7 @@ a named check whose tolerance is fixed here, before the runs, with its reason in
 the check's text; where no tolerance could be argued in advance the check is
 *exploratory* (MEASURED, never PASS or FAIL). They are declared in
 :data:`.registry.CLAIMS` and listed in ``claims.md`` under "Does it carry over?
-ResNet-20" (:data:`.claim_kinds.RESNET`); NOT RUN while their rows have no runs.
+ResNet-20" (:data:`.kinds.RESNET`); NOT RUN while their rows have no runs.
 
 Where the study's own network has the same measurement (its ``adam_cosine`` and
 ``adam`` rows), it is shown beside the ResNet-20 figure without a verdict: those
@@ -21,14 +21,15 @@ import math
 
 import numpy as np
 
-from .. import article as A
-from ..article import FAIL_BELOW
-from ..rows import ROWS, network_label
-from . import depth, metrics, midrun
-from .claim_kinds import ALPHA, RESNET, Z, Ordering, Outcome, RecoveryShareBeside, above, bespoke, said, table_figure
+from ... import article as A
+from ...article import FAIL_BELOW
+from ...rows import ROWS, network_label
+from ..formatting import cell
+from ..measures import depth, metrics, midrun
+from ..results import Run, count
+from ..stats import SeedStat, half_unit, spearman_threshold
 from .evidence import Evidence
-from .results import Run, count
-from .stats import SeedStat, cell, half_unit, spearman_threshold
+from .kinds import ALPHA, RESNET, Z, Ordering, Outcome, RecoveryShareBeside, above, bespoke, said, table_figure
 
 R_SGD, R_COS, R_ADAMW, R_ADAM, R_WINDOW = ("resnet20_sgd", "resnet20_adam_cosine", "resnet20_adamw", "resnet20_adam",
                                            "resnet20_adam_bn_m0.3")

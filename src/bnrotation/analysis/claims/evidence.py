@@ -1,10 +1,10 @@
 """The evidence the claims weigh: every per-run value a claim uses, one line per run (no torch).
 
 :func:`per_run_values` is the only place a claim's number is computed from a
-run's tables: the table's columns (:func:`.table.run_metrics`), the middle
-layer's lag summary as ``lag.md`` has it (:func:`.lag.run_lags`), and the
+run's tables: the table's columns (:func:`..tables.table.run_metrics`), the middle
+layer's lag summary as ``lag.md`` has it (:func:`..measures.lag.run_lags`), and the
 probes' other summaries. :class:`Evidence` holds them for all runs and hands a
-claim the per-seed values of one row (:class:`.stats.SeedStat`).
+claim the per-seed values of one row (:class:`..stats.SeedStat`).
 """
 
 from __future__ import annotations
@@ -16,11 +16,12 @@ from pathlib import Path
 
 import pandas as pd
 
-from ..rows import row_order
-from . import dense, lag, metrics
-from .results import Run, count
-from .stats import SeedStat, seed_ranges
-from .table import run_metrics
+from ...rows import row_order
+from ..formatting import seed_ranges
+from ..measures import dense, lag, metrics
+from ..results import Run, count
+from ..stats import SeedStat
+from ..tables.table import run_metrics
 
 CONV_LAYERS = ("conv1", "conv2", "conv3")
 
@@ -96,11 +97,11 @@ def per_run_values(run: Run) -> dict:
 
 
 def dense_values(run: Run) -> dict:
-    """The middle layer's drift from the dense windows (:func:`.dense.dense_drift`), NaN for a run without
-    them: ``dense_drift_<Δ>`` (σ/step) at each Δ of :data:`.dense.DENSE_INTERVALS`; ``age_interval`` (steps),
-    the running average's age (1 − m)/m rounded (:func:`.lag.age_interval`, 32 at m = 0.03);
+    """The middle layer's drift from the dense windows (:func:`..measures.dense.dense_drift`), NaN for a run without
+    them: ``dense_drift_<Δ>`` (σ/step) at each Δ of :data:`..measures.dense.DENSE_INTERVALS`; ``age_interval`` (steps),
+    the running average's age (1 − m)/m rounded (:func:`..measures.lag.age_interval`, 32 at m = 0.03);
     ``drift_mid_at_age`` (σ/step), the drift over that Δ; ``predicted_lag_mid_at_age`` (σ), the article's
-    formula on it, drift · (1 − m)/m (:func:`.lag.predicted_lag_steady`)."""
+    formula on it, drift · (1 − m)/m (:func:`..measures.lag.predicted_lag_steady`)."""
     m = dense.momentum(run)
     age = lag.age_interval(m) if math.isfinite(m) else None
     intervals = tuple(sorted(set(dense.DENSE_INTERVALS) | ({age} if age else set())))
@@ -113,7 +114,7 @@ def dense_values(run: Run) -> dict:
 
 def update_cosines(run: Run) -> dict:
     """``update_cos_<layer>_<part>``: the mean of cos(w(t+1) − w(t), w(t)) (the ``layers`` table) of each conv
-    layer of :data:`CONV_LAYERS` over each part of the check window (:func:`.metrics.window_ends`: ``window``,
+    layer of :data:`CONV_LAYERS` over each part of the check window (:func:`..measures.metrics.window_ends`: ``window``,
     ``start``, ``end``)."""
     return {f"update_cos_{layer}_{part}": metrics.layer_mean_between(run, "update_cos", layer, first, last)
             for layer in CONV_LAYERS for part, (first, last) in metrics.window_ends(run).items()}
@@ -137,7 +138,7 @@ def recovery_share(ev: Evidence, row: str, lost: str, reference: str) -> SeedSta
 
 
 def middle_lag_at_failing(run: Run) -> list[float]:
-    """Per failing check of ``run`` (:func:`.metrics.failing_steps`), the largest |lag| (σ) among the middle
+    """Per failing check of ``run`` (:func:`..measures.metrics.failing_steps`), the largest |lag| (σ) among the middle
     layer's channels."""
     ch = run.tables["channels"]
     out = []

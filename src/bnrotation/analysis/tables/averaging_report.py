@@ -17,17 +17,18 @@ from pathlib import Path
 
 import pandas as pd
 
-from .. import records
-from ..rows import ROWS, row_order
-from .metrics import check_window
-from .results import Run
-from .stats import cell, over_seeds
+from ... import records
+from ...rows import ROWS, row_order
+from ..formatting import cell
+from ..measures.metrics import check_window
+from ..results import Run
+from ..stats import over_seeds
 
 POLICY_ORDER = ("none", "copy", "average", "mixture", "refresh")
 AVERAGE_ORDER = ("live", "ema", "tail")
 MEASURES = ("acc_eval_mode", "lag_median_abs_sigma")  # columns of the averaging table summarised per run
 # (per-run value: <measure> is the mean over the window, <measure>_last the last evaluation; heading; unit and
-# decimals of a cell, :func:`.stats.cell`, the unit's sign left to the heading)
+# decimals of a cell, :func:`..formatting.cell`, the unit's sign left to the heading)
 VALUES = (("acc_eval_mode", "Evaluation-mode accuracy (%), mean over the evaluations", "pct", 1),
           ("acc_eval_mode_last", "Evaluation-mode accuracy (%) at the last step", "pct", 1),
           ("lag_median_abs_sigma", "Median |running-mean lag| over all channels (sigma), mean over the evaluations",

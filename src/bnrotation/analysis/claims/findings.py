@@ -2,9 +2,9 @@
 
 Not claims with a verdict: what the runs show where the article asks without
 answering. Weight averaging under each policy for the BatchNorm buffers
-(:mod:`.averaging`), normalisation without running statistics (the rows whose
+(:mod:`..tables.averaging_report`), normalisation without running statistics (the rows whose
 norm is not BatchNorm), and how many channels carry the damage at a failing
-check (:func:`.interventions.smallest_k`).
+check (:func:`..measures.intervention_log.smallest_k`).
 """
 
 from __future__ import annotations
@@ -13,14 +13,16 @@ import math
 
 import numpy as np
 
-from ..article import ADAM_RERUN_ACC_EVAL, FAIL_BELOW, MIDDLE_DRIFT, UPDATE_COSINE
-from ..rows import PUBLISHED_SEEDS, ROWS, row_order
-from . import averaging, dense, interventions, metrics
-from .claim_kinds import matches, said
-from .dense import DENSE_INTERVALS
+from ...article import ADAM_RERUN_ACC_EVAL, FAIL_BELOW, MIDDLE_DRIFT, UPDATE_COSINE
+from ...rows import PUBLISHED_SEEDS, ROWS, row_order
+from ..formatting import cell, seed_ranges, spread
+from ..measures import dense, intervention_log, metrics
+from ..measures.dense import DENSE_INTERVALS
+from ..results import count
+from ..stats import share_at_or_below, subset_means
+from ..tables import averaging_report, lag_report
 from .evidence import CONV_LAYERS, Evidence
-from .results import count
-from .stats import cell, seed_ranges, share_at_or_below, spread, subset_means
+from .kinds import matches, said
 
 ADAM, SGD, ACC = "adam", "sgd", "acc_eval_mode"
 
@@ -37,7 +39,7 @@ def finding_channels(ev: Evidence) -> list[str]:
                         " at an intervention step) in these runs, so no damage to locate.\n"]
     lines += ["At each failing check, the channels of all BatchNorm layers are ranked by |running-mean lag| and "
               "only the top k get fresh statistics (figure 7). Below: the smallest k on the grid 0, 1, 2, 4, … "
-              f"that lifts evaluation-mode accuracy to {cell(interventions.RECOVERY_THRESHOLD, 'pct', digits=0)} "
+              f"that lifts evaluation-mode accuracy to {cell(intervention_log.RECOVERY_THRESHOLD, 'pct', digits=0)} "
               "(`interventions.smallest_k`, as `make diagnose` reports it), and how often even all channels do "
               "not.\n",
               "| Row | Failing checks | Median k (share of all channels) | Range of k | Not reached | Channels |",
@@ -53,7 +55,7 @@ def finding_channels(ev: Evidence) -> list[str]:
 def finding_averaging(ev: Evidence) -> list[str]:
     """Each averaged model (EMA, tail average) of each row, from its worst to its best buffer policy."""
     lines = ["### Weight averaging (EMA, tail average) and the running statistics\n"]
-    table = averaging.build_averaging_table(ev.runs)
+    table = averaging_report.build_averaging_table(ev.runs)
     if table.empty:
         return lines + ["NOT RUN: no run has an averaging table yet (the `averaging` parquet is absent or empty).\n"]
     lines += ["Evaluation-mode accuracy of the live weights, of an exponential moving average (EMA) of the weights "
@@ -63,7 +65,7 @@ def finding_averaging(ev: Evidence) -> list[str]:
               "buffer policy:\n"]
     for row, g in sorted(table.groupby("row"), key=lambda kv: row_order(kv[0])):
         parts = []
-        g = g.assign(model=[averaging.averaged_model(r) for _, r in g.iterrows()])
+        g = g.assign(model=[averaging_report.averaged_model(r) for _, r in g.iterrows()])
         for model, h in g.groupby("model", sort=False):
             lo, hi = h.loc[h["acc_eval_mode_mean"].idxmin()], h.loc[h["acc_eval_mode_mean"].idxmax()]
             parts.append(f"{model} {cell(lo['acc_eval_mode_mean'], 'pct')} ({lo['policy']})" if len(h) == 1 else
@@ -104,7 +106,7 @@ MIN_DRAW_SEEDS = DRAW_SEEDS + 1  # with 3 seeds there is one 3-seed mean and not
 
 def finding_one_draw(ev: Evidence) -> list[str]:
     """How much a 3-seed mean of evaluation-mode accuracy varies, from every 3-seed subset of a row's seeds
-    (:func:`.stats.subset_means`, exact), and where the article's Adam figures fall among them."""
+    (:func:`..stats.subset_means`, exact), and where the article's Adam figures fall among them."""
     lines = ["### How much one draw varies\n"]
     rows = [r for r in sorted(ev.per_run["row"].unique(), key=row_order) if ev.stat(r, ACC).n >= MIN_DRAW_SEEDS]
     if not rows:
@@ -163,10 +165,10 @@ def _interval_needed(ev: Evidence, row: str, figure) -> str:
 
 def finding_dense_drift(ev: Evidence) -> list[str]:
     """The middle layer's drift at Δ = 1 to 128 steps from the dense windows, and the Δ, if any, at which both of
-    the article's drift figures hold at once (:func:`.claim_kinds.matches`, the claims' tolerance)."""
+    the article's drift figures hold at once (:func:`.kinds.matches`, the claims' tolerance)."""
     lines = ["### Drift at short intervals, from the dense windows\n"]
     table, lacking = dense.dense_drift_table(ev.runs)
-    lines += [*dense.drift_markdown(table, lacking), ""]
+    lines += [*lag_report.dense_drift_markdown(table, lacking), ""]
     rows = (ADAM, SGD)
     if any(ev.stat(r, f"dense_drift_{DENSE_INTERVALS[0]}").n < 2 for r in rows):
         return lines + [f"Whether one Δ gives both of the article's drift figures ({said(MIDDLE_DRIFT[ADAM], 'drift')} "
@@ -189,7 +191,7 @@ def finding_dense_drift(ev: Evidence) -> list[str]:
 
 def finding_lag_models(ev: Evidence) -> list[str]:
     """The measured lag at the end of each dense window against the steady-drift, random-walk and combined
-    predictions from the fresh mean's own increments (:func:`.dense.lag_model_table`)."""
+    predictions from the fresh mean's own increments (:func:`..measures.dense.lag_model_table`)."""
     lines = ["### The lag of a wandering mean: steady drift or random walk\n",
              "The article's lag formula assumes a steady drift r, lag = r(1 − m)/m, about 32 r at m = 0.03. A mean "
              "that wanders as a random walk with step size s lags by s(1 − m)/√(m(2 − m)) in root mean square, "
@@ -197,7 +199,7 @@ def finding_lag_models(ev: Evidence) -> list[str]:
              "about ten steps, by more (`lag.predicted_lag_steady`, `lag.predicted_lag_random_walk`, "
              "`lag.predicted_lag_correlated_walk` derive each).\n"]
     table = dense.lag_model_table(ev.runs)
-    lines += [*dense.models_markdown(table), ""]
+    lines += [*lag_report.lag_models_markdown(table), ""]
     for _, r in table.iterrows():
         errors = "; ".join(f"{dense.MODEL_NAMES[m]} RMS ratio {cell(r[f'{m}_rms_ratio_mean'], 'plain')}, median abs "
                            f"log error {cell(r[f'{m}_log_error_mean'], 'plain')}" for m in dense.MODELS)

@@ -33,11 +33,11 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from .. import records
-from ..article import FAIL_BELOW
-from ..rows import ROWS, row_order
-from .metrics import in_window
-from .results import Run
+from ... import records
+from ...article import FAIL_BELOW
+from ...rows import ROWS, row_order
+from ..measures.metrics import in_window
+from ..results import Run
 
 # monitor.Thresholds' defaults (monitor.py imports torch, the analysis never does); tests/test_monitoring.py
 # checks that the two agree, and that rule_fires decides as monitor.Thresholds.crossed does.

@@ -10,11 +10,11 @@ import math
 
 import pandas as pd
 
-from .. import records
-from ..article import FAIL_BELOW
-from ..rows import ROWS
-from .interventions import per_step
-from .results import Run
+from ... import records
+from ...article import FAIL_BELOW
+from ...rows import ROWS
+from ..results import Run
+from .intervention_log import per_step
 
 LAST_CONV = "conv3"  # the study's network: the last conv layer (the table's rotation and norm columns)
 MIDDLE_CONV = "conv2"  # and its middle layer (the article's drift, lag and single-layer claims)

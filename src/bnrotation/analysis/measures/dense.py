@@ -36,11 +36,12 @@ from statistics import NormalDist
 import numpy as np
 import pandas as pd
 
-from ..rows import ROWS, row_order
+from ...rows import ROWS, row_order
+from ..formatting import seed_ranges
+from ..results import Run
+from ..stats import over_seeds
 from . import lag
 from .metrics import MIDDLE_NORM
-from .results import Run, count
-from .stats import cell, over_seeds, seed_ranges
 
 DENSE_INTERVALS = (1, 2, 4, 8, 16, 32, 64, 128)  # Δ in steps, up to scale.dense_length (128 in ten_seeds)
 MODELS = ("steady", "random_walk", "combined", "correlated_walk")  # the predictions of lag_model_fit, in order
@@ -126,7 +127,7 @@ def dense_drift(run: Run, intervals: tuple[int, ...] = DENSE_INTERVALS, layer: s
 def dense_drift_table(runs: list[Run], intervals: tuple[int, ...] = DENSE_INTERVALS
                       ) -> tuple[pd.DataFrame, dict[str, list[int]]]:
     """Per row with dense windows: the middle layer's median drift at each Δ (``<Δ>_mean``, ``<Δ>_std`` over
-    seeds, :func:`.stats.over_seeds`), the exponent of drift ∝ Δ^a over all Δ (``exponent_*``,
+    seeds, :func:`..stats.over_seeds`), the exponent of drift ∝ Δ^a over all Δ (``exponent_*``,
     :func:`.lag.drift_exponent`), ``n_seeds`` and ``seeds``. Also, per BatchNorm row, the seeds of its runs
     without dense windows (rows without running statistics are left out of both)."""
     lines, lacking = [], {}
@@ -285,72 +286,3 @@ def lag_model_table(runs: list[Run]) -> pd.DataFrame:
         best = min(MODELS, key=lambda m: g[f"{m}_rms_error"].mean())
         out.append(line | {"best": best, "best_seeds": int((g["best"] == best).sum())})
     return pd.DataFrame(out)
-
-
-# ----------------------------------------------------------------------------- markdown, for lag.md and claims.md
-def lacking_text(lacking: dict[str, list[int]]) -> str:
-    """``'`sgd` (seeds 0–2), `adamw` (seeds 0–2)'``: the runs without dense windows, by row."""
-    return ", ".join(f"`{row}` (seed{'s' * (len(seeds) != 1)} {seed_ranges(seeds)})" for row, seeds in lacking.items())
-
-
-def drift_markdown(table: pd.DataFrame, lacking: dict[str, list[int]]) -> list[str]:
-    """The table of :func:`dense_drift_table`: per row, the middle layer's median drift at each Δ, mean ± sample
-    sd over seeds, with the seeds; then the runs without dense windows. One line saying so when no run has
-    them."""
-    if table.empty:
-        return ["No run here has dense windows (`scale.dense_windows`; the `ten_seeds` set writes them: `make sweep "
-                "SET=ten_seeds`), so no drift below the log interval is measured. Runs without: "
-                + (lacking_text(lacking) or "none with running statistics") + "."]
-    intervals = sorted(int(c[:-5]) for c in table.columns if c.endswith("_mean") and c[:-5].isdigit())
-    out = [f"Median drift of `{MIDDLE_NORM}`'s fresh means (the input of the middle layer's BatchNorm), "
-           "|fresh mean(t) − fresh mean(t − Δ)| / (fresh std(t) · Δ) in σ per step, over its channels and the pairs "
-           "(t − Δ, t) whose both ends lie in the same dense window; per run, then mean over seeds ± sample "
-           "standard deviation. Exponent: least-squares slope of log drift on log Δ over these Δ (0 for a steady "
-           "drift, −0.5 for a random walk).\n",
-           "| Row | Seeds (n) | " + " | ".join(f"Δ = {d}" for d in intervals) + " | Exponent |",
-           "|---|---|" + "---:|" * (len(intervals) + 1)]
-    for _, r in table.iterrows():
-        cells = [cell(r[f"{d}_mean"], "plain", r[f"{d}_std"], digits=5) for d in intervals]
-        cells.append(cell(r["exponent_mean"], "plain", r["exponent_std"], digits=2))
-        out.append(f"| {r['label']} (`{r['row']}`) | {r['seeds']} ({r['n_seeds']}) | " + " | ".join(cells) + " |")
-    if lacking:
-        out += ["", "Runs without dense windows, left out above: " + lacking_text(lacking) + "."]
-    return out
-
-
-def models_markdown(table: pd.DataFrame) -> list[str]:
-    """The table of :func:`lag_model_table`, and per row which model predicts the measured lag better. One line
-    saying so when no run has dense windows."""
-    if table.empty:
-        return ["No run here has dense windows (`scale.dense_windows`), so the fresh mean's path is not known step "
-                "by step and no model is fitted."]
-    out = [f"Per channel of `{MIDDLE_NORM}` and dense window: r = the mean and s = the sample standard deviation of "
-           "the fresh mean's increments d_t = (fresh mean(t) − fresh mean(t − 1)) / fresh std(t), in σ per step (the "
-           "probe set is fixed, so the increments carry no sampling noise of their own). From them, the lag at the "
-           "window's last step predicted by a steady drift, |r|/m; by a random walk, s/√(m(2 − m)); by both, "
-           "√(r²/m² + s²/(m(2 − m))) with r² less its estimation variance s²/n; and by a random walk whose steps "
-           "are correlated, AR(1) with the increments' lag-1 autocorrelation ρ, s √((1 + qρ)/((1 − q²)(1 − qρ))), "
-           "q = 1 − m (`lag.predicted_lag_*`; the runner's timing: the lag is read one step after the batch that "
-           "updated the running mean, so 1/m where the article's timing gives (1 − m)/m). Each is set against the "
-           "measured |lag| = |running mean − fresh mean| / fresh std there. RMS ratio: "
-           "√(mean measured² / mean predicted²), 1 when a model gets the mean-square lag right; the model whose "
-           "|log RMS ratio| is smallest predicts better. Median |log(|measured| / predicted)| and median "
-           f"|measured| / predicted are the error channel by channel: for a Gaussian lag whose RMS is exactly right "
-           f"they are {gaussian_median_log_error():.2f} and {GAUSSIAN_MEDIAN_ABS:.3f}, not 0 and 1. Lag-1 "
-           "autocorrelation of the increments: 0 for the i.i.d. steps the random walk assumes. Batches' share: the "
-           "part of the mean-square measured lag that the training batches' own means put there (sampling noise, "
-           "and the probe set's offset from them), which no model of the fresh mean's path includes. Each cell: "
-           "mean over seeds ± sample standard deviation.\n",
-           "| Row | Seeds (n) | Median abs r (σ/step) | Median s (σ/step) | Lag-1 autocorrelation | Batches' share | "
-           + " | ".join(f"{MODEL_NAMES[m].capitalize()}: RMS ratio, median abs log error, median ratio"
-                        for m in MODELS) + " | Better |",
-           "|---|---|" + "---:|" * (4 + len(MODELS)) + "---|"]
-    for _, r in table.iterrows():
-        head = [cell(r["r_mean"], "plain", r["r_std"], digits=5), cell(r["s_mean"], "plain", r["s_std"], digits=5),
-                cell(r["autocorrelation_mean"], "plain", r["autocorrelation_std"], digits=2),
-                cell(r["noise_share_mean"], "pct", r["noise_share_std"], digits=0, spread_sign=False)]
-        models = [", ".join(cell(r[f"{m}_{k}_mean"], "plain", r[f"{m}_{k}_std"])  # 3 significant digits
-                            for k in ("rms_ratio", "log_error", "ratio")) for m in MODELS]
-        out.append(f"| {r['label']} (`{r['row']}`) | {r['seeds']} ({r['n_seeds']}) | " + " | ".join(head + models)
-                   + f" | {MODEL_NAMES[r['best']]} ({r['best_seeds']} of {count(r['n_seeds'], 'seed')}) |")
-    return out

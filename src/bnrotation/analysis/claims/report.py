@@ -1,22 +1,22 @@
 """``claims.md`` as markdown: the summary, every check, the table cell by cell, theory and findings (no torch).
 
 Rendering only: the checks come from :mod:`.registry` weighed by
-:mod:`.claim_kinds`, the findings from :mod:`.findings`.
+:mod:`.kinds`, the findings from :mod:`.findings`.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from .. import records
-from ..article import FAIL_BELOW
-from ..rows import PUBLISHED_SEEDS, row_order
-from . import metrics, theory
-from .claim_kinds import ALPHA, ARTICLE, FAIL, FROZEN, MEASURED, NOT_JUDGED, NOT_RUN, PASS, RESNET, Z, Check
+from ... import records
+from ...article import FAIL_BELOW
+from ...rows import PUBLISHED_SEEDS, row_order
+from ..formatting import cell, seed_ranges
+from ..measures import metrics, theory
+from ..results import count, scale_note
 from .evidence import Evidence
 from .findings import findings
-from .results import count, scale_note
-from .stats import cell, seed_ranges
+from .kinds import ALPHA, ARTICLE, FAIL, FROZEN, MEASURED, NOT_JUDGED, NOT_RUN, PASS, RESNET, Z, Check
 
 
 def md_cell(text: str) -> str:
@@ -37,7 +37,7 @@ def check_block(c: Check) -> list[str]:
 
 
 def theory_lines(ev: Evidence) -> list[str]:
-    """Per row, the rotational-equilibrium prediction (:func:`.theory.predict`) beside the measured rotation."""
+    """Per row, the rotational-equilibrium prediction (:func:`..measures.theory.predict`) beside the measured rotation."""
     lines = ["| Row | Prediction | Per step | Net per 100 steps (random walk) | Summed over 100 steps | "
              "Measured per 100 steps | Equilibrium norm per channel, predicted / measured at the end |",
              "|---|---|---:|---:|---:|---:|---:|"]
@@ -62,7 +62,7 @@ def theory_lines(ev: Evidence) -> list[str]:
 
 def carryover_lines(checks: list[Check]) -> list[str]:
     """The section "Does it carry over? ResNet-20": what the checks are, then each (``checks``: the
-    :data:`.claim_kinds.RESNET` ones)."""
+    :data:`.kinds.RESNET` ones)."""
     out = ["## Does it carry over? ResNet-20\n",
            "The study ran one small network. These checks ask whether its mechanism carries over to a residual "
            "network, ResNet-20 (16×16 images, the study's protocol otherwise; rows `resnet20_*`). Each tolerance was "
@@ -75,7 +75,7 @@ def carryover_lines(checks: list[Check]) -> list[str]:
 
 
 def frozen_lines(checks: list[Check]) -> list[str]:
-    """The section "Beyond the article: a frozen backbone" (``checks``: the :data:`.claim_kinds.FROZEN` ones)."""
+    """The section "Beyond the article: a frozen backbone" (``checks``: the :data:`.kinds.FROZEN` ones)."""
     out = ["## Beyond the article: a frozen backbone\n",
            "Convolutions frozen after pre-training, a new head fine-tuned on noisier data, BatchNorm in training mode, "
            "in evaluation mode or re-estimated (`bnrotation.frozen`; its runs under `frozen/` beside these). The "

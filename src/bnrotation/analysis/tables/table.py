@@ -1,12 +1,12 @@
 """``make table``: the article's table, rebuilt from the parquet results (no torch).
 
-    python -m bnrotation.analysis.table --results results/reference
+    python -m bnrotation.analysis.tables.table --results results/reference
 
 Writes ``<out>/table.md`` and ``<out>/table.csv`` (``<out>``: ``--out``, else the
-results root read, :func:`.results.output_folder`): per row the mean over
+results root read, :func:`..results.output_folder`): per row the mean over
 seeds, the seed spread (sample standard deviation, n - 1), the number of seeds
 it rests on, the published figure beside each measured one, and how many runs
-diverged. Also ``<out>/lag.md``, measured against predicted lag (:mod:`.lag`).
+diverged. Also ``<out>/lag.md``, measured against predicted lag (:mod:`..measures.lag`).
 A diverged run (non-finite loss, ``status: diverged``) stopped early, so its
 partial measurements are not comparable: it is counted in the ``diverged``
 column and left out of every mean and spread, never averaged in. Both files
@@ -24,20 +24,22 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from .. import records
-from ..article import FAIL_BELOW
-from ..rows import ROWS, SETS, SWEEPS, expected_seeds, network_label, row_order
-from . import lag, metrics, monitoring
-from .averaging import write_averaging
-from .results import ALL_TABLES, Run, add_results_arguments, command_inputs, count, scale_note
-from .stats import cell, over_seeds, seed_ranges
+from ... import records
+from ...article import FAIL_BELOW
+from ...rows import ROWS, SETS, SWEEPS, expected_seeds, network_label, row_order
+from ..formatting import cell, seed_ranges
+from ..measures import metrics
+from ..results import ALL_TABLES, Run, add_results_arguments, command_inputs, count, scale_note
+from ..stats import over_seeds
+from . import lag_report, monitor_report
+from .averaging_report import write_averaging
 
 
 @dataclass(frozen=True)
 class Column:
     """One column of the table: the per-run value ``key`` (:func:`run_metrics`), its header, the attribute of
     :class:`bnrotation.rows.Published` that holds the article's figure (None: not in the article), and how a
-    cell prints (:func:`.stats.cell`: ``unit``, decimals of the mean and of the spread)."""
+    cell prints (:func:`..formatting.cell`: ``unit``, decimals of the mean and of the spread)."""
 
     key: str
     header: str
@@ -88,7 +90,7 @@ def build_table(runs: list[Run], seeds_expected: int | None = None) -> pd.DataFr
     ``n_seeds``, ``seeds_expected`` (how many), ``seeds``, ``seeds_missing`` (expected seeds with no run,
     finished or diverged), ``diverged``, ``diverged_seeds``, ``label``, ``network`` (the network in words,
     :func:`bnrotation.rows.network_label`) and ``arch`` (``model.arch``), ``last_conv`` (the layer of the
-    rotation and norm columns, :func:`.metrics.last_conv`), ``scale`` (the runs' scale name),
+    rotation and norm columns, :func:`..measures.metrics.last_conv`), ``scale`` (the runs' scale name),
     ``wall_seconds_mean`` (mean wall time of a finished run, seconds), ``schema_version``.
 
     The seeds a row should have are those its sweeps run (:func:`bnrotation.rows.expected_seeds`, at the runs'
@@ -145,7 +147,7 @@ def seeds_cell(line: pd.Series) -> str:
 def cell_parts(line: pd.Series, col: Column) -> tuple[str, str]:
     """One cell of the table as ``table.md`` prints it, in two parts: the measured ``mean ± spread`` of
     ``line`` (one line of :func:`build_table`) and the published figure (``''`` where the article gives none),
-    in ``col``'s unit and decimals (:func:`.stats.cell`). The write-up page (:mod:`.webpage`) prints the same."""
+    in ``col``'s unit and decimals (:func:`..formatting.cell`). The write-up page (:mod:`..webpage`) prints the same."""
     measured = cell(line[f"{col.key}_mean"], col.unit, line[f"{col.key}_std"], digits=col.digits,
                     spread_digits=col.spread_digits, spread_sign=False)
     published = line[f"{col.key}_published"]
@@ -154,7 +156,7 @@ def cell_parts(line: pd.Series, col: Column) -> tuple[str, str]:
 
 def to_markdown(table: pd.DataFrame, root: Path, skipped: list[str] = (), scale: str = "") -> str:
     """The table as markdown: ``measured ± spread [published]`` in each cell; ``scale`` (one sentence on the
-    runs' scale, :func:`.results.scale_note`) in the header; ``skipped`` (bad runs left out with ``--skip-bad``)
+    runs' scale, :func:`..results.scale_note`) in the header; ``skipped`` (bad runs left out with ``--skip-bad``)
     listed under it."""
     heads = [col.header for col in COLUMNS]
     layers = "; ".join(f"`{layer}` in {network}" for network, layer in
@@ -191,6 +193,26 @@ def to_markdown(table: pd.DataFrame, root: Path, skipped: list[str] = (), scale:
     return "\n".join(out) + "\n"
 
 
+def write_tables(root: Path, runs: list[Run], out: Path, skipped: list[str] = (), seeds: int | None = None) -> None:
+    """What ``make table`` writes from ``runs`` (read from ``root``) into ``out``: ``table.md`` and ``table.csv``,
+    ``lag.md`` (:func:`.lag_report.write_lag`), ``averaging.md`` and ``.csv`` where runs logged averaged models
+    (:func:`.averaging_report.write_averaging`), and ``monitor.md`` (:func:`.monitor_report.write_monitor`); ``skipped``
+    names the bad entries left out, ``seeds`` the seeds each row should have (:func:`build_table`). Prints the
+    table and what it wrote."""
+    table = build_table(runs, seeds)
+    md = to_markdown(table, root, skipped, scale_note(runs))
+    records.atomic_write_text(out / "table.md", md)
+    records.atomic_write_text(out / "table.csv", table.to_csv(index=False))
+    lag_report.write_lag(runs, out, root)
+    print(md)
+    print(f"wrote {out / 'table.md'}, {out / 'table.csv'} and {out / 'lag.md'} from {count(len(runs), 'run')} under {root}"
+          + (f", leaving out {len(skipped)} bad entries (listed above)" if skipped else ""), file=sys.stderr)
+    averaging_md = write_averaging(runs, out, root)  # averaged weights under each buffer policy
+    if averaging_md is not None:
+        print(f"wrote {averaging_md} and {averaging_md.with_suffix('.csv')}", file=sys.stderr)
+    print(f"wrote {monitor_report.write_monitor(runs, out, root)}", file=sys.stderr)  # the monitor's rule on these runs
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_results_arguments(p)
@@ -204,18 +226,7 @@ def main(argv: list[str] | None = None) -> int:
     if found is None:
         return 2
     root, runs, out = found
-    table = build_table(runs, args.seeds)
-    md = to_markdown(table, root, skipped, scale_note(runs))
-    records.atomic_write_text(out / "table.md", md)
-    records.atomic_write_text(out / "table.csv", table.to_csv(index=False))
-    lag.write_lag(runs, out, root)
-    print(md)
-    print(f"wrote {out / 'table.md'}, {out / 'table.csv'} and {out / 'lag.md'} from {count(len(runs), 'run')} under {root}"
-          + (f", leaving out {len(skipped)} bad entries (listed above)" if skipped else ""), file=sys.stderr)
-    averaging_md = write_averaging(runs, out, root)  # averaged weights under each buffer policy
-    if averaging_md is not None:
-        print(f"wrote {averaging_md} and {averaging_md.with_suffix('.csv')}", file=sys.stderr)
-    print(f"wrote {monitoring.write_monitor(runs, out, root)}", file=sys.stderr)  # the monitor's rule on these runs
+    write_tables(root, runs, out, skipped, args.seeds)
     return 0
 
 

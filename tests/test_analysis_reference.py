@@ -1,0 +1,62 @@
+"""The committed outputs are what the analysis gives: ``make table`` and ``make claims`` rerun on the committed
+reference runs (``results/reference/runs``) write exactly the committed ``results/reference/`` files.
+
+One regeneration for every assertion (a session fixture: the runs are read and weighed once, about 25 s of CPU).
+Exact text equality: the same parquet files through the same code on this machine; no number from another
+machine is compared. The figures are left out: drawing them takes minutes of CPU, even without writing them.
+``claims.json`` holds every verdict by id, apart from the wording: a change that only rewords ``claims.md``
+leaves it as it is, and a verdict that moves shows as one line of it.
+After a deliberate change to the runs or the analysis: ``make table claims RESULTS=results/reference``.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+from pathlib import Path
+
+import pytest
+
+from bnrotation.analysis import claims
+from bnrotation.analysis.results import ALL_TABLES, load_runs
+from bnrotation.analysis.tables import table
+
+ROOT = Path(__file__).resolve().parents[1]
+REFERENCE = Path("results/reference")  # as make names it: the root's name is part of each report's header
+TABLE_OUTPUTS = ("table.md", "table.csv", "lag.md", "averaging.md", "averaging.csv", "monitor.md")
+CLAIMS_OUTPUTS = ("claims.md", "claims.json")
+
+
+@pytest.fixture(scope="session")
+def regenerated(tmp_path_factory) -> Path:
+    """A folder holding what ``make table`` and ``make claims`` write from the reference runs."""
+    out = tmp_path_factory.mktemp("reference_outputs")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.chdir(ROOT)
+        runs = load_runs(REFERENCE, tables=ALL_TABLES)
+        table.write_tables(REFERENCE, runs, out)
+        claims.write_claims(REFERENCE, runs, out)
+    return out
+
+
+def diff(name: str, got: str, want: str) -> str:
+    return "".join(difflib.unified_diff(want.splitlines(True), got.splitlines(True), f"committed {name}",
+                                        f"regenerated {name}", n=1))[:4000]
+
+
+@pytest.mark.parametrize("name", [*TABLE_OUTPUTS, *CLAIMS_OUTPUTS])
+def test_a_committed_output_is_what_the_analysis_writes_from_the_committed_runs(regenerated, name):
+    got, want = (regenerated / name).read_text(), (ROOT / REFERENCE / name).read_text()
+    assert got == want, diff(name, got, want)
+
+
+def test_the_committed_verdicts_name_every_check_once(regenerated):
+    """``claims.json`` lists every named check and every table cell, each with a verdict ``claims.md`` uses."""
+    committed = json.loads((ROOT / REFERENCE / "claims.json").read_text())
+    from bnrotation.analysis.claims.registry import CLAIMS, TABLE_CELLS
+    assert list(committed["checks"]) == [c.name for c in CLAIMS]
+    assert list(committed["table_cells"]) == [c.name for c in TABLE_CELLS]
+    md = (ROOT / REFERENCE / "claims.md").read_text()
+    for name, verdict in committed["checks"].items():
+        assert f"### `{name}`" in md and (f"`{name}`: {verdict}" in md or f"*(exploratory)*: {verdict}" in md), name
+
