@@ -153,7 +153,7 @@ report: $(VENV)/.installed ## <root>/report.html: headline, table, claims and fi
 
 frozen: $(VENV)/.installed ## the frozen-backbone experiment, 3 BatchNorm modes x 3 seeds, resumable, then <root>/frozen.md (RESULTS=<root> [results/frozen]; JOBS=n; FORCE=1)
 	$(PY) experiments/frozen.py sweep --jobs $(JOBS) results_root=$(or $(RESULTS),results/frozen) force=$(force_flag)
-	$(PY) -m bnrotation.analysis.frozen --results $(or $(RESULTS),results/frozen)
+	$(PY) -m bnrotation.analysis.tables.frozen --results $(or $(RESULTS),results/frozen)
 
 notebooks: $(VENV)/.installed ## run every notebooks/*.py as a script against the results (RESULTS=<root>)
 	@for nb in notebooks/*.py; do echo "$$nb"; \

@@ -7,8 +7,8 @@ import pytest
 import torch
 import torch.nn as nn
 
-from bnrotation.bnstats import (SavedBuffers, batch_statistics, parameter_digests, reestimate, reestimate_if_stale,
-                                running_stat_layers)
+from bnrotation.bnstats import SavedBuffers, batch_statistics, parameter_digests, reestimate, running_stat_layers
+from bnrotation.refresh import reestimate_if_stale
 from bnrotation.monitor import Thresholds
 
 torch.set_num_threads(1)

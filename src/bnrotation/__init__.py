@@ -7,8 +7,8 @@ The public API, importable from the package itself::
 - the staleness monitor (:mod:`bnrotation.monitor`): :class:`StalenessMonitor`, :class:`Thresholds`,
   :class:`MonitorRecord`, :func:`find_pairs`, :class:`StaleStatisticsWarning`;
 - re-estimation of the running statistics (:mod:`bnrotation.bnstats`): :func:`reestimate`,
-  :class:`ReestimationReport`, and only when the monitor finds them stale, :func:`reestimate_if_stale`,
-  :class:`GatedReestimation`, with :class:`SavedBuffers` to put the previous ones back;
+  :class:`ReestimationReport`, :class:`SavedBuffers` (puts the previous ones back); and only when the monitor
+  finds them stale (:mod:`bnrotation.refresh`): :func:`reestimate_if_stale`, :class:`GatedReestimation`;
 - the check of a saved checkpoint (:mod:`bnrotation.check`): :func:`check_checkpoint`, :class:`CheckReport`;
 - weight averaging with a declared BatchNorm buffer policy (:mod:`bnrotation.averaging`): :class:`EMA`,
   :func:`average_checkpoints`, :func:`validate_inference_state`, :func:`compare_states`,
@@ -29,7 +29,8 @@ import importlib
 
 _PUBLIC = {
     "monitor": ("StalenessMonitor", "Thresholds", "MonitorRecord", "find_pairs", "StaleStatisticsWarning"),
-    "bnstats": ("reestimate", "ReestimationReport", "reestimate_if_stale", "GatedReestimation", "SavedBuffers"),
+    "bnstats": ("reestimate", "ReestimationReport", "SavedBuffers"),
+    "refresh": ("reestimate_if_stale", "GatedReestimation"),
     "check": ("check_checkpoint", "CheckReport"),
     "averaging": ("EMA", "average_checkpoints", "validate_inference_state", "compare_states", "BufferProvenance",
                   "POLICIES"),

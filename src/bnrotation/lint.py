@@ -41,7 +41,7 @@ import torch.nn as nn
 from torch.nn.modules.batchnorm import _BatchNorm
 
 from .bnstats import running_stat_layers
-from .monitor import Pairing, find_pairs
+from .pairing import Pairing, find_pairs
 
 __all__ = ["lint_batchnorm", "Finding", "RULES", "INVERTED_MOMENTUM", "findings_line"]
 

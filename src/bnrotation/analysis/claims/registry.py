@@ -346,7 +346,7 @@ def adamw_between_adam_and_sgd(ev: Evidence) -> Outcome:
 
 # ----------------------------------------------------------------------------- the frozen-backbone experiment
 # Beyond the article (bnrotation.frozen), fixed before its runs. The runs live under <root>/frozen/ (rows.FROZEN_ROOT)
-# and analysis/frozen.py reads them and states the test (frozen.judge): norm_eval's statistics exactly still (no
+# and analysis/tables/frozen.py reads them and states the test (frozen.judge): norm_eval's statistics exactly still (no
 # evaluation-mode pass writes a buffer: tolerance 0); bn_train's displacement from the pre-trained statistics at least
 # the monitor's lag threshold (0.1σ) after subtracting 2 standard errors over seeds; the original task's
 # evaluation-mode accuracy down by at least 1 point and by more than 2 standard errors over seeds (paired within each
@@ -358,12 +358,12 @@ def adamw_between_adam_and_sgd(ev: Evidence) -> Outcome:
          "beyond the article; pytorch/pytorch#86590, Lightning-AI/pytorch-lightning#15062, lightly-ai/lightly#1438",
          section=FROZEN)
 def frozen_backbone_batchnorm_follows_new_data(ev: Evidence) -> Outcome:
-    from .. import frozen  # here, so that the claim stays one entry
+    from ..tables import frozen  # here, so that the claim stays one entry
 
     root = ev.root / FROZEN_ROOT
     runs, problems = frozen.load_frozen_runs(root) if (root / "runs").is_dir() else ([], [])
     verdict = frozen.judge(runs, problems)
-    where = f"Runs under `{root}` (`python -m bnrotation.analysis.frozen --results {root}`)."
+    where = f"Runs under `{root}` (`python -m bnrotation.analysis.tables.frozen --results {root}`)."
     return Outcome(verdict.measured, verdict.tolerance, verdict.passed, f"{where} {verdict.note}".strip())
 
 

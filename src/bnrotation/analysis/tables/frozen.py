@@ -4,7 +4,7 @@ The runs are :mod:`bnrotation.frozen`'s, under ``<reference root>/frozen/runs/<r
 (:data:`bnrotation.rows.FROZEN_ROOT`), rows :data:`bnrotation.rows.FROZEN_ROWS`. A run without ``DONE``, or
 whose ``run.json`` says another row, mode or seed than its folder, is refused by name.
 
-    python -m bnrotation.analysis.frozen --results results/reference/frozen   # writes <results>/frozen.md
+    python -m bnrotation.analysis.tables.frozen --results results/reference/frozen   # writes <results>/frozen.md
 """
 
 from __future__ import annotations
@@ -18,10 +18,10 @@ from pathlib import Path
 
 import pandas as pd
 
-from .. import records
-from ..rows import FROZEN_ROOT, FROZEN_ROWS, FROZEN_SEEDS
-from .formatting import cell
-from .stats import SeedStat
+from ... import records
+from ...rows import FROZEN_ROOT, FROZEN_ROWS, FROZEN_SEEDS
+from ..formatting import cell
+from ..stats import SeedStat
 
 __all__ = ["FrozenRun", "load_frozen_runs", "per_run", "judge", "FrozenVerdict", "table_markdown", "main",
            "DISPLACEMENT_FLOOR_SIGMA", "DROP_FLOOR", "Z"]
