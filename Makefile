@@ -83,8 +83,9 @@ $(VENV)/.installed: pyproject.toml requirements/lock.txt
 
 install: $(VENV)/.installed ## create .venv with the exact versions of requirements/lock.txt (torch 2.13.0, ...)
 
-# Tests: TEST_JOBS pytest-xdist workers (one file per worker at a time, so that a file's shared fixtures are built
-# once); 1, or pytest-xdist not installed, runs them in this process.
+# Tests: TEST_JOBS pytest-xdist workers, each test to whichever is free; the tests of a file that share a module's
+# fixture go to one worker together, so that it is built once (tests/conftest.py); 1, or pytest-xdist not
+# installed, runs them in this process.
 TEST_JOBS ?= $(shell nproc)
 # Run alone, after the others: the SLURM test signals a job mid-run, which a loaded machine can make it miss (seen
 # beside the other xdist worker: the toy run finished before the time-out signal reached it).
