@@ -37,6 +37,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     file go to one worker together (``xdist_group`` named after the file), so that the fixture is built once.
     Session fixtures are built once by :func:`built_once`. A slow test thus no longer waits behind the rest of
     its file on one worker while the other idles."""
+    if not config.pluginmanager.hasplugin("xdist"):
+        return
     for item in items:
         defs = getattr(item, "_fixtureinfo", None)
         if defs and any(d[-1].scope in SHARED_SCOPES for d in defs.name2fixturedefs.values() if d):
