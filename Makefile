@@ -83,13 +83,14 @@ $(VENV)/.installed: pyproject.toml requirements/lock.txt
 
 install: $(VENV)/.installed ## create .venv with the exact versions of requirements/lock.txt (torch 2.13.0, ...)
 
-# Tests: TEST_JOBS pytest-xdist workers (one file per worker at a time, so that a file's shared fixtures are built
-# once); 1, or pytest-xdist not installed, runs them in this process.
+# Tests: TEST_JOBS pytest-xdist workers, each test to whichever is free; the tests of a file that share a module's
+# fixture go to one worker together, so that it is built once (tests/conftest.py); 1, or pytest-xdist not
+# installed, runs them in this process.
 TEST_JOBS ?= $(shell nproc)
 # Run alone, after the others: the SLURM test signals a job mid-run, which a loaded machine can make it miss (seen
 # beside the other xdist worker: the toy run finished before the time-out signal reached it).
 SERIAL_TESTS := tests/test_slurm.py
-xdist = $$($(PY) -c 'import xdist' 2>/dev/null && [ "$(TEST_JOBS)" != 1 ] && printf -- '-n %s --dist loadfile' $(TEST_JOBS))
+xdist = $$($(PY) -c 'import xdist' 2>/dev/null && [ "$(TEST_JOBS)" != 1 ] && printf -- '-n %s --dist loadgroup' $(TEST_JOBS))
 # make test-fast: pure functions, probes, configs, analysis of committed or synthetic results; not the tests of these
 # files marked slow (a training run, a Python process)
 FAST_TESTS := tests/test_analysis.py tests/test_probes.py tests/test_configs.py tests/test_config_fuzz.py \

@@ -27,6 +27,24 @@ register_configs()
 torch.set_num_threads(1)  # tests are many small runs; one thread each is fastest on 2 cores
 
 
+SHARED_SCOPES = ("class", "module", "package")
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist's own hook reads the marks (--dist loadgroup)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Under ``make test`` (pytest-xdist, ``--dist loadgroup``) each test goes to whichever worker is free, except
+    the tests that share a fixture of a wider scope than a test (a module's trained run, a browser): those of one
+    file go to one worker together (``xdist_group`` named after the file), so that the fixture is built once.
+    Session fixtures are built once by :func:`built_once`. A slow test thus no longer waits behind the rest of
+    its file on one worker while the other idles."""
+    if not config.pluginmanager.hasplugin("xdist"):
+        return
+    for item in items:
+        defs = getattr(item, "_fixtureinfo", None)
+        if defs and any(d[-1].scope in SHARED_SCOPES for d in defs.name2fixturedefs.values() if d):
+            item.add_marker(pytest.mark.xdist_group(item.path.stem))
+
+
 def compose_cfg(overrides: list[str]) -> DictConfig:
     """The config `experiments/train.py <overrides>` would get."""
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):

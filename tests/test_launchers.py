@@ -20,7 +20,7 @@ from bnrotation.runner import run
 from bnrotation.runtime import resolve_threads
 
 from conftest import CONF, ROOT
-from test_reliability import tiny
+from test_reliability import TINY, tiny
 
 LAUNCHERS = {
     "joblib": ("n_jobs",),
@@ -57,7 +57,7 @@ def test_two_job_sweep_through_submitit_local_lands_both_runs(tmp_path):
     """`experiments/train.py -m ... hydra/launcher=submitit_local`: both runs write DONE, the sweep exits 0."""
     cmd = [sys.executable, str(ROOT / "experiments" / "train.py"), "-m", "experiment=sgd,adam", "scale=smoke",
            f"results_root={tmp_path}", "progress=false", "interventions=false", "averaging.enabled=false",
-           "save_checkpoints=false", "task.probe_size=32", "threads=1",
+           "save_checkpoints=false", *TINY, "threads=1",  # the toy size: the launcher is under test, not the run
            "hydra/launcher=submitit_local", f"hydra.sweep.dir={tmp_path / 'hydra'}"]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")])}
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=240)

@@ -136,9 +136,13 @@ def test_force_or_another_config_starts_over_instead_of_resuming(tmp_path, monke
     assert json.loads((out / "run.json").read_text())["resumes"] == []
 
 
-def test_the_sweep_reports_an_interrupted_run_and_the_next_sweep_resumes_it(tmp_path):
+def test_the_sweep_reports_an_interrupted_run_and_the_next_sweep_resumes_it(tmp_path, capsys):
     """A real process and a real SIGINT (Ctrl-C): exit status 130, 'interrupted' with the step, the state on
-    disk; the same command again finishes the run."""
+    disk; the same command again finishes the run (its task, ``cli.run_task``, in this process: the resume
+    reads only what the first process left on disk)."""
+    from bnrotation.cli import run_task
+
+    from conftest import compose_cfg
     overrides = ["experiment=adam", f"results_root={tmp_path}", "scale=smoke", "scale.steps=400", "scale.log_every=5",
                  "scale.check_start=200", "scale.check_every=100", "scale.intervene_every=200", "task.image_size=8",
                  "task.batch_size=16", "task.probe_size=16", "scale.heldout_size=32", "model.channels=[4,8,8]",
@@ -155,38 +159,54 @@ def test_the_sweep_reports_an_interrupted_run_and_the_next_sweep_resumes_it(tmp_
     assert proc.returncode == 130, err[-2000:]
     assert "interrupted: adam seed=0 stopped by SIGINT after step" in err
     assert (run_json.parent / RESUME_FILE).exists()
-    again = subprocess.run(cmd, cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=240)
-    assert again.returncode == 0, again.stderr[-2000:]
+    capsys.readouterr()
+    again = run_task(compose_cfg(overrides))
+    stderr = capsys.readouterr().err
+    assert again.exit_code == 0, stderr[-2000:]
     info = json.loads(run_json.read_text())
     assert info["status"] == "done" and len(info["resumes"]) == 1
     at = info["resumes"][0]["at_step"]
-    assert f"resuming adam seed=0 at step {at} of 400 from {run_json.parent / RESUME_FILE}" in again.stderr
+    assert f"resuming adam seed=0 at step {at} of 400 from {run_json.parent / RESUME_FILE}" in stderr
 
 
 # ----------------------------------------------------------------------------- one process per run
-def test_two_processes_on_one_run_folder_train_it_once(tmp_path):
+def test_two_processes_on_one_run_folder_train_it_once(tmp_path, capsys):
     """The second of two real processes started on the same run is refused while the first holds the lock;
-    the first finishes undisturbed; a third, once the first has exited, skips the finished run."""
-    overrides = ["experiment=sgd", f"results_root={tmp_path}", "scale=smoke", "scale.steps=4000",
-                 "scale.log_every=100", "scale.check_start=3900", "scale.check_every=100",
-                 "scale.intervene_every=4000", "averaging.enabled=false", "eval_backend=eager", "task.image_size=8",
+    the first finishes undisturbed; a third, once the first has exited, skips the finished run.
+
+    The first is held (SIGSTOP) from the moment its lock names it until the second has been refused, so it
+    holds the lock however long the second takes to start, and a short run suffices. The third is the same
+    command's task (``cli.run_task``) in this process: what it checks, the lock released by the first's exit
+    and the finished run skipped, needs no third interpreter."""
+    from bnrotation.cli import run_task
+
+    from conftest import compose_cfg
+    overrides = ["experiment=sgd", f"results_root={tmp_path}", "scale=smoke", "scale.steps=400",
+                 "scale.log_every=100", "scale.check_start=300", "scale.check_every=100",
+                 "scale.intervene_every=400", "averaging.enabled=false", "eval_backend=eager", "task.image_size=8",
                  "task.batch_size=16", "task.probe_size=16", "scale.heldout_size=32", "model.channels=[4,8,8]",
                  "progress=false", "threads=1"]
     cmd = [sys.executable, str(ROOT / "experiments" / "train.py"), *overrides]
     first = subprocess.Popen(cmd, cwd=ROOT, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     lock = tmp_path / "locks" / "sgd" / "seed=0.lock"
-    deadline = time.time() + 120
-    while not (lock.exists() and lock.read_text()) and time.time() < deadline:
-        time.sleep(0.02)
-    second = subprocess.run(cmd, cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=120)
+    try:
+        deadline = time.time() + 120
+        while not (lock.exists() and lock.read_text()) and time.time() < deadline and first.poll() is None:
+            time.sleep(0.005)
+        first.send_signal(signal.SIGSTOP)
+        assert first.poll() is None and lock.read_text(), "the first process ended before it could be held"
+        second = subprocess.run(cmd, cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=120)
+    finally:
+        first.send_signal(signal.SIGCONT)
     _, err = first.communicate(timeout=240)
     assert first.returncode == 0, err[-2000:]
     assert second.returncode == 3, second.stderr[-2000:]
     assert f"is being trained by pid {first.pid}" in second.stderr
     out = records.run_dir(tmp_path, "sgd", 0)
     assert json.loads((out / "run.json").read_text())["status"] == "done"
-    third = subprocess.run(cmd, cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=120)
-    assert third.returncode == 0 and "skip: sgd seed=0" in third.stderr
+    capsys.readouterr()
+    third = run_task(compose_cfg(overrides))
+    assert third.exit_code == 0 and "skip: sgd seed=0" in capsys.readouterr().err
 
 
 def test_a_lock_held_by_a_dead_process_does_not_block(tmp_path):

@@ -122,21 +122,41 @@ def test_run_json_names_the_cpu_kernels_it_ran_on(tmp_path):
         assert plain != kernels["capability"]
 
 
-def test_compiled_code_is_cached_per_kernel_path(tmp_path):
+def test_compiled_code_is_cached_per_kernel_path(tmp_path, monkeypatch):
     """torch.compile's cache does not tell kernel paths apart (code compiled under AVX-512 aborted a process on
-    AVX2): the suite gives each path its own folder when TORCHINDUCTOR_CACHE_DIR is unset, and keeps the
-    user's folder when it is set. Fails if two paths share a folder or a set folder is overridden."""
+    AVX2): the suite gives each path its own folder when TORCHINDUCTOR_CACHE_DIR is unset, the same one in every
+    process of a path, and keeps the user's folder when it is set. Torch sets the variable to its default folder
+    at a process's first ``torch.compile``; that value is torch's, not the user's, and is replaced too (the full
+    suite under the no-vector path fell back to eager when an earlier test's ``torch.compile`` had left the
+    shared default folder there). Fails if two paths share a folder, a process of the same path gets another, a
+    set folder is overridden, or torch's default is kept."""
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
+    from bnrotation.provenance import compile_cache_per_kernel_path
+
     code = "from bnrotation.provenance import compile_cache_per_kernel_path as f; print(f())"
     env = {k: v for k, v in os.environ.items() if k not in ("TORCHINDUCTOR_CACHE_DIR", *KERNEL_ENV)}
+    vectorless = {"ATEN_CPU_CAPABILITY": "default", "ONEDNN_MAX_CPU_ISA": "SSE41"}
+    ours = {k: os.environ[k] for k in KERNEL_ENV if k in os.environ}  # make test-kernels sets them
+    other = {} if ours else vectorless  # another kernel path than this process's
 
     def folder(**extra) -> str:
         return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                               env={**env, **extra}).stdout.strip()
 
-    default, vectorless = folder(), folder(ATEN_CPU_CAPABILITY="default", ONEDNN_MAX_CPU_ISA="SSE41")
-    assert default != vectorless and Path(default).parent == Path(vectorless).parent
-    assert folder(ATEN_CPU_CAPABILITY="default", ONEDNN_MAX_CPU_ISA="SSE41") == vectorless  # stable
-    assert folder(TORCHINDUCTOR_CACHE_DIR=str(tmp_path)) == str(tmp_path)
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", "")  # restored after the test, also where it was unset
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR")
+    here = compile_cache_per_kernel_path()  # this process's path
+    assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == here and Path(here).parent == Path(default_cache_dir())
+    assert folder(**ours) == here  # stable: every process of the path
+    elsewhere = folder(**other)
+    assert elsewhere != here and Path(elsewhere).parent == Path(here).parent
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
+    assert compile_cache_per_kernel_path() == str(tmp_path)  # the user's folder
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR")
+    torch.compile(torch.nn.Identity())  # torch writes its default folder into the variable
+    assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == default_cache_dir()
+    assert compile_cache_per_kernel_path() == here == os.environ["TORCHINDUCTOR_CACHE_DIR"]
 
 
 def test_table_from_smoke_results(smoke_results, tmp_path, capsys):

@@ -33,21 +33,30 @@ def cpu_kernels() -> dict:
 
 def compile_cache_per_kernel_path() -> str:
     """Point ``torch.compile``'s on-disk cache (``TORCHINDUCTOR_CACHE_DIR``) at a folder of this process's kernel
-    path, unless the variable is already set; returns the folder.
+    path, unless the variable names a folder of the user's; returns the folder.
 
     The cache does not tell kernel paths apart: code compiled under one (AVX-512, say) is handed to a process on
     another (``ATEN_CPU_CAPABILITY=avx2`` or ``default``), which then aborts in the compiled call or fails to
     compile it and falls back to eager. Seen here with torch 2.13 on an AVX-512 machine. Torch's own default
     folder (``torch._inductor.runtime.cache_dir_utils.default_cache_dir``) gets one subfolder per path, named
     from :func:`cpu_kernels`.
+
+    Torch writes its default folder into ``TORCHINDUCTOR_CACHE_DIR`` itself, at the first ``torch.compile`` of
+    the process (``cache_dir_utils.cache_dir``), so a value equal to that default is torch's, not the user's,
+    and is replaced too; the in-memory caches that hold paths under the old folder are then cleared
+    (``torch._inductor.utils.clear_caches``, as torch's own ``temporary_cache_dir`` does).
     """
-    if os.environ.get("TORCHINDUCTOR_CACHE_DIR"):
-        return os.environ["TORCHINDUCTOR_CACHE_DIR"]
     from torch._inductor.runtime.cache_dir_utils import default_cache_dir  # torch's own choice of folder
+    set_to = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    if set_to and os.path.abspath(set_to) != os.path.abspath(default_cache_dir()):
+        return set_to
     kernels = cpu_kernels()
     name = "-".join([kernels["capability"]] + [f"{k}={v}" for k in KERNEL_ENV if (v := kernels[k])])
     folder = os.path.join(default_cache_dir(), "".join(c if c.isalnum() or c in "-=_." else "_" for c in name))
     os.environ["TORCHINDUCTOR_CACHE_DIR"] = folder
+    if set_to:  # torch has used its default folder in this process already
+        from torch._inductor.utils import clear_caches
+        clear_caches()
     return folder
 
 

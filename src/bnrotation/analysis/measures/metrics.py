@@ -24,8 +24,8 @@ MIDDLE_NORM = "bn2"  # the norm layer behind MIDDLE_CONV (interventions name nor
 def conv_layers(run: Run) -> list[str]:
     """The run's weight layers paired with a norm layer, in forward order (the order the runner logs them:
     ``conv1, conv2, conv3`` for the study's network, 21 layers for ResNet-20)."""
-    layers = run.tables["channels"]["layer"]
-    return [name for name in dict.fromkeys(layers) if name]
+    layers = run.tables["channels"]["layer"].unique()  # in order of appearance, without a Python loop over rows
+    return [name for name in layers if name]
 
 
 def last_conv(run: Run) -> str:
