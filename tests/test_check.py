@@ -214,7 +214,7 @@ def _save(folder: Path, name: str, obj) -> str:
 
 
 BAD = {
-    "module that does not import": (dict(model="no_such_module_xyz:make"), "cannot import 'no_such_module_xyz'"),
+    "module that does not import": (dict(model="no_such_module_xyz:make"), "cannot find 'no_such_module_xyz'"),
     "no such function": (dict(model=f"{MODULE}:missing"), "module 'check_nets' has no 'missing'"),
     "not module:function": (dict(model=MODULE), "expected module:function"),
     "not callable": (dict(model=f"{MODULE}:NOT_CALLABLE"), "'NOT_CALLABLE' is a int, not a function"),

@@ -1,70 +1,19 @@
 """The package's layout: the one-way flow DESIGN.md draws (the training side never reaches analysis/), and every pointer
 of docs/extending.md resolves (import circles: tests/test_imports.py).
 
-Read from the source with ``ast`` (nothing is imported): an edge is an import a module runs when it is
-imported (module level and class bodies, not function bodies, not ``if TYPE_CHECKING:`` blocks); importing
-``a.b.c`` also runs ``a`` and ``a.b``.
+The import graph is tests/test_imports.py's, read from the source with ``ast``.
 """
 
 from __future__ import annotations
 
-import ast
 import re
-from pathlib import Path
 
 import pytest
 
 from conftest import ROOT
+from test_imports import graph as import_graph
 
 PACKAGE = ROOT / "src" / "bnrotation"
-
-
-def module_name(path: Path, root: Path) -> str:
-    """``bnrotation.analysis.results`` for ``<root>/bnrotation/analysis/results.py`` (a package: its name)."""
-    parts = list(path.relative_to(root).with_suffix("").parts)
-    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
-
-
-def _import_time_nodes(body: list[ast.stmt]):
-    """The statements of ``body`` that run at import time, recursively (not function bodies, not
-    ``if TYPE_CHECKING:`` blocks)."""
-    for node in body:
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-            continue
-        if isinstance(node, ast.If) and isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING":
-            yield from _import_time_nodes(node.orelse)
-            continue
-        yield node
-        for field in ("body", "orelse", "finalbody"):  # of a class, an if, a try, a with, a loop
-            yield from _import_time_nodes(getattr(node, field, []))
-        for handler in getattr(node, "handlers", []):
-            yield from _import_time_nodes(handler.body)
-
-
-def import_graph(package: Path) -> dict[str, set[str]]:
-    """``{module: the package's modules it imports at import time}`` for every ``.py`` under ``package``."""
-    root = package.parent
-    files = {module_name(p, root): p for p in package.rglob("*.py")}
-    graph: dict[str, set[str]] = {}
-    for name, path in files.items():
-        is_package = path.name == "__init__.py"
-        here = name if is_package else name.rpartition(".")[0]
-        targets: set[str] = set()
-        for node in _import_time_nodes(ast.parse(path.read_text(), str(path)).body):
-            if isinstance(node, ast.Import):
-                targets |= {a.name for a in node.names}
-            elif isinstance(node, ast.ImportFrom):
-                base = node.module or ""
-                if node.level:
-                    anchor = here.split(".")[:len(here.split(".")) - (node.level - 1)]
-                    base = ".".join(anchor + ([node.module] if node.module else []))
-                targets |= {f"{base}.{a.name}" if f"{base}.{a.name}" in files else base for a in node.names}
-        edges = set()
-        for target in targets:
-            parts = target.split(".")
-            edges |= {".".join(parts[:i]) for i in range(1, len(parts) + 1)} & files.keys()
-        graph[name] = edges - {name}
-    return graph
 
 
 @pytest.mark.parametrize("module", ["bnrotation.runner", "bnrotation.rows", "bnrotation.rundir", "bnrotation.runtime",
@@ -72,7 +21,7 @@ def import_graph(package: Path) -> dict[str, set[str]]:
 def test_training_imports_nothing_from_the_analysis(module):
     """Data flows one way (DESIGN.md): config -> runner -> records -> analysis; the runner's side never imports
     the analysis, directly or through another module."""
-    graph = import_graph(PACKAGE)
+    graph = import_graph()  # every import, deferred ones too (tests/test_imports.py)
     seen, todo = set(), [module]
     while todo:
         for nxt in graph[todo.pop()] - seen:

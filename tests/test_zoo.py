@@ -28,8 +28,8 @@ from torch.overrides import TorchFunctionMode
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # as a script: the helpers beside it
 
 from bnrotation.bnstats import NORM_LAYER_KINDS, running_stat_layers  # noqa: E402
-from bnrotation.monitor import (CAT_OPS, WEIGHT_LAYERS, MonitorSetupWarning, StalenessMonitor,  # noqa: E402
-                                _op_name, SEE_THROUGH_OPS)
+from bnrotation.monitor import MonitorSetupWarning, StalenessMonitor  # noqa: E402
+from bnrotation.pairing import CAT_OPS, SEE_THROUGH_OPS, WEIGHT_LAYERS, _op_name  # noqa: E402
 from bnrotation.probes import rotation_deg  # noqa: E402
 from test_monitor import (assert_pairs_by_scaling, assert_unchanged, batch_statistics_copy,  # noqa: E402
                           everything, norm_inputs)

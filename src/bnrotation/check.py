@@ -94,9 +94,15 @@ def load_function(spec: str, argument: str):
         sys.path.insert(0, os.getcwd())
     try:
         obj = importlib.import_module(module_name)
+    except ModuleNotFoundError as err:
+        if err.name is not None and module_name.split(".")[0] != err.name.split(".")[0]:
+            raise CheckInputError(f"{argument} {spec}: {module_name!r} was found but failed while importing: "
+                                  f"ModuleNotFoundError: {_first_line(err)}") from None
+        raise CheckInputError(f"{argument} {spec}: cannot find {module_name!r} in the current directory or "
+                              f"PYTHONPATH ({_first_line(err)})") from None
     except Exception as err:  # noqa: BLE001 - any import failure is the argument's problem
-        raise CheckInputError(f"{argument} {spec}: cannot import {module_name!r} from the current directory or "
-                              f"PYTHONPATH ({type(err).__name__}: {_first_line(err)})") from None
+        raise CheckInputError(f"{argument} {spec}: {module_name!r} was found but failed while importing "
+                              f"({type(err).__name__}: {_first_line(err)}; docs/troubleshooting.md)") from None
     for part in attribute.split("."):
         if not hasattr(obj, part):
             raise CheckInputError(f"{argument} {spec}: module {module_name!r} has no {attribute!r}")
