@@ -356,3 +356,21 @@ def test_the_command_and_make_check_in_a_subprocess(nets):
                            f"WEIGHTS={folder / 'fresh.pt'}", f"BATCHES={folder / 'batches.pt'}"], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=120)
     assert made.returncode == 0 and "Not stale" in made.stdout, made.stderr
+
+
+def test_a_factory_module_that_fails_while_importing_is_told_apart_from_one_not_found(tmp_path, monkeypatch):
+    """timm beside a torchvision built for another torch raises RuntimeError on import: the error must say the
+    module was found and failed, not that it is missing (and a module importing a missing one says so too)."""
+    from bnrotation.check import CheckInputError, load_function
+
+    (tmp_path / "raises_on_import_xyz.py").write_text("raise RuntimeError('operator torchvision::nms does not exist')\n")
+    (tmp_path / "needs_missing_xyz.py").write_text("import no_such_dependency_xyz\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(CheckInputError, match=r"'raises_on_import_xyz' was found but failed while importing "
+                                              r"\(RuntimeError: operator torchvision::nms"):
+        load_function("raises_on_import_xyz:make", "--model")
+    with pytest.raises(CheckInputError, match=r"'needs_missing_xyz' was found but failed while importing: "
+                                              r"ModuleNotFoundError"):
+        load_function("needs_missing_xyz:make", "--model")
+    with pytest.raises(CheckInputError, match=r"cannot find 'absent_module_xyz'"):
+        load_function("absent_module_xyz:make", "--model")
