@@ -74,11 +74,15 @@ help: ## list the targets
 	@echo "    BENCH_ARGS='--steps 300 --rounds 3' (bench, which writes $(or $(OUT),results)/bench.md)"
 
 # The replication's exact versions (requirements/lock.txt), then the suite itself without resolving anything more.
+# Bytecode is compiled once for the whole venv on every core (pip compiles package by package on one); like pip,
+# compileall skips the few files that are not valid Python (test fixtures inside some packages), so its status is
+# not the install's.
 $(VENV)/.installed: pyproject.toml requirements/lock.txt
 	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet -r requirements/lock.txt
+	$(PY) -m pip install --quiet --no-compile -r requirements/lock.txt
 	$(PY) -m pip install --quiet --no-deps -e .
 	$(PY) -m pip check
+	$(PY) -m compileall -q -j 0 $(VENV)/lib > /dev/null || true
 	touch $@
 
 install: $(VENV)/.installed ## create .venv with the exact versions of requirements/lock.txt (torch 2.13.0, ...)
@@ -87,8 +91,8 @@ install: $(VENV)/.installed ## create .venv with the exact versions of requireme
 # fixture go to one worker together, so that it is built once (tests/conftest.py); 1, or pytest-xdist not
 # installed, runs them in this process.
 TEST_JOBS ?= $(shell nproc)
-# Run alone, after the others: the SLURM test signals a job mid-run, which a loaded machine can make it miss (seen
-# beside the other xdist worker: the toy run finished before the time-out signal reached it).
+# Run in a pytest of its own beside the others, from the start: the SLURM test mostly waits on the scheduler, and it
+# signals its job mid-run, which it must see from outside the xdist workers' schedule. Its output follows theirs.
 SERIAL_TESTS := tests/test_slurm.py
 xdist = $$($(PY) -c 'import xdist' 2>/dev/null && [ "$(TEST_JOBS)" != 1 ] && printf -- '-n %s --dist loadgroup' $(TEST_JOBS))
 # make test-fast: pure functions, probes, configs, analysis of committed or synthetic results; not the tests of these
@@ -104,8 +108,11 @@ KERNEL_PATHS := "ATEN_CPU_CAPABILITY=default ONEDNN_MAX_CPU_ISA=SSE41" \
 	"ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2"
 
 test: $(VENV)/.installed ## run the whole test suite under this machine's CPU kernels (TEST_JOBS=n workers [nproc])
-	$(PY) -m pytest -q $(xdist) --ignore=$(SERIAL_TESTS)
-	$(PY) -m pytest -q $(SERIAL_TESTS)
+	@beside=$$(mktemp -d); trap 'rm -rf "$$beside"' EXIT; \
+	{ $(PY) -m pytest -q $(SERIAL_TESTS) > "$$beside/log" 2>&1; echo $$? > "$$beside/rc"; } & \
+	$(PY) -m pytest -q $(xdist) --ignore=$(SERIAL_TESTS); rc=$$?; wait; \
+	echo "make test: $(SERIAL_TESTS), run beside the rest:"; cat "$$beside/log"; \
+	[ $$rc = 0 ] && [ "$$(cat "$$beside/rc")" = 0 ]
 
 test-fast: $(VENV)/.installed ## the tests that train nothing: pure functions, probes, configs, analysis (under a minute)
 	$(PY) -m pytest -q $(xdist) -m "not slow" $(FAST_TESTS)

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import inspect
+import json
 import os
 import shutil
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
@@ -27,22 +30,81 @@ register_configs()
 torch.set_num_threads(1)  # tests are many small runs; one thread each is fastest on 2 cores
 
 
-SHARED_SCOPES = ("class", "module", "package")
+SHARED_SCOPES = ("class", "module", "package", "session")
+GROUPS_FOLDER = "bnrotation_xdist_groups"  # pytest-xdist's workerinput key: where each worker writes its groups
 
 
-@pytest.hookimpl(tryfirst=True)  # before pytest-xdist's own hook reads the marks (--dist loadgroup)
+def _defined_here(func: Callable) -> bool:
+    """Whether a fixture's function is the suite's (in ``tests/``), not pytest's or a plugin's."""
+    try:
+        return Path(inspect.getfile(func)).resolve().is_relative_to(ROOT / "tests")
+    except TypeError:  # a built-in
+        return False
+
+
+def fixture_group(item: pytest.Item) -> str | None:
+    """The group of a test that shares one of the suite's fixtures of a wider scope than a test (a module's trained
+    run, a browser, the reference runs' analysis): the file's name, so that the fixture is built once; None for a
+    test that shares none (pytest's own wide fixtures, such as ``tmp_path_factory``, do not count)."""
+    defs = getattr(item, "_fixtureinfo", None)
+    shared = defs and any(d[-1].scope in SHARED_SCOPES and _defined_here(d[-1].func)
+                          for d in defs.name2fixturedefs.values() if d)
+    return item.path.stem if shared else None
+
+
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Under ``make test`` (pytest-xdist, ``--dist loadgroup``) each test goes to whichever worker is free, except
-    the tests that share a fixture of a wider scope than a test (a module's trained run, a browser): those of one
-    file go to one worker together (``xdist_group`` named after the file), so that the fixture is built once.
-    Session fixtures are built once by :func:`built_once`. A slow test thus no longer waits behind the rest of
-    its file on one worker while the other idles."""
-    if not config.pluginmanager.hasplugin("xdist"):
-        return
+    the tests of one file that share a fixture of a wider scope (:func:`fixture_group`): those go to one worker
+    together, so that the fixture is built once. A slow test thus no longer waits behind the rest of its file on
+    one worker while the other idles. Session fixtures used by several files are built once by :func:`built_once`.
+
+    pytest-xdist 3.8 reads ``xdist_group`` marks through the test ids it rewrites, which pytest 9.2 no longer lets
+    it do (pytest-xdist issue 1386): every test would be scheduled alone and each worker would build every module
+    fixture again. So each worker also writes the groups it collected into the folder the controller named
+    (:func:`pytest_configure_node`), and :func:`pytest_xdist_make_scheduler` schedules by them."""
+    groups = {}
     for item in items:
-        defs = getattr(item, "_fixtureinfo", None)
-        if defs and any(d[-1].scope in SHARED_SCOPES for d in defs.name2fixturedefs.values() if d):
-            item.add_marker(pytest.mark.xdist_group(item.path.stem))
+        group = fixture_group(item)
+        if group is not None:
+            item.add_marker(pytest.mark.xdist_group(group))
+            groups[item.nodeid] = group
+    folder = getattr(config, "workerinput", {}).get(GROUPS_FOLDER)
+    if folder:
+        target = Path(folder) / f"{config.workerinput['workerid']}.json"
+        target.with_suffix(".tmp").write_text(json.dumps(groups))
+        target.with_suffix(".tmp").replace(target)  # whole or absent when the controller reads it
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node) -> None:
+    """(pytest-xdist, in the controller) The folder each worker writes its groups into, one per session."""
+    config = node.config
+    if not hasattr(config, "_bnrotation_groups"):
+        config._bnrotation_groups = tempfile.mkdtemp(prefix="xdist-groups-")
+        config.add_cleanup(lambda: shutil.rmtree(config._bnrotation_groups, ignore_errors=True))
+    node.workerinput[GROUPS_FOLDER] = config._bnrotation_groups
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log):
+    """(pytest-xdist, in the controller) Under ``--dist loadgroup``: pytest-xdist's own group scheduling, with
+    each test's group read from what the workers wrote (:func:`pytest_collection_modifyitems`); None otherwise."""
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadGroupScheduling
+
+    class FixtureGroupScheduling(LoadGroupScheduling):
+        groups: dict[str, str] | None = None
+
+        def _split_scope(self, nodeid: str) -> str:
+            if self.groups is None:  # every worker has collected by the time the controller schedules
+                written = sorted(Path(config._bnrotation_groups).glob("*.json"))
+                self.groups = json.loads(written[0].read_text()) if written else {}
+            group = self.groups.get(nodeid)
+            return f"group:{group}" if group else super()._split_scope(nodeid)
+
+    return FixtureGroupScheduling(config, log)
 
 
 def compose_cfg(overrides: list[str]) -> DictConfig:
