@@ -622,3 +622,41 @@ def test_transformers_resumes_the_monitor_from_the_checkpoint(tmp_path):
     for layer, rows in at_6.groupby("layer"):
         want = rotation_deg(saved[layer.removeprefix("model.") + ".weight"], resumed.kept[6][f"{layer}.weight"])
         assert torch.equal(torch.tensor(rows.sort_values("channel")["rotation_deg"].to_numpy()), want), layer
+
+
+# ----------------------------------------------------------------------------- both adapters: what the user is told
+def _adapter(name: str):
+    """``(callback class, its keyword arguments for the tiny task, a function training with it)`` of one adapter:
+    Lightning's, driven by :func:`lightning_fit`, or the Trainer's, driven by :func:`hf_train`."""
+    if name == "lightning":
+        return LightningCallback, probe(), {}, lambda tmp, callbacks, **kw: lightning_fit(tmp, callbacks, **kw)
+    return HFCallback, hf_probe(), {"input_key": "x"}, lambda tmp, callbacks, **kw: hf_train(tmp, callbacks, **kw)
+
+
+ADAPTERS = [pytest.param("lightning", marks=needs_lightning), pytest.param("transformers", marks=needs_transformers)]
+
+
+@pytest.mark.parametrize("adapter", ADAPTERS)
+def test_a_records_folder_without_pyarrow_fails_at_construction_in_one_line_naming_the_argument(monkeypatch, tmp_path,
+                                                                                                adapter):
+    """``save_dir`` writes parquet, which needs pyarrow (the ``[suite]`` extra, not the bare package). Without it
+    the callback must refuse at construction, before any training, in one line that names ``save_dir`` and says
+    what to install or pass; with ``save_dir=None`` the same real Trainer trains and measures."""
+    callback, probe_batch, kwargs, train = _adapter(adapter)
+    pyarrow = sys.modules.get("pyarrow")
+    monkeypatch.setitem(sys.modules, "pyarrow", None)  # `import pyarrow` raises ImportError, as when not installed
+    monkeypatch.delitem(sys.modules, "bnrotation.records", raising=False)  # so its own `import pyarrow` runs again
+    with pytest.raises(ImportError) as caught:
+        callback(probe_batch, every_n_steps=2, save_dir=tmp_path / "tables", warn=False, **kwargs)
+    message = str(caught.value)
+    assert "\n" not in message and len(message) <= 300, message
+    assert message.startswith("save_dir"), message
+    assert "pyarrow" in message and "pip install" in message and "bnrotation[suite]" in message, message
+    assert "save_dir=None" in message, message
+    assert not (tmp_path / "tables").exists()
+    cb = callback(probe_batch, every_n_steps=2, save_dir=None, warn=False, **kwargs)  # asks nothing of pyarrow
+    # pandas, imported here beside pyarrow, goes on importing pyarrow's submodules for its own string columns:
+    # give pyarrow back before training (a pandas installed without pyarrow never asks)
+    monkeypatch.setitem(sys.modules, "pyarrow", pyarrow)
+    train(tmp_path / "run", [cb], max_steps=4)
+    assert [r.step for r in cb.records] == [0, 2, 4]

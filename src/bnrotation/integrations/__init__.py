@@ -67,6 +67,21 @@ def record_metrics(record: MonitorRecord, prefix: str = "bnrotation/", per_layer
     return metrics
 
 
+def _require_pyarrow() -> None:
+    """Refuse a ``save_dir`` in one line when pyarrow, which writes its parquet files, does not import: at
+    construction, before any training, not at the end of it.
+
+    Raises:
+        ImportError: naming ``save_dir``, pyarrow and the two ways out (install it, or pass ``save_dir=None``).
+    """
+    try:
+        import pyarrow  # noqa: F401 - only whether it imports
+    except ImportError as err:
+        raise ImportError(f"save_dir: writing the monitor's tables as parquet needs pyarrow, which does not import "
+                          f"({type(err).__name__}: {str(err).splitlines()[0] if str(err) else 'no message'}): "
+                          "pip install pyarrow (or 'bnrotation[suite]'), or pass save_dir=None") from None
+
+
 class MonitorSession:
     """The framework-free half of an adapter: one monitor, called every ``every_n_steps`` optimizer steps.
 
@@ -86,7 +101,8 @@ class MonitorSession:
             first logged rotation already covers an interval.
         keep_records: keep every :class:`bnrotation.monitor.MonitorRecord` in :attr:`records`.
         save_dir: a folder to write ``checks.parquet``, ``layers.parquet`` and ``channels.parquet`` to at
-            :meth:`finish` (the monitor's columns; needs pyarrow); ``None``: write nothing.
+            :meth:`finish` (the monitor's columns; needs pyarrow, which is checked here, at construction);
+            ``None``: write nothing, and need no pyarrow.
         monitor_kwargs: passed to :class:`bnrotation.monitor.StalenessMonitor` unchanged (``input_key``,
             ``target_key``, ``thresholds``, ``warn``, ``modes``, and options it gains later).
 
@@ -95,6 +111,7 @@ class MonitorSession:
             is given with ``keep_records=False``;
             a probe the monitor cannot use raises at :meth:`start`, before the first optimizer step.
         TypeError: for a probe :func:`bnrotation.monitor.split_probe` cannot read.
+        ImportError: for a ``save_dir`` when pyarrow does not import (one line: install it, or pass None).
     """
 
     def __init__(self, probe, every_n_steps: int = 50, *, measure_at_start: bool = True, keep_records: bool = True,
@@ -108,7 +125,8 @@ class MonitorSession:
         if save_dir is not None and not keep_records:
             raise ValueError("save_dir: the records are written from those kept; keep_records=False keeps none")
         if save_dir is not None:
-            from ..records import folder_problem  # pyarrow: only when records are written
+            _require_pyarrow()
+            from ..records import folder_problem  # imports pyarrow: only when records are written
             problem = folder_problem(save_dir)
             if problem:
                 raise ValueError(f"save_dir: cannot write the monitor's tables to {save_dir}: {problem}")
