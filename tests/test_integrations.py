@@ -109,7 +109,7 @@ def test_record_metrics_are_the_records_columns_and_leave_out_what_was_not_measu
     assert m1[PREFIX + "rotation_deg_per_100"] == second.layers["rotation_deg_per_100"].median() > 0
     assert m1[PREFIX + "lag_median_abs_sigma"] == second.layers["lag_median_abs_sigma"].max()
     assert m1[PREFIX + "bn/lag_median_abs_sigma"] == second.layers["lag_median_abs_sigma"].iloc[0]
-    assert m1[PREFIX + "stale"] == float(second.stale)
+    assert m1[PREFIX + "stale"] == float(second.flagged) and m1[PREFIX + "stale_rule"] == float(second.stale)
     unlabelled = MonitorSession(probe()[0], every_n_steps=1).start(Net(), 0, lambda p: p)
     assert PREFIX + "acc_eval_mode" not in record_metrics(unlabelled)
     assert PREFIX + "mode_agreement" in record_metrics(unlabelled)
@@ -660,3 +660,39 @@ def test_a_records_folder_without_pyarrow_fails_at_construction_in_one_line_nami
     monkeypatch.setitem(sys.modules, "pyarrow", pyarrow)
     train(tmp_path / "run", [cb], max_steps=4)
     assert [r.step for r in cb.records] == [0, 2, 4]
+
+
+def _logged(adapter: str, trained, tmp: Path) -> dict[int, dict]:
+    """``{step: {metric: value}}`` of the steps where the adapter logged its metrics: Lightning's CSV logger
+    under ``tmp``, or the Trainer's ``state.log_history``."""
+    if adapter == "lightning":
+        frame = csv_metrics(tmp)
+        return {int(line["step"]): line.to_dict() for _, line in frame[frame[PREFIX + "mode_gap"].notna()].iterrows()}
+    return {line["step"]: line for line in trained.state.log_history if PREFIX + "mode_gap" in line}
+
+
+@pytest.mark.parametrize("adapter", ADAPTERS)
+@pytest.mark.parametrize("warmup_steps", [None, 0])
+def test_the_logged_stale_is_what_the_user_is_told_during_the_warm_up_and_after(tmp_path, adapter, warmup_steps):
+    """Thresholds of 0 make the rule fire at every call (without labels the gap, 1 - agreement, is never
+    negative). During the monitor's warm-up (44 steps at the network's
+    BatchNorm momentum of 0.1: every call here) no warning is raised and no summary starts with STALE, so the
+    logged ``stale`` must be 0 too; the rule's own verdict is logged as ``stale_rule``. With ``warmup_steps=0``
+    all three say stale at every call."""
+    from bnrotation.monitor import StaleStatisticsWarning, Thresholds
+    callback, probe_batch, kwargs, train = _adapter(adapter)
+    probe_batch = probe_batch[0] if adapter == "lightning" else {"x": probe_batch["x"]}  # no labels
+    always = Thresholds(mode_gap=0.0, lag_sigma=0.0)
+    cb = callback(probe_batch, every_n_steps=2, thresholds=always, warmup_steps=warmup_steps, **kwargs)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        trained = train(tmp_path, [cb], max_steps=4)
+    assert cb.monitor.warmup_steps == (44 if warmup_steps is None else 0)
+    warned = [int(str(w.message).split(":")[0].removeprefix("step ")) for w in caught
+              if issubclass(w.category, StaleStatisticsWarning)]
+    told = [r.step for r in cb.records if r.summary.startswith("STALE")]
+    logged = _logged(adapter, trained, tmp_path)
+    assert sorted(logged) == [0, 2, 4] and all(r.stale for r in cb.records)  # the rule fired at every call
+    flagged = [step for step in sorted(logged) if logged[step][PREFIX + "stale"] == 1.0]
+    assert flagged == warned == told == ([] if warmup_steps is None else [0, 2, 4])
+    assert [logged[step][PREFIX + "stale_rule"] for step in sorted(logged)] == [1.0, 1.0, 1.0]

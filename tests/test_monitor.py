@@ -623,9 +623,11 @@ def test_no_staleness_warning_before_the_warm_up_and_one_after():
         warnings.simplefilter("error", StaleStatisticsWarning)
         record = monitor(0)
         assert record.stale and not record.summary.startswith("STALE")  # the rule's verdict, not announced
+        assert record.warming_up and not record.flagged
         monitor(43)
     with pytest.warns(StaleStatisticsWarning, match="step 44: running statistics are stale"):
-        monitor(44)
+        record = monitor(44)
+    assert record.stale and record.flagged and not record.warming_up and record.summary.startswith("STALE")
     model.bn1.momentum = 0.03
     assert StalenessMonitor(model, (x, y)).warmup_steps == 152  # ceil(ln 0.01 / ln 0.97), the slowest layer
     assert StalenessMonitor(model, (x, y), warmup_steps=0).warmup_steps == 0

@@ -44,11 +44,16 @@ def record_metrics(record: MonitorRecord, prefix: str = "bnrotation/", per_layer
     - ``lag_median_abs_sigma``: the worst layer's median |running-mean lag|, in σ (what
       :class:`bnrotation.monitor.Thresholds` compares with ``lag_sigma``), and ``lag_max_abs_sigma``,
       the largest |lag| of any channel;
-    - ``stale``: 1.0 when the monitor's rule fired (``record.stale``), else 0.0;
+    - ``stale``: 1.0 when the call told the user the statistics are stale (``record.flagged``: the monitor's
+      ``StaleStatisticsWarning`` and ``STALE`` in ``record.summary``), else 0.0. During the monitor's warm-up
+      (steps below ``monitor.warmup_steps``) it is 0.0 unless a running statistic is NaN or infinite;
+    - ``stale_rule``: 1.0 when the monitor's rule fired (``record.stale``: the mode gap and the lag over their
+      thresholds, or non-finite running statistics), warm-up or not, else 0.0;
     - with ``per_layer``, also ``<norm layer>/rotation_deg_per_100`` and ``<norm layer>/lag_median_abs_sigma``.
 
     A value the call did not measure (rotation at the first call, accuracies without labels, the lag of a
-    layer whose statistics are NaN) is left out rather than logged as NaN; ``stale`` is always there.
+    layer whose statistics are NaN) is left out rather than logged as NaN; ``stale`` and ``stale_rule`` are always
+    there.
     """
     checks = record.checks.iloc[0]
     layers = record.layers
@@ -63,7 +68,8 @@ def record_metrics(record: MonitorRecord, prefix: str = "bnrotation/", per_layer
             out[f"{line.norm_layer}/rotation_deg_per_100"] = float(line.rotation_deg_per_100)
             out[f"{line.norm_layer}/lag_median_abs_sigma"] = float(line.lag_median_abs_sigma)
     metrics = {prefix + k: v for k, v in out.items() if math.isfinite(v)}
-    metrics[prefix + "stale"] = float(record.stale)
+    metrics[prefix + "stale"] = float(record.flagged)
+    metrics[prefix + "stale_rule"] = float(record.stale)
     return metrics
 
 
