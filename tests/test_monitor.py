@@ -581,7 +581,9 @@ def test_unpaired_layers_are_named_in_one_warning_and_the_summary_says_what_rota
     with pytest.warns(MonitorSetupWarning, match="6 of 10 normalisation layer") as caught:
         monitor = StalenessMonitor(trained(Foreign(), x), x, warn=False)
     setup = [str(w.message) for w in caught if issubclass(w.category, MonitorSetupWarning)]
-    assert len(setup) == 1 and all(f"{norm}: " in setup[0] for norm in FOREIGN_UNPAIRED)
+    assert len(setup) == 1 and setup[0] == monitor.pairing.unpaired_text()
+    assert all(norm in setup[0] and reason in setup[0] for norm, reason in FOREIGN_UNPAIRED.items())  # 1 of each
+    assert all(f"unpaired: {norm} (" in monitor.pairing.describe() for norm in FOREIGN_UNPAIRED)  # the full list
     monitor(0)
     assert "(4 of 10 layers paired)" in monitor(100).summary
     none = nn.Sequential(nn.Conv2d(3, 4, 1), nn.SiLU(), nn.BatchNorm2d(4), nn.Flatten(), nn.Linear(4 * 64, 2))

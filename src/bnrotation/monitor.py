@@ -388,10 +388,11 @@ class StalenessMonitor:
             their initial values (44 at PyTorch's default momentum of 0.1); before that, a lag measures the
             initialisation, and an untrained model's two modes differ by chance alone.
 
-    Unpaired layers (:attr:`pairing`, :func:`find_pairs`) are named, with the reason, in one
-    :class:`MonitorSetupWarning` at construction: their lag is measured, their rotation is not.
-    BatchNorm settings that break the running statistics (:func:`bnrotation.lint.lint_batchnorm`, kept in
-    :attr:`findings`) are named in one more.
+    Unpaired layers (:attr:`pairing`, :func:`find_pairs`) are counted by reason, with a few of each reason's
+    layers, in one :class:`MonitorSetupWarning` at construction (:meth:`Pairing.unpaired_text`; every one in
+    ``monitor.pairing.describe()``): their lag is measured, their rotation is not. BatchNorm settings that break
+    the running statistics (:func:`bnrotation.lint.lint_batchnorm`, kept in :attr:`findings`) are counted by rule
+    in one more (:func:`bnrotation.lint.findings_line`).
 
     A call costs one forward pass in training mode with batch statistics (it gives the fresh statistics
     and the training-mode predictions at once), one in evaluation mode, and a pass over the paired
@@ -438,10 +439,7 @@ class StalenessMonitor:
         self.warmup_steps = (default_warmup_steps([m for _, m in self.layers]) if warmup_steps is None
                              else warmup_steps)
         if self.pairing.unpaired:
-            warnings.warn(f"{len(self.pairing.unpaired)} of {len(self.layers)} normalisation layer(s) left unpaired "
-                          "(their lag is measured, their rotation is not): "
-                          + "; ".join(f"{p.norm}: {p.reason}" for p in self.pairing.unpaired)
-                          + " (monitor.pairing; docs/pairing.md)", MonitorSetupWarning, stacklevel=2)
+            warnings.warn(self.pairing.unpaired_text(), MonitorSetupWarning, stacklevel=2)
         from .lint import findings_line, lint_batchnorm  # lint builds on find_pairs: imported here, not above
         self.findings = lint_batchnorm(model, pairing=self.pairing)  # BatchNorm settings that break the statistics
         if self.findings:
