@@ -384,9 +384,10 @@ class StalenessMonitor:
         warmup_steps: no staleness warning, no ``STALE`` in the summary and no ``stale`` in an adapter's
             metrics at a step below it (:attr:`MonitorRecord.flagged`; the record's ``stale`` is still the rule's
             verdict, logged by an adapter as ``stale_rule``; non-finite running statistics always warn).
-            Default (None): :func:`default_warmup_steps` of the monitored layers' momenta, the steps until their running statistics hold less than 1% of
-            their initial values (44 at PyTorch's default momentum of 0.1); before that, a lag measures the
-            initialisation, and an untrained model's two modes differ by chance alone.
+            Default (None): :func:`default_warmup_steps` of the monitored layers' momenta, the steps until their
+            running statistics hold less than 1% of their initial values (44 at PyTorch's default momentum of
+            0.1); before that, a lag measures the initialisation, and an untrained model's two modes differ by
+            chance alone.
 
     Unpaired layers (:attr:`pairing`, :func:`find_pairs`) are counted by reason, with a few of each reason's
     layers, in one :class:`MonitorSetupWarning` at construction (:meth:`Pairing.unpaired_text`; every one in
@@ -483,6 +484,8 @@ class StalenessMonitor:
 
     @property
     def unpaired(self) -> list[NormPair]:
+        """The layers left unpaired (``pairing.unpaired``), each with its reason: their lag is measured, their
+        rotation is not."""
         return self.pairing.unpaired
 
     def snapshot(self) -> dict[str, torch.Tensor]:
