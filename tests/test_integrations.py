@@ -109,7 +109,7 @@ def test_record_metrics_are_the_records_columns_and_leave_out_what_was_not_measu
     assert m1[PREFIX + "rotation_deg_per_100"] == second.layers["rotation_deg_per_100"].median() > 0
     assert m1[PREFIX + "lag_median_abs_sigma"] == second.layers["lag_median_abs_sigma"].max()
     assert m1[PREFIX + "bn/lag_median_abs_sigma"] == second.layers["lag_median_abs_sigma"].iloc[0]
-    assert m1[PREFIX + "stale"] == float(second.stale)
+    assert m1[PREFIX + "stale"] == float(second.flagged) and m1[PREFIX + "stale_rule"] == float(second.stale)
     unlabelled = MonitorSession(probe()[0], every_n_steps=1).start(Net(), 0, lambda p: p)
     assert PREFIX + "acc_eval_mode" not in record_metrics(unlabelled)
     assert PREFIX + "mode_agreement" in record_metrics(unlabelled)
@@ -622,3 +622,77 @@ def test_transformers_resumes_the_monitor_from_the_checkpoint(tmp_path):
     for layer, rows in at_6.groupby("layer"):
         want = rotation_deg(saved[layer.removeprefix("model.") + ".weight"], resumed.kept[6][f"{layer}.weight"])
         assert torch.equal(torch.tensor(rows.sort_values("channel")["rotation_deg"].to_numpy()), want), layer
+
+
+# ----------------------------------------------------------------------------- both adapters: what the user is told
+def _adapter(name: str):
+    """``(callback class, its keyword arguments for the tiny task, a function training with it)`` of one adapter:
+    Lightning's, driven by :func:`lightning_fit`, or the Trainer's, driven by :func:`hf_train`."""
+    if name == "lightning":
+        return LightningCallback, probe(), {}, lambda tmp, callbacks, **kw: lightning_fit(tmp, callbacks, **kw)
+    return HFCallback, hf_probe(), {"input_key": "x"}, lambda tmp, callbacks, **kw: hf_train(tmp, callbacks, **kw)
+
+
+ADAPTERS = [pytest.param("lightning", marks=needs_lightning), pytest.param("transformers", marks=needs_transformers)]
+
+
+@pytest.mark.parametrize("adapter", ADAPTERS)
+def test_a_records_folder_without_pyarrow_fails_at_construction_in_one_line_naming_the_argument(monkeypatch, tmp_path,
+                                                                                                adapter):
+    """``save_dir`` writes parquet, which needs pyarrow (the ``[suite]`` extra, not the bare package). Without it
+    the callback must refuse at construction, before any training, in one line that names ``save_dir`` and says
+    what to install or pass; with ``save_dir=None`` the same real Trainer trains and measures."""
+    callback, probe_batch, kwargs, train = _adapter(adapter)
+    pyarrow = sys.modules.get("pyarrow")
+    monkeypatch.setitem(sys.modules, "pyarrow", None)  # `import pyarrow` raises ImportError, as when not installed
+    monkeypatch.delitem(sys.modules, "bnrotation.records", raising=False)  # so its own `import pyarrow` runs again
+    with pytest.raises(ImportError) as caught:
+        callback(probe_batch, every_n_steps=2, save_dir=tmp_path / "tables", warn=False, **kwargs)
+    message = str(caught.value)
+    assert "\n" not in message and len(message) <= 300, message
+    assert message.startswith("save_dir"), message
+    assert "pyarrow" in message and "pip install" in message and "bnrotation[suite]" in message, message
+    assert "save_dir=None" in message, message
+    assert not (tmp_path / "tables").exists()
+    cb = callback(probe_batch, every_n_steps=2, save_dir=None, warn=False, **kwargs)  # asks nothing of pyarrow
+    # pandas, imported here beside pyarrow, goes on importing pyarrow's submodules for its own string columns:
+    # give pyarrow back before training (a pandas installed without pyarrow never asks)
+    monkeypatch.setitem(sys.modules, "pyarrow", pyarrow)
+    train(tmp_path / "run", [cb], max_steps=4)
+    assert [r.step for r in cb.records] == [0, 2, 4]
+
+
+def _logged(adapter: str, trained, tmp: Path) -> dict[int, dict]:
+    """``{step: {metric: value}}`` of the steps where the adapter logged its metrics: Lightning's CSV logger
+    under ``tmp``, or the Trainer's ``state.log_history``."""
+    if adapter == "lightning":
+        frame = csv_metrics(tmp)
+        return {int(line["step"]): line.to_dict() for _, line in frame[frame[PREFIX + "mode_gap"].notna()].iterrows()}
+    return {line["step"]: line for line in trained.state.log_history if PREFIX + "mode_gap" in line}
+
+
+@pytest.mark.parametrize("adapter", ADAPTERS)
+@pytest.mark.parametrize("warmup_steps", [None, 0])
+def test_the_logged_stale_is_what_the_user_is_told_during_the_warm_up_and_after(tmp_path, adapter, warmup_steps):
+    """Thresholds of 0 make the rule fire at every call (without labels the gap, 1 - agreement, is never
+    negative). During the monitor's warm-up (44 steps at the network's
+    BatchNorm momentum of 0.1: every call here) no warning is raised and no summary starts with STALE, so the
+    logged ``stale`` must be 0 too; the rule's own verdict is logged as ``stale_rule``. With ``warmup_steps=0``
+    all three say stale at every call."""
+    from bnrotation.monitor import StaleStatisticsWarning, Thresholds
+    callback, probe_batch, kwargs, train = _adapter(adapter)
+    probe_batch = probe_batch[0] if adapter == "lightning" else {"x": probe_batch["x"]}  # no labels
+    always = Thresholds(mode_gap=0.0, lag_sigma=0.0)
+    cb = callback(probe_batch, every_n_steps=2, thresholds=always, warmup_steps=warmup_steps, **kwargs)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        trained = train(tmp_path, [cb], max_steps=4)
+    assert cb.monitor.warmup_steps == (44 if warmup_steps is None else 0)
+    warned = [int(str(w.message).split(":")[0].removeprefix("step ")) for w in caught
+              if issubclass(w.category, StaleStatisticsWarning)]
+    told = [r.step for r in cb.records if r.summary.startswith("STALE")]
+    logged = _logged(adapter, trained, tmp_path)
+    assert sorted(logged) == [0, 2, 4] and all(r.stale for r in cb.records)  # the rule fired at every call
+    flagged = [step for step in sorted(logged) if logged[step][PREFIX + "stale"] == 1.0]
+    assert flagged == warned == told == ([] if warmup_steps is None else [0, 2, 4])
+    assert [logged[step][PREFIX + "stale_rule"] for step in sorted(logged)] == [1.0, 1.0, 1.0]

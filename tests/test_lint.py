@@ -229,11 +229,12 @@ def test_the_monitor_names_the_findings_in_one_construction_warning():
     model = Net()
     model.bn1.momentum = 0.0
     model.bn2.momentum = 0.99
-    with pytest.warns(MonitorSetupWarning, match=r"BatchNorm settings \(2 finding\(s\)") as caught:
+    with pytest.warns(MonitorSetupWarning, match=r"BatchNorm settings: 2 finding\(s\) under 2 rule\(s\)") as caught:
         monitor = StalenessMonitor(model, x)
     setup = [str(w.message) for w in caught if issubclass(w.category, MonitorSetupWarning)]
-    assert len(setup) == 1 and "\n" not in setup[0]
-    assert "bn1: [momentum-zero]" in setup[0] and "bn2: [momentum-inverted]" in setup[0]
+    assert len(setup) == 1 and max(len(line) for line in setup[0].splitlines()) <= 200
+    assert "[momentum-zero] 1 layer: bn1\n    bn1: momentum=0: training never" in setup[0]
+    assert "[momentum-inverted] 1 layer: bn2\n    bn2: momentum=0.99: each batch" in setup[0]
     assert setup[0] == findings_line(monitor.findings) and rules(monitor.findings) == [("momentum-zero", "bn1"),
                                                                                       ("momentum-inverted", "bn2")]
     with warnings.catch_warnings():

@@ -581,7 +581,9 @@ def test_unpaired_layers_are_named_in_one_warning_and_the_summary_says_what_rota
     with pytest.warns(MonitorSetupWarning, match="6 of 10 normalisation layer") as caught:
         monitor = StalenessMonitor(trained(Foreign(), x), x, warn=False)
     setup = [str(w.message) for w in caught if issubclass(w.category, MonitorSetupWarning)]
-    assert len(setup) == 1 and all(f"{norm}: " in setup[0] for norm in FOREIGN_UNPAIRED)
+    assert len(setup) == 1 and setup[0] == monitor.pairing.unpaired_text()
+    assert all(norm in setup[0] and reason in setup[0] for norm, reason in FOREIGN_UNPAIRED.items())  # 1 of each
+    assert all(f"unpaired: {norm} (" in monitor.pairing.describe() for norm in FOREIGN_UNPAIRED)  # the full list
     monitor(0)
     assert "(4 of 10 layers paired)" in monitor(100).summary
     none = nn.Sequential(nn.Conv2d(3, 4, 1), nn.SiLU(), nn.BatchNorm2d(4), nn.Flatten(), nn.Linear(4 * 64, 2))
@@ -623,9 +625,11 @@ def test_no_staleness_warning_before_the_warm_up_and_one_after():
         warnings.simplefilter("error", StaleStatisticsWarning)
         record = monitor(0)
         assert record.stale and not record.summary.startswith("STALE")  # the rule's verdict, not announced
+        assert record.warming_up and not record.flagged
         monitor(43)
     with pytest.warns(StaleStatisticsWarning, match="step 44: running statistics are stale"):
-        monitor(44)
+        record = monitor(44)
+    assert record.stale and record.flagged and not record.warming_up and record.summary.startswith("STALE")
     model.bn1.momentum = 0.03
     assert StalenessMonitor(model, (x, y)).warmup_steps == 152  # ceil(ln 0.01 / ln 0.97), the slowest layer
     assert StalenessMonitor(model, (x, y), warmup_steps=0).warmup_steps == 0

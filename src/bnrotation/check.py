@@ -36,7 +36,9 @@ What it measures on those batches:
 
 The statistics are stale when the monitor's rule (:class:`monitor.Thresholds`) fires on the mode gap and
 the worst layer's median |lag|. Exit status 0: not stale; 1: stale; 2: bad input, one line naming the
-argument or file, before any measurement.
+argument or file, before any measurement. Fewer samples than the mode-gap threshold needs (one sample moves the
+gap by 1/N; :func:`monitor.smallest_probe`, 20 at the default 0.05) are still judged, with one
+``warning: --batches: ...`` line on stderr naming the smallest size and the argument that sets it.
 """
 
 from __future__ import annotations
@@ -61,12 +63,12 @@ from .bnstats import NonFinite, nonfinite_state, reestimate, running_stat_layers
 from .checkpoints import (OTHER_COPIES, BadCheckpointError, UnsafeCheckpointError, few, load_checkpoint,
                           shared_prefixes, state_dict_of, strip_prefix)
 from .interventions import layer_lags
-from .monitor import Thresholds, evaluation_forward, find_pairs, mode_check, split_probe
+from .monitor import Thresholds, evaluation_forward, find_pairs, mode_check, smallest_probe, split_probe
 from .monitor import _check_probe as check_probe  # the monitor's validation of a probe, applied to every batch
 from .probes import batch_statistics_pass
 
 __all__ = ["CheckInputError", "CheckReport", "check_checkpoint", "format_report", "load_batches", "load_weights",
-           "model_from_factory", "main"]
+           "model_from_factory", "probe_size_warning", "main"]
 
 DEFAULT_MAX_BATCHES = 100
 SPEC = re.compile(r"[A-Za-z_][\w.]*:[A-Za-z_][\w.]*")  # module:function
@@ -335,6 +337,22 @@ def _one_line(text: str, limit: int = MESSAGE_CHARS) -> str:
 
 
 # ----------------------------------------------------------------------------- the check
+def probe_size_warning(samples: int, mode_gap: float, batches: int, truncated: bool) -> str | None:
+    """One line when ``samples`` are too few for the mode-gap threshold ``mode_gap`` (a fraction): one sample
+    moves the gap by 1/``samples``, and above the threshold one sample alone can cross it. It names the smallest
+    size (:func:`monitor.smallest_probe`, what the monitor's construction warning names) and what sets the size:
+    ``--max-batches`` when it cut the ``batches`` read short (``truncated``), else the batches given. None when
+    the size is enough."""
+    smallest = smallest_probe(mode_gap)
+    if samples >= smallest:
+        return None
+    more = (f"raise --max-batches (it stopped at {batches})" if truncated
+            else "give more or larger batches in --batches")
+    return (f"--batches: the mode gap is measured on {samples} samples, so one sample moves it by {1 / samples:.1%}, "
+            f"more than the --mode-gap threshold of {mode_gap:g}: one sample alone can cross it; use at least "
+            f"{smallest} samples ({more})")
+
+
 @dataclass
 class CheckReport:
     """What :func:`check_checkpoint` measured.
@@ -358,6 +376,9 @@ class CheckReport:
         weights: what the weights loaded were (:func:`load_weights`); "" when none were given.
         nonfinite: the running statistics that hold NaN or infinite values (:class:`.bnstats.NonFinite`); their
             layers' lags are NaN.
+        warnings: what makes the verdict less sure without making the input unusable, one line each, naming the
+            argument to change (``bnrotation-check`` prints each on stderr as ``warning: ...``): batches too few
+            for the mode-gap threshold (:func:`probe_size_warning`).
     """
 
     layers: pd.DataFrame
@@ -374,6 +395,7 @@ class CheckReport:
     truncated: bool = False
     weights: str = ""
     nonfinite: NonFinite = NonFinite()
+    warnings: tuple[str, ...] = ()
 
     @property
     def worst_median_lag_sigma(self) -> float:
@@ -406,7 +428,8 @@ def check_checkpoint(model: nn.Module, batches, *, weights=None, weights_key: st
         max_batches: read at most this many batches.
 
     Returns:
-        A :class:`CheckReport`.
+        A :class:`CheckReport`; its ``warnings`` say what makes the verdict less sure (fewer samples than
+        :func:`monitor.smallest_probe` of the mode-gap threshold), which the command prints on stderr.
 
     Raises:
         CheckInputError: for inputs it cannot use, before any measurement (naming the argument): among them
@@ -451,9 +474,11 @@ def check_checkpoint(model: nn.Module, batches, *, weights=None, weights_key: st
     layers.insert(1, "weight_layer", layers["layer"].map(feeding).fillna(""))
     gap = float(stored["mode_gap"])
     stale = thresholds.crossed(gap, float(layers["median_abs_lag_sigma"].max())) or bool(nonfinite)
+    samples = int(stored["probe_size"])
+    small = probe_size_warning(samples, thresholds.mode_gap, len(data), truncated)
     return CheckReport(layers, gap, float(stored["acc_train_mode"]), float(stored["acc_eval_mode"]),
                        float(fresh["mode_gap"]), float(fresh["acc_eval_mode"]), stale, thresholds, len(data),
-                       int(stored["probe_size"]), labelled, truncated, kind, nonfinite)
+                       samples, labelled, truncated, kind, nonfinite, (small,) if small else ())
 
 
 # ----------------------------------------------------------------------------- the report
@@ -527,7 +552,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Print the report; exit status 0 (not stale), 1 (stale), 2 (bad input: one line on stderr)."""
+    """Print the report; exit status 0 (not stale), 1 (stale), 2 (bad input: one line on stderr). A warning
+    (:attr:`CheckReport.warnings`: too few samples for the mode-gap threshold) is one line on stderr,
+    ``warning: ...``, and changes neither the report nor the status."""
     args = parse_args(argv)
     try:
         if args.max_batches < 1:
@@ -545,6 +572,8 @@ def main(argv: list[str] | None = None) -> int:
     except CheckInputError as err:
         print(f"error: {_one_line(str(err))}", file=sys.stderr)
         return 2
+    for warning in report.warnings:  # the verdict stands; these say what makes it less sure
+        print(f"warning: {_one_line(warning)}", file=sys.stderr)
     print(format_report(report, args.model, args.weights, args.batches), end="")
     return 1 if report.stale else 0
 

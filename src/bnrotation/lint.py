@@ -35,13 +35,14 @@ samples with every buffer restored).
 
 from __future__ import annotations
 
+import textwrap
 from dataclasses import dataclass
 
 import torch.nn as nn
 from torch.nn.modules.batchnorm import _BatchNorm
 
 from .bnstats import running_stat_layers
-from .pairing import Pairing, find_pairs
+from .pairing import TEXT_WIDTH, Pairing, _examples, find_pairs
 
 __all__ = ["lint_batchnorm", "Finding", "RULES", "INVERTED_MOMENTUM", "findings_line"]
 
@@ -163,6 +164,23 @@ def lint_batchnorm(model: nn.Module, x=None, *, pairing: Pairing | None = None) 
 
 
 def findings_line(findings: list[Finding]) -> str:
-    """One line naming every finding, for a log or a warning: ``BatchNorm settings: bn1 [momentum-zero] ...; ...``."""
-    return (f"BatchNorm settings ({len(findings)} finding(s), bnrotation.lint_batchnorm): "
-            + "; ".join(map(str, findings)))
+    """The findings in a few short lines, for a log or a warning, whatever the model's size: a first line with
+    their count and rules; then per rule (in the order of :data:`RULES`) its count and a few of its layers
+    ("… and N more"), and the first of them with its message (what is wrong, and the fix), wrapped. The list
+    itself (``lint_batchnorm``'s return, the monitor's ``monitor.findings``) holds every one. "" for none.
+
+    ``BatchNorm settings: 2 finding(s) under 2 rule(s) ...`` / ``  [momentum-zero] 1 layer: bn1`` /
+    ``    bn1: momentum=0: training never updates ...``.
+    """
+    if not findings:
+        return ""
+    by_rule: dict[str, list[Finding]] = {}
+    for f in sorted(findings, key=lambda f: RULES.index(f.rule) if f.rule in RULES else len(RULES)):
+        by_rule.setdefault(f.rule, []).append(f)
+    lines = [f"BatchNorm settings: {len(findings)} finding(s) under {len(by_rule)} rule(s), from "
+             "bnrotation.lint_batchnorm (every one in its list, or in monitor.findings):"]
+    for rule, found in by_rule.items():
+        lines.append(f"  [{rule}] {len(found)} layer{'s' * (len(found) > 1)}: {_examples([f.layer for f in found])}")
+        lines += textwrap.wrap(f"{found[0].layer}: {found[0].message}", TEXT_WIDTH - 40, initial_indent="    ",
+                               subsequent_indent="    ")
+    return "\n".join(lines)

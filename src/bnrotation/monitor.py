@@ -192,11 +192,14 @@ class MonitorRecord:
             layer of the channel's segment), ``norm_layer``, ``channel``, ``rotation_deg`` (since the previous call), ``rotation_deg_per_100``,
             ``weight_norm``, ``update_cos``, ``running_mean``, ``running_var``, ``fresh_mean``, ``fresh_var``,
             ``lag_sigma``, ``drift_sigma_per_step``, ``predicted_lag_sigma``, ``abs_mean_over_std``.
-        stale: whether the thresholds were crossed, or a running statistic holds NaN or infinite values.
-        summary: one line for a progress bar.
+        stale: the rule's verdict, at any step: whether the thresholds were crossed, or a running statistic
+            holds NaN or infinite values. During the monitor's warm-up it is not announced: see :attr:`flagged`.
+        summary: one line for a progress bar; it starts with ``STALE`` when :attr:`flagged`.
         nonfinite: the parameters and running statistics that hold NaN or infinite values
             (:class:`.bnstats.NonFinite`; false when there are none). Their layers' measures are NaN and left
             out of the summary's medians, which name them instead.
+        warming_up: whether the step is below the monitor's ``warmup_steps``, where the rule's verdict is kept
+            in :attr:`stale` but not announced.
     """
 
     step: int
@@ -206,6 +209,15 @@ class MonitorRecord:
     stale: bool
     summary: str
     nonfinite: NonFinite = field(default_factory=NonFinite)
+    warming_up: bool = False
+
+    @property
+    def flagged(self) -> bool:
+        """Whether this call tells the user the statistics are stale: the :class:`StaleStatisticsWarning` (with
+        ``warn=True``), ``STALE`` at the start of :attr:`summary`, and the ``stale`` an adapter logs
+        (:func:`bnrotation.integrations.record_metrics`). That is :attr:`stale` outside the warm-up, and at any
+        step a running statistic that holds NaN or infinite values."""
+        return bool(self.nonfinite.running_statistics) or (self.stale and not self.warming_up)
 
     @property
     def mode_gap(self) -> float:
@@ -369,16 +381,19 @@ class StalenessMonitor:
         warn: raise a :class:`StaleStatisticsWarning` when the thresholds are crossed.
         modes: measure the training- against evaluation-mode check on the probe batch (one extra
             evaluation-mode forward pass per call).
-        warmup_steps: no staleness warning, and no ``STALE`` in the summary, at a step below it (the record's
-            ``stale`` is still the rule's verdict; non-finite statistics always warn). Default (None): :func:`default_warmup_steps` of the
-            monitored layers' momenta, the steps until their running statistics hold less than 1% of
-            their initial values (44 at PyTorch's default momentum of 0.1); before that, a lag measures the
-            initialisation, and an untrained model's two modes differ by chance alone.
+        warmup_steps: no staleness warning, no ``STALE`` in the summary and no ``stale`` in an adapter's
+            metrics at a step below it (:attr:`MonitorRecord.flagged`; the record's ``stale`` is still the rule's
+            verdict, logged by an adapter as ``stale_rule``; non-finite running statistics always warn).
+            Default (None): :func:`default_warmup_steps` of the monitored layers' momenta, the steps until their
+            running statistics hold less than 1% of their initial values (44 at PyTorch's default momentum of
+            0.1); before that, a lag measures the initialisation, and an untrained model's two modes differ by
+            chance alone.
 
-    Unpaired layers (:attr:`pairing`, :func:`find_pairs`) are named, with the reason, in one
-    :class:`MonitorSetupWarning` at construction: their lag is measured, their rotation is not.
-    BatchNorm settings that break the running statistics (:func:`bnrotation.lint.lint_batchnorm`, kept in
-    :attr:`findings`) are named in one more.
+    Unpaired layers (:attr:`pairing`, :func:`find_pairs`) are counted by reason, with a few of each reason's
+    layers, in one :class:`MonitorSetupWarning` at construction (:meth:`Pairing.unpaired_text`; every one in
+    ``monitor.pairing.describe()``): their lag is measured, their rotation is not. BatchNorm settings that break
+    the running statistics (:func:`bnrotation.lint.lint_batchnorm`, kept in :attr:`findings`) are counted by rule
+    in one more (:func:`bnrotation.lint.findings_line`).
 
     A call costs one forward pass in training mode with batch statistics (it gives the fresh statistics
     and the training-mode predictions at once), one in evaluation mode, and a pass over the paired
@@ -425,10 +440,7 @@ class StalenessMonitor:
         self.warmup_steps = (default_warmup_steps([m for _, m in self.layers]) if warmup_steps is None
                              else warmup_steps)
         if self.pairing.unpaired:
-            warnings.warn(f"{len(self.pairing.unpaired)} of {len(self.layers)} normalisation layer(s) left unpaired "
-                          "(their lag is measured, their rotation is not): "
-                          + "; ".join(f"{p.norm}: {p.reason}" for p in self.pairing.unpaired)
-                          + " (monitor.pairing; docs/pairing.md)", MonitorSetupWarning, stacklevel=2)
+            warnings.warn(self.pairing.unpaired_text(), MonitorSetupWarning, stacklevel=2)
         from .lint import findings_line, lint_batchnorm  # lint builds on find_pairs: imported here, not above
         self.findings = lint_batchnorm(model, pairing=self.pairing)  # BatchNorm settings that break the statistics
         if self.findings:
@@ -472,6 +484,8 @@ class StalenessMonitor:
 
     @property
     def unpaired(self) -> list[NormPair]:
+        """The layers left unpaired (``pairing.unpaired``), each with its reason: their lag is measured, their
+        rotation is not."""
         return self.pairing.unpaired
 
     def snapshot(self) -> dict[str, torch.Tensor]:
@@ -495,8 +509,9 @@ class StalenessMonitor:
                 update cosine cos(w(t+1) - w(t), w(t)) and the gradient cosine cos(∇L, w(t)), else NaN.
 
         Returns:
-            A :class:`MonitorRecord`. Warns with :class:`StaleStatisticsWarning` when the thresholds are crossed or a
-            running statistic holds NaN or infinite values, and with ``RuntimeWarning`` when a parameter does.
+            A :class:`MonitorRecord`. Warns with :class:`StaleStatisticsWarning` when it is
+            :attr:`~MonitorRecord.flagged` (the thresholds crossed at a step past the warm-up, or a running statistic
+            that holds NaN or infinite values), and with ``RuntimeWarning`` when a parameter does.
 
         Raises:
             TypeError: when ``step`` is not an int >= 0.
@@ -524,7 +539,7 @@ class StalenessMonitor:
         self.last_fresh = fresh
         channels = pd.DataFrame({k: np.concatenate([c[k] for c in channel_columns]) for k in channel_columns[0]})
         record = MonitorRecord(step, checks, pd.DataFrame(layer_rows), channels, False, "",
-                               nonfinite_state(self.model))
+                               nonfinite_state(self.model), warming_up=step < self.warmup_steps)
         record.stale = self._stale(record)
         record.summary = self._summary(record)
         if record.nonfinite.parameters and self.warn:
@@ -536,7 +551,7 @@ class StalenessMonitor:
                           f"({', '.join(record.nonfinite.running_statistics)}): evaluation mode is unusable. "
                           "Re-estimate them (bnrotation.bnstats.reestimate) before evaluating or saving this model",
                           StaleStatisticsWarning, stacklevel=_caller_stacklevel())
-        elif record.stale and self.warn and step >= self.warmup_steps:
+        elif record.flagged and self.warn:
             worst = record.worst()
             where = f"{worst[0]} channel {worst[1]} ({worst[2]:+.2f}σ)" if worst else "?"
             warnings.warn(f"step {step}: running statistics are stale: {record.summary}; worst channel {where}. "
@@ -644,5 +659,4 @@ class StalenessMonitor:
                         f"max {lag['lag_max_abs_sigma'].max():.2f}σ")
         bad = f"NON-FINITE {record.nonfinite}" if record.nonfinite else ""
         text = " | ".join(t for t in (bad, modes, rot_text, lag_text) if t)
-        warming_up = record.step < self.warmup_steps and not record.nonfinite
-        return ("STALE " if record.stale and not warming_up else "") + text
+        return ("STALE " if record.flagged else "") + text

@@ -26,6 +26,27 @@ __all__ = ["find_pairs", "Pairing", "NormPair", "Segment", "NormLeafTracer", "ch
 # Layers whose weight rows are output channels: what a normalisation layer directly downstream normalises.
 WEIGHT_LAYERS = (nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.Linear)
 
+# A construction warning stays short however large the model: a few example layers per reason, lines of at most
+# about this many characters, at most this many reasons (the full list is in Pairing.describe()).
+EXAMPLE_LAYERS, TEXT_WIDTH, SHOWN_REASONS = 3, 160, 5
+
+
+def _examples(names: list[str], limit: int = EXAMPLE_LAYERS, width: int = TEXT_WIDTH) -> str:
+    """``a, b, c … and 4 more``: the first of ``names``, at most ``limit`` of them and as many as fit in about
+    ``width`` characters (at least one), for a warning that must stay short whatever the model's size."""
+    shown: list[str] = []
+    for name in names[:limit]:
+        if shown and len(", ".join(shown + [name])) > width - len(" … and 9999 more"):
+            break
+        shown.append(name)
+    rest = len(names) - len(shown)
+    return ", ".join(shown) + (f" … and {rest} more" if rest else "")
+
+
+def _cut(text: str, width: int = TEXT_WIDTH) -> str:
+    """``text`` cut to ``width`` characters, ending in "…" when cut."""
+    return text if len(text) <= width else text[:width - 1] + "…"
+
 
 
 def _rng_devices(model: nn.Module) -> list[int]:
@@ -158,6 +179,29 @@ class Pairing:
         lines = [f"{len(self.pairs)} normalisation layer(s) paired by {self.method}:"]
         lines += [f"  {p.weight} -> {p.norm}{through(p.norm)}{placed(p.norm)}" for p in self.pairs]
         lines += [f"  unpaired: {p.norm} ({p.reason}){placed(p.norm)}" for p in self.unpaired]
+        return "\n".join(lines)
+
+    def unpaired_text(self) -> str:
+        """The unpaired layers in a few short lines, for a warning or a log ("" when every layer is paired): how many
+        of how many layers, for how many reasons; then per reason (in forward order of its first layer, at most
+        :data:`SHOWN_REASONS`) its count and text, and a few of its layers ("… and N more"); last, where every layer
+        and its reason are (:meth:`describe`) and what each reason means (``docs/pairing.md``). No line is much over
+        :data:`TEXT_WIDTH` characters, whatever the model's size."""
+        if not self.unpaired:
+            return ""
+        groups: dict[str, list[str]] = {}
+        for p in self.unpaired:
+            groups.setdefault(p.reason, []).append(p.norm)
+        total = len(self.pairs) + len(self.unpaired)
+        lines = [f"{len(self.unpaired)} of {total} normalisation layer(s) left unpaired, for {len(groups)} "
+                 f"reason{'s' * (len(groups) > 1)} (their lag is measured, their rotation is not):"]
+        for reason, norms in list(groups.items())[:SHOWN_REASONS]:
+            lines += [_cut(f"  {len(norms)} layer{'s' * (len(norms) > 1)}: {reason}"), f"    {_examples(norms)}"]
+        if len(groups) > SHOWN_REASONS:
+            hidden = sum(len(n) for n in list(groups.values())[SHOWN_REASONS:])
+            lines.append(f"  … and {len(groups) - SHOWN_REASONS} more reasons, {hidden} layers")
+        lines.append("Every layer and its reason: monitor.pairing.describe(); what each reason means: docs/pairing.md "
+                     "('Reading monitor.pairing').")
         return "\n".join(lines)
 
 

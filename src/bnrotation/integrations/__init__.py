@@ -44,11 +44,16 @@ def record_metrics(record: MonitorRecord, prefix: str = "bnrotation/", per_layer
     - ``lag_median_abs_sigma``: the worst layer's median |running-mean lag|, in σ (what
       :class:`bnrotation.monitor.Thresholds` compares with ``lag_sigma``), and ``lag_max_abs_sigma``,
       the largest |lag| of any channel;
-    - ``stale``: 1.0 when the monitor's rule fired (``record.stale``), else 0.0;
+    - ``stale``: 1.0 when the call told the user the statistics are stale (``record.flagged``: the monitor's
+      ``StaleStatisticsWarning`` and ``STALE`` in ``record.summary``), else 0.0. During the monitor's warm-up
+      (steps below ``monitor.warmup_steps``) it is 0.0 unless a running statistic is NaN or infinite;
+    - ``stale_rule``: 1.0 when the monitor's rule fired (``record.stale``: the mode gap and the lag over their
+      thresholds, or non-finite running statistics), warm-up or not, else 0.0;
     - with ``per_layer``, also ``<norm layer>/rotation_deg_per_100`` and ``<norm layer>/lag_median_abs_sigma``.
 
     A value the call did not measure (rotation at the first call, accuracies without labels, the lag of a
-    layer whose statistics are NaN) is left out rather than logged as NaN; ``stale`` is always there.
+    layer whose statistics are NaN) is left out rather than logged as NaN; ``stale`` and ``stale_rule`` are always
+    there.
     """
     checks = record.checks.iloc[0]
     layers = record.layers
@@ -63,8 +68,24 @@ def record_metrics(record: MonitorRecord, prefix: str = "bnrotation/", per_layer
             out[f"{line.norm_layer}/rotation_deg_per_100"] = float(line.rotation_deg_per_100)
             out[f"{line.norm_layer}/lag_median_abs_sigma"] = float(line.lag_median_abs_sigma)
     metrics = {prefix + k: v for k, v in out.items() if math.isfinite(v)}
-    metrics[prefix + "stale"] = float(record.stale)
+    metrics[prefix + "stale"] = float(record.flagged)
+    metrics[prefix + "stale_rule"] = float(record.stale)
     return metrics
+
+
+def _require_pyarrow() -> None:
+    """Refuse a ``save_dir`` in one line when pyarrow, which writes its parquet files, does not import: at
+    construction, before any training, not at the end of it.
+
+    Raises:
+        ImportError: naming ``save_dir``, pyarrow and the two ways out (install it, or pass ``save_dir=None``).
+    """
+    try:
+        import pyarrow  # noqa: F401 - only whether it imports
+    except ImportError as err:
+        raise ImportError(f"save_dir: writing the monitor's tables as parquet needs pyarrow, which does not import "
+                          f"({type(err).__name__}: {str(err).splitlines()[0] if str(err) else 'no message'}): "
+                          "pip install pyarrow (or 'bnrotation[suite]'), or pass save_dir=None") from None
 
 
 class MonitorSession:
@@ -86,7 +107,8 @@ class MonitorSession:
             first logged rotation already covers an interval.
         keep_records: keep every :class:`bnrotation.monitor.MonitorRecord` in :attr:`records`.
         save_dir: a folder to write ``checks.parquet``, ``layers.parquet`` and ``channels.parquet`` to at
-            :meth:`finish` (the monitor's columns; needs pyarrow); ``None``: write nothing.
+            :meth:`finish` (the monitor's columns; needs pyarrow, which is checked here, at construction);
+            ``None``: write nothing, and need no pyarrow.
         monitor_kwargs: passed to :class:`bnrotation.monitor.StalenessMonitor` unchanged (``input_key``,
             ``target_key``, ``thresholds``, ``warn``, ``modes``, and options it gains later).
 
@@ -95,6 +117,7 @@ class MonitorSession:
             is given with ``keep_records=False``;
             a probe the monitor cannot use raises at :meth:`start`, before the first optimizer step.
         TypeError: for a probe :func:`bnrotation.monitor.split_probe` cannot read.
+        ImportError: for a ``save_dir`` when pyarrow does not import (one line: install it, or pass None).
     """
 
     def __init__(self, probe, every_n_steps: int = 50, *, measure_at_start: bool = True, keep_records: bool = True,
@@ -108,7 +131,8 @@ class MonitorSession:
         if save_dir is not None and not keep_records:
             raise ValueError("save_dir: the records are written from those kept; keep_records=False keeps none")
         if save_dir is not None:
-            from ..records import folder_problem  # pyarrow: only when records are written
+            _require_pyarrow()
+            from ..records import folder_problem  # imports pyarrow: only when records are written
             problem = folder_problem(save_dir)
             if problem:
                 raise ValueError(f"save_dir: cannot write the monitor's tables to {save_dir}: {problem}")

@@ -81,7 +81,8 @@ class StalenessCallback(SessionView, pl.Callback):
         per_layer: also log each norm layer's rotation and median lag.
         measure_at_start: measure at the step ``fit`` starts from.
         keep_records: keep each call's :class:`bnrotation.monitor.MonitorRecord` in :attr:`records`.
-        save_dir: write the records' tables there as parquet at ``on_train_end`` (rank 0).
+        save_dir: write the records' tables there as parquet at ``on_train_end`` (rank 0); needs pyarrow
+            (``pip install pyarrow`` or ``'bnrotation[suite]'``), checked at construction.
         monitor_kwargs: passed to :class:`bnrotation.monitor.StalenessMonitor` unchanged.
 
     Attributes:
@@ -92,6 +93,7 @@ class StalenessCallback(SessionView, pl.Callback):
         ValueError, TypeError: as :class:`bnrotation.integrations.MonitorSession` for the arguments; as the
             monitor (at ``on_train_start``, before the first optimizer step) for a probe or model it cannot
             measure; ``AttributeError`` naming ``model`` when ``pl_module`` has no such submodule.
+        ImportError: at construction, for a ``save_dir`` when pyarrow does not import, in one line.
     """
 
     def __init__(self, probe, every_n_steps: int = 50, *, model: str | None = None, prefix: str = "bnrotation/",

@@ -110,13 +110,15 @@ class StalenessCallback(SessionView, transformers.TrainerCallback):
         per_layer: also log each norm layer's rotation and median lag.
         measure_at_start: measure at the step training starts from.
         keep_records: keep each call's :class:`bnrotation.monitor.MonitorRecord` in :attr:`records`.
-        save_dir: write the records' tables there as parquet at ``on_train_end`` (main process).
+        save_dir: write the records' tables there as parquet at ``on_train_end`` (main process); needs pyarrow
+            (``pip install pyarrow`` or ``'bnrotation[suite]'``), checked at construction.
         monitor_kwargs: passed to :class:`bnrotation.monitor.StalenessMonitor` unchanged.
 
     Raises:
         ValueError, TypeError: as :class:`bnrotation.integrations.MonitorSession` for the arguments; as the
             monitor (at ``on_train_begin``, before the first optimizer step) for a probe or model it cannot
             measure.
+        ImportError: at construction, for a ``save_dir`` when pyarrow does not import, in one line.
     """
 
     def __init__(self, probe, every_n_steps: int = 50, *, input_key: str = "pixel_values", target_key: str = "labels",
