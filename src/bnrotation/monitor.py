@@ -378,7 +378,8 @@ class StalenessMonitor:
             (:class:`MonitorSetupWarning`) when that is above ``thresholds.mode_gap``, naming the smallest
             probe for it; ``docs/pairing.md`` advises on the size.
         thresholds: when to warn (:class:`Thresholds`).
-        warn: raise a :class:`StaleStatisticsWarning` when the thresholds are crossed.
+        warn: raise a :class:`StaleStatisticsWarning` when a record is :attr:`~MonitorRecord.flagged` (the
+            thresholds crossed past the warm-up, or non-finite running statistics at any step).
         modes: measure the training- against evaluation-mode check on the probe batch (one extra
             evaluation-mode forward pass per call).
         warmup_steps: no staleness warning, no ``STALE`` in the summary and no ``stale`` in an adapter's
