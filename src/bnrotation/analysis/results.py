@@ -199,7 +199,8 @@ def read_table(path: Path, name: str) -> pd.DataFrame:
     if not path.exists():
         raise BadRunError(f"{path}: table {name!r} is missing")
     try:
-        table = pq.read_table(path)
+        with pq.ParquetFile(path) as file:  # faster than pq.read_table, which plans a dataset for one file
+            table = file.read()
     except Exception as err:  # noqa: BLE001 - pyarrow raises several kinds for a damaged file
         raise BadRunError(f"{path}: unreadable parquet ({type(err).__name__}: {err})") from err
     raw = (table.schema.metadata or {}).get(b"bnrotation.schema_version")
@@ -223,6 +224,11 @@ def _parse(file: Path, parse, error: type[Exception]):
         return parse(file.read_text())
     except (OSError, UnicodeDecodeError, error) as err:
         raise BadRunError(f"{file}: unreadable ({err})") from err
+
+
+def _load_yaml(text: str):
+    """``yaml.safe_load`` of ``text``, by libyaml's parser where PyYAML has it (the same objects, ten times faster)."""
+    return yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
 
 
 def load_run(path: str | Path, tables: tuple[str, ...] = records.REQUIRED_TABLES) -> Run:
@@ -249,7 +255,7 @@ def load_run(path: str | Path, tables: tuple[str, ...] = records.REQUIRED_TABLES
     if path.parent.name != info.get("row") or path.name != f"seed={info.get('seed')}":
         raise BadRunError(f"{path}: run.json says row {info.get('row')!r} seed {info.get('seed')!r}, "
                           "which does not match the folder")
-    config = _parse(path / "config.yaml", yaml.safe_load, yaml.YAMLError)
+    config = _parse(path / "config.yaml", _load_yaml, yaml.YAMLError)
     scale = config.get("scale") if isinstance(config, dict) else None
     if not isinstance(scale, dict) or not all(isinstance(scale.get(k), int) for k in SCALE_KEYS):
         raise BadRunError(f"{path / 'config.yaml'}: expected integer keys scale.{{{','.join(SCALE_KEYS)}}} "
