@@ -10,6 +10,7 @@ never loaded, and that mistake must be impossible to miss.
 
 from __future__ import annotations
 
+import functools
 import json
 import sys
 from dataclasses import dataclass, field
@@ -34,12 +35,14 @@ class BadRunError(ValueError):
 
 @dataclass
 class Run:
-    """One finished run: its folder, ``run.json``, resolved config and tables."""
+    """One finished run: its folder, ``run.json``, resolved config and tables; ``derived`` keeps the measures of
+    :func:`once_per_run`."""
 
     path: Path
     info: dict
     config: dict
     tables: dict[str, pd.DataFrame] = field(default_factory=dict)
+    derived: dict = field(default_factory=dict, repr=False, compare=False)
 
     @property
     def row(self) -> str:
@@ -68,6 +71,26 @@ class Run:
         """The run's ``scale`` settings that the published figures depend on (:data:`PROTOCOL_KEYS`), and its name."""
         scale = self.config["scale"]
         return {"name": scale.get("name", "?"), **{k: scale.get(k) for k in PROTOCOL_KEYS}}
+
+
+def once_per_run(measure):
+    """Decorator: ``measure(run, *args)`` is computed once per run and arguments and kept in ``run.derived``, so
+    that the reports that ask for the same per-run measure (the table, ``lag.md``, the claims and their findings)
+    compute it once. ``args`` must be hashable (names, numbers, tuples). The value is shared by every caller: none
+    may change it in place. A run whose ``info``, ``config`` or one of whose tables is replaced by another object
+    is measured afresh; a table changed in place is not noticed."""
+    @functools.wraps(measure)
+    def once(run: Run, *args, **kwargs):
+        inputs = (run.info, run.config, *run.tables.values())
+        kept = run.derived.get("inputs")
+        if kept is None or len(kept) != len(inputs) or any(a is not b for a, b in zip(kept, inputs)):
+            run.derived.clear()
+            run.derived["inputs"] = inputs  # held, so that no new object can take an old one's identity
+        key = (measure, args, tuple(sorted(kwargs.items())))
+        if key not in run.derived:
+            run.derived[key] = measure(run, *args, **kwargs)
+        return run.derived[key]
+    return once
 
 
 def protocol_scale() -> dict:
