@@ -28,7 +28,8 @@ from bnrotation import records
 from bnrotation.analysis import claims
 from bnrotation.analysis.claims import evidence, kinds, registry
 from bnrotation.analysis.measures import intervention_log, metrics, theory
-from bnrotation.analysis.results import BadRunError, Run, check_against_row, load_run, load_runs, protocol_scale
+from bnrotation.analysis.results import (BadRunError, Run, check_against_row, load_run, load_runs, once_per_run,
+                                      protocol_scale)
 from bnrotation.analysis.stats import SeedStat
 from bnrotation.analysis.tables import figures, table
 from bnrotation.names import OPTIMIZER_CLASSES
@@ -247,6 +248,26 @@ def test_a_check_at_exactly_90_percent_is_not_below_90_percent():
     # and recovering to exactly 90% counts as recovered (smallest_k: accuracy >= the threshold)
     curve = pd.Series([0.5, 0.7, 0.90, 0.95], index=[0, 1, 2, 4])
     assert intervention_log.smallest_k(curve) == 2
+
+
+def test_a_per_run_measure_is_computed_once_until_the_run_changes():
+    """``once_per_run``: the table and the claims share a run's measures; a run whose tables, info or config are
+    replaced (as tests build runs) is measured afresh."""
+    calls = []
+
+    @once_per_run
+    def measure(run: Run, factor: int = 1) -> int:
+        calls.append(factor)
+        return len(run.tables["checks"]) * factor
+
+    run = _checks_run([0.5, 0.95])
+    assert measure(run) == measure(run) == 2 and calls == [1]
+    assert measure(run, 3) == 6 and calls == [1, 3]
+    run.tables["checks"] = run.tables["checks"].iloc[:1]
+    assert measure(run) == 1 and calls == [1, 3, 1]
+    run.info = {"row": "adam", "seed": 1}
+    assert measure(run) == 1 and calls == [1, 3, 1, 1]
+    assert metrics.failing_checks([run]) is not metrics.failing_checks([run])  # a new frame for every caller
 
 
 def test_the_table_spread_is_the_sample_sd_over_seeds(tmp_path):

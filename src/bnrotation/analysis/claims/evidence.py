@@ -70,7 +70,7 @@ def per_run_values(run: Run) -> dict:
     ``lag_ratio_mid``, ``lag_spearman_mid``, ``abs_mean_over_std_mid``, the drift from the dense windows
     (:func:`dense_values`), each conv layer's update cosine over the parts of the window
     (:func:`update_cosines`), and ``checks_below_90`` (fraction)."""
-    values = run_metrics(run)
+    values = dict(run_metrics(run))  # a copy: the table's own is shared
     lags = lag.run_lags(run)
     mid = lags[lags["layer"] == metrics.MIDDLE_CONV] if len(lags) else lags
 

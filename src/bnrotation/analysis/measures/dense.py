@@ -38,7 +38,7 @@ import pandas as pd
 
 from ...rows import ROWS, row_order
 from ..formatting import seed_ranges
-from ..results import Run
+from ..results import Run, once_per_run
 from ..stats import over_seeds
 from . import lag
 from .metrics import MIDDLE_NORM
@@ -76,10 +76,10 @@ def dense_windows(run: Run, steps: np.ndarray) -> list[tuple[int, int]]:
     logged step are left out."""
     scale = run.config.get("scale", {})
     starts, length = scale.get("dense_windows"), scale.get("dense_length")
-    logged = set(int(s) for s in steps)
-    if starts and length:
-        return [(int(w), int(w) + int(length)) for w in sorted(starts) if int(w) in logged]
     steps = np.unique(np.asarray(steps, dtype=int))
+    if starts and length:
+        logged = set(steps.tolist())
+        return [(int(w), int(w) + int(length)) for w in sorted(starts) if int(w) in logged]
     if not len(steps):
         return []
     breaks = np.flatnonzero(np.diff(steps) != 1)
@@ -88,35 +88,37 @@ def dense_windows(run: Run, steps: np.ndarray) -> list[tuple[int, int]]:
     return list(zip(firsts.tolist(), lasts.tolist()))
 
 
+@once_per_run
 def _windows(run: Run, layer: str) -> list[tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]]:
     """Per dense window, (fresh mean, fresh std, running mean), each (step, channel), every step of the window
-    (a step missing from the table is NaN)."""
+    (a step missing from the table is NaN), the channels logged inside the window. Kept per run
+    (:func:`..results.once_per_run`): :func:`dense_drift` and :func:`lag_model_fit` share it."""
     lines = dense_lines(run, layer)
     if lines.empty:
         return []
+    wide = lines.pivot(index="step", columns="channel", values=["fresh_mean", "fresh_var", "running_mean"])
     out = []
     for first, last in dense_windows(run, lines["step"].to_numpy()):
-        w = lines[(lines["step"] >= first) & (lines["step"] <= last)]
-        grid = range(first, last + 1)
-        mean = w.pivot(index="step", columns="channel", values="fresh_mean").reindex(grid)  # (step, channel)
-        std = np.sqrt(w.pivot(index="step", columns="channel", values="fresh_var")).reindex(grid)
-        running = w.pivot(index="step", columns="channel", values="running_mean").reindex(grid)
-        out.append((mean, std, running))
+        w = wide.reindex(range(first, last + 1)).dropna(axis=1, how="all")  # (step, (value, channel))
+        out.append((w["fresh_mean"], np.sqrt(w["fresh_var"]), w["running_mean"]))
     return out
 
 
 # ----------------------------------------------------------------------------- drift over short intervals
+@once_per_run
 def dense_drift(run: Run, intervals: tuple[int, ...] = DENSE_INTERVALS, layer: str = MIDDLE_NORM) -> pd.Series:
     """Median drift of ``layer``'s fresh means over each Δ in ``intervals``, σ per step: |fresh_mean(t) −
     fresh_mean(t − Δ)| / (fresh_std(t) · Δ) over the layer's channels and the pairs (t − Δ, t) with both ends
     in the same dense window. Index: Δ in steps; NaN where no window is Δ steps long. Empty for a run without
-    dense windows (:func:`dense_lines`)."""
+    dense windows (:func:`dense_lines`). Kept per run (:func:`..results.once_per_run`): ``lag.md`` and the claims
+    share it."""
     windows = _windows(run, layer)
     if not windows:
         return pd.Series(dtype=float)
+    arrays = [(mean.to_numpy(), std.to_numpy()) for mean, std, _ in windows]  # (step, channel) each
     out = {}
     for delta in intervals:
-        values = [(mean.diff(delta).abs() / (std * delta)).to_numpy().ravel() for mean, std, _ in windows
+        values = [(np.abs(mean[delta:] - mean[:-delta]) / (std[delta:] * delta)).ravel() for mean, std in arrays
                   if len(mean) > delta]
         values = np.concatenate(values) if values else np.array([])
         values = values[np.isfinite(values)]
@@ -153,6 +155,7 @@ def dense_drift_table(runs: list[Run], intervals: tuple[int, ...] = DENSE_INTERV
 
 
 # ----------------------------------------------------------------------------- the lag of a wandering mean
+@once_per_run
 def lag_model_fit(run: Run, layer: str = MIDDLE_NORM) -> pd.DataFrame:
     """Per window and channel of ``layer``: the drift and step size of its fresh mean, the lag each model
     predicts from them, and the measured lag at the window's last step.
@@ -170,7 +173,8 @@ def lag_model_fit(run: Run, layer: str = MIDDLE_NORM) -> pd.DataFrame:
     updated the running mean; 1/(1 − m) = 1.03 times the article's timing at m = 0.03). In the combined
     model r² is taken as max(r² − s²/n, 0), since the mean of n i.i.d. increments carries a variance s²/n
     that r² alone would count as drift; the steady model uses |r| as measured. Empty for a run without dense
-    windows or running statistics.
+    windows or running statistics. Kept per run (:func:`..results.once_per_run`): ``lag.md`` and the claims'
+    findings share it.
     """
     m = momentum(run, layer)
     windows = _windows(run, layer) if math.isfinite(m) else []

@@ -40,10 +40,11 @@ def layer_profile(run: Run) -> pd.DataFrame:
     ``worst_abs_lag_sigma`` (the largest, σ). Empty for a run that logs no lag (no running statistics)."""
     ch = metrics.in_window(run, run.tables["channels"])
     ch = ch[np.isfinite(ch["lag_sigma"])]
+    by_layer = dict(list(ch.groupby("layer", sort=False)))  # each layer's lines, in the table's order
     lines = []
     for depth, layer in enumerate(metrics.conv_layers(run)):
-        sel = ch[ch["layer"] == layer]
-        if sel.empty:
+        sel = by_layer.get(layer)
+        if sel is None:
             continue
         lag = sel["lag_sigma"].abs()
         norm = str(sel["norm_layer"].iloc[0]) if "norm_layer" in sel else ""

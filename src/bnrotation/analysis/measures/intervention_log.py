@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pandas as pd
 
 from ...article import FAIL_BELOW
@@ -57,19 +58,27 @@ def worst_step(iv: pd.DataFrame) -> int:
 
 
 def per_step(iv: pd.DataFrame, threshold: float = RECOVERY_THRESHOLD) -> pd.DataFrame:
-    """One line per step: ``stored``, ``reestimated``, ``<layer>`` (that layer alone fresh), ``k_needed``
-    (smallest grid k reaching ``threshold``, NaN if none) and ``channels`` (all channels)."""
-    lines = []
-    for step, g in iv.groupby("step", sort=True):
-        curve = top_k_curve(g)
-        line = {"step": int(step), "stored": accuracy_of(g, "none"), "reestimated": accuracy_of(g, "reestimate")}
-        for layer in g.loc[g["intervention"] == "layer", "layer"]:
-            line[layer] = accuracy_of(g, "layer", layer=layer)
-        k = smallest_k(curve, threshold)
-        line["k_needed"] = math.nan if k is None else k
-        line["channels"] = int(curve.index.max()) if len(curve) else 0
-        lines.append(line)
-    return pd.DataFrame(lines)
+    """One line per step, ascending: ``stored``, ``reestimated``, ``<layer>`` (that layer alone fresh; the layers
+    in the order the table first names them), ``k_needed`` (smallest grid k reaching ``threshold``, NaN if none:
+    :func:`smallest_k`) and ``channels`` (all channels: the curve's largest k, 0 without a curve). Each accuracy
+    is :func:`accuracy_of`'s, NaN where the step lacks it. Empty for an empty table."""
+    if iv.empty:
+        return pd.DataFrame()
+    steps = pd.Index(np.unique(iv["step"]), name="step")
+    kind, whole = iv["intervention"], (iv["layer"] == "") & (iv["k"] == -1)
+
+    def accuracy(sel: pd.DataFrame, keys: list[str]) -> pd.Series:  # the first line of each key, as accuracy_of
+        return sel.drop_duplicates(keys).set_index(keys)["acc_eval_mode"]
+
+    by_layer = iv[kind == "layer"].sort_values("step", kind="stable")
+    alone = (accuracy(by_layer[by_layer["k"] == -1], ["step", "layer"]).unstack("layer")
+             .reindex(index=steps, columns=by_layer["layer"].unique()).rename_axis(columns=None))
+    top_k = iv[kind == "top_k"]
+    out = pd.DataFrame({"stored": accuracy(iv[(kind == "none") & whole], ["step"]),
+                        "reestimated": accuracy(iv[(kind == "reestimate") & whole], ["step"])}, index=steps).join(alone)
+    out["k_needed"] = top_k[top_k["acc_eval_mode"] >= threshold].groupby("step")["k"].min()
+    out["channels"] = top_k.groupby("step")["k"].max().reindex(steps, fill_value=0)
+    return out.reset_index()
 
 
 def describe_step(table: pd.DataFrame, threshold: float = RECOVERY_THRESHOLD) -> list[str]:

@@ -37,7 +37,7 @@ import numpy as np
 import pandas as pd
 
 from ...rows import ROWS, row_order
-from ..results import Run
+from ..results import Run, once_per_run
 from ..stats import over_seeds, spearman_rho
 from .metrics import MIDDLE_CONV, check_window
 
@@ -166,11 +166,13 @@ def age_interval(m: float) -> int:
     return max(1, round(running_average_age(m)))
 
 
+@once_per_run
 def run_lags(run: Run) -> pd.DataFrame:
     """One line per conv layer of one run, over the (step, channel) pairs inside the check window
     where both the measured and the predicted lag are finite: ``layer``, ``norm_layer``, ``n``,
     ``median_abs_lag_sigma``, ``median_predicted_lag_sigma``, ``measured_over_predicted``,
-    ``median_drift_sigma_per_step``, ``spearman``. Empty for a run without running statistics."""
+    ``median_drift_sigma_per_step``, ``spearman``. Empty for a run without running statistics. Kept per run
+    (:func:`..results.once_per_run`): ``lag.md`` and the claims share it."""
     ch = run.tables["channels"]
     first, last = check_window(run)
     ch = ch[(ch["step"] >= first) & (ch["step"] <= last)]
@@ -201,10 +203,10 @@ def drift_over_intervals(run: Run, layer: str = MIDDLE_CONV,
     if not {"fresh_mean", "fresh_var"} <= set(ch.columns):
         return pd.Series(dtype=float)
     ch = ch[(ch["layer"] == layer) & np.isfinite(ch["fresh_mean"]) & np.isfinite(ch["fresh_var"])]
-    mean = ch.pivot(index="step", columns="channel", values="fresh_mean").sort_index()
-    if len(mean) < 2 or not np.isfinite(ch["lag_sigma"]).any():
+    if ch["step"].nunique() < 2 or not np.isfinite(ch["lag_sigma"]).any():
         return pd.Series(dtype=float)
-    std = np.sqrt(ch.pivot(index="step", columns="channel", values="fresh_var").sort_index())
+    fresh = ch.pivot(index="step", columns="channel", values=["fresh_mean", "fresh_var"])  # (step, (value, channel))
+    mean, std = fresh["fresh_mean"], np.sqrt(fresh["fresh_var"])
     steps = mean.index.to_numpy()
     interval = int(np.diff(steps).min())
     grid = range(int(steps[0]), int(steps[-1]) + 1, interval)  # a step off the grid (a last partial interval)

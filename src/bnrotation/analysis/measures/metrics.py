@@ -13,7 +13,7 @@ import pandas as pd
 from ... import records
 from ...article import FAIL_BELOW
 from ...rows import ROWS
-from ..results import Run
+from ..results import Run, once_per_run
 from .intervention_log import per_step
 
 LAST_CONV = "conv3"  # the study's network: the last conv layer (the table's rotation and norm columns)
@@ -83,9 +83,7 @@ def rotation_per_100_deg(run: Run, layer: str | None = None) -> float:
 def norm_growth(run: Run, layer: str | None = None) -> float:
     """Column "Norm growth": ||W(last step)|| / ||W(0)||, Frobenius norm of ``layer``'s weight (default
     :func:`last_conv`)."""
-    layer = layer or last_conv(run)
-    lay = run.tables["layers"]
-    w = lay[lay["layer"] == layer].set_index("step")["weight_norm"].sort_index()
+    w = layer_lines(run, layer or last_conv(run)).set_index("step")["weight_norm"].sort_index()
     return float(w.iloc[-1] / w.loc[0]) if 0 in w.index and len(w) > 1 else math.nan
 
 
@@ -135,11 +133,18 @@ def channel_median(run: Run, column: str, layer: str = MIDDLE_CONV, absolute: bo
     return float(sel.median()) if sel.notna().any() else math.nan
 
 
+@once_per_run
+def layer_lines(run: Run, layer: str) -> pd.DataFrame:
+    """The lines of ``layer`` in ``run``'s ``layers`` table, in the table's order; kept per run
+    (:func:`..results.once_per_run`) for the columns and cosines read from it."""
+    lay = run.tables["layers"]
+    return lay[lay["layer"] == layer]
+
+
 def layer_mean(run: Run, column: str, layer: str = LAST_CONV) -> float:
     """Mean of a ``layers`` column (``update_cos``, ``grad_cos``) over ``layer``'s logged steps inside the
     check window. The cosine at step t is that of the step t update (or gradient) with w(t)."""
-    lay = run.tables["layers"]
-    sel = in_window(run, lay[lay["layer"] == layer])
+    sel = in_window(run, layer_lines(run, layer))
     return float(sel[column].mean()) if sel[column].notna().any() else math.nan
 
 
@@ -157,15 +162,14 @@ def window_ends(run: Run) -> dict[str, tuple[int, int]]:
 def layer_mean_between(run: Run, column: str, layer: str, first: int, last: int) -> float:
     """Mean of a ``layers`` column of ``layer`` over its logged steps from ``first`` to ``last`` inclusive
     (:func:`layer_mean` over the whole check window); NaN if nothing finite is logged there."""
-    lay = run.tables["layers"]
-    sel = lay[(lay["layer"] == layer) & (lay["step"] >= first) & (lay["step"] <= last)][column]
+    lay = layer_lines(run, layer)
+    sel = lay.loc[(lay["step"] >= first) & (lay["step"] <= last), column]
     return float(sel.mean()) if sel.notna().any() else math.nan
 
 
 def layer_max_abs(run: Run, column: str, layer: str = LAST_CONV) -> float:
     """Largest ``|column|`` of ``layer`` over its logged steps inside the check window."""
-    lay = run.tables["layers"]
-    sel = in_window(run, lay[lay["layer"] == layer])
+    sel = in_window(run, layer_lines(run, layer))
     return float(sel[column].abs().max()) if sel[column].notna().any() else math.nan
 
 
@@ -196,14 +200,20 @@ def tidy(runs: list[Run], name: str) -> pd.DataFrame:
     return pd.concat(frames, ignore_index=True)
 
 
+@once_per_run
+def run_failing_checks(run: Run, threshold: float = FAIL_BELOW) -> pd.DataFrame:
+    """One run's lines of :func:`failing_checks`; empty when none of its checks fails. Kept per run
+    (:func:`..results.once_per_run`): several claims and findings ask for the same runs' failing checks."""
+    steps = failing_steps(run, threshold)
+    if not steps:
+        return pd.DataFrame()
+    iv = run.tables["interventions"]
+    return per_step(iv[iv["step"].isin(steps)]).assign(row=run.row, seed=run.seed)
+
+
 def failing_checks(runs: list[Run], threshold: float = FAIL_BELOW) -> pd.DataFrame:
     """Every run's interventions at its failing checks (:func:`failing_steps`), one line per check as
     :func:`interventions.per_step` gives it (``stored``, ``reestimated``, one column per norm layer alone
     fresh, ``k_needed``, ``channels``), with ``row`` and ``seed``. Empty when no check fails."""
-    frames = []
-    for r in runs:
-        steps = failing_steps(r, threshold)
-        if steps:
-            iv = r.tables["interventions"]
-            frames.append(per_step(iv[iv["step"].isin(steps)]).assign(row=r.row, seed=r.seed))
+    frames = [lines for lines in (run_failing_checks(r, threshold) for r in runs) if not lines.empty]
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()

@@ -21,7 +21,7 @@ from ... import records
 from ...rows import ROWS, row_order
 from ..formatting import cell
 from ..measures.metrics import check_window
-from ..results import Run
+from ..results import Run, once_per_run
 from ..stats import over_seeds
 
 POLICY_ORDER = ("none", "copy", "average", "mixture", "refresh")
@@ -56,6 +56,7 @@ def _sort_key(average: str, decay: float, window_steps: int, policy: str) -> tup
             POLICY_ORDER.index(policy) if policy in POLICY_ORDER else len(POLICY_ORDER), policy)
 
 
+@once_per_run
 def run_values(run: Run) -> pd.DataFrame:
     """One run's values per averaged model and policy, from its evaluation steps in the check window.
 
@@ -63,7 +64,8 @@ def run_values(run: Run) -> pd.DataFrame:
         DataFrame with average, decay, window_steps, policy, steps (evaluations
         averaged) and, for each of :data:`MEASURES`, its mean over the
         evaluations and ``<measure>_last``, its value at the last one (NaN where
-        the run did not log it); empty when the run has no averaging rows.
+        the run did not log it); empty when the run has no averaging rows. Kept per run
+        (:func:`..results.once_per_run`): ``averaging.md``, the claims' findings and the figures share it.
     """
     av = run.tables.get("averaging")
     keys = ["average", "decay", "window_steps", "policy"]

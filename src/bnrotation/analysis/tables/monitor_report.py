@@ -73,7 +73,7 @@ def check_signals(run: Run) -> pd.DataFrame:
         ``failing`` (``acc_eval_mode < FAIL_BELOW``). Empty for a run without running statistics.
     """
     checks = in_window(run, run.tables["checks"])
-    ch = run.tables["channels"]
+    ch = run.tables["channels"][["step", "norm_layer", "lag_sigma"]]
     ch = ch[np.isfinite(ch["lag_sigma"])]
     if ch.empty or checks.empty:
         return pd.DataFrame(columns=SIGNAL_COLUMNS)
@@ -140,11 +140,11 @@ def grid(signals: pd.DataFrame, mode_gaps: Sequence[float] = MODE_GAPS,
     if signals.empty:
         return pd.DataFrame(lines)
     groups = [(row, g) for row, g in signals.groupby("row", sort=False)] + [(ALL, signals)]
+    seeds = {row: ",".join(str(s) for s in sorted(g["seed"].unique())) for row, g in groups}
     for gap in mode_gaps:
         for lag in lag_sigmas:
             for row, g in groups:
-                seeds = ",".join(str(s) for s in sorted(g["seed"].unique()))
-                lines.append({"mode_gap": gap, "lag_sigma": lag, "row": row, "seeds": seeds,
+                lines.append({"mode_gap": gap, "lag_sigma": lag, "row": row, "seeds": seeds[row],
                               **classify(g, gap, lag)})
     return pd.DataFrame(lines)
 

@@ -29,7 +29,7 @@ from ...article import FAIL_BELOW
 from ...rows import ROWS, SETS, SWEEPS, expected_seeds, network_label, row_order
 from ..formatting import cell, seed_ranges
 from ..measures import metrics
-from ..results import ALL_TABLES, Run, add_results_arguments, command_inputs, count, scale_note
+from ..results import ALL_TABLES, Run, add_results_arguments, command_inputs, count, once_per_run, scale_note
 from ..stats import over_seeds
 from . import lag_report, monitor_report
 from .averaging_report import write_averaging
@@ -68,8 +68,10 @@ def run_wall_seconds(info: dict) -> float | None:
     return None if wall is None else max(float(wall), float(parts))
 
 
+@once_per_run
 def run_metrics(run: Run) -> dict:
-    """One run's value for every column."""
+    """One run's value for every column. Kept per run (:func:`..results.once_per_run`): the table, the claims'
+    evidence and the figures share the dict, so a caller that adds to it copies it first."""
     below, n_checks = metrics.checks_below(run)
     return {
         "row": run.row, "seed": run.seed, "diverged": run.diverged, "arch": run.arch,
