@@ -266,6 +266,10 @@ def test_skip_frozen_leaves_a_frozen_layer_alone_and_reestimates_the_rest_as_upd
         for buf in ("running_mean", "running_var", "num_batches_tracked"):
             assert torch.equal(getattr(net[int(name)], buf), getattr(oracle[int(name)], buf)), (name, buf)
     assert "5" not in report.momentum_restored
+    total = sum(len(b) for b in batches)
+    assert report.summary == f"re-estimated 2 BatchNorm layers on {len(batches)} batches ({total:,} samples); 1 left " \
+                             "as they were"  # one line to print, and the repr, which would otherwise list every layer
+    assert repr(report) == f"ReestimationReport({report.summary}; weights {report.weights_fingerprint[:12]})"
 
     everything = _net(dropout=0.5).train()
     everything[5].eval()

@@ -6,6 +6,7 @@ from __future__ import annotations
 import importlib
 import math
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -14,7 +15,7 @@ import pytest
 import torch
 
 from bnrotation.bnstats import batch_statistics, reestimate
-from bnrotation.check import MESSAGE_CHARS, CheckInputError, check_checkpoint, load_batches, main
+from bnrotation.check import MESSAGE_CHARS, CheckInputError, check_checkpoint, format_report, load_batches, main
 from bnrotation.monitor import StalenessMonitor, Thresholds
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -298,6 +299,8 @@ BAD = {
     "NaN in a weight": ("nan_weight", "--weights: NaN or infinite values in conv2.weight: the model itself has "
                                       "diverged"),
     "negative threshold": (dict(args=("--lag-sigma", "-1")), "--lag-sigma: Thresholds.lag_sigma: expected"),
+    "a gap threshold no gap reaches": (dict(args=("--mode-gap", "2")), "--mode-gap: Thresholds.mode_gap: expected a "
+                                                                       "fraction in [0, 1]"),
     "no CUDA here": (dict(args=("--device", "cuda:7")), "--device cuda:7: torch sees"),
 }
 
@@ -369,6 +372,23 @@ def test_a_bad_input_raises_from_the_function_too(nets):
         check_checkpoint(user.make(), [])
     with pytest.raises(CheckInputError, match="no BatchNorm layer"):
         check_checkpoint(user.make_gn(), batches)
+
+
+def test_the_summary_is_the_reports_verdict_line(nets, monkeypatch, capsys):
+    """``CheckReport.summary``, the one line a Python caller prints, is the line the command ends its report with."""
+    folder, user, batches = nets
+    report = check_checkpoint(user.make(), batches, weights=folder / "stale.pt")
+    assert report.summary.startswith("STALE: mode gap ") and "bnrotation.reestimate" in report.summary
+    assert format_report(report).splitlines()[-1] == report.summary
+    assert check_checkpoint(user.make(), batches, weights=folder / "fresh.pt").summary.startswith("Not stale: ")
+
+
+def test_the_help_is_plain_text():
+    """``--help`` is the module docstring without its Sphinx markup, and its example lines stay lines."""
+    help_text = subprocess.run([sys.executable, "-m", "bnrotation.check", "--help"], capture_output=True,
+                               text=True, check=True).stdout
+    assert not re.search(r":[a-z]+:`|``", help_text), help_text
+    assert "--model-kwargs '{\"model_name\": \"resnet18\", \"num_classes\": 10}' \\\n" in help_text
 
 
 # ----------------------------------------------------------------------------- the real commands

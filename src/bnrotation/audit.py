@@ -44,6 +44,7 @@ import pandas as pd
 import torch
 import torch.nn as nn
 
+from .helptext import plain
 from .averaging import BufferProvenance, EMA, compare_states
 from .bnstats import running_stat_layers
 from .check import CheckInputError, load_batches, load_weights, model_from_factory, parse_model_kwargs
@@ -438,7 +439,7 @@ def format_audit(report: AuditReport, averaged: str = "", raw: str = "") -> str:
 
 # ----------------------------------------------------------------------------- the command line
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m bnrotation.audit", description=__doc__,
+    p = argparse.ArgumentParser(prog="python -m bnrotation.audit", description=plain(__doc__),
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("raw", help="the raw model's weights (state dict or checkpoint file)")
     p.add_argument("averaged", help="the averaged copy's weights: a state dict, an AveragedModel's, a timm "

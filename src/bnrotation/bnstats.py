@@ -191,6 +191,17 @@ class ReestimationReport:
     momentum_restored: dict[str, float | None] = field(default_factory=dict)
     skipped: list[str] = field(default_factory=list)
 
+    @property
+    def summary(self) -> str:
+        """One line: how many layers were re-estimated on how many batches and samples, and how many were left
+        as they were."""
+        left = f"; {len(self.skipped)} left as they were" if self.skipped else ""
+        return (f"re-estimated {len(self.layers)} BatchNorm layer{'s' * (len(self.layers) != 1)} on {self.batches} "
+                f"batch{'es' * (self.batches != 1)} ({self.samples:,} samples){left}")
+
+    def __repr__(self) -> str:  # the dataclass's would list every layer, twice
+        return f"ReestimationReport({self.summary}; weights {self.weights_fingerprint[:12]})"
+
 
 def _check_initialised(layers: list[tuple[str, _BatchNorm]]) -> None:
     """Raise ValueError naming the first lazy BatchNorm layer that has not been through a forward pass yet."""

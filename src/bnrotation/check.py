@@ -1,4 +1,4 @@
-"""Are a saved model's BatchNorm running statistics stale? The monitor's measurements on a checkpoint.
+r"""Are a saved model's BatchNorm running statistics stale? The monitor's measurements on a checkpoint.
 
     bnrotation-check --model mynets:make_net --weights net.pt --batches batches.pt
     bnrotation-check --model timm:create_model --model-kwargs '{"model_name": "resnet18", "num_classes": 10}' \
@@ -59,6 +59,7 @@ import pandas as pd
 import torch
 import torch.nn as nn
 
+from .helptext import plain
 from .bnstats import NonFinite, nonfinite_state, reestimate, running_stat_layers, running_stats
 from .checkpoints import (OTHER_COPIES, BadCheckpointError, UnsafeCheckpointError, few, load_checkpoint,
                           shared_prefixes, state_dict_of, strip_prefix)
@@ -408,6 +409,22 @@ class CheckReport:
         lag = self.layers["median_abs_lag_sigma"]
         return str(self.layers.loc[lag.idxmax(), "layer"]) if lag.notna().any() else ""
 
+    @property
+    def summary(self) -> str:
+        """The verdict in one line, as the report ends: ``STALE: ...`` with the rule's two numbers against their
+        thresholds and what to do, or ``Not stale: ...``."""
+        t = self.thresholds
+        rule = (f"mode gap {self.mode_gap:.3f} {'≥' if self.mode_gap >= t.mode_gap else '<'} {t.mode_gap:g} and "
+                f"worst median |lag| {self.worst_median_lag_sigma:.3f}σ ({self.worst_layer}) "
+                f"{'≥' if self.worst_median_lag_sigma >= t.lag_sigma else '<'} {t.lag_sigma:g}σ")
+        advice = "Re-estimate the running statistics (bnrotation.reestimate) before evaluating or saving this model."
+        if self.nonfinite:
+            return (f"STALE: NaN or infinite running statistics in {self.nonfinite} (evaluation mode is unusable); "
+                    f"elsewhere, {rule}. {advice}")
+        if self.stale:
+            return f"STALE: {rule}. {advice}"
+        return f"Not stale: {rule} (both are needed to warn)."
+
 
 @torch.no_grad()
 def check_checkpoint(model: nn.Module, batches, *, weights=None, weights_key: str | None = None,
@@ -484,8 +501,8 @@ def check_checkpoint(model: nn.Module, batches, *, weights=None, weights_key: st
 # ----------------------------------------------------------------------------- the report
 def format_report(report: CheckReport, model: str = "the model", weights: str = "", batches: str = "") -> str:
     """The printed report: what was read (``model``, ``weights``, ``batches``: how to name them), one line per
-    layer, the mode gap and accuracies, the verdict."""
-    r, t = report, report.thresholds
+    layer, the mode gap and accuracies, the verdict (:attr:`CheckReport.summary`)."""
+    r = report
     head = (f"Checked {model}" + (f" with {weights} ({r.weights})" if weights else "")
             + (f" on {batches}" if batches else ""))
     out = [f"{head}: {r.batches} batch{'es' * (r.batches != 1)}, {r.samples:,} samples, "
@@ -510,24 +527,13 @@ def format_report(report: CheckReport, model: str = "the model", weights: str = 
                 "training mode (each batch's own statistics) and evaluation mode.",
                 f"After re-estimation: {r.mode_gap_reestimated:.1%}. Re-estimated and evaluated on the same batches: "
                 "a diagnostic of the statistics, not a held-out score."]
-    rule = (f"mode gap {r.mode_gap:.3f} {'≥' if r.mode_gap >= t.mode_gap else '<'} {t.mode_gap:g} and worst median "
-            f"|lag| {r.worst_median_lag_sigma:.3f}σ ({r.worst_layer}) "
-            f"{'≥' if r.worst_median_lag_sigma >= t.lag_sigma else '<'} {t.lag_sigma:g}σ")
-    if r.nonfinite:
-        out.append(f"STALE: NaN or infinite running statistics in {r.nonfinite} (evaluation mode is unusable); "
-                   f"elsewhere, {rule}. Re-estimate the running statistics (bnrotation.bnstats.reestimate) before "
-                   "evaluating or saving this model.")
-    elif r.stale:
-        out.append(f"STALE: {rule}. Re-estimate the running statistics (bnrotation.bnstats.reestimate) before "
-                   "evaluating or saving this model.")
-    else:
-        out.append(f"Not stale: {rule} (both are needed to warn).")
+    out.append(r.summary)
     return "\n".join(out) + "\n"
 
 
 # ----------------------------------------------------------------------------- the command line
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="bnrotation-check", description=__doc__,
+    p = argparse.ArgumentParser(prog="bnrotation-check", description=plain(__doc__),
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", required=True, help="module:function returning the nn.Module (timm:create_model)")
     p.add_argument("--model-kwargs", metavar="JSON", help="keyword arguments of the factory, a JSON object: "

@@ -133,6 +133,9 @@ class Thresholds:
     (evaluation-mode accuracy below 90%) and at checks that pass; the counts on the committed runs, for these
     and other thresholds, are in ``results/reference/monitor.md``
     (:func:`bnrotation.analysis.tables.monitor_report.threshold_table`, ``make table``).
+
+    Raises:
+        ValueError: for a threshold that is not a finite number >= 0, or a ``mode_gap`` above 1.
     """
 
     mode_gap: float = 0.05
@@ -143,6 +146,9 @@ class Thresholds:
             value = getattr(self, key)
             if not (isinstance(value, (int, float)) and math.isfinite(value) and value >= 0):
                 raise ValueError(f"Thresholds.{key}: expected a finite number >= 0, got {value!r}")
+        if self.mode_gap > 1:  # a gap is a difference of two fractions: the rule could never fire
+            raise ValueError(f"Thresholds.mode_gap: expected a fraction in [0, 1] (a gap cannot exceed 1), got "
+                             f"{self.mode_gap!r}")
 
     def crossed(self, mode_gap: float, lag_sigma: float) -> bool:
         """The rule: ``mode_gap`` (fraction) at least :attr:`mode_gap` and ``lag_sigma`` (the worst layer's median

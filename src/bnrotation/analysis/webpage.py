@@ -32,6 +32,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from ..helptext import plain
 from .. import records
 from ..article import FAIL_BELOW
 from ..rows import ROWS, row_order
@@ -358,7 +359,7 @@ def build_page(root: Path, runs: list[Run], out: Path, skipped: list[str] = ()) 
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(description=plain(__doc__), formatter_class=argparse.RawDescriptionHelpFormatter)
     add_results_arguments(p)
     p.add_argument("--out", default=None, help=f"folder for {PAGE}, and whose figures/ it shows "
                    "(default: the results root read)")

@@ -27,6 +27,7 @@ import re
 import sys
 from pathlib import Path
 
+from ...helptext import plain
 from ... import records
 from ...rows import ROWS
 from ..formatting import cell
@@ -128,7 +129,7 @@ def write_claims(root: Path, runs: list[Run], out: Path
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(description=plain(__doc__), formatter_class=argparse.RawDescriptionHelpFormatter)
     add_results_arguments(p)
     p.add_argument("--out", default=None, help="folder for claims.md (default: the results root read)")
     args = p.parse_args(argv)

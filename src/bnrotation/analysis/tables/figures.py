@@ -28,6 +28,7 @@ import matplotlib.pyplot as plt
 import pandas as pd
 import seaborn as sns
 
+from ...helptext import plain
 from ... import article, records
 from ...article import FAIL_BELOW
 from ...rows import ROWS, network_label, row_order
@@ -879,7 +880,7 @@ def index_markdown(done: list[Drawn], root: Path, scale: str = "") -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(description=plain(__doc__), formatter_class=argparse.RawDescriptionHelpFormatter)
     add_results_arguments(p)
     p.add_argument("--out", default=None, help="folder for the figures and their README.md "
                    "(default: figures/ in the results root read)")

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from ...helptext import plain
 from ... import records
 from ...rows import FROZEN_ROOT, FROZEN_ROWS, FROZEN_SEEDS
 from ..formatting import cell
@@ -242,7 +243,7 @@ def table_markdown(runs: list[FrozenRun], root: str | Path) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(description=plain(__doc__), formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--results", default=f"results/reference/{FROZEN_ROOT}",
                    help="the frozen-backbone results root, holding runs/<row>/seed=<s>/")
     p.add_argument("--out", default=None, help="where to write frozen.md (default: the results root)")

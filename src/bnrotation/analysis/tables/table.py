@@ -24,6 +24,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from ...helptext import plain
 from ... import records
 from ...article import FAIL_BELOW
 from ...rows import ROWS, SETS, SWEEPS, expected_seeds, network_label, row_order
@@ -216,7 +217,7 @@ def write_tables(root: Path, runs: list[Run], out: Path, skipped: list[str] = ()
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(description=plain(__doc__), formatter_class=argparse.RawDescriptionHelpFormatter)
     add_results_arguments(p)
     p.add_argument("--out", default=None, help="folder for table.md, table.csv, lag.md and averaging.md/.csv "
                    "(default: the results root read)")
