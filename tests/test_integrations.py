@@ -264,6 +264,21 @@ def test_lightning_logs_the_three_signals_at_the_optimizer_steps(tmp_path):
 
 
 @needs_lightning
+def test_lightning_warnings_name_the_users_line_not_the_callbacks(tmp_path):
+    """Under the callback, the staleness warning (thresholds of 0, no warm-up) points at the line that called
+    ``trainer.fit``, this file's, as in a plain loop it points at ``monitor(step)``; not at the adapter's hook,
+    Lightning's loop or torch's decorators. (The setup warnings take the same path: test_reestimate_gated.py.)"""
+    from bnrotation.monitor import StaleStatisticsWarning, Thresholds
+    cb = LightningCallback(probe(), every_n_steps=2, thresholds=Thresholds(0.0, 0.0), warmup_steps=0)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        lightning_fit(tmp_path, [cb], max_steps=2)
+    ours = [w for w in caught if issubclass(w.category, StaleStatisticsWarning)]
+    assert ours, caught
+    assert {w.filename for w in ours} == {__file__}, [(w.filename, w.lineno) for w in ours]
+
+
+@needs_lightning
 def test_lightning_gradient_accumulation_logs_once_per_interval(tmp_path):
     cb = LightningCallback(probe(), every_n_steps=2, warn=False)
     lightning_fit(tmp_path, [cb], max_steps=6, accumulate=2)  # 12 batches, each global step seen twice

@@ -201,3 +201,13 @@ def test_a_rule_that_cannot_fire_leaves_stale_statistics_and_says_so():
 def test_a_bad_scope_is_refused():
     with pytest.raises(ValueError, match="scope: expected one of model, layers, got 'all'"):
         reestimate_if_stale(_net(), _batches(), _probe(), scope="all")
+
+
+def test_its_warnings_name_the_callers_line():
+    """The monitor it builds warns at construction (here a probe too small for the gap threshold) at the line that
+    called ``reestimate_if_stale``, so Python's default filter shows it once per such line, not at the library's."""
+    from bnrotation.monitor import MonitorSetupWarning
+    x, y = _probe()
+    with pytest.warns(MonitorSetupWarning, match="one of its 8 samples") as caught:
+        reestimate_if_stale(_net(), _batches(), (x[:8], y[:8]))
+    assert {w.filename for w in caught if w.category is MonitorSetupWarning} == {__file__}

@@ -326,13 +326,19 @@ def _gathered(parts: list[tuple[_Rows, slice]], key: str, missing: torch.Tensor)
     return torch.cat(pieces) if len(pieces) > 1 else pieces[0]
 
 
+# Packages whose frames a warning skips to reach the user's line: this one (the monitor, its adapters, the check,
+# the gated re-estimation, the audit), torch's decorators, and the training frameworks the adapters run inside.
+_NOT_THE_CALLER = frozenset({"bnrotation", "torch", "lightning", "pytorch_lightning", "lightning_fabric",
+                             "transformers", "accelerate"})
+
+
 def _caller_stacklevel() -> int:
-    """``warnings.warn``'s stacklevel, from :meth:`StalenessMonitor.measure`, that names the first line outside
-    this module and torch's decorators: the user's ``monitor(step)`` or ``monitor.measure(step)``, not
-    ``torch.no_grad``'s wrapper."""
+    """``warnings.warn``'s stacklevel, from the function that warns, that names the first line outside
+    :data:`_NOT_THE_CALLER`'s packages: the user's ``monitor(step)`` line in a plain loop, ``trainer.fit(...)``
+    under an adapter, ``reestimate_if_stale(...)`` or ``StalenessMonitor(...)``; not ``torch.no_grad``'s wrapper
+    or a callback hook. Python's default filter then shows each warning once per such line."""
     frame, level = sys._getframe(1), 1  # level 1: the function that warns
-    while frame.f_back is not None and (frame.f_code.co_filename == __file__
-                                        or frame.f_globals.get("__name__", "").startswith("torch.")):
+    while frame.f_back is not None and frame.f_globals.get("__name__", "").split(".")[0] in _NOT_THE_CALLER:
         frame, level = frame.f_back, level + 1
     return level
 
@@ -447,16 +453,17 @@ class StalenessMonitor:
         self.warmup_steps = (default_warmup_steps([m for _, m in self.layers]) if warmup_steps is None
                              else warmup_steps)
         if self.pairing.unpaired:
-            warnings.warn(self.pairing.unpaired_text(), MonitorSetupWarning, stacklevel=2)
+            warnings.warn(self.pairing.unpaired_text(), MonitorSetupWarning, stacklevel=_caller_stacklevel())
         from .lint import findings_line, lint_batchnorm  # lint builds on find_pairs: imported here, not above
         self.findings = lint_batchnorm(model, pairing=self.pairing)  # BatchNorm settings that break the statistics
         if self.findings:
-            warnings.warn(findings_line(self.findings), MonitorSetupWarning, stacklevel=2)
+            warnings.warn(findings_line(self.findings), MonitorSetupWarning, stacklevel=_caller_stacklevel())
         smallest = smallest_probe(thresholds.mode_gap)
         if modes and n < smallest:  # without the mode check no gap is measured
             warnings.warn(f"probe: one of its {n} samples moves the mode gap by {1 / n:.2%}, more than the "
                           f"threshold of {thresholds.mode_gap:.2%}: one sample alone can cross it; use at least "
-                          f"{smallest} samples (docs/pairing.md, 'Probe size')", MonitorSetupWarning, stacklevel=2)
+                          f"{smallest} samples (docs/pairing.md, 'Probe size')", MonitorSetupWarning,
+                          stacklevel=_caller_stacklevel())
         self.previous: _Previous | None = None
         self.last_fresh: dict[str, tuple[torch.Tensor, torch.Tensor]] | None = None  # the last call's, float64
 
@@ -556,13 +563,13 @@ class StalenessMonitor:
         if record.nonfinite.running_statistics and self.warn:
             warnings.warn(f"step {step}: running statistics hold NaN or infinite values "
                           f"({', '.join(record.nonfinite.running_statistics)}): evaluation mode is unusable. "
-                          "Re-estimate them (bnrotation.bnstats.reestimate) before evaluating or saving this model",
+                          "Re-estimate them (bnrotation.reestimate) before evaluating or saving this model",
                           StaleStatisticsWarning, stacklevel=_caller_stacklevel())
         elif record.flagged and self.warn:
             worst = record.worst()
             where = f"{worst[0]} channel {worst[1]} ({worst[2]:+.2f}σ)" if worst else "?"
             warnings.warn(f"step {step}: running statistics are stale: {record.summary}; worst channel {where}. "
-                          "Re-estimate them (bnrotation.bnstats.reestimate) before evaluating or saving this "
+                          "Re-estimate them (bnrotation.reestimate) before evaluating or saving this "
                           "model", StaleStatisticsWarning, stacklevel=_caller_stacklevel())
         return record
 
