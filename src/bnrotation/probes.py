@@ -26,7 +26,8 @@ def rotation_deg(w_before: torch.Tensor, w_after: torch.Tensor) -> torch.Tensor:
 
     ``2 * atan2(||a - b||, ||a + b||)`` on the unit vectors a, b of each
     channel, in float64: accurate down to tiny angles, where ``arccos`` of a
-    float32 cosine cannot resolve sub-degree turns (PROTOCOL.md).
+    float32 cosine cannot resolve sub-degree turns (PROTOCOL.md). The same
+    arithmetic as :func:`turn_rows`, through which the monitor measures it.
 
     Args:
         w_before, w_after: (C_out, ...) conv weights of one layer.
@@ -39,17 +40,64 @@ def rotation_deg(w_before: torch.Tensor, w_after: torch.Tensor) -> torch.Tensor:
     """
     if w_before.shape != w_after.shape:
         raise ValueError(f"rotation_deg: shapes differ, {tuple(w_before.shape)} vs {tuple(w_after.shape)}")
-    a, b = _unit_rows(w_before), _unit_rows(w_after)
-    diff = a - b
-    return torch.rad2deg(2 * torch.atan2(diff.norm(dim=1), a.add_(b).norm(dim=1)))  # (C_out,); a is a copy
+    _, units, _ = turn_rows(None, w_before)
+    return turn_rows(units, w_after)[2]
 
 
-def _unit_rows(w: torch.Tensor) -> torch.Tensor:
-    """(C_out, ...) -> (C_out, D) float64 rows of norm 1, always a new tensor: the float64 copy of a float32
-    weight is divided in place (the same values as out of place, one full-size copy fewer)."""
-    rows = _channels(w)
-    norms = rows.norm(dim=1, keepdim=True)
-    return rows.div_(norms) if rows.data_ptr() != w.data_ptr() else rows / norms
+# Float64 values per block of rows in :func:`turn_rows` on a CPU (2 MiB): a block's float64 copy, unit rows, sum and
+# difference stay in cache, and no full-size float64 temporary is allocated; on a CPU a fresh allocation of many
+# MiB costs more in page faults than the arithmetic on it. Every row's values are those of one pass over the whole
+# weight: a row is reduced alone either way.
+ROW_BLOCK = 1 << 18
+
+
+@torch.no_grad()
+def turn_rows(units: torch.Tensor | None, w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor,
+                                                                    torch.Tensor | None]:
+    """One weight's per-channel norms and unit rows, and the angle each row turned since ``units``, in one pass.
+
+    The weight's rows are taken in blocks (:data:`ROW_BLOCK` float64 values on a CPU, all at once on another
+    device); in each block, once: the float64 copy, its row norms, the unit rows, ``a - b`` and ``a + b`` with the
+    previous unit rows a, their norms; the rotation is ``2 * atan2(||a - b||, ||a + b||)`` in degrees
+    (:func:`rotation_deg`).
+
+    Args:
+        units: the previous unit rows (C_out, D) float64 on ``w``'s device, **overwritten in place** with ``w``'s;
+            None (or rows of another shape, dtype or device) for none: new unit rows are allocated and no rotation
+            is measured.
+        w: (C_out, ...) a weight (any floating dtype).
+
+    Returns:
+        ``(norms, units, rotation)``: |w_c| per row (C_out,) float64 (as :func:`channel_norms`), ``w``'s unit rows
+        (C_out, D) float64 (``units`` itself when it was overwritten), and the angle per row in degrees (C_out,)
+        float64, in [0, 180], or None without previous rows.
+    """
+    rows = w.detach().reshape(w.shape[0], -1)
+    c, d = rows.shape
+    device = rows.device
+    previous = (units is not None and tuple(units.shape) == (c, d) and units.dtype == torch.float64
+                and units.device == device)
+    if not previous:
+        units = torch.empty((c, d), dtype=torch.float64, device=device)
+    norms = torch.empty(c, dtype=torch.float64, device=device)
+    if previous:
+        minus, plus = torch.empty_like(norms), torch.empty_like(norms)
+    block = max(1, ROW_BLOCK // max(d, 1)) if device.type == "cpu" else max(c, 1)
+    scratch = torch.empty(min(block, c) * d * (2 if previous else 1), dtype=torch.float64, device=device)
+    for i in range(0, c, block):
+        j = min(i + block, c)
+        b = scratch[:(j - i) * d].view(j - i, d).copy_(rows[i:j])  # the float64 copy of the block
+        n = b.norm(dim=1, keepdim=True)
+        norms[i:j] = n[:, 0]
+        b.div_(n)  # the unit rows
+        a = units[i:j]
+        if previous:
+            t = scratch[(j - i) * d:2 * (j - i) * d].view(j - i, d)
+            minus[i:j] = torch.sub(a, b, out=t).norm(dim=1)
+            plus[i:j] = torch.add(a, b, out=t).norm(dim=1)
+        a.copy_(b)
+    rotation = torch.rad2deg(2 * torch.atan2(minus, plus)) if previous else None
+    return norms, units, rotation
 
 
 def channel_norms(w: torch.Tensor) -> torch.Tensor:
@@ -81,7 +129,7 @@ def channel_dims(z: torch.Tensor) -> tuple[int, ...]:
     return (0, *range(2, z.dim()))
 
 
-def input_moments(z: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def input_moments(z: torch.Tensor, scratch: "Scratch | None" = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Per channel mean and unbiased variance of one layer input (N, C, *): two (C,) float64 tensors.
 
     Two passes in the input's precision (float32 for half inputs): the channel mean, then the sums of the
@@ -93,6 +141,10 @@ def input_moments(z: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     than ``torch.var_mean``, whose float32 reductions accumulate in float64 (`make bench`, section (c), times
     both).
 
+    Args:
+        scratch: where the centred values go (:class:`Scratch`, reused across the layers of one pass: on a CPU a
+            fresh allocation of a layer input's size costs page faults); the same values as without.
+
     Raises:
         ValueError: for an input of fewer than 2 dims (:func:`channel_dims`).
     """
@@ -103,10 +155,33 @@ def input_moments(z: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     n = z.numel() // z.shape[1]
     shape = (1, -1) + (1,) * (z.dim() - 2)
     mean = z.sum(dims) / n
-    centred = z - mean.view(shape)
+    out = scratch.like(z) if scratch is not None else None
+    centred = z - mean.view(shape) if out is None else torch.sub(z, mean.view(shape), out=out)
     r = centred.sum(dims).double()
     m2 = (centred.square_().sum(dims).double() - r * r / n).clamp_min(0)
     return mean.double() + r / n, m2 / (n - 1)
+
+
+class Scratch:
+    """One buffer, grown as needed, lent as a tensor of a given tensor's shape and strides (:meth:`like`)."""
+
+    def __init__(self) -> None:
+        self.buffer: torch.Tensor | None = None
+
+    def like(self, z: torch.Tensor) -> torch.Tensor | None:
+        """An uninitialised tensor with ``z``'s shape, strides, dtype and device, over this buffer (valid until the
+        next call); None for a ``z`` whose values do not fill its memory densely (a view with gaps or overlaps),
+        whose elementwise results would not be laid out as ``z``'s."""
+        if not any(z.is_contiguous(memory_format=f) for f in _DENSE_FORMATS.get(z.dim(), (torch.contiguous_format,))):
+            return None
+        b = self.buffer
+        if b is None or b.numel() < z.numel() or b.dtype != z.dtype or b.device != z.device:
+            self.buffer = b = torch.empty(z.numel(), dtype=z.dtype, device=z.device)
+        return b.as_strided(z.shape, z.stride())
+
+
+_DENSE_FORMATS = {4: (torch.contiguous_format, torch.channels_last),
+                  5: (torch.contiguous_format, torch.channels_last_3d)}
 
 
 @torch.no_grad()
@@ -115,7 +190,8 @@ def batch_statistics_pass(model: nn.Module, x: torch.Tensor, layers: list[tuple[
     """One forward pass with batch statistics (:func:`bnstats.batch_statistics`): the output, and the mean and
     variance of each normalisation layer's *input* on ``x`` (:func:`input_moments`).
 
-    No buffer changes. Each layer's moments are reduced inside its forward pre-hook, so no activation is kept.
+    No buffer changes. Each layer's moments are reduced inside its forward pre-hook, so no activation is kept;
+    the layers' centred inputs share one buffer for the pass (:class:`Scratch`).
 
     Args:
         x: (N, ...) inputs.
@@ -127,7 +203,9 @@ def batch_statistics_pass(model: nn.Module, x: torch.Tensor, layers: list[tuple[
     """
     layers = norm_layers(model) if layers is None else layers
     moments: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
-    hooks = [m.register_forward_pre_hook(lambda mod, inp, name=name: moments.__setitem__(name, input_moments(inp[0])))
+    scratch = Scratch()
+    hooks = [m.register_forward_pre_hook(
+        lambda mod, inp, name=name: moments.__setitem__(name, input_moments(inp[0], scratch)))
              for name, m in layers]
     try:
         with batch_statistics(model, keep_frozen=keep_frozen):
