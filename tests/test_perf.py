@@ -14,7 +14,7 @@ from bnrotation.config import ModelConfig, TaskConfig
 from bnrotation.model import build_model
 from bnrotation.probes import accuracy
 from bnrotation.interventions import run_interventions
-from bnrotation.evaluation import EVAL_CHUNK, eval_chunk
+from bnrotation.evaluation import EVAL_CHUNK, EVAL_CHUNK_BYTES, eval_chunk
 from bnrotation.task import NoisyTemplates, generator
 
 from conftest import ROOT, compose_cfg
@@ -77,6 +77,36 @@ def test_eval_chunk_is_small_on_cpu_and_everything_on_a_gpu():
     assert eval_chunk(torch.device("cpu"), 4000) == EVAL_CHUNK == 64
     assert eval_chunk(torch.device("cpu"), 64) == 64
     assert eval_chunk(torch.device("cuda"), 4000) == 4000
+
+
+def test_eval_chunk_grows_only_while_the_weights_outweigh_a_chunks_activations():
+    """Doubled from EVAL_CHUNK while the weights exceed the chunk's largest activation and the doubled chunk's
+    stays within EVAL_CHUNK_BYTES: timm's resnet18 at 32x32 (43 MiB, 64 KiB per sample) gets 128; small weights,
+    or a large activation per sample, keep 64; never more than the samples."""
+    cpu, kib, mib = torch.device("cpu"), 1 << 10, 1 << 20
+    assert EVAL_CHUNK_BYTES == 8 * mib
+    assert eval_chunk(cpu, 512, 43 * mib, 64 * kib) == 128
+    assert eval_chunk(cpu, 512, 43 * mib, 128 * kib) == 64  # 128 samples would hold 16 MiB
+    assert eval_chunk(cpu, 512, 1 * mib, 64 * kib) == 64  # the weights read per chunk are less than its activations
+    assert eval_chunk(cpu, 100, 43 * mib, 16 * kib) == 100  # never past the samples
+    assert eval_chunk(cpu, 40000, 43 * mib, 1 * kib) == 8192  # 8192 samples of 1 KiB hold 8 MiB
+    assert eval_chunk(cpu, 40000, 5 * mib, 1 * kib) == 8192  # 4096 samples hold 4 MiB, less than the weights
+    assert eval_chunk(cpu, 40000, 3 * mib, 1 * kib) == 4096
+    assert eval_chunk(torch.device("cuda"), 512, 43 * mib, 64 * kib) == 512
+
+
+@pytest.mark.parametrize("arch", ["convnet", "resnet20"])
+def test_the_monitor_evaluates_the_suites_networks_in_chunks_of_eval_chunk(arch):
+    """On the suite's networks, at the suite's probe size, the monitor's evaluation-mode pass keeps the chunk
+    `make bench` (c) chose, EVAL_CHUNK: what the runs measure through it is unchanged."""
+    from bnrotation.monitor import StalenessMonitor
+
+    cfg = ModelConfig(arch=arch, channels=[16, 32, 64] if arch == "resnet20" else [32, 64, 64])
+    model = build_model(cfg, 10, seed=0)
+    x = torch.randn(TaskConfig().probe_size, 3, 32, 32).contiguous(memory_format=torch.channels_last)
+    monitor = StalenessMonitor(model, x, warn=False)
+    monitor(0)
+    assert monitor.eval_chunk == EVAL_CHUNK
 
 
 def test_bench_extrapolates_per_step_and_per_event(bench):

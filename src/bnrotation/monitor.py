@@ -45,11 +45,11 @@ from torch.nn.modules.batchnorm import _BatchNorm
 
 from .batches import sample_count, split_batch
 from .bnstats import NonFinite, nonfinite_state
-from .evaluation import evaluation_forward, evaluation_mode
+from .evaluation import eval_chunk, evaluation_forward, evaluation_mode
 from .pairing import (WEIGHT_LAYERS, NormLeafTracer, NormPair, Pairing, Segment, _buffers_kept, _call, _probe_head,
                       _rng_devices, channel_axis_after, find_pairs)
-from .probes import (batch_statistics_pass, channel_cosines, drift_sigma_per_step, lag_sigma, predicted_lag_sigma,
-                     turn_rows)
+from .probes import (Scratch, batch_statistics_pass, channel_cosines, drift_sigma_per_step, lag_sigma,
+                     predicted_lag_sigma, turn_rows)
 
 __all__ = ["StalenessMonitor", "MonitorRecord", "Thresholds", "StaleStatisticsWarning", "MonitorSetupWarning",
            "find_pairs", "Pairing", "NormPair", "NormLeafTracer", "channel_axis_after", "split_probe", "mode_check",
@@ -445,6 +445,10 @@ class StalenessMonitor:
                           f"threshold of {thresholds.mode_gap:.2%}: one sample alone can cross it; use at least "
                           f"{smallest} samples (docs/pairing.md, 'Probe size')", MonitorSetupWarning, stacklevel=2)
         self.previous: _Previous | None = None
+        # the evaluation-mode pass's chunk (evaluation.eval_chunk), from the model's weight bytes and the largest
+        # normalisation-layer input per probe sample that each call's training-mode pass measures
+        self.weight_bytes = sum(t.numel() * t.element_size() for t in (*model.parameters(), *model.buffers()))
+        self.eval_chunk: int | None = None
         self.last_fresh: dict[str, tuple[torch.Tensor, torch.Tensor]] | None = None  # the last call's, float64
 
     def state_dict(self) -> dict:
@@ -529,8 +533,12 @@ class StalenessMonitor:
         if self.previous is not None and step <= self.previous.step:
             raise ValueError(f"step {step} is not after the previous call's step {self.previous.step}")
         with torch.random.fork_rng(devices=_rng_devices(self.model)):
+            scratch = Scratch()
             out_train, fresh = batch_statistics_pass(self.model, self.x, [(p.norm, m) for p, m in self.layers],
-                                                     keep_frozen=True)
+                                                     keep_frozen=True, scratch=scratch)
+            if isinstance(self.x, torch.Tensor):
+                self.eval_chunk = eval_chunk(self.x.device, len(self.x), self.weight_bytes,
+                                             scratch.largest // max(len(self.x), 1))
             out_eval = self._eval_forward() if self.modes else None
         checks = self._checks(step, out_train, out_eval)
         prev = self.previous
@@ -573,7 +581,7 @@ class StalenessMonitor:
 
     # ------------------------------------------------------------------------- parts of a call
     def _eval_forward(self) -> torch.Tensor:
-        return evaluation_forward(self.model, self.x)
+        return evaluation_forward(self.model, self.x, self.eval_chunk)
 
     def _checks(self, step: int, out_train: torch.Tensor, out_eval: torch.Tensor | None) -> pd.DataFrame:
         return mode_check(step, out_train, out_eval, self.y)

@@ -167,11 +167,13 @@ class Scratch:
 
     def __init__(self) -> None:
         self.buffer: torch.Tensor | None = None
+        self.largest = 0  # bytes of the largest tensor asked for
 
     def like(self, z: torch.Tensor) -> torch.Tensor | None:
         """An uninitialised tensor with ``z``'s shape, strides, dtype and device, over this buffer (valid until the
         next call); None for a ``z`` whose values do not fill its memory densely (a view with gaps or overlaps),
         whose elementwise results would not be laid out as ``z``'s."""
+        self.largest = max(self.largest, z.numel() * z.element_size())
         if not any(z.is_contiguous(memory_format=f) for f in _DENSE_FORMATS.get(z.dim(), (torch.contiguous_format,))):
             return None
         b = self.buffer
@@ -186,7 +188,8 @@ _DENSE_FORMATS = {4: (torch.contiguous_format, torch.channels_last),
 
 @torch.no_grad()
 def batch_statistics_pass(model: nn.Module, x: torch.Tensor, layers: list[tuple[str, nn.Module]] | None = None,
-                          keep_frozen: bool = False) -> tuple[torch.Tensor, dict[str, tuple[torch.Tensor, torch.Tensor]]]:
+                          keep_frozen: bool = False, scratch: Scratch | None = None
+                          ) -> tuple[torch.Tensor, dict[str, tuple[torch.Tensor, torch.Tensor]]]:
     """One forward pass with batch statistics (:func:`bnstats.batch_statistics`): the output, and the mean and
     variance of each normalisation layer's *input* on ``x`` (:func:`input_moments`).
 
@@ -197,13 +200,15 @@ def batch_statistics_pass(model: nn.Module, x: torch.Tensor, layers: list[tuple[
         x: (N, ...) inputs.
         layers: ``[(name, module)]`` whose inputs to measure; default every norm layer (:func:`bnstats.norm_layers`).
         keep_frozen: passed to :func:`bnstats.batch_statistics`.
+        scratch: the buffer to lend (a new one by default); after the pass its ``largest`` is the bytes of the
+            largest layer input measured.
 
     Returns:
         The model's output on ``x``, and ``{layer name: (mean (C,), var (C,))}`` in float64.
     """
     layers = norm_layers(model) if layers is None else layers
     moments: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
-    scratch = Scratch()
+    scratch = Scratch() if scratch is None else scratch
     hooks = [m.register_forward_pre_hook(
         lambda mod, inp, name=name: moments.__setitem__(name, input_moments(inp[0], scratch)))
              for name, m in layers]
