@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import math
 import importlib.util
 import sys
 
@@ -141,6 +142,27 @@ def test_bench_splits_cores_into_jobs_and_threads(bench):
 def test_bare_loop_runs_its_checks(bench):
     out = bench.bare_loop(3, {2, 3}, heldout=32, device=torch.device("cpu"))
     assert out["checks"] == 2 and all(v >= 0 for v in out["seconds"].values())
+
+
+def test_bench_timm_section_reads_the_call_share_by_cpu_time_on_a_cpu_and_by_the_wall_on_a_gpu(bench):
+    """(h)'s figures from made-up timings: the paired overhead per pair and its median, the median call over the
+    calls in the B blocks and alone, its share of the median A block, and the clock the report compares with the
+    target (stated, never asserted)."""
+    h = {"pairs": [((10.0, 20.0), (10.4, 20.5)), ((12.0, 22.0), (12.2, 22.6)), ((11.0, 21.0), (11.3, 21.5)),
+                   ((10.0, 20.0), (10.3, 20.4))],
+         "calls_in_blocks": [(0.30, 0.55), (0.32, 0.58), (0.31, 0.56), (0.29, 0.54)],
+         "calls_alone": [(0.28, 0.53), (0.33, 0.57), (0.30, 0.55)], "probe": 512, "layers": 20, "paired": 20,
+         "eval_chunk": 128, "device": "cpu"}
+    f = bench.timm_figures(h)
+    assert f["target_clock"] == "cpu"
+    assert f["wall"]["base"] == 10.5 and f["cpu"]["base"] == 20.5
+    assert f["cpu"]["call"] == 0.55 and math.isclose(f["cpu"]["share"], 0.55 / 20.5)
+    assert f["wall"]["pairs"] == pytest.approx([0.04, 0.2 / 12, 0.3 / 11, 0.03])
+    assert math.isclose(f["wall"]["spread"], 2.0 / 10.5)
+    text = "\n".join(bench.report_timm(None, h))
+    assert f"by CPU (`time.process_time`), {100 * 0.55 / 20.5:.2f}%" in text and "assert" not in text
+    assert bench.timm_figures(h | {"device": "cuda"})["target_clock"] == "wall"
+    assert "by wall, " in "\n".join(bench.report_timm(None, h | {"device": "cuda"}))
 
 
 def test_bench_takes_each_parts_least_disturbed_round(bench):
