@@ -562,8 +562,8 @@ def measure_timm(ctx: Context) -> dict:
     """timm's ``resnet18`` (random weights) at 32x32, Adam, batch 128: blocks of 100 training steps without the
     monitor (A) and with one monitor call after them (B; the suite's probe of 512 labelled samples), alternated
     ABBA ``--rounds`` x 2 times in this process, each block timed by the wall clock and by this process's CPU time,
-    and the call inside each B block timed by both clocks too; then ``--reps`` calls timed alone. Skipped (empty)
-    without timm."""
+    and within the blocks each step (on a CPU: on a GPU a step's time would need a synchronisation per step) and
+    each call; then ``--reps`` calls timed alone. Skipped (empty) without timm."""
     timm = import_timm()
     if timm is None:
         progress("(h) skipped: timm is not installed")
@@ -580,58 +580,71 @@ def measure_timm(ctx: Context) -> dict:
                 torch.randint(0, 10, (128,), generator=gen, device=device)) for _ in range(10)]
     monitor = StalenessMonitor(model, (x_probe, y_probe), warn=False)
     steps = iter(range(1, 10 ** 9))
-    clocks = lambda: (time.perf_counter(), time.process_time())
+    per_step = device.type != "cuda"
+    since = lambda t: (time.perf_counter() - t[0], time.process_time() - t[1])  # (wall, CPU) seconds since t
 
     def call() -> tuple[float, float]:
         """One monitor call, (wall, CPU) seconds."""
         ctx.sync()
-        wall, cpu = clocks()
+        t = time.perf_counter(), time.process_time()
         monitor.measure(next(steps))
         ctx.sync()
-        return time.perf_counter() - wall, time.process_time() - cpu
+        return since(t)
 
-    def block(with_monitor: bool) -> tuple[tuple[float, float], tuple[float, float] | None]:
-        """100 training steps, and one call after them when ``with_monitor``: the block's (wall, CPU) seconds and
-        the call's within it (None without)."""
+    def block(with_monitor: bool) -> dict:
+        """100 training steps, and one call after them when ``with_monitor``: (wall, CPU) seconds of the block
+        (``total``), of each step (``steps``, on a CPU) and of the call (``call``, None without)."""
         ctx.sync()
-        wall, cpu = clocks()
+        t0 = time.perf_counter(), time.process_time()
+        times = []
         for i in range(100):
+            t = time.perf_counter(), time.process_time()
             x, y = batches[i % len(batches)]
             loss = F.cross_entropy(model(x), y)
             opt.zero_grad(set_to_none=True)
             loss.backward()
             opt.step()
+            if per_step:
+                times.append(since(t))
         inner = call() if with_monitor else None
         ctx.sync()
-        return (time.perf_counter() - wall, time.process_time() - cpu), inner
+        return {"total": since(t0), "steps": times, "call": inner}
 
     block(True)  # warm-up: first calls allocate
-    pairs, calls = [], []
+    pairs, calls, steps_a = [], [], []
     for r in range(args.rounds * 2):  # ABBA, so that a drift in load hits both sides alike
         order = (False, True) if r % 2 == 0 else (True, False)
         got = {w: block(w) for w in order}
-        pairs.append((got[False][0], got[True][0]))
-        calls.append(got[True][1])
+        pairs.append((got[False]["total"], got[True]["total"]))
+        calls.append(got[True]["call"])
+        steps_a += got[False]["steps"]
     alone = [call() for _ in range(args.reps)]
     progress("(h) timm resnet18 done")
-    return {"pairs": pairs, "calls_in_blocks": calls, "calls_alone": alone, "probe": probe_size,
+    return {"pairs": pairs, "steps_a": steps_a, "calls_in_blocks": calls, "calls_alone": alone, "probe": probe_size,
             "layers": len(monitor.layers), "paired": len(monitor.pairing.pairs), "eval_chunk": monitor.eval_chunk,
             "device": device.type}
 
 
 def timm_figures(h: dict) -> dict:
-    """(h)'s figures per clock (0: wall, 1: CPU): the median of the 100-step blocks without the monitor, their
-    spread (max - min over the median), the overhead of each pair (B / A - 1) and their median, the median call
-    (every call timed, inside the B blocks and alone) and its share of the median block without; and which clock
-    the target reads: CPU time on a CPU, the wall clock on a GPU (CPU time does not count the device's work)."""
+    """(h)'s figures per clock (``wall``, ``cpu``): the median A block and the A blocks' spread (max - min over the
+    median), the overhead of each pair (B / A - 1) and their median, the median step of the A blocks (the median A
+    block / 100 without per-step times), the median call (every call timed, in the B blocks and alone) and its
+    share of 100 median steps; and the clock the target reads (``target_clock``): CPU time on a CPU, the wall
+    clock on a GPU (CPU time does not count the device's work).
+
+    Medians on both sides of the share: other processes slow a minority of steps and calls by any amount, which
+    a median passes over and a block's total (a mean over its steps) does not; a call lasts about three steps,
+    so a block and a call seldom meet the same load, while the median step and the median call, both sampled
+    over the whole run, do."""
     out = {}
     for k, clock in enumerate(("wall", "cpu")):
         base = [a[k] for a, _ in h["pairs"]]
         pair = [b[k] / a[k] - 1 for a, b in h["pairs"]]
-        call = statistics.median(c[k] for c in h["calls_in_blocks"] + h["calls_alone"])
         median = statistics.median(base)
+        step = statistics.median(s[k] for s in h["steps_a"]) if h.get("steps_a") else median / 100
+        call = statistics.median(c[k] for c in h["calls_in_blocks"] + h["calls_alone"])
         out[clock] = {"base": median, "spread": (max(base) - min(base)) / median, "pairs": pair,
-                      "pair_median": statistics.median(pair), "call": call, "share": call / median}
+                      "pair_median": statistics.median(pair), "step": step, "call": call, "share": call / (100 * step)}
     out["target_clock"] = "wall" if h.get("device") == "cuda" else "cpu"
     return out
 
@@ -643,31 +656,36 @@ def report_timm(ctx: Context, h: dict) -> list[str]:
     t = f[f["target_clock"]]
     n_calls = len(h["calls_in_blocks"]) + len(h["calls_alone"])
     names = {"wall": "wall", "cpu": "CPU (`time.process_time`)"}
+    step_from = (f"the median of the A blocks' {len(h['steps_a'])} steps" if h.get("steps_a")
+                 else "the median A block / 100")
     lines = [f"timm `resnet18`, random weights, 32x32 inputs, Adam, batch 128; the monitor with a labelled probe of "
              f"{h['probe']} samples ({h['paired']} of {h['layers']} BatchNorm layers paired; its evaluation-mode pass "
              f"in chunks of {h['eval_chunk']}), one call per 100 steps. {len(h['pairs'])} pairs of 100-step blocks, "
              "without the monitor (A) and with one call after the steps (B), alternated ABBA; paired overhead = B / A "
-             f"- 1, per pair. One call: the median of {n_calls} calls, each timed by both clocks ({len(h['calls_in_blocks'])} "
-             f"inside the B blocks, {len(h['calls_alone'])} alone after them); its share = one call / the median A "
-             "block.", "",
-             "| clock | 100 steps (median A) | spread of the A blocks | paired overhead per pair | median | one call | "
-             "one call / 100 steps |", "|---|---:|---:|---|---:|---:|---:|"]
+             f"- 1, per pair. One call: the median of {n_calls} calls, each timed by both clocks "
+             f"({len(h['calls_in_blocks'])} at the end of the B blocks, {len(h['calls_alone'])} alone after them); "
+             f"one step: {step_from}; the call's share = one call / (100 x one step).", "",
+             "| clock | 100 steps (median A block) | spread of the A blocks | paired overhead per pair | median | "
+             "one step | one call | one call / 100 steps |", "|---|---:|---:|---|---:|---:|---:|---:|"]
     for clock in ("wall", "cpu"):
         c = f[clock]
         lines.append(f"| {names[clock]} | {fmt_s(c['base'])} | {100 * c['spread']:.1f}% | "
                      f"{', '.join(f'{100 * v:+.1f}%' for v in c['pairs'])} | {100 * c['pair_median']:+.1f}% | "
-                     f"{fmt_s(c['call'])} | {100 * c['share']:.2f}% |")
-    why = ("CPU time counts this process's own work, which other processes on a shared machine do not add to (they "
-           "add waiting, which the wall clock counts), though threads that spin at a barrier while a core is taken "
-           "count in both columns" if f["target_clock"] == "cpu" else
-           "on a GPU the work runs on the device, which this process's CPU time does not count")
-    lines += ["", f"**Compared with the target of at most {100 * TARGET_MONITOR_SHARE:.0f}%: one call's share of 100 "
+                     f"{1000 * c['step']:.1f} ms | {1000 * c['call']:.0f} ms | {100 * c['share']:.2f}% |")
+    why = ("it counts this process's own work, which other processes on a shared machine do not add to (they add "
+           "the time its threads wait for a core, which the wall clock counts), so it is the closer estimate of the "
+           "share on a machine of one's own, where the two clocks agree; threads that spin at a barrier while the "
+           "other is held up count in it too, which is why neither column is exact under load"
+           if f["target_clock"] == "cpu" else "on a GPU the work runs on the device, which this process's CPU time "
+           "does not count")
+    lines += ["", f"**Compared with the target of at most {100 * TARGET_MONITOR_SHARE:.0f}%: the call's share of 100 "
               f"steps by {names[f['target_clock']]}, {100 * t['share']:.2f}%.** The share, because the target is the "
-              "cost of a call against the steps between calls, and a call timed by itself is not lost in the "
-              f"block-to-block noise: the A blocks alone spread by {100 * t['spread']:.1f}% here, so the paired "
-              "overhead (its median, on the same clock: "
-              f"{100 * t['pair_median']:+.1f}%) only checks that nothing besides the call (slower steps after it) "
-              f"adds much. That clock, because {why}. Both clocks are reported; neither is a pass or fail."]
+              "cost of a call against the steps between calls, and medians of steps and calls, sampled over the whole "
+              "run, pass over the steps and calls that other processes slowed; the paired overhead is reported as the "
+              "check that nothing besides the call (slower steps after it) adds much, but a block's total is a mean "
+              f"over its steps: the A blocks alone spread by {100 * t['spread']:.1f}% here, against a call of "
+              f"{100 * t['share']:.1f}%. That clock, because {why}. Both clocks are reported; neither is a pass or "
+              "fail."]
     return lines
 
 
@@ -1002,7 +1020,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--sweep-steps", type=int, default=100, help="steps per job in (e) and (g) (default %(default)s)")
     p.add_argument("--sweep-rows", default="sgd,adam", help="rows of the sweep in (g) (default %(default)s)")
     p.add_argument("--sweep-seeds", type=int, default=2, help="seeds per row in (g) (default %(default)s)")
-    p.add_argument("--threads", type=int, default=0, help="torch threads in (a), (c), (d), (h); 0: every core available")
+    p.add_argument("--threads", type=int, default=0,
+                   help="torch threads in (a), (c), (d), (h); 0: every core available")
     p.add_argument("--cores", type=int, default=0, help="cores split into jobs x threads in (g); 0: every core")
     p.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
     p.add_argument("--venv", default=".venv", help="the Makefile's VENV, for the nested `make table`")

@@ -145,24 +145,29 @@ def test_bare_loop_runs_its_checks(bench):
 
 
 def test_bench_timm_section_reads_the_call_share_by_cpu_time_on_a_cpu_and_by_the_wall_on_a_gpu(bench):
-    """(h)'s figures from made-up timings: the paired overhead per pair and its median, the median call over the
-    calls in the B blocks and alone, its share of the median A block, and the clock the report compares with the
-    target (stated, never asserted)."""
+    """(h)'s figures from made-up timings: the paired overhead per pair and its median, the median step of the A
+    blocks, the median call over the calls in the B blocks and alone, its share of 100 median steps, and the clock
+    the report compares with the target (stated, never asserted); without per-step times (a GPU) the median A
+    block / 100 is the step."""
     h = {"pairs": [((10.0, 20.0), (10.4, 20.5)), ((12.0, 22.0), (12.2, 22.6)), ((11.0, 21.0), (11.3, 21.5)),
                    ((10.0, 20.0), (10.3, 20.4))],
+         "steps_a": [(0.1, 0.2)] * 300 + [(0.5, 0.4)] * 99,  # one slowed step in four: the median passes over them
          "calls_in_blocks": [(0.30, 0.55), (0.32, 0.58), (0.31, 0.56), (0.29, 0.54)],
          "calls_alone": [(0.28, 0.53), (0.33, 0.57), (0.30, 0.55)], "probe": 512, "layers": 20, "paired": 20,
          "eval_chunk": 128, "device": "cpu"}
     f = bench.timm_figures(h)
     assert f["target_clock"] == "cpu"
     assert f["wall"]["base"] == 10.5 and f["cpu"]["base"] == 20.5
-    assert f["cpu"]["call"] == 0.55 and math.isclose(f["cpu"]["share"], 0.55 / 20.5)
+    assert f["cpu"]["step"] == 0.2 and f["cpu"]["call"] == 0.55 and math.isclose(f["cpu"]["share"], 0.55 / 20)
+    assert math.isclose(f["wall"]["share"], 0.30 / 10)
     assert f["wall"]["pairs"] == pytest.approx([0.04, 0.2 / 12, 0.3 / 11, 0.03])
     assert math.isclose(f["wall"]["spread"], 2.0 / 10.5)
     text = "\n".join(bench.report_timm(None, h))
-    assert f"by CPU (`time.process_time`), {100 * 0.55 / 20.5:.2f}%" in text and "assert" not in text
-    assert bench.timm_figures(h | {"device": "cuda"})["target_clock"] == "wall"
-    assert "by wall, " in "\n".join(bench.report_timm(None, h | {"device": "cuda"}))
+    assert f"by CPU (`time.process_time`), {100 * 0.55 / 20:.2f}%" in text and "assert" not in text
+    gpu = h | {"device": "cuda", "steps_a": []}
+    assert bench.timm_figures(gpu)["target_clock"] == "wall"
+    assert math.isclose(bench.timm_figures(gpu)["wall"]["share"], 0.30 / 10.5)
+    assert "by wall, " in "\n".join(bench.report_timm(None, gpu))
 
 
 def test_bench_takes_each_parts_least_disturbed_round(bench):
