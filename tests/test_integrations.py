@@ -357,11 +357,11 @@ def test_lightning_refuses_a_checkpoint_of_another_model(tmp_path):
     (path,) = (tmp_path / "ckpt").glob("*.ckpt")
     state = torch.load(path, weights_only=False)
     (key,) = [k for k in state["callbacks"] if "StalenessCallback" in k]
-    units = state["callbacks"][key]["monitor"]["units"]
-    name = next(iter(units))
-    units[name] = units[name][:1]  # one output channel: another model's layer
+    weights = state["callbacks"][key]["monitor"]["weights"]
+    name = next(iter(weights))
+    weights[name] = weights[name][:1]  # one output channel: another model's layer
     torch.save(state, path)
-    with pytest.raises(ValueError, match=rf"monitor state: units\['{name}'\] of shape"):
+    with pytest.raises(ValueError, match=rf"monitor state: weights\['{name}'\] of shape"):
         lightning_fit(tmp_path / "resumed", [LightningCallback(probe(), every_n_steps=2, warn=False)], max_steps=4,
                       ckpt_path=path)
 

@@ -278,40 +278,35 @@ def _comparable(record) -> pd.DataFrame:
 
 
 def test_a_monitor_resumed_from_its_state_measures_what_the_uninterrupted_one_does():
-    """state_dict after a call, load_state_dict into a new monitor: the next call's rotation and drift are the
-    uninterrupted monitor's, bit for bit; the state is a copy (the next call, which overwrites the monitor's own
-    unit rows in place, leaves it as it was); a state saved when the monitor kept the weights themselves
-    (``"weights"``) resumes the same; a state of neither kind, or of other shapes, fails naming what it holds."""
+    """state_dict after a call, load_state_dict into a new monitor: the next call's records are the
+    uninterrupted monitor's, bit for bit; the state holds the weights of that call and is a copy (the next call
+    overwrites the monitor's own in place and leaves it as it was), and loading it copies it too; a state of other
+    shapes fails naming the layer."""
     torch.manual_seed(0)
     x = torch.randn(32, 2, 20)
     model = trained(Seq1d(), x)
     monitor = StalenessMonitor(model, x, warn=False)
     monitor(100)
     state = monitor.state_dict()
-    kept = {k: v.clone() for k, v in state["units"].items()}
-    weights_then = {name: layer.weight.detach().clone() for name, layer in monitor.weight_layers.items()}
+    then = {name: layer.weight.detach().clone() for name, layer in monitor.weight_layers.items()}
+    assert state["weights"].keys() == then.keys() and all(torch.equal(state["weights"][k], then[k]) for k in then)
     _moved(model, 1)
     want = _comparable(monitor(200))
-    assert all(torch.equal(state["units"][k], kept[k]) for k in kept)  # the state taken is a copy
+    assert all(torch.equal(state["weights"][k], then[k]) for k in then)  # the state taken is a copy
     assert want["rotation_deg"].notna().all() and (want["rotation_deg"] > 0).all()
-    old_state = {k: v for k, v in state.items() if k != "units"} | {"weights": weights_then}
-    for saved in (state, old_state):
-        resumed = StalenessMonitor(model, x, warn=False)
-        resumed.load_state_dict(saved)
-        pd.testing.assert_frame_equal(_comparable(resumed(200)), want, check_exact=True)
-    fresh = StalenessMonitor(model, x, warn=False)
-    with pytest.raises(ValueError, match="neither 'units' nor 'weights'"):
-        fresh.load_state_dict({"step": 100, "fresh_mean": {}, "last_fresh": {}})
-    name = next(iter(state["units"]))
-    with pytest.raises(ValueError, match=rf"units\['{name}'\] of shape"):
-        fresh.load_state_dict(state | {"units": state["units"] | {name: state["units"][name][:, :1]}})
+    resumed = StalenessMonitor(model, x, warn=False)
+    resumed.load_state_dict(state)
+    pd.testing.assert_frame_equal(_comparable(resumed(200)), want, check_exact=True)
+    assert all(torch.equal(state["weights"][k], then[k]) for k in then)  # loading copied it
+    name = next(iter(then))
     with pytest.raises(ValueError, match=rf"weights\['{name}'\] of shape"):
-        fresh.load_state_dict(old_state | {"weights": weights_then | {name: weights_then[name][:1]}})
+        StalenessMonitor(model, x, warn=False).load_state_dict(
+            state | {"weights": state["weights"] | {name: state["weights"][name][:1]}})
 
 
 def test_a_call_that_fails_part_way_leaves_no_rotation_to_measure_against(monkeypatch):
-    """The unit rows are overwritten during a call: one that raises after its weight pass leaves the next call
-    without a rotation (NaN), never one against rows of another step; the drift still compares with the last
+    """The kept weights are overwritten during a call: one that raises after its weight pass leaves the next call
+    without a rotation (NaN), never one against weights of another step; the drift still compares with the last
     completed call."""
     torch.manual_seed(0)
     x = torch.randn(32, 2, 20)

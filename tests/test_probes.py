@@ -69,29 +69,29 @@ def _rotation_whole(w_before: torch.Tensor, w_after: torch.Tensor) -> torch.Tens
 @pytest.mark.parametrize("block", [probes.ROW_BLOCK, 64, 1])
 @pytest.mark.parametrize("shape", [(64, 3, 3, 3), (10, 512), (3, 200), (1, 7)])
 def test_turn_rows_is_the_whole_weight_formula_by_row_blocks(monkeypatch, block, shape):
-    """Norms, unit rows and angle of :func:`turn_rows` (blocks of rows; one row, or rows of more values than a
-    block) are the formula's on the whole weight, and the unit rows it kept are overwritten in place."""
+    """Norms and angles of :func:`turn_rows` (blocks of rows; one row, or rows of more values than a block) are
+    the formula's on the whole weight, and its inputs are left as they were."""
     monkeypatch.setattr(probes, "ROW_BLOCK", block)
     g = torch.Generator().manual_seed(3)
     w0 = torch.randn(shape, generator=g)
     w1 = w0 + 0.01 * torch.randn(shape, generator=g)
-    norms, units, none = turn_rows(None, w0)
-    assert none is None and units.dtype == torch.float64 and units.shape == (shape[0], w0[:1].numel())
-    assert torch.allclose(norms, channel_norms(w0), rtol=1e-15, atol=0)
-    kept = units
-    norms, units, rot = turn_rows(units, w1)
-    assert units is kept  # overwritten in place
+    kept0, kept1 = w0.clone(), w1.clone()
+    norms, none = turn_rows(None, w0)
+    assert none is None and torch.allclose(norms, channel_norms(w0), rtol=1e-15, atol=0)
+    norms, rot = turn_rows(w0, w1)
     assert torch.allclose(rot, _rotation_whole(w0, w1), rtol=1e-12, atol=1e-12)
-    assert torch.allclose(units, w1.reshape(shape[0], -1).double() / channel_norms(w1)[:, None], rtol=1e-15, atol=0)
     assert torch.allclose(norms, channel_norms(w1), rtol=1e-15, atol=0)
-    _, other, none = turn_rows(units, torch.randn(shape[0] + 1, *shape[1:]))  # rows of another shape: new rows
-    assert none is None and other is not units
+    assert torch.equal(w0, kept0) and torch.equal(w1, kept1)
+    with pytest.raises(ValueError, match="shapes differ"):
+        turn_rows(w0, torch.randn(shape[0] + 1, *shape[1:]))
 
 
-def test_rotation_deg_is_turn_rows_arithmetic():
-    """rotation_deg and the monitor's pass (turn_rows over kept unit rows) compute the same values, bit for bit."""
-    w0, w1 = torch.randn(128, 64, 3, 3), torch.randn(128, 64, 3, 3)
-    assert torch.equal(rotation_deg(w0, w1), turn_rows(turn_rows(None, w0)[1], w1)[2])
+def test_rotation_deg_is_the_monitors_arithmetic():
+    """rotation_deg and the monitor's pass (turn_rows) compute the same values, bit for bit, on float32 and
+    float64 weights."""
+    for dtype in (torch.float32, torch.float64):
+        w0, w1 = torch.randn(128, 64, 3, 3, dtype=dtype), torch.randn(128, 64, 3, 3, dtype=dtype)
+        assert torch.equal(rotation_deg(w0, w1), turn_rows(w0, w1)[1])
 
 
 def test_drift_and_lag_on_a_mean_drifting_at_a_known_rate():

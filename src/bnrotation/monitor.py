@@ -234,11 +234,11 @@ class MonitorRecord:
 
 @dataclass
 class _Previous:
-    """The previous call: its step, each paired weight layer's unit rows then ((C_out, D) float64 on the layer's
-    device, :func:`.probes.turn_rows`; the next call overwrites them in place), and the fresh means."""
+    """The previous call: its step, each paired weight layer's weight then (a copy, which the next call
+    overwrites in place with the weight it measures), and the fresh means."""
 
     step: int
-    units: dict[str, torch.Tensor]
+    weights: dict[str, torch.Tensor]
     fresh_mean: dict[str, torch.Tensor] = field(default_factory=dict)
 
 
@@ -257,12 +257,18 @@ class _Rows:
     grad: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None  # (g·wb, |g|², |wb|²) per row
 
     @classmethod
-    def of(cls, w: torch.Tensor, units: dict[str, torch.Tensor], name: str, before: torch.Tensor | None,
+    def of(cls, w: torch.Tensor, kept: dict[str, torch.Tensor], name: str, before: torch.Tensor | None,
            grad: torch.Tensor | None) -> "_Rows":
-        """From the weight ``w`` (C_out, ...) of the layer ``name``, the previous call's unit rows ``units[name]``
-        (if any; replaced by ``w``'s, in place where they fit: :func:`.probes.turn_rows`), the weight ``before``
-        this step and the gradient ``grad`` (each None when absent)."""
-        norm, units[name], rotation = turn_rows(units.get(name), w)
+        """From the weight ``w`` (C_out, ...) of the layer ``name``, the previous call's copy of it ``kept[name]``
+        (if any; then overwritten with ``w``, in place where it fits, else replaced by a copy), the weight
+        ``before`` this step and the gradient ``grad`` (each None when absent)."""
+        then = kept.get(name)
+        fits = then is not None and then.shape == w.shape
+        norm, rotation = turn_rows(then if fits else None, w)
+        if fits and then.dtype == w.dtype and then.device == w.device:
+            then.copy_(w)  # no new allocation: on a CPU a fresh one of a weight's size costs page faults
+        else:
+            kept[name] = w.clone()
         rows = cls(norm.cpu(), rotation.cpu() if rotation is not None else None)
         if before is not None:
             wb = _flat_rows(before)
@@ -387,8 +393,6 @@ class StalenessMonitor:
     A call costs one forward pass in training mode with batch statistics (it gives the fresh statistics
     and the training-mode predictions at once), one in evaluation mode, and a pass over the paired
     weights. It changes no buffer, parameter, gradient, optimizer state, random stream or module flag.
-    Between calls it keeps each paired weight's unit rows in float64 (what the next call's rotation is
-    measured against: twice the memory of a float32 weight).
     Layers frozen in evaluation mode while the model trains keep their running statistics in the
     training-mode pass, as they do in the model's own training steps.
 
@@ -452,47 +456,32 @@ class StalenessMonitor:
         self.last_fresh: dict[str, tuple[torch.Tensor, torch.Tensor]] | None = None  # the last call's, float64
 
     def state_dict(self) -> dict:
-        """What the next call compares with, for a resumable run: the previous call's step, each paired weight
-        layer's unit rows then (``"units"``: (C_out, D) float64, copies: the next call overwrites the monitor's own
-        in place) and the fresh means."""
+        """What the next call compares with (the previous call's step, weights and fresh means), for a
+        resumable run. The weights are copies: the next call overwrites the monitor's own in place."""
         if self.previous is None:
             return {}
-        return {"step": self.previous.step, "units": {k: v.clone() for k, v in self.previous.units.items()},
+        return {"step": self.previous.step, "weights": {k: v.clone() for k, v in self.previous.weights.items()},
                 "fresh_mean": dict(self.previous.fresh_mean),
                 "last_fresh": {k: list(v) for k, v in (self.last_fresh or {}).items()}}
 
     def load_state_dict(self, state: Mapping) -> None:
-        """Restore :meth:`state_dict`'s output (copied to their layers' devices). A state saved before the monitor
-        kept unit rows holds the weights themselves (``"weights"``, (C_out, ...)): their unit rows are taken, the
-        same values the monitor would have kept (:func:`.probes.turn_rows`).
+        """Restore :meth:`state_dict`'s output (weights copied to their layers' devices).
 
         Raises:
-            ValueError: when its unit rows or weights are not this model's paired weight layers, of their shapes,
-                or it holds neither.
+            ValueError: when its weights are not this model's paired weight layers, of their shapes.
         """
         if not state:
             self.previous, self.last_fresh = None, None
             return
-        if "units" not in state and "weights" not in state:
-            raise ValueError(f"monitor state: neither 'units' nor 'weights' among its keys {sorted(map(str, state))}:"
-                             " not a StalenessMonitor.state_dict()?")
-        units = {}
-        old = "units" not in state  # a state of the monitor before it kept unit rows: the weights themselves
-        for name, t in state["weights" if old else "units"].items():
+        weights = {}
+        for name, w in state["weights"].items():
             layer = self.weight_layers.get(name)
-            if layer is None:
-                want = "no paired weight layer of that name"
-            else:
-                w = layer.weight
-                want = tuple(w.shape) if old else (w.shape[0], w[:1].numel())
-            if layer is None or tuple(t.shape) != want:
-                what = f"{'weights' if old else 'units'}[{name!r}]"
-                raise ValueError(f"monitor state: {what} of shape {tuple(t.shape)}, but this model has {want}: a "
-                                 "state of another model?")
-            device = layer.weight.device
-            units[name] = (turn_rows(None, t.to(device))[1] if old
-                           else t.to(device=device, dtype=torch.float64, copy=True))
-        self.previous = _Previous(int(state["step"]), units, dict(state["fresh_mean"]))
+            if layer is None or tuple(w.shape) != tuple(layer.weight.shape):
+                want = f"{tuple(layer.weight.shape)}" if layer is not None else "no paired weight layer of that name"
+                raise ValueError(f"monitor state: weights[{name!r}] of shape {tuple(w.shape)}, but this model has "
+                                 f"{want}: a state of another model?")
+            weights[name] = w.to(layer.weight.device, copy=True)  # a copy: the next call overwrites it in place
+        self.previous = _Previous(int(state["step"]), weights, dict(state["fresh_mean"]))
         self.last_fresh = {k: (v[0], v[1]) for k, v in state["last_fresh"].items()}
 
     @property
@@ -543,19 +532,19 @@ class StalenessMonitor:
         checks = self._checks(step, out_train, out_eval)
         prev = self.previous
         interval = step - prev.step if prev is not None else None
-        units = prev.units if prev is not None else {}
+        kept = prev.weights if prev is not None else {}
         try:
-            rows = self._weight_pass(weights_before_step, units)  # units now hold this call's unit rows
+            rows = self._weight_pass(weights_before_step, kept)  # kept now holds this call's weights
             layer_rows, channel_columns = [], []
             for pair, norm in self.layers:
                 layer_line, channels = self._layer(step, interval, pair, norm, fresh[pair.norm], rows)
                 layer_rows.append(layer_line)
                 channel_columns.append(channels)
         except BaseException:
-            if prev is not None:  # its unit rows were overwritten, maybe part-way: the next call measures no rotation
+            if prev is not None:  # its weights were overwritten, maybe part-way: the next call measures no rotation
                 self.previous = _Previous(prev.step, {}, prev.fresh_mean)
             raise
-        self.previous = _Previous(step, units, {name: mean.cpu() for name, (mean, _) in fresh.items()})
+        self.previous = _Previous(step, kept, {name: mean.cpu() for name, (mean, _) in fresh.items()})
         self.last_fresh = fresh
         channels = pd.DataFrame({k: np.concatenate([c[k] for c in channel_columns]) for k in channel_columns[0]})
         record = MonitorRecord(step, checks, pd.DataFrame(layer_rows), channels, False, "",
@@ -587,14 +576,14 @@ class StalenessMonitor:
         return mode_check(step, out_train, out_eval, self.y)
 
     def _weight_pass(self, before: Mapping[str, torch.Tensor] | None,
-                     units: dict[str, torch.Tensor]) -> dict[str, "_Rows"]:
-        """Each weight layer's per-output-channel measures, once per call however many segments use it; ``units``
-        (the previous call's unit rows) are replaced by this call's, in place (:func:`.probes.turn_rows`)."""
+                     kept: dict[str, torch.Tensor]) -> dict[str, "_Rows"]:
+        """Each weight layer's per-output-channel measures, once per call however many segments use it; ``kept``
+        (the previous call's weights) is overwritten with this call's, in place (:meth:`_Rows.of`)."""
         rows = {}
         for name, layer in self.weight_layers.items():
             w = layer.weight.detach()
             wb = before.get(name) if before is not None else None
-            rows[name] = _Rows.of(w, units, name, wb, layer.weight.grad)
+            rows[name] = _Rows.of(w, kept, name, wb, layer.weight.grad)
         return rows
 
     def _layer(self, step: int, interval: int | None, pair: NormPair, norm: nn.Module,

@@ -26,8 +26,8 @@ def rotation_deg(w_before: torch.Tensor, w_after: torch.Tensor) -> torch.Tensor:
 
     ``2 * atan2(||a - b||, ||a + b||)`` on the unit vectors a, b of each
     channel, in float64: accurate down to tiny angles, where ``arccos`` of a
-    float32 cosine cannot resolve sub-degree turns (PROTOCOL.md). The same
-    arithmetic as :func:`turn_rows`, through which the monitor measures it.
+    float32 cosine cannot resolve sub-degree turns (PROTOCOL.md). Computed by
+    :func:`turn_rows`, through which the monitor measures it.
 
     Args:
         w_before, w_after: (C_out, ...) conv weights of one layer.
@@ -40,64 +40,61 @@ def rotation_deg(w_before: torch.Tensor, w_after: torch.Tensor) -> torch.Tensor:
     """
     if w_before.shape != w_after.shape:
         raise ValueError(f"rotation_deg: shapes differ, {tuple(w_before.shape)} vs {tuple(w_after.shape)}")
-    _, units, _ = turn_rows(None, w_before)
-    return turn_rows(units, w_after)[2]
+    return turn_rows(w_before, w_after)[1]
 
 
-# Float64 values per block of rows in :func:`turn_rows` on a CPU (2 MiB): a block's float64 copy, unit rows, sum and
+# Float64 values per block of rows in :func:`turn_rows` on a CPU (2 MiB): a block's float64 copies, unit rows, sum and
 # difference stay in cache, and no full-size float64 temporary is allocated; on a CPU a fresh allocation of many
-# MiB costs more in page faults than the arithmetic on it. Every row's values are those of one pass over the whole
-# weight: a row is reduced alone either way.
+# MiB costs more in page faults than the arithmetic on it. A row is reduced alone, in a block as in the whole
+# weight (on timm's resnet18 the monitor's records are bit for bit those of whole-weight passes).
 ROW_BLOCK = 1 << 18
 
 
 @torch.no_grad()
-def turn_rows(units: torch.Tensor | None, w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor,
-                                                                    torch.Tensor | None]:
-    """One weight's per-channel norms and unit rows, and the angle each row turned since ``units``, in one pass.
+def turn_rows(w_before: torch.Tensor | None, w_after: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Each output channel's norm, and the angle it turned since ``w_before``, in one pass over the rows.
 
-    The weight's rows are taken in blocks (:data:`ROW_BLOCK` float64 values on a CPU, all at once on another
-    device); in each block, once: the float64 copy, its row norms, the unit rows, ``a - b`` and ``a + b`` with the
-    previous unit rows a, their norms; the rotation is ``2 * atan2(||a - b||, ||a + b||)`` in degrees
-    (:func:`rotation_deg`).
+    The rows are taken in blocks (:data:`ROW_BLOCK` float64 values on a CPU, all at once on another device); in
+    each block, once: the float64 copies, their row norms and unit rows a (before) and b (after), ``a - b`` and
+    ``a + b`` and their norms; the angle is ``2 * atan2(||a - b||, ||a + b||)`` in degrees (:func:`rotation_deg`).
 
     Args:
-        units: the previous unit rows (C_out, D) float64 on ``w``'s device, **overwritten in place** with ``w``'s;
-            None (or rows of another shape, dtype or device) for none: new unit rows are allocated and no rotation
-            is measured.
-        w: (C_out, ...) a weight (any floating dtype).
+        w_before: (C_out, ...) the weight then (any floating dtype, ``w_after``'s shape and device), or None.
+        w_after: (C_out, ...) the weight now.
 
     Returns:
-        ``(norms, units, rotation)``: |w_c| per row (C_out,) float64 (as :func:`channel_norms`), ``w``'s unit rows
-        (C_out, D) float64 (``units`` itself when it was overwritten), and the angle per row in degrees (C_out,)
-        float64, in [0, 180], or None without previous rows.
+        ``(norms, rotation)``: |w_c| of ``w_after`` per row (C_out,) float64 (:func:`channel_norms`), and the
+        angle per row in degrees (C_out,) float64, in [0, 180] (None without ``w_before``).
+
+    Raises:
+        ValueError: if the shapes differ.
     """
-    rows = w.detach().reshape(w.shape[0], -1)
+    if w_before is not None and w_before.shape != w_after.shape:
+        raise ValueError(f"rotation_deg: shapes differ, {tuple(w_before.shape)} vs {tuple(w_after.shape)}")
+    rows = w_after.detach().reshape(w_after.shape[0], -1)
+    then = w_before.detach().reshape(rows.shape) if w_before is not None else None
     c, d = rows.shape
     device = rows.device
-    previous = (units is not None and tuple(units.shape) == (c, d) and units.dtype == torch.float64
-                and units.device == device)
-    if not previous:
-        units = torch.empty((c, d), dtype=torch.float64, device=device)
     norms = torch.empty(c, dtype=torch.float64, device=device)
-    if previous:
-        minus, plus = torch.empty_like(norms), torch.empty_like(norms)
+    minus, plus = (torch.empty_like(norms), torch.empty_like(norms)) if then is not None else (None, None)
     block = max(1, ROW_BLOCK // max(d, 1)) if device.type == "cpu" else max(c, 1)
-    scratch = torch.empty(min(block, c) * d * (2 if previous else 1), dtype=torch.float64, device=device)
+    size = min(block, c) * d
+    scratch = torch.empty(size * (3 if then is not None else 1), dtype=torch.float64, device=device)
     for i in range(0, c, block):
         j = min(i + block, c)
-        b = scratch[:(j - i) * d].view(j - i, d).copy_(rows[i:j])  # the float64 copy of the block
+        k = (j - i) * d
+        b = scratch[:k].view(j - i, d).copy_(rows[i:j])  # float64
         n = b.norm(dim=1, keepdim=True)
         norms[i:j] = n[:, 0]
-        b.div_(n)  # the unit rows
-        a = units[i:j]
-        if previous:
-            t = scratch[(j - i) * d:2 * (j - i) * d].view(j - i, d)
-            minus[i:j] = torch.sub(a, b, out=t).norm(dim=1)
-            plus[i:j] = torch.add(a, b, out=t).norm(dim=1)
-        a.copy_(b)
-    rotation = torch.rad2deg(2 * torch.atan2(minus, plus)) if previous else None
-    return norms, units, rotation
+        if then is None:
+            continue
+        b.div_(n)  # the unit rows now
+        a = scratch[size:size + k].view(j - i, d).copy_(then[i:j])
+        a.div_(a.norm(dim=1, keepdim=True))  # the unit rows then
+        t = scratch[2 * size:2 * size + k].view(j - i, d)
+        minus[i:j] = torch.sub(a, b, out=t).norm(dim=1)
+        plus[i:j] = torch.add(a, b, out=t).norm(dim=1)
+    return norms, (torch.rad2deg(2 * torch.atan2(minus, plus)) if then is not None else None)
 
 
 def channel_norms(w: torch.Tensor) -> torch.Tensor:

@@ -133,7 +133,7 @@ class MonitorSession:
 
         Raises:
             ValueError: when the restored state's last call is after ``step`` (a checkpoint of another run),
-                or its unit rows are not this model's (:meth:`StalenessMonitor.load_state_dict`).
+                or its weights are not this model's (:meth:`StalenessMonitor.load_state_dict`).
         """
         self.monitor = StalenessMonitor(model, to_device(self.probe), **self.monitor_kwargs)
         self._snapshot, self.last_step = None, None
@@ -152,7 +152,7 @@ class MonitorSession:
 
     def state_dict(self) -> dict:
         """What a resumed run needs to go on measuring as if it had not stopped: the monitor's
-        :meth:`StalenessMonitor.state_dict` (the last call's step, the paired weights' unit rows then, the fresh means)
+        :meth:`StalenessMonitor.state_dict` (the last call's step, the paired weights then, the fresh means)
         and ``every_n_steps``. Not the records kept so far: a resumed run's records start after the resume."""
         return {"every_n_steps": self.every_n_steps,
                 "monitor": self.monitor.state_dict() if self.monitor is not None else {}}

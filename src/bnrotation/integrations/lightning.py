@@ -55,8 +55,8 @@ class StalenessCallback(SessionView, pl.Callback):
     call that every rank must make), and only global rank 0 (``trainer.is_global_zero``) logs and writes
     ``save_dir``; each rank keeps its own records.
 
-    Resuming: the monitor's state (its last call's step, the paired weights' unit rows then, the fresh means) is
-    saved in every checkpoint through the ``state_dict`` / ``load_state_dict`` hooks, so ``fit(ckpt_path=...)``
+    Resuming: the monitor's state (its last call's step, the paired weights then, the fresh means) is saved in
+    every checkpoint through the ``state_dict`` / ``load_state_dict`` hooks, so ``fit(ckpt_path=...)``
     measures its next rotation against the last call before the checkpoint and does not measure that call's
     step again (``docs/integrations.md``, "Resuming").
 
@@ -128,7 +128,7 @@ class StalenessCallback(SessionView, pl.Callback):
 
     def state_dict(self) -> dict[str, Any]:
         """Saved in every checkpoint: :meth:`bnrotation.integrations.MonitorSession.state_dict` (the monitor's
-        last call: its step, the paired weights' unit rows then, the fresh means)."""
+        last call: its step, the paired weights then, the fresh means)."""
         return self.session.state_dict()
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
