@@ -265,6 +265,65 @@ def test_a_known_rotation_gives_its_angle_per_channel_and_per_100_steps():
         monitor(150)
 
 
+def _moved(model: nn.Module, seed: int) -> None:
+    """Every parameter moved by 5% of its mean size, at random, as a training step would."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.05 * p.abs().mean() * torch.randn(p.shape, generator=g))
+
+
+def _comparable(record) -> pd.DataFrame:
+    return record.channels.drop(columns=["running_mean", "running_var"]).reset_index(drop=True)
+
+
+def test_a_monitor_resumed_from_its_state_measures_what_the_uninterrupted_one_does():
+    """state_dict after a call, load_state_dict into a new monitor: the next call's records are the
+    uninterrupted monitor's, bit for bit; the state holds the weights of that call and is a copy (the next call
+    overwrites the monitor's own in place and leaves it as it was), and loading it copies it too; a state of other
+    shapes fails naming the layer."""
+    torch.manual_seed(0)
+    x = torch.randn(32, 2, 20)
+    model = trained(Seq1d(), x)
+    monitor = StalenessMonitor(model, x, warn=False)
+    monitor(100)
+    state = monitor.state_dict()
+    then = {name: layer.weight.detach().clone() for name, layer in monitor.weight_layers.items()}
+    assert state["weights"].keys() == then.keys() and all(torch.equal(state["weights"][k], then[k]) for k in then)
+    _moved(model, 1)
+    want = _comparable(monitor(200))
+    assert all(torch.equal(state["weights"][k], then[k]) for k in then)  # the state taken is a copy
+    assert want["rotation_deg"].notna().all() and (want["rotation_deg"] > 0).all()
+    resumed = StalenessMonitor(model, x, warn=False)
+    resumed.load_state_dict(state)
+    pd.testing.assert_frame_equal(_comparable(resumed(200)), want, check_exact=True)
+    assert all(torch.equal(state["weights"][k], then[k]) for k in then)  # loading copied it
+    name = next(iter(then))
+    with pytest.raises(ValueError, match=rf"weights\['{name}'\] of shape"):
+        StalenessMonitor(model, x, warn=False).load_state_dict(
+            state | {"weights": state["weights"] | {name: state["weights"][name][:1]}})
+
+
+def test_a_call_that_fails_part_way_leaves_no_rotation_to_measure_against(monkeypatch):
+    """The kept weights are overwritten during a call: one that raises after its weight pass leaves the next call
+    without a rotation (NaN), never one against weights of another step; the drift still compares with the last
+    completed call."""
+    torch.manual_seed(0)
+    x = torch.randn(32, 2, 20)
+    model = trained(Seq1d(), x)
+    monitor = StalenessMonitor(model, x, warn=False)
+    monitor(100)
+    _moved(model, 1)
+    with monkeypatch.context() as m:
+        m.setattr(StalenessMonitor, "_layer", lambda *a, **k: (_ for _ in ()).throw(RuntimeError("part-way")))
+        with pytest.raises(RuntimeError, match="part-way"):
+            monitor(200)
+    record = monitor(300)
+    assert record.channels["rotation_deg"].isna().all() and record.channels["drift_sigma_per_step"].notna().all()
+    _moved(model, 2)
+    assert monitor(400).channels["rotation_deg"].notna().all()
+
+
 def test_update_and_gradient_cosines_need_the_snapshot_before_the_step():
     torch.manual_seed(0)
     x, y = torch.randn(64, 12), torch.randint(0, 3, (64,))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import math
 import importlib.util
 import sys
 
@@ -14,7 +15,7 @@ from bnrotation.config import ModelConfig, TaskConfig
 from bnrotation.model import build_model
 from bnrotation.probes import accuracy
 from bnrotation.interventions import run_interventions
-from bnrotation.evaluation import EVAL_CHUNK, eval_chunk
+from bnrotation.evaluation import EVAL_CHUNK, EVAL_CHUNK_BYTES, eval_chunk
 from bnrotation.task import NoisyTemplates, generator
 
 from conftest import ROOT, compose_cfg
@@ -79,6 +80,36 @@ def test_eval_chunk_is_small_on_cpu_and_everything_on_a_gpu():
     assert eval_chunk(torch.device("cuda"), 4000) == 4000
 
 
+def test_eval_chunk_grows_only_while_the_weights_outweigh_a_chunks_activations():
+    """Doubled from EVAL_CHUNK while the weights exceed the chunk's largest activation and the doubled chunk's
+    stays within EVAL_CHUNK_BYTES: timm's resnet18 at 32x32 (43 MiB, 64 KiB per sample) gets 128; small weights,
+    or a large activation per sample, keep 64; never more than the samples."""
+    cpu, kib, mib = torch.device("cpu"), 1 << 10, 1 << 20
+    assert EVAL_CHUNK_BYTES == 8 * mib
+    assert eval_chunk(cpu, 512, 43 * mib, 64 * kib) == 128
+    assert eval_chunk(cpu, 512, 43 * mib, 128 * kib) == 64  # 128 samples would hold 16 MiB
+    assert eval_chunk(cpu, 512, 1 * mib, 64 * kib) == 64  # the weights read per chunk are less than its activations
+    assert eval_chunk(cpu, 100, 43 * mib, 16 * kib) == 100  # never past the samples
+    assert eval_chunk(cpu, 40000, 43 * mib, 1 * kib) == 8192  # 8192 samples of 1 KiB hold 8 MiB
+    assert eval_chunk(cpu, 40000, 5 * mib, 1 * kib) == 8192  # 4096 samples hold 4 MiB, less than the weights
+    assert eval_chunk(cpu, 40000, 3 * mib, 1 * kib) == 4096
+    assert eval_chunk(torch.device("cuda"), 512, 43 * mib, 64 * kib) == 512
+
+
+@pytest.mark.parametrize("arch", ["convnet", "resnet20"])
+def test_the_monitor_evaluates_the_suites_networks_in_chunks_of_eval_chunk(arch):
+    """On the suite's networks, at the suite's probe size, the monitor's evaluation-mode pass keeps the chunk
+    `make bench` (c) chose, EVAL_CHUNK: what the runs measure through it is unchanged."""
+    from bnrotation.monitor import StalenessMonitor
+
+    cfg = ModelConfig(arch=arch, channels=[16, 32, 64] if arch == "resnet20" else [32, 64, 64])
+    model = build_model(cfg, 10, seed=0)
+    x = torch.randn(TaskConfig().probe_size, 3, 32, 32).contiguous(memory_format=torch.channels_last)
+    monitor = StalenessMonitor(model, x, warn=False)
+    monitor(0)
+    assert monitor.eval_chunk == EVAL_CHUNK
+
+
 def test_bench_extrapolates_per_step_and_per_event(bench):
     full = bench.Schedule(6000, 61, 41, 9, averaging=9)
     measured = bench.Schedule(300, 4, 3, 1, averaging=1)
@@ -111,6 +142,32 @@ def test_bench_splits_cores_into_jobs_and_threads(bench):
 def test_bare_loop_runs_its_checks(bench):
     out = bench.bare_loop(3, {2, 3}, heldout=32, device=torch.device("cpu"))
     assert out["checks"] == 2 and all(v >= 0 for v in out["seconds"].values())
+
+
+def test_bench_timm_section_reads_the_call_share_by_cpu_time_on_a_cpu_and_by_the_wall_on_a_gpu(bench):
+    """(h)'s figures from made-up timings: the paired overhead per pair and its median, the median step of the A
+    blocks, the median call over the calls in the B blocks and alone, its share of 100 median steps, and the clock
+    the report compares with the target (stated, never asserted); without per-step times (a GPU) the median A
+    block / 100 is the step."""
+    h = {"pairs": [((10.0, 20.0), (10.4, 20.5)), ((12.0, 22.0), (12.2, 22.6)), ((11.0, 21.0), (11.3, 21.5)),
+                   ((10.0, 20.0), (10.3, 20.4))],
+         "steps_a": [(0.1, 0.2)] * 300 + [(0.5, 0.4)] * 99,  # one slowed step in four: the median passes over them
+         "calls_in_blocks": [(0.30, 0.55), (0.32, 0.58), (0.31, 0.56), (0.29, 0.54)],
+         "calls_alone": [(0.28, 0.53), (0.33, 0.57), (0.30, 0.55)], "probe": 512, "layers": 20, "paired": 20,
+         "eval_chunk": 128, "device": "cpu"}
+    f = bench.timm_figures(h)
+    assert f["target_clock"] == "cpu"
+    assert f["wall"]["base"] == 10.5 and f["cpu"]["base"] == 20.5
+    assert f["cpu"]["step"] == 0.2 and f["cpu"]["call"] == 0.55 and math.isclose(f["cpu"]["share"], 0.55 / 20)
+    assert math.isclose(f["wall"]["share"], 0.30 / 10)
+    assert f["wall"]["pairs"] == pytest.approx([0.04, 0.2 / 12, 0.3 / 11, 0.03])
+    assert math.isclose(f["wall"]["spread"], 2.0 / 10.5)
+    text = "\n".join(bench.report_timm(None, h))
+    assert f"by CPU (`time.process_time`), {100 * 0.55 / 20:.2f}%" in text and "assert" not in text
+    gpu = h | {"device": "cuda", "steps_a": []}
+    assert bench.timm_figures(gpu)["target_clock"] == "wall"
+    assert math.isclose(bench.timm_figures(gpu)["wall"]["share"], 0.30 / 10.5)
+    assert "by wall, " in "\n".join(bench.report_timm(None, gpu))
 
 
 def test_bench_takes_each_parts_least_disturbed_round(bench):

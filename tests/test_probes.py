@@ -10,8 +10,10 @@ import torch
 from bnrotation.bnstats import batch_statistics
 from bnrotation.config import ModelConfig
 from bnrotation.model import build_model
-from bnrotation.probes import (accuracy, drift_sigma_per_step, fresh_statistics, input_moments, lag_sigma,
-                               predicted_lag_sigma, rotation_deg)
+from bnrotation import probes
+from bnrotation.probes import (Scratch, accuracy, batch_statistics_pass, channel_norms, drift_sigma_per_step,
+                               fresh_statistics, input_moments, lag_sigma, predicted_lag_sigma, rotation_deg,
+                               turn_rows)
 
 
 def rotated(w: torch.Tensor, angle_deg: torch.Tensor) -> torch.Tensor:
@@ -53,6 +55,43 @@ def test_arccos_of_float32_cannot_do_what_rotation_deg_does():
     naive = torch.rad2deg(torch.arccos(((a * b).sum(1) / (a.norm(dim=1) * b.norm(dim=1))).clamp(-1, 1)))
     assert (naive - 1e-3).abs().max() > 1e-4
     assert torch.allclose(rotation_deg(w, w2), torch.full((16,), 1e-3, dtype=torch.float64), rtol=1e-6)
+
+
+def _rotation_whole(w_before: torch.Tensor, w_after: torch.Tensor) -> torch.Tensor:
+    """The protocol's formula on whole weights, each op once over all rows (rotation_deg before it took blocks)."""
+    def unit(w):
+        rows = w.reshape(w.shape[0], -1).double()
+        return rows / rows.norm(dim=1, keepdim=True)
+    a, b = unit(w_before), unit(w_after)
+    return torch.rad2deg(2 * torch.atan2((a - b).norm(dim=1), (a + b).norm(dim=1)))
+
+
+@pytest.mark.parametrize("block", [probes.ROW_BLOCK, 64, 1])
+@pytest.mark.parametrize("shape", [(64, 3, 3, 3), (10, 512), (3, 200), (1, 7)])
+def test_turn_rows_is_the_whole_weight_formula_by_row_blocks(monkeypatch, block, shape):
+    """Norms and angles of :func:`turn_rows` (blocks of rows; one row, or rows of more values than a block) are
+    the formula's on the whole weight, and its inputs are left as they were."""
+    monkeypatch.setattr(probes, "ROW_BLOCK", block)
+    g = torch.Generator().manual_seed(3)
+    w0 = torch.randn(shape, generator=g)
+    w1 = w0 + 0.01 * torch.randn(shape, generator=g)
+    kept0, kept1 = w0.clone(), w1.clone()
+    norms, none = turn_rows(None, w0)
+    assert none is None and torch.allclose(norms, channel_norms(w0), rtol=1e-15, atol=0)
+    norms, rot = turn_rows(w0, w1)
+    assert torch.allclose(rot, _rotation_whole(w0, w1), rtol=1e-12, atol=1e-12)
+    assert torch.allclose(norms, channel_norms(w1), rtol=1e-15, atol=0)
+    assert torch.equal(w0, kept0) and torch.equal(w1, kept1)
+    with pytest.raises(ValueError, match="shapes differ"):
+        turn_rows(w0, torch.randn(shape[0] + 1, *shape[1:]))
+
+
+def test_rotation_deg_is_the_monitors_arithmetic():
+    """rotation_deg and the monitor's pass (turn_rows) compute the same values, bit for bit, on float32 and
+    float64 weights."""
+    for dtype in (torch.float32, torch.float64):
+        w0, w1 = torch.randn(128, 64, 3, 3, dtype=dtype), torch.randn(128, 64, 3, 3, dtype=dtype)
+        assert torch.equal(rotation_deg(w0, w1), turn_rows(w0, w1)[1])
 
 
 def test_drift_and_lag_on_a_mean_drifting_at_a_known_rate():
@@ -140,6 +179,44 @@ def test_input_moments_match_float64_for_every_input_shape(shape, offset, channe
     std = exact.var(dims, correction=1).sqrt()
     assert ((mean - exact.mean(dims)).abs() / std).max() < 1e-6
     assert ((var - exact.var(dims, correction=1)).abs() / std ** 2).max() < 1e-5
+
+
+@pytest.mark.parametrize("layout", ["contiguous", "channels_last", "2d", "3d", "5d", "strided view", "half"])
+def test_input_moments_through_a_scratch_buffer_are_the_same_values(layout):
+    """The centred values in a shared buffer (:class:`Scratch`, as the training-mode pass lends it) give the
+    moments bit for bit; a buffer grown for a larger input, or one that does not fit the layout, changes nothing."""
+    g = torch.Generator().manual_seed(4)
+    z = {"contiguous": lambda: torch.randn(64, 16, 6, 6, generator=g) * 3 + 20,
+         "channels_last": lambda: (torch.randn(64, 16, 6, 6, generator=g) + 5).contiguous(
+             memory_format=torch.channels_last),
+         "2d": lambda: torch.randn(300, 16, generator=g) - 7,
+         "3d": lambda: torch.randn(40, 8, 5, generator=g),
+         "5d": lambda: torch.randn(6, 4, 3, 3, 3, generator=g).contiguous(memory_format=torch.channels_last_3d),
+         "strided view": lambda: torch.randn(64, 32, 6, 6, generator=g)[:, ::2],
+         "half": lambda: torch.randn(64, 16, 6, 6, generator=g).half()}[layout]()
+    scratch = Scratch()
+    for first in (torch.randn(4, 3, 2, 2), torch.randn(2000, 40)):  # a buffer too small, then one larger than z
+        input_moments(first, scratch)
+        for got, want in zip(input_moments(z, scratch), input_moments(z)):
+            assert torch.equal(got, want)
+
+
+def test_training_mode_pass_moments_are_each_layers_own():
+    """batch_statistics_pass (one buffer for the whole pass) gives each layer the moments of its own input."""
+    model = _trained_bn_model()
+    x = torch.randn(40, 3, 32, 32)
+    inputs = {}
+    hooks = [m.register_forward_pre_hook(lambda mod, inp, name=name: inputs.__setitem__(name, inp[0].clone()))
+             for name, m in model.named_modules() if isinstance(m, torch.nn.BatchNorm2d)]
+    with torch.no_grad(), batch_statistics(model):
+        model(x)
+    for h in hooks:
+        h.remove()
+    _, moments = batch_statistics_pass(model, x)
+    assert set(moments) == set(inputs)
+    for name, z in inputs.items():
+        for got, want in zip(moments[name], input_moments(z)):
+            assert torch.equal(got, want), name
 
 
 def test_input_moments_need_a_channel_dim():

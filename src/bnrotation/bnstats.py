@@ -67,10 +67,20 @@ class NonFinite:
 def nonfinite_state(model: nn.Module) -> NonFinite:
     """Which of ``model``'s parameters and running statistics hold NaN or infinite values (a check of each
     tensor, no copy)."""
-    params = tuple(n for n, p in model.named_parameters() if not bool(torch.isfinite(p).all()))
+    params = tuple(n for n, p in model.named_parameters() if not _all_finite(p))
     stats = tuple(f"{n}.{key}" for n, m in running_stat_layers(model) for key in ("running_mean", "running_var")
-                  if not bool(torch.isfinite(getattr(m, key)).all()))
+                  if not _all_finite(getattr(m, key)))
     return NonFinite(params, stats)
+
+
+def _all_finite(t: torch.Tensor) -> bool:
+    """Whether every value of ``t`` is finite. A NaN or an infinity anywhere makes the sum NaN or infinite, so a
+    finite sum settles it in one read of ``t`` with no temporary of its size; only a sum that is not finite
+    (a non-finite value, or finite values whose sum overflows) is checked value by value."""
+    if not (t.is_floating_point() or t.is_complex()):
+        return True
+    t = t.detach()
+    return bool(torch.isfinite(t.sum())) or bool(torch.isfinite(t).all())
 
 
 # Normalisation layers, of any package: subclasses of these (timm's BatchNormAct2d is a BatchNorm2d).

@@ -19,7 +19,7 @@ import torch.nn as nn
 
 from .provenance import compile_cache_per_kernel_path
 
-__all__ = ["EVAL_CHUNK", "eval_chunk", "CompiledEvaluation", "compiled_evaluation", "compiled_evaluation_active",
+__all__ = ["EVAL_CHUNK", "EVAL_CHUNK_BYTES", "eval_chunk", "CompiledEvaluation", "compiled_evaluation", "compiled_evaluation_active",
            "evaluation_call", "evaluation_mode", "evaluation_forward"]
 
 
@@ -28,13 +28,30 @@ __all__ = ["EVAL_CHUNK", "eval_chunk", "CompiledEvaluation", "compiled_evaluatio
 # networks (results/bench.md, "chunk size"). On a GPU the whole set goes in one pass.
 EVAL_CHUNK = 64
 
+# The most bytes a chunk's largest activation may take when a chunk grows past EVAL_CHUNK (:func:`eval_chunk`): the
+# study's network's at EVAL_CHUNK (its first convolution's output, 32 channels of 32x32 float32 per sample), the
+# chunk `make bench`, section (c), found fastest for it.
+EVAL_CHUNK_BYTES = 8 << 20
 
-def eval_chunk(device: torch.device, n: int) -> int:
-    """Samples per evaluation-mode forward pass: ``EVAL_CHUNK`` on a CPU, all ``n`` at once on a GPU.
 
+def eval_chunk(device: torch.device, n: int, weight_bytes: int = 0, sample_bytes: int = 0) -> int:
+    """Samples per evaluation-mode forward pass: all ``n`` at once on a GPU; on a CPU ``EVAL_CHUNK``, doubled
+    while the model's weights (``weight_bytes``: every chunk reads them once) outweigh the chunk's largest
+    activation (``sample_bytes`` per sample) and the doubled chunk's largest activation stays within
+    :data:`EVAL_CHUNK_BYTES`. Without those facts (the default), ``EVAL_CHUNK``.
+
+    On the suite's two networks (0.2 and 1 MiB of weights, largest activations of 128 and 64 KiB per sample) the
+    chunk stays ``EVAL_CHUNK``; on timm's ``resnet18`` at 32x32 (43 MiB, 64 KiB) it is 128, which `make bench`
+    measured faster than 64 (and than 256 or one pass) on a CPU, where every chunk of 64 read the weights again.
     Evaluation-mode outputs are per sample, so the accuracy does not depend on it.
     """
-    return n if device.type == "cuda" else min(EVAL_CHUNK, n)
+    if device.type == "cuda":
+        return n
+    chunk = EVAL_CHUNK
+    if sample_bytes > 0:
+        while chunk < n and weight_bytes > chunk * sample_bytes and 2 * chunk * sample_bytes <= EVAL_CHUNK_BYTES:
+            chunk *= 2
+    return min(chunk, n)
 
 
 class CompiledEvaluation:
@@ -127,15 +144,15 @@ def evaluation_mode(model: nn.Module) -> Iterator[nn.Module]:
             m.training = f
 
 
-def evaluation_forward(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
+def evaluation_forward(model: nn.Module, x: torch.Tensor, chunk: int | None = None) -> torch.Tensor:
     """The model's output on ``x`` (N, ...) in evaluation mode (running statistics), flags restored after
-    (:func:`evaluation_mode`). On a CPU in chunks of :data:`EVAL_CHUNK` samples (:func:`eval_chunk`): each
-    sample's output is its own in evaluation mode, and small chunks stay in cache (`make bench`, section (c)).
-    Compiled inside :func:`compiled_evaluation`. A mapping ``x`` (a model that reads its input's keys) goes
-    through in one pass."""
+    (:func:`evaluation_mode`). In chunks of ``chunk`` samples, by default :func:`eval_chunk`'s (on a CPU
+    :data:`EVAL_CHUNK`): each sample's output is its own in evaluation mode, and small chunks stay in cache
+    (`make bench`, section (c)). Compiled inside :func:`compiled_evaluation`. A mapping ``x`` (a model that reads
+    its input's keys) goes through in one pass."""
     with evaluation_mode(model):
         forward = evaluation_call(model)
         if not isinstance(x, torch.Tensor):
             return forward(x)  # a mapping the model reads whole: one pass
-        chunk = eval_chunk(x.device, len(x))
+        chunk = eval_chunk(x.device, len(x)) if chunk is None else max(1, min(chunk, len(x)))
         return forward(x) if chunk >= len(x) else torch.cat([forward(c) for c in x.split(chunk)])

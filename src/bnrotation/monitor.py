@@ -45,11 +45,11 @@ from torch.nn.modules.batchnorm import _BatchNorm
 
 from .batches import sample_count, split_batch
 from .bnstats import NonFinite, nonfinite_state
-from .evaluation import evaluation_forward, evaluation_mode
+from .evaluation import eval_chunk, evaluation_forward, evaluation_mode
 from .pairing import (WEIGHT_LAYERS, NormLeafTracer, NormPair, Pairing, Segment, _buffers_kept, _call, _probe_head,
                       _rng_devices, channel_axis_after, find_pairs)
-from .probes import (batch_statistics_pass, channel_cosines, channel_norms, drift_sigma_per_step, lag_sigma,
-                     predicted_lag_sigma, rotation_deg)
+from .probes import (Scratch, batch_statistics_pass, channel_cosines, drift_sigma_per_step, lag_sigma,
+                     predicted_lag_sigma, turn_rows)
 
 __all__ = ["StalenessMonitor", "MonitorRecord", "Thresholds", "StaleStatisticsWarning", "MonitorSetupWarning",
            "find_pairs", "Pairing", "NormPair", "NormLeafTracer", "channel_axis_after", "split_probe", "mode_check",
@@ -252,6 +252,9 @@ class MonitorRecord:
 
 @dataclass
 class _Previous:
+    """The previous call: its step, each paired weight layer's weight then (a copy, which the next call
+    overwrites in place with the weight it measures), and the fresh means."""
+
     step: int
     weights: dict[str, torch.Tensor]
     fresh_mean: dict[str, torch.Tensor] = field(default_factory=dict)
@@ -272,15 +275,22 @@ class _Rows:
     grad: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None  # (g·wb, |g|², |wb|²) per row
 
     @classmethod
-    def of(cls, w: torch.Tensor, then: torch.Tensor | None, before: torch.Tensor | None,
+    def of(cls, w: torch.Tensor, kept: dict[str, torch.Tensor], name: str, before: torch.Tensor | None,
            grad: torch.Tensor | None) -> "_Rows":
-        """From the weight ``w`` (C_out, ...), the previous call's ``then``, the weight ``before`` this step
-        and the gradient ``grad`` (each None when absent)."""
-        rows = cls(channel_norms(w).cpu())
-        if then is not None and then.shape == w.shape:
-            rows.rotation = rotation_deg(then, w).cpu()
+        """From the weight ``w`` (C_out, ...) of the layer ``name``, the previous call's copy of it ``kept[name]``
+        (if any; then overwritten with ``w``, in place where it fits, else replaced by a copy), the weight
+        ``before`` this step and the gradient ``grad`` (each None when absent)."""
+        then = kept.get(name)
+        fits = then is not None and then.shape == w.shape
+        norm, rotation = turn_rows(then if fits else None, w)
+        if fits and then.dtype == w.dtype and then.device == w.device:
+            then.copy_(w)  # no new allocation: on a CPU a fresh one of a weight's size costs page faults
+        else:
+            kept[name] = w.clone()
+        rows = cls(norm.cpu(), rotation.cpu() if rotation is not None else None)
         if before is not None:
-            u, wb = _flat_rows(w) - _flat_rows(before), _flat_rows(before)
+            wb = _flat_rows(before)
+            u = _flat_rows(w) - wb
             rows.update_cos = channel_cosines(u, wb).cpu()
             wb_sq = wb.square().sum(1)
             rows.update = ((u * wb).sum(1).cpu(), u.square().sum(1).cpu(), wb_sq.cpu())
@@ -465,19 +475,23 @@ class StalenessMonitor:
                           f"{smallest} samples (docs/pairing.md, 'Probe size')", MonitorSetupWarning,
                           stacklevel=_caller_stacklevel())
         self.previous: _Previous | None = None
+        # the evaluation-mode pass's chunk (evaluation.eval_chunk), from the model's weight bytes and the largest
+        # normalisation-layer input per probe sample that each call's training-mode pass measures
+        self.weight_bytes = sum(t.numel() * t.element_size() for t in (*model.parameters(), *model.buffers()))
+        self.eval_chunk: int | None = None
         self.last_fresh: dict[str, tuple[torch.Tensor, torch.Tensor]] | None = None  # the last call's, float64
 
     def state_dict(self) -> dict:
         """What the next call compares with (the previous call's step, weights and fresh means), for a
-        resumable run."""
+        resumable run. The weights are copies: the next call overwrites the monitor's own in place."""
         if self.previous is None:
             return {}
-        return {"step": self.previous.step, "weights": dict(self.previous.weights),
+        return {"step": self.previous.step, "weights": {k: v.clone() for k, v in self.previous.weights.items()},
                 "fresh_mean": dict(self.previous.fresh_mean),
                 "last_fresh": {k: list(v) for k, v in (self.last_fresh or {}).items()}}
 
     def load_state_dict(self, state: Mapping) -> None:
-        """Restore :meth:`state_dict`'s output (weights moved to their layers' devices).
+        """Restore :meth:`state_dict`'s output (weights copied to their layers' devices).
 
         Raises:
             ValueError: when its weights are not this model's paired weight layers, of their shapes.
@@ -492,7 +506,7 @@ class StalenessMonitor:
                 want = f"{tuple(layer.weight.shape)}" if layer is not None else "no paired weight layer of that name"
                 raise ValueError(f"monitor state: weights[{name!r}] of shape {tuple(w.shape)}, but this model has "
                                  f"{want}: a state of another model?")
-            weights[name] = w.to(layer.weight.device)
+            weights[name] = w.to(layer.weight.device, copy=True)  # a copy: the next call overwrites it in place
         self.previous = _Previous(int(state["step"]), weights, dict(state["fresh_mean"]))
         self.last_fresh = {k: (v[0], v[1]) for k, v in state["last_fresh"].items()}
 
@@ -537,19 +551,29 @@ class StalenessMonitor:
         if self.previous is not None and step <= self.previous.step:
             raise ValueError(f"step {step} is not after the previous call's step {self.previous.step}")
         with torch.random.fork_rng(devices=_rng_devices(self.model)):
+            scratch = Scratch()
             out_train, fresh = batch_statistics_pass(self.model, self.x, [(p.norm, m) for p, m in self.layers],
-                                                     keep_frozen=True)
+                                                     keep_frozen=True, scratch=scratch)
+            if isinstance(self.x, torch.Tensor):
+                self.eval_chunk = eval_chunk(self.x.device, len(self.x), self.weight_bytes,
+                                             scratch.largest // max(len(self.x), 1))
             out_eval = self._eval_forward() if self.modes else None
         checks = self._checks(step, out_train, out_eval)
-        interval = step - self.previous.step if self.previous is not None else None
-        rows = self._weight_pass(weights_before_step)
-        layer_rows, channel_columns = [], []
-        for pair, norm in self.layers:
-            layer_line, channels = self._layer(step, interval, pair, norm, fresh[pair.norm], rows)
-            layer_rows.append(layer_line)
-            channel_columns.append(channels)
-        self.previous = _Previous(step, {name: w.weight.detach().clone() for name, w in self.weight_layers.items()},
-                                  {name: mean.cpu() for name, (mean, _) in fresh.items()})
+        prev = self.previous
+        interval = step - prev.step if prev is not None else None
+        kept = prev.weights if prev is not None else {}
+        try:
+            rows = self._weight_pass(weights_before_step, kept)  # kept now holds this call's weights
+            layer_rows, channel_columns = [], []
+            for pair, norm in self.layers:
+                layer_line, channels = self._layer(step, interval, pair, norm, fresh[pair.norm], rows)
+                layer_rows.append(layer_line)
+                channel_columns.append(channels)
+        except BaseException:
+            if prev is not None:  # its weights were overwritten, maybe part-way: the next call measures no rotation
+                self.previous = _Previous(prev.step, {}, prev.fresh_mean)
+            raise
+        self.previous = _Previous(step, kept, {name: mean.cpu() for name, (mean, _) in fresh.items()})
         self.last_fresh = fresh
         channels = pd.DataFrame({k: np.concatenate([c[k] for c in channel_columns]) for k in channel_columns[0]})
         record = MonitorRecord(step, checks, pd.DataFrame(layer_rows), channels, False, "",
@@ -575,20 +599,20 @@ class StalenessMonitor:
 
     # ------------------------------------------------------------------------- parts of a call
     def _eval_forward(self) -> torch.Tensor:
-        return evaluation_forward(self.model, self.x)
+        return evaluation_forward(self.model, self.x, self.eval_chunk)
 
     def _checks(self, step: int, out_train: torch.Tensor, out_eval: torch.Tensor | None) -> pd.DataFrame:
         return mode_check(step, out_train, out_eval, self.y)
 
-    def _weight_pass(self, before: Mapping[str, torch.Tensor] | None) -> dict[str, "_Rows"]:
-        """Each weight layer's per-output-channel measures, once per call however many segments use it."""
-        prev = self.previous
+    def _weight_pass(self, before: Mapping[str, torch.Tensor] | None,
+                     kept: dict[str, torch.Tensor]) -> dict[str, "_Rows"]:
+        """Each weight layer's per-output-channel measures, once per call however many segments use it; ``kept``
+        (the previous call's weights) is overwritten with this call's, in place (:meth:`_Rows.of`)."""
         rows = {}
         for name, layer in self.weight_layers.items():
             w = layer.weight.detach()
             wb = before.get(name) if before is not None else None
-            then = prev.weights.get(name) if prev is not None else None
-            rows[name] = _Rows.of(w, then, wb, layer.weight.grad)
+            rows[name] = _Rows.of(w, kept, name, wb, layer.weight.grad)
         return rows
 
     def _layer(self, step: int, interval: int | None, pair: NormPair, norm: nn.Module,

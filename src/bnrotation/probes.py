@@ -26,7 +26,8 @@ def rotation_deg(w_before: torch.Tensor, w_after: torch.Tensor) -> torch.Tensor:
 
     ``2 * atan2(||a - b||, ||a + b||)`` on the unit vectors a, b of each
     channel, in float64: accurate down to tiny angles, where ``arccos`` of a
-    float32 cosine cannot resolve sub-degree turns (PROTOCOL.md).
+    float32 cosine cannot resolve sub-degree turns (PROTOCOL.md). Computed by
+    :func:`turn_rows`, through which the monitor measures it.
 
     Args:
         w_before, w_after: (C_out, ...) conv weights of one layer.
@@ -39,17 +40,61 @@ def rotation_deg(w_before: torch.Tensor, w_after: torch.Tensor) -> torch.Tensor:
     """
     if w_before.shape != w_after.shape:
         raise ValueError(f"rotation_deg: shapes differ, {tuple(w_before.shape)} vs {tuple(w_after.shape)}")
-    a, b = _unit_rows(w_before), _unit_rows(w_after)
-    diff = a - b
-    return torch.rad2deg(2 * torch.atan2(diff.norm(dim=1), a.add_(b).norm(dim=1)))  # (C_out,); a is a copy
+    return turn_rows(w_before, w_after)[1]
 
 
-def _unit_rows(w: torch.Tensor) -> torch.Tensor:
-    """(C_out, ...) -> (C_out, D) float64 rows of norm 1, always a new tensor: the float64 copy of a float32
-    weight is divided in place (the same values as out of place, one full-size copy fewer)."""
-    rows = _channels(w)
-    norms = rows.norm(dim=1, keepdim=True)
-    return rows.div_(norms) if rows.data_ptr() != w.data_ptr() else rows / norms
+# Float64 values per block of rows in :func:`turn_rows` on a CPU (2 MiB): a block's float64 copies, unit rows, sum and
+# difference stay in cache, and no full-size float64 temporary is allocated; on a CPU a fresh allocation of many
+# MiB costs more in page faults than the arithmetic on it. A row is reduced alone, in a block as in the whole
+# weight (on timm's resnet18 the monitor's records are bit for bit those of whole-weight passes).
+ROW_BLOCK = 1 << 18
+
+
+@torch.no_grad()
+def turn_rows(w_before: torch.Tensor | None, w_after: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Each output channel's norm, and the angle it turned since ``w_before``, in one pass over the rows.
+
+    The rows are taken in blocks (:data:`ROW_BLOCK` float64 values on a CPU, all at once on another device); in
+    each block, once: the float64 copies, their row norms and unit rows a (before) and b (after), ``a - b`` and
+    ``a + b`` and their norms; the angle is ``2 * atan2(||a - b||, ||a + b||)`` in degrees (:func:`rotation_deg`).
+
+    Args:
+        w_before: (C_out, ...) the weight then (any floating dtype, ``w_after``'s shape and device), or None.
+        w_after: (C_out, ...) the weight now.
+
+    Returns:
+        ``(norms, rotation)``: |w_c| of ``w_after`` per row (C_out,) float64 (:func:`channel_norms`), and the
+        angle per row in degrees (C_out,) float64, in [0, 180] (None without ``w_before``).
+
+    Raises:
+        ValueError: if the shapes differ.
+    """
+    if w_before is not None and w_before.shape != w_after.shape:
+        raise ValueError(f"rotation_deg: shapes differ, {tuple(w_before.shape)} vs {tuple(w_after.shape)}")
+    rows = w_after.detach().reshape(w_after.shape[0], -1)
+    then = w_before.detach().reshape(rows.shape) if w_before is not None else None
+    c, d = rows.shape
+    device = rows.device
+    norms = torch.empty(c, dtype=torch.float64, device=device)
+    minus, plus = (torch.empty_like(norms), torch.empty_like(norms)) if then is not None else (None, None)
+    block = max(1, ROW_BLOCK // max(d, 1)) if device.type == "cpu" else max(c, 1)
+    size = min(block, c) * d
+    scratch = torch.empty(size * (3 if then is not None else 1), dtype=torch.float64, device=device)
+    for i in range(0, c, block):
+        j = min(i + block, c)
+        k = (j - i) * d
+        b = scratch[:k].view(j - i, d).copy_(rows[i:j])  # float64
+        n = b.norm(dim=1, keepdim=True)
+        norms[i:j] = n[:, 0]
+        if then is None:
+            continue
+        b.div_(n)  # the unit rows now
+        a = scratch[size:size + k].view(j - i, d).copy_(then[i:j])
+        a.div_(a.norm(dim=1, keepdim=True))  # the unit rows then
+        t = scratch[2 * size:2 * size + k].view(j - i, d)
+        minus[i:j] = torch.sub(a, b, out=t).norm(dim=1)
+        plus[i:j] = torch.add(a, b, out=t).norm(dim=1)
+    return norms, (torch.rad2deg(2 * torch.atan2(minus, plus)) if then is not None else None)
 
 
 def channel_norms(w: torch.Tensor) -> torch.Tensor:
@@ -81,7 +126,7 @@ def channel_dims(z: torch.Tensor) -> tuple[int, ...]:
     return (0, *range(2, z.dim()))
 
 
-def input_moments(z: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def input_moments(z: torch.Tensor, scratch: "Scratch | None" = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Per channel mean and unbiased variance of one layer input (N, C, *): two (C,) float64 tensors.
 
     Two passes in the input's precision (float32 for half inputs): the channel mean, then the sums of the
@@ -93,6 +138,10 @@ def input_moments(z: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     than ``torch.var_mean``, whose float32 reductions accumulate in float64 (`make bench`, section (c), times
     both).
 
+    Args:
+        scratch: where the centred values go (:class:`Scratch`, reused across the layers of one pass: on a CPU a
+            fresh allocation of a layer input's size costs page faults); the same values as without.
+
     Raises:
         ValueError: for an input of fewer than 2 dims (:func:`channel_dims`).
     """
@@ -103,31 +152,62 @@ def input_moments(z: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     n = z.numel() // z.shape[1]
     shape = (1, -1) + (1,) * (z.dim() - 2)
     mean = z.sum(dims) / n
-    centred = z - mean.view(shape)
+    out = scratch.like(z) if scratch is not None else None
+    centred = z - mean.view(shape) if out is None else torch.sub(z, mean.view(shape), out=out)
     r = centred.sum(dims).double()
     m2 = (centred.square_().sum(dims).double() - r * r / n).clamp_min(0)
     return mean.double() + r / n, m2 / (n - 1)
 
 
+class Scratch:
+    """One buffer, grown as needed, lent as a tensor of a given tensor's shape and strides (:meth:`like`)."""
+
+    def __init__(self) -> None:
+        self.buffer: torch.Tensor | None = None
+        self.largest = 0  # bytes of the largest tensor asked for
+
+    def like(self, z: torch.Tensor) -> torch.Tensor | None:
+        """An uninitialised tensor with ``z``'s shape, strides, dtype and device, over this buffer (valid until the
+        next call); None for a ``z`` whose values do not fill its memory densely (a view with gaps or overlaps),
+        whose elementwise results would not be laid out as ``z``'s."""
+        self.largest = max(self.largest, z.numel() * z.element_size())
+        if not any(z.is_contiguous(memory_format=f) for f in _DENSE_FORMATS.get(z.dim(), (torch.contiguous_format,))):
+            return None
+        b = self.buffer
+        if b is None or b.numel() < z.numel() or b.dtype != z.dtype or b.device != z.device:
+            self.buffer = b = torch.empty(z.numel(), dtype=z.dtype, device=z.device)
+        return b.as_strided(z.shape, z.stride())
+
+
+_DENSE_FORMATS = {4: (torch.contiguous_format, torch.channels_last),
+                  5: (torch.contiguous_format, torch.channels_last_3d)}
+
+
 @torch.no_grad()
 def batch_statistics_pass(model: nn.Module, x: torch.Tensor, layers: list[tuple[str, nn.Module]] | None = None,
-                          keep_frozen: bool = False) -> tuple[torch.Tensor, dict[str, tuple[torch.Tensor, torch.Tensor]]]:
+                          keep_frozen: bool = False, scratch: Scratch | None = None
+                          ) -> tuple[torch.Tensor, dict[str, tuple[torch.Tensor, torch.Tensor]]]:
     """One forward pass with batch statistics (:func:`bnstats.batch_statistics`): the output, and the mean and
     variance of each normalisation layer's *input* on ``x`` (:func:`input_moments`).
 
-    No buffer changes. Each layer's moments are reduced inside its forward pre-hook, so no activation is kept.
+    No buffer changes. Each layer's moments are reduced inside its forward pre-hook, so no activation is kept;
+    the layers' centred inputs share one buffer for the pass (:class:`Scratch`).
 
     Args:
         x: (N, ...) inputs.
         layers: ``[(name, module)]`` whose inputs to measure; default every norm layer (:func:`bnstats.norm_layers`).
         keep_frozen: passed to :func:`bnstats.batch_statistics`.
+        scratch: the buffer to lend (a new one by default); after the pass its ``largest`` is the bytes of the
+            largest layer input measured.
 
     Returns:
         The model's output on ``x``, and ``{layer name: (mean (C,), var (C,))}`` in float64.
     """
     layers = norm_layers(model) if layers is None else layers
     moments: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
-    hooks = [m.register_forward_pre_hook(lambda mod, inp, name=name: moments.__setitem__(name, input_moments(inp[0])))
+    scratch = Scratch() if scratch is None else scratch
+    hooks = [m.register_forward_pre_hook(
+        lambda mod, inp, name=name: moments.__setitem__(name, input_moments(inp[0], scratch)))
              for name, m in layers]
     try:
         with batch_statistics(model, keep_frozen=keep_frozen):
