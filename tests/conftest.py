@@ -10,8 +10,13 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
-import pytest
-import torch
+# Every process the tests start (training runs, the commands, the gloo ranks, submitit's jobs) on one OpenMP thread,
+# as this one (torch.set_num_threads below): beside two xdist workers on 2 cores, a child's second thread only
+# waits for a core, spinning. A value you set is kept.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
 from thirdparty import torchvision_shim
 from filelock import FileLock
 from hydra import compose, initialize_config_dir
@@ -43,9 +48,14 @@ def _defined_here(func: Callable) -> bool:
 
 
 def fixture_group(item: pytest.Item) -> str | None:
-    """The group of a test that shares one of the suite's fixtures of a wider scope than a test (a module's trained
-    run, a browser, the reference runs' analysis): the file's name, so that the fixture is built once; None for a
-    test that shares none (pytest's own wide fixtures, such as ``tmp_path_factory``, do not count)."""
+    """The group of a test: the name of its own ``xdist_group`` mark (a file whose tests share a module-level
+    cache marks them so); else, for a test that shares one of the suite's fixtures of a wider scope than a test (a
+    module's trained run, a browser, the reference runs' analysis), the file's name, so that the fixture is built
+    once; None for a test that shares none (pytest's own wide fixtures, such as ``tmp_path_factory``, do not
+    count)."""
+    marked = item.get_closest_marker("xdist_group")
+    if marked is not None:
+        return str(marked.args[0] if marked.args else marked.kwargs.get("name", "default"))
     defs = getattr(item, "_fixtureinfo", None)
     shared = defs and any(d[-1].scope in SHARED_SCOPES and _defined_here(d[-1].func)
                           for d in defs.name2fixturedefs.values() if d)
@@ -67,7 +77,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         group = fixture_group(item)
         if group is not None:
-            item.add_marker(pytest.mark.xdist_group(group))
+            if item.get_closest_marker("xdist_group") is None:
+                item.add_marker(pytest.mark.xdist_group(group))
             groups[item.nodeid] = group
     folder = getattr(config, "workerinput", {}).get(GROUPS_FOLDER)
     if folder:

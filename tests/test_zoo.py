@@ -68,6 +68,10 @@ ZOO: dict[str, tuple[int, dict]] = {
     "vgg11_bn": (32, {"mlp_ratio": 1 / 64}),  # the 7x7 head conv at 64 channels, not 4096; fx cannot trace it
     "levit_128s": (32, {"img_size": 32}),  # attention biases sized for the input
 }
+# The per-model tests record each model's pairing (PAIRINGS), and the two tests of the whole zoo read them: one
+# worker runs the file, so that no model is built and paired twice.
+pytestmark = pytest.mark.xdist_group("test_zoo")
+
 SAMPLES = 4
 PAIRINGS: dict[str, tuple[int, object]] = {}  # name -> (BatchNorm layers, monitor.pairing), filled by the tests
 
