@@ -11,6 +11,7 @@ names the full key (``optimizer.lr``) and what is allowed.
 from __future__ import annotations
 
 import difflib
+import functools
 import math
 import re
 import warnings
@@ -292,10 +293,22 @@ def unknown_keys(given: Any, schema: Any, prefix: str = "") -> list[str]:
     return out
 
 
+@functools.cache
+def structured_schema() -> DictConfig:
+    """The schema as a structured config, built once: ``OmegaConf.merge`` copies it, never changes it."""
+    return OmegaConf.structured(RunConfig)
+
+
+@functools.cache
+def _schema() -> dict:
+    """The schema's keys and defaults as a plain nested dict, built once (read, never changed)."""
+    return OmegaConf.to_container(structured_schema())
+
+
 def _reject_unknown_keys(cfg: DictConfig) -> None:
     """Hydra lets ``+key=value`` append a key even in struct mode, and the structured merge drops it without a
     word; every key must be one of the schema's."""
-    schema = OmegaConf.to_container(OmegaConf.structured(RunConfig))
+    schema = _schema()
     given = {k: v for k, v in OmegaConf.to_container(cfg, resolve=False).items() if k != "hydra"}
     unknown = unknown_keys(given, schema)
     if unknown:
@@ -327,7 +340,7 @@ def to_run_config(cfg: DictConfig | dict) -> RunConfig:
         if "row" not in cfg or OmegaConf.is_missing(cfg, "row"):
             raise ConfigError("row: expected a row name: pick one with experiment=<row> (see conf/experiment/)")
         key = "config"
-        run = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(RunConfig), cfg))
+        run = OmegaConf.to_object(OmegaConf.merge(structured_schema(), cfg))
     except ConfigError:
         raise
     except Exception as err:  # noqa: BLE001 - omegaconf's type and syntax errors; most carry the key as full_key
@@ -360,7 +373,7 @@ def check_row(cfg: RunConfig) -> None:
     if spec.norm == "batch":
         wanted["model.bn_momentum"] = spec.bn_momentum
     for key, want in wanted.items():
-        got = OmegaConf.select(OmegaConf.structured(cfg), key)
+        got = functools.reduce(getattr, key.split("."), cfg)
         same = math.isclose(got, want, rel_tol=1e-9) if isinstance(want, float) else got == want
         if not same:
             raise ConfigError(f"{key}: {got!r} changes what row {cfg.row!r} means ({key}={want!r}); give the "

@@ -19,7 +19,7 @@ import yaml
 from omegaconf import OmegaConf
 
 from . import records
-from .config import RunConfig, semantic_dict
+from .config import RunConfig, semantic_dict, structured_schema
 
 __all__ = ["RESUME_FILE", "RunExistsError", "RunBusyError", "RunLock", "config_yaml", "prepare_run_dir"]
 
@@ -47,7 +47,7 @@ def _saved_config(out: Path) -> dict:
     """
     old = yaml.safe_load((out / "config.yaml").read_text()) if (out / "config.yaml").exists() else {}
     try:
-        return semantic_dict(OmegaConf.merge(OmegaConf.structured(RunConfig), old or {}))
+        return semantic_dict(OmegaConf.merge(structured_schema(), old or {}))
     except Exception as err:  # noqa: BLE001 - a key the schema no longer has, or a wrong type
         raise RunExistsError(f"{out} holds a run whose config.yaml does not fit this suite's schema "
                              f"({str(err).splitlines()[0]}); rerun with force=true to replace it") from err
