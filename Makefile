@@ -74,15 +74,15 @@ help: ## list the targets
 	@echo "    BENCH_ARGS='--steps 300 --rounds 3' (bench, which writes $(or $(OUT),results)/bench.md)"
 
 # The replication's exact versions (requirements/lock.txt), then the suite itself without resolving anything more.
-# Bytecode is compiled once for the whole venv on every core (pip compiles package by package on one); like pip,
-# compileall skips the few files that are not valid Python (test fixtures inside some packages), so its status is
-# not the install's.
+# Bytecode is compiled once for the whole venv on every core (pip compiles package by package on one), leaving out
+# the packages' own test folders, which nothing imports (a fifth of the files: 46 -> 36 s on 2 cores); compileall
+# skips the few files that are not valid Python, as pip does, so its status is not the install's.
 $(VENV)/.installed: pyproject.toml requirements/lock.txt
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --no-compile -r requirements/lock.txt
 	$(PY) -m pip install --quiet --no-deps -e .
 	$(PY) -m pip check
-	$(PY) -m compileall -q -j 0 $(VENV)/lib > /dev/null || true
+	$(PY) -m compileall -q -j 0 -x '/tests?/' $(VENV)/lib > /dev/null || true
 	touch $@
 
 install: $(VENV)/.installed ## create .venv with the exact versions of requirements/lock.txt (torch 2.13.0, ...)
