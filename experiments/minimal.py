@@ -36,10 +36,10 @@ def block(c_in: int, c_out: int) -> nn.Sequential:
 
 
 def train(steps: int, checks: set[int], heldout: int, device: torch.device, seed: int = 0,
-          on_check=None, lr: float = 3e-3) -> dict:
-    """Train the study's ConvNet with Adam for ``steps`` steps of 128 samples; at each step in ``checks``, measure
-    training- and evaluation-mode accuracy on ``heldout`` fixed held-out samples and call
-    ``on_check(step, acc_train_mode, acc_eval_mode)`` (accuracies in [0, 1]).
+          on_check=None, lr: float = 3e-3, batch_size: int = BATCH) -> dict:
+    """Train the study's ConvNet with Adam for ``steps`` steps of ``batch_size`` samples (the article's 128); at
+    each step in ``checks``, measure training- and evaluation-mode accuracy on ``heldout`` fixed held-out samples
+    and call ``on_check(step, acc_train_mode, acc_eval_mode)`` (accuracies in [0, 1]).
 
     The training-mode pass runs on a copy of the network, so no running statistic moves at a check.
 
@@ -72,7 +72,7 @@ def train(steps: int, checks: set[int], heldout: int, device: torch.device, seed
     seconds, accuracies = {"setup": time.perf_counter() - t0, "train": 0.0, "checks": 0.0}, []
     mark = time.perf_counter()
     for step in range(1, steps + 1):
-        x, y = batch(BATCH)
+        x, y = batch(batch_size)
         loss = F.cross_entropy(net(x), y)
         opt.zero_grad()
         loss.backward()

@@ -326,7 +326,7 @@ def test_checkpoint_of_another_architecture_is_refused(trajectory):
 
 
 # ----------------------------------------------------------------------------- the runner and the table
-FAST = ["task.probe_size=128"]  # fresh statistics on a smaller probe set: seconds, not tens of seconds
+FAST = ["task.probe_size=128", "task.image_size=8", "task.batch_size=16"]  # a toy size: about a second a run
 
 
 @pytest.fixture(scope="module")

@@ -10,6 +10,7 @@ but that is the package's choice, not the module's).
 from __future__ import annotations
 
 import ast
+import functools
 from pathlib import Path
 
 import pytest
@@ -49,6 +50,12 @@ def graph(src: Path = SRC) -> dict[str, set[str]]:
     return {module_name(p, src): imports(p, src, modules) for p in paths}
 
 
+@functools.cache
+def package_graph() -> dict[str, set[str]]:
+    """:func:`graph` of the package, read once per process (its callers only read it)."""
+    return graph(SRC)
+
+
 def cycle(g: dict[str, set[str]]) -> list[str] | None:
     """One import circle of ``g`` (module → modules it imports), as a path that ends where it starts; None if
     there is none. Depth-first search with the three colours of Cormen et al., "Introduction to Algorithms"
@@ -82,18 +89,18 @@ def layer_of(module: str) -> int | None:
 
 
 def test_the_package_has_no_import_circle():
-    found = cycle(graph())
+    found = cycle(package_graph())
     assert found is None, " → ".join(found)
 
 
 def test_the_analysis_layers_import_only_downwards():
-    upward = [f"{m} imports {n}" for m, deps in graph().items() if layer_of(m) is not None
+    upward = [f"{m} imports {n}" for m, deps in package_graph().items() if layer_of(m) is not None
               for n in deps if layer_of(n) is not None and layer_of(n) > layer_of(m)]
     assert not upward
 
 
 def test_every_analysis_module_belongs_to_a_layer():
-    analysis = [m for m in graph() if m.startswith("bnrotation.analysis.")]
+    analysis = [m for m in package_graph() if m.startswith("bnrotation.analysis.")]
     assert analysis and all(m.split(".")[2] in LAYERS for m in analysis)
 
 

@@ -11,7 +11,7 @@ import re
 import pytest
 
 from conftest import ROOT
-from test_imports import graph as import_graph
+from test_imports import package_graph as import_graph
 
 PACKAGE = ROOT / "src" / "bnrotation"
 

@@ -27,10 +27,11 @@ from bnrotation.runner import run
 from conftest import ROOT
 from test_reliability import assert_same_results, tiny
 
-# A run long enough to be interrupted mid-way on a quiet or a busy machine (tens of seconds on one core).
-OVERRIDES = ("experiment=adam", "scale.steps=3000", "scale.log_every=500", "scale.check_start=2000",
-             "scale.check_every=500", "scale.intervene_every=3000", "averaging.tail_steps=1000",
-             "averaging.tail_every=500")
+# A run long enough to be interrupted mid-way on a quiet or a busy machine (about ten seconds on one core; the
+# test polls the queue every half second).
+OVERRIDES = ("experiment=adam", "scale.steps=1500", "scale.log_every=250", "scale.check_start=1000",
+             "scale.check_every=250", "scale.intervene_every=1500", "averaging.tail_steps=500",
+             "averaging.tail_every=250")
 TOOLS = ("slurmctld", "slurmd", "munged", "sbatch", "squeue", "scontrol", "scancel")
 
 
