@@ -8,6 +8,7 @@ import json
 import os
 import shutil
 import tempfile
+from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 
@@ -81,6 +82,12 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             if item.get_closest_marker("xdist_group") is None:
                 item.add_marker(pytest.mark.xdist_group(group))
             groups[item.nodeid] = group
+    # Longest units of work first, as in list scheduling: groups (largest first), then the single tests marked slow,
+    # then the rest. A long unit left to the end (the zoo's group, alphabetically last; the wheel's install) keeps
+    # one worker busy while the other has nothing left. Within a group, and otherwise, collection order is kept.
+    size = Counter(groups.values())
+    items.sort(key=lambda item: (0, -size[groups[item.nodeid]]) if item.nodeid in groups else
+               (1, item.get_closest_marker("slow") is None))
     folder = getattr(config, "workerinput", {}).get(GROUPS_FOLDER)
     if folder:
         target = Path(folder) / f"{config.workerinput['workerid']}.json"

@@ -47,6 +47,7 @@ def test_import_bnrotation_is_light():
     assert not any(loaded.values()), loaded  # not even torch: every name is imported on first use
 
 
+@pytest.mark.slow
 def test_the_monitor_and_reestimation_need_none_of_the_suites_stack():
     """Beyond what torch, numpy and pandas load themselves (pandas 3 imports pyarrow when it is installed)."""
     baseline = _loaded_after("import torch, numpy, pandas")

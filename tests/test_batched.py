@@ -49,6 +49,7 @@ def assert_tables_close(a, b, why: str) -> None:
                                         ("adamp", ("optimizer.delta=1.0",)), ("adam_cosine", ()),
                                         ("adam_groupnorm", ("model.group_norm_groups=4",)),
                                         ("resnet20_adam", ("model.channels=[8,16,16]",))])
+@pytest.mark.slow
 def test_a_batch_of_seeds_equals_separate_runs_step_for_step(tmp_path, row, extra):
     """AdamP with delta 1.0 projects in every member at every step: its per-member test matters."""
     name = f"{row}_variant" if extra and "channels" not in extra[0] else row  # a toy variant needs its own name

@@ -392,6 +392,7 @@ def test_the_help_is_plain_text():
 
 
 # ----------------------------------------------------------------------------- the real commands
+@pytest.mark.slow
 def test_the_command_and_make_check_in_a_subprocess(nets):
     folder = nets[0]
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(folder), str(ROOT / "src")]))

@@ -53,6 +53,7 @@ def test_launcher_keys_are_validated_against_the_plugin_schema():
         hydra_launcher("submitit_slurm", "hydra.launcher.partitoin=gpu")
 
 
+@pytest.mark.slow
 def test_two_job_sweep_through_submitit_local_lands_both_runs(tmp_path):
     """`experiments/train.py -m ... hydra/launcher=submitit_local`: both runs write DONE, the sweep exits 0."""
     cmd = [sys.executable, str(ROOT / "experiments" / "train.py"), "-m", "experiment=sgd,adam", "scale=smoke",

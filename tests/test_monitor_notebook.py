@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 MONITOR_NOTEBOOK = "monitor_your_model.py"  # it trains a model (torch): not among the results notebooks
 NOTEBOOK = ROOT / "notebooks" / MONITOR_NOTEBOOK
@@ -23,6 +25,7 @@ def test_five_marked_lines_attach_the_monitor():
     assert marked[0] == "from bnrotation.monitor import StalenessMonitor  # monitor"
 
 
+@pytest.mark.slow
 def test_the_notebook_runs_at_test_size_and_re_estimation_closes_the_gap(tmp_path):
     env = dict(os.environ, PYTHONPATH=str(ROOT / "src"), BNROTATION_NOTEBOOK_SCALE="test",
                BNROTATION_NOTEBOOK_OUT=str(tmp_path), MPLBACKEND="Agg", OMP_NUM_THREADS="1")

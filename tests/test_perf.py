@@ -188,6 +188,7 @@ def test_bench_layerwise_chunked_training_pass_equals_one_pass(bench, arch):
     assert torch.allclose(chunked, one, rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.slow
 def test_compiled_evaluation_equals_eager_and_one_graph_serves_every_model_of_a_structure():
     """Inside ``compiled_evaluation`` the evaluation-mode accuracy and outputs equal eager execution (outputs
     to 1e-5), for the live model and for another instance with other weights and running statistics, which

@@ -98,6 +98,7 @@ def assert_nothing_complete_looking_is_corrupt(out: Path, ref: Path) -> None:
 
 
 @pytest.mark.kernels
+@pytest.mark.slow
 def test_killed_runs_are_never_read_as_complete_and_rerun_whole(tmp_path):
     """Killed during writes (a parquet table, the final run.json, DONE and two more drawn at
     random, each at a random fraction of its bytes), in a random training step, by the kernel at
@@ -158,6 +159,7 @@ def test_forced_rerun_killed_while_removing_the_old_run_is_rerun_not_skipped(tmp
     assert load_run(out).info["status"] == "done"
 
 
+@pytest.mark.slow
 def test_killed_sweep_resumes_without_redoing_or_duplicating(tmp_path):
     """`experiments/train.py -m` over three rows, SIGKILLed while the second run is under way, then rerun."""
     rows = ("sgd", "adam", "adam_bn_m0.3")

@@ -136,6 +136,7 @@ def test_force_or_another_config_starts_over_instead_of_resuming(tmp_path, monke
     assert json.loads((out / "run.json").read_text())["resumes"] == []
 
 
+@pytest.mark.slow
 def test_the_sweep_reports_an_interrupted_run_and_the_next_sweep_resumes_it(tmp_path, capsys):
     """A real process and a real SIGINT (Ctrl-C): exit status 130, 'interrupted' with the step, the state on
     disk; the same command again finishes the run (its task, ``cli.run_task``, in this process: the resume
@@ -170,6 +171,7 @@ def test_the_sweep_reports_an_interrupted_run_and_the_next_sweep_resumes_it(tmp_
 
 
 # ----------------------------------------------------------------------------- one process per run
+@pytest.mark.slow
 def test_two_processes_on_one_run_folder_train_it_once(tmp_path, capsys):
     """The second of two real processes started on the same run is refused while the first holds the lock;
     the first finishes undisturbed; a third, once the first has exited, skips the finished run.

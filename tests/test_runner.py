@@ -122,6 +122,7 @@ def test_run_json_names_the_cpu_kernels_it_ran_on(tmp_path):
         assert plain != kernels["capability"]
 
 
+@pytest.mark.slow
 def test_compiled_code_is_cached_per_kernel_path(tmp_path, monkeypatch):
     """torch.compile's cache does not tell kernel paths apart (code compiled under AVX-512 aborted a process on
     AVX2): the suite gives each path its own folder when TORCHINDUCTOR_CACHE_DIR is unset, the same one in every

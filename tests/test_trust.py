@@ -32,6 +32,7 @@ def train(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
 
 
 # ----------------------------------------------------------------------------- 1. a failed sweep fails
+@pytest.mark.slow
 def test_a_sweep_that_lost_a_run_exits_non_zero_naming_it(tmp_path):
     """``adam``'s folder cannot be made (a file stands where runs/adam/ would be); ``sgd`` finishes."""
     (tmp_path / "runs").mkdir()
@@ -47,6 +48,7 @@ def test_a_sweep_that_lost_a_run_exits_non_zero_naming_it(tmp_path):
     assert lines[-1].startswith("sweep FAILED: 1 of 2 runs did not finish")
 
 
+@pytest.mark.slow
 def test_a_sweep_whose_runs_all_finish_exits_zero(tmp_path):
     proc = train("-m", "experiment=sgd", "seed=0,1", f"results_root={tmp_path}",
                  f"hydra.sweep.dir={tmp_path / 'hydra'}", *TINY)
@@ -97,6 +99,7 @@ def test_a_job_without_an_outcome_counts_as_failed(tmp_path):
     assert cli.summarise_sweep(tmp_path / "nothing")[1]  # a sweep that ran no job did not succeed either
 
 
+@pytest.mark.slow
 def test_make_reproduce_stops_before_analysing_when_the_sweep_fails(tmp_path):
     """The Makefile's `reproduce` runs the sweep first; its exit status stops make before table/figures/claims."""
     (tmp_path / "runs").mkdir()

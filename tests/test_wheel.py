@@ -167,6 +167,7 @@ def make():
 """
 
 
+@pytest.mark.slow
 def test_the_wheel_installs_without_dependencies_beside_torch_numpy_pandas_and_runs(wheel, tmp_path):
     """A fresh venv that sees only torch, numpy, pandas and their requirements: ``pip install --no-deps`` of the
     wheel, ``pip check`` (nothing missing), the monitor on a small model, and ``bnrotation-check`` both asked for
