@@ -142,6 +142,11 @@ def compose_cfg(overrides: list[str]) -> DictConfig:
         return compose(config_name="config", overrides=overrides)
 
 
+# The toy size of the tests' runs: 8x8 images, small batches, probe and held-out sets (the model's widths are each
+# file's choice: some tests read the study's channel counts).
+TOY_SIZE = ["task.image_size=8", "task.batch_size=16", "task.probe_size=16", "scale.heldout_size=32"]
+
+
 def run_cfg(overrides: list[str], tmp: Path) -> RunConfig:
     return to_run_config(compose_cfg(["scale=smoke", f"results_root={tmp}", "progress=false", *overrides]))
 
@@ -167,5 +172,4 @@ def adam_smoke_run(tmp_path_factory) -> Path:
     """One finished ``adam`` run at smoke scale on 8x8 images, seed 0, with interventions and checkpoints; do
     not modify it."""
     from bnrotation.runner import run
-    toy = ["experiment=adam", "task.image_size=8", "task.batch_size=16", "task.probe_size=16", "scale.heldout_size=32"]
-    return built_once(tmp_path_factory, "adam_smoke", lambda root: run(run_cfg(toy, root)))
+    return built_once(tmp_path_factory, "adam_smoke", lambda root: run(run_cfg(["experiment=adam", *TOY_SIZE], root)))

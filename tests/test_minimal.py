@@ -36,7 +36,8 @@ def test_a_check_moves_nothing():
 
 
 def test_the_seed_sets_the_run():
-    a, b, c = (train(5, {5}, 32, CPU, seed=s, batch_size=BATCH)["model"].state_dict()["0.1.running_mean"] for s in (0, 0, 1))
+    a, b, c = (train(5, {5}, 32, CPU, seed=s, batch_size=BATCH)["model"].state_dict()["0.1.running_mean"]
+               for s in (0, 0, 1))
     assert torch.equal(a, b) and not torch.equal(a, c)
 
 

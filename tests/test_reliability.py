@@ -34,10 +34,9 @@ from bnrotation.checkpoints import BadCheckpointError, UnsafeCheckpointError, lo
 from bnrotation.config import ConfigError, RunConfig, to_run_config
 from bnrotation.runner import run
 
-from conftest import CONF, ROOT, compose_cfg, run_cfg
+from conftest import CONF, ROOT, TOY_SIZE, compose_cfg, run_cfg
 
-TINY = ["task.image_size=8", "task.batch_size=16", "task.probe_size=16", "scale.heldout_size=32",
-        "model.channels=[4,8,8]"]
+TINY = [*TOY_SIZE, "model.channels=[4,8,8]"]
 ALL_TABLES = tuple(records.TABLE_COLUMNS)
 # Keys of run.json that say when and where a run ran, not what it computed.
 CLOCK_KEYS = ("started_at", "ended_at", "wall_seconds", "timings_s", "host", "resumes")

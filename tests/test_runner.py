@@ -22,13 +22,13 @@ from bnrotation.rows import ROWS
 from bnrotation.rundir import RunExistsError
 from bnrotation.runner import check_steps, intervention_steps, log_steps, run
 
-from conftest import EXPERIMENTS
-from test_reliability import TINY, tiny  # the toy size, for what does not need the study's network
+from conftest import EXPERIMENTS, TOY_SIZE
+from test_reliability import tiny  # the toy size, for what does not need the study's network
 
 
-# The fixture's toy size: TINY's 8x8 images and small sets, with widths every row's norm divides (GroupNorm's
-# eight groups): the schedule, the tables and run.json are those of the smoke scale, in a fraction of the time.
-TOY = [*(o for o in TINY if not o.startswith("model.channels=")), "model.channels=[8,16,16]"]
+# The fixture's toy size: conftest.TOY_SIZE's 8x8 images and small sets, with widths every row's norm divides
+# (GroupNorm's eight groups): the schedule, the tables and run.json are those of the smoke scale, in a fraction of the time.
+TOY = [*TOY_SIZE, "model.channels=[8,16,16]"]
 WIDTHS = (8, 16, 16)
 
 
