@@ -56,7 +56,7 @@ $(error JOBS=$(JOBS): expected a whole number >= 1 (runs at once))
 endif
 endif
 
-.PHONY: help install test test-fast test-kernels sweep reproduce places row table diagnose check figures claims report notebooks bench frozen clean
+.PHONY: help install data test test-fast test-kernels sweep reproduce places row table diagnose check figures claims report notebooks bench frozen clean
 .DEFAULT_GOAL := help
 
 help: ## list the targets
@@ -65,8 +65,9 @@ help: ## list the targets
 	@echo "    SCALE=$(subst $(space),|,$(SCALES)) [full]   ROW=<row> [adam]   SEED=<s> [0]   ARGS='<hydra overrides>'   FORCE=1"
 	@echo "    ROWS=<row,row,...> SEEDS=<s,s,...> the sweep's rows and seeds [by SCALE and SET, from rows.py:"
 	@for s in $(SCALES); do echo "      SCALE=$$s: $$(PYTHONPATH=src $(PYTHON) -m bnrotation.rows $$s)"; done
-	@for s in resnet ten_seeds; do echo "      SET=$$s: $$(PYTHONPATH=src $(PYTHON) -m bnrotation.rows full $$s)"; done
-	@echo "      ]   SET=resnet|ten_seeds [none: the article's network]"
+	@for s in resnet ten_seeds fashion_mnist; do echo "      SET=$$s: $$(PYTHONPATH=src $(PYTHON) -m bnrotation.rows full $$s)"; done
+	@echo "      SET=fashion_mnist_quick (SCALE=quick): $$(PYTHONPATH=src $(PYTHON) -m bnrotation.rows quick fashion_mnist_quick)"
+	@echo "      ]   SET=resnet|ten_seeds|fashion_mnist|fashion_mnist_quick [none: the article's network]"
 	@echo "    JOBS=<n> runs at once (sweep), one thread each when n >= cores [nproc: $(shell nproc)]"
 	@echo "    RESULTS=<root> [sweep, row: results; table, figures, claims: results if it holds runs, else"
 	@echo "      results/reference; reproduce: results, or results/<scale> below full scale]"
@@ -90,7 +91,19 @@ $(VENV)/.installed: pyproject.toml requirements/lock.txt
 	$(PY) -m compileall -q -j 0 -x '/tests?/|/transformers/models/(?!auto/)' $(VENV)/lib > /dev/null || true
 	touch $@
 
-install: $(VENV)/.installed ## create .venv with the exact versions of requirements/lock.txt (torch 2.13.0, ...)
+install: $(VENV)/.installed data ## create .venv with the exact versions of requirements/lock.txt (torch 2.13.0, ...), and the data
+
+# Fashion-MNIST (task=fashion_mnist, the fmnist_* rows): Debian's dataset-fashion-mnist, installed with apt-get where
+# this user is root and apt-get exists; elsewhere one line says what to run. FASHION_MNIST_DIR: files kept elsewhere.
+# The tests never need it (they read tests/data/fashion_mnist_sample).
+FASHION_MNIST_DIR ?= /usr/share/datasets/fashion-mnist
+data: ## Fashion-MNIST's idx files for the real-image rows (apt-get install dataset-fashion-mnist, as root)
+	@if [ -f "$(FASHION_MNIST_DIR)/train-images-idx3-ubyte.gz" ] || [ -f "$(FASHION_MNIST_DIR)/train-images-idx3-ubyte" ]; then :; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get > /dev/null && [ "$(FASHION_MNIST_DIR)" = /usr/share/datasets/fashion-mnist ]; then \
+		echo "make data: installing Debian's dataset-fashion-mnist (Fashion-MNIST, 30 MB)"; \
+		{ apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q dataset-fashion-mnist; } > /tmp/make-data-apt.log 2>&1 \
+			|| { echo "make data: apt-get could not install dataset-fashion-mnist (see /tmp/make-data-apt.log)" >&2; exit 2; }; \
+	else echo "make data: Fashion-MNIST is not in $(FASHION_MNIST_DIR): run \`sudo apt-get install dataset-fashion-mnist\`, or set FASHION_MNIST_DIR to where its idx files are" >&2; fi
 
 # Tests: TEST_JOBS pytest-xdist workers, each test to whichever is free; the tests of a file that share a module's
 # fixture go to one worker together, so that it is built once (tests/conftest.py); 1, or pytest-xdist not
@@ -127,7 +140,7 @@ test-kernels: $(VENV)/.installed ## rerun the tests marked kernels under the no-
 		i=$$((i + 1)) && echo "make test-kernels: $$env" && \
 		env $$env TORCHINDUCTOR_CACHE_DIR="$$cache/$$i" $(PY) -m pytest -q $(xdist) -m kernels || exit 1; done
 
-sweep: $(VENV)/.installed ## every row x seed at SCALE, or of SET=resnet|ten_seeds (resumable; FORCE=1 reruns; JOBS=n in parallel)
+sweep: $(VENV)/.installed data ## every row x seed at SCALE, or of SET=resnet|ten_seeds|fashion_mnist (resumable; FORCE=1 reruns; JOBS=n in parallel)
 	@[ -n "$(ROWS)" ] || { echo "make sweep: no rows for SCALE=$(SCALE) SET=$(SET) (see the line above)" >&2; exit 2; }
 	$(PY) experiments/train.py -m $(seed_args) experiment=$(ROWS) scale=$(SCALE) force=$(force_flag) \
 		$(results_override) $(launcher) $(set_overrides) $(ARGS)
@@ -138,7 +151,7 @@ reproduce: RESULTS = $(if $(filter full,$(SCALE)),results,results/$(SCALE))
 places: $(VENV)/.installed
 	@$(PY) -m bnrotation.analysis.results $(results_flag) $(out_flag) > /dev/null
 
-row: $(VENV)/.installed ## one row at one seed, SCALE=full unless given (a run: 12-25 min on 2 cores): make row ROW=adam SEED=1 [SCALE=smoke] [ARGS='optimizer.lr=0.001 row=adam_lr1e-3']
+row: $(VENV)/.installed data ## one row at one seed, SCALE=full unless given (a run: 12-25 min on 2 cores): make row ROW=adam SEED=1 [SCALE=smoke] [ARGS='optimizer.lr=0.001 row=adam_lr1e-3']
 	$(PY) experiments/train.py experiment=$(ROW) seed=$(SEED) scale=$(SCALE) force=$(force_flag) \
 		$(results_override) $(ARGS)
 

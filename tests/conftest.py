@@ -16,6 +16,10 @@ from pathlib import Path
 # as this one (torch.set_num_threads below): beside two xdist workers on 2 cores, a child's second thread only
 # waits for a core, spinning. A value you set is kept.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
+# Fashion-MNIST from the committed sample (tests/data/fashion_mnist_sample: 300 training and 100 test images), so
+# that no test needs the data package; conf/task/fashion_mnist.yaml reads the folder from this variable.
+FASHION_MNIST_SAMPLE = Path(__file__).resolve().parent / "data" / "fashion_mnist_sample"
+os.environ.setdefault("FASHION_MNIST_DIR", str(FASHION_MNIST_SAMPLE))
 
 import pytest  # noqa: E402
 import torch  # noqa: E402

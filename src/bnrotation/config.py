@@ -25,6 +25,7 @@ OPTIMIZERS = ("sgd", "adam", "adamw", "adam_projected", "adamp")
 SCHEDULES = ("constant", "cosine")
 NORMS = ("batch", "group", "layer")
 ARCHS = ("convnet", "resnet20")
+TASKS = ("noisy_templates", "fashion_mnist")
 DEVICES = ("auto", "cpu", "cuda")
 AVERAGING_AT = ("interventions", "checks", "last")
 EVAL_BACKENDS = ("auto", "compiled", "eager")
@@ -61,22 +62,37 @@ def _choice(key: str, value: str, allowed: tuple[str, ...]) -> None:
 
 @dataclass
 class TaskConfig:
-    """The noisy-template task of PROTOCOL.md ("Task: noisy templates")."""
+    """The data a run trains and is checked on: the noisy-template task of PROTOCOL.md ("Task: noisy
+    templates") or Fashion-MNIST ("Task: Fashion-MNIST"), by ``name``.
 
+    ``template_scale`` is the synthetic task's alone; ``data_dir`` Fashion-MNIST's (where its idx files are,
+    which says where the data is read from, not what it is: it is not part of a run's identity).
+    """
+
+    name: str = "noisy_templates"  # noisy_templates | fashion_mnist
     num_classes: int = 10
-    image_size: int = 32
+    image_size: int = 32  # side of the square images (Fashion-MNIST's 28x28 are resized to it when it differs)
     template_scale: float = 0.6  # sample = template_scale * template[y] + N(0, 1)
     batch_size: int = 128
     probe_size: int = 512  # fresh statistics and drift (held-out size is a scale key)
+    data_dir: str = "/usr/share/datasets/fashion-mnist"  # Fashion-MNIST's idx files (Debian's dataset-fashion-mnist)
 
     def __post_init__(self) -> None:
+        _choice("task.name", self.name, TASKS)
         _require(self.num_classes >= 2, "task.num_classes", "an integer >= 2", self.num_classes)
+        if self.name == "fashion_mnist":
+            _require(self.num_classes == 10, "task.num_classes", "10 (Fashion-MNIST's classes)", self.num_classes)
         _require(self.image_size >= 4, "task.image_size", "an integer >= 4", self.image_size)
         _require(math.isfinite(self.template_scale) and self.template_scale >= 0, "task.template_scale",
                  "a finite float >= 0", self.template_scale)
         for key in ("batch_size", "probe_size"):
             value = getattr(self, key)
             _require(value >= 2, f"task.{key}", "an integer >= 2 (BatchNorm needs two samples)", value)
+
+    @property
+    def in_channels(self) -> int:
+        """Input channels of the task's images: 3 for the templates, 1 for Fashion-MNIST's grey levels."""
+        return 1 if self.name == "fashion_mnist" else 3
 
 
 @dataclass
@@ -354,7 +370,7 @@ def check_row(cfg: RunConfig) -> None:
     """Refuse a config that keeps a registered row's name but changes what the row means.
 
     A row name names a results folder and a definition (:data:`bnrotation.rows.ROWS`): optimizer, learning
-    rate, schedule, weight decay, network, norm, BatchNorm momentum and the optimizer settings the row fixes
+    rate, schedule, weight decay, task, network, norm, BatchNorm momentum and the optimizer settings the row fixes
     (the task's and the network's sizes are not: the tests run every row at a toy size). A
     variant (``optimizer.lr=0.001`` on ``experiment=adam``) needs a row name of its own, else its results
     would be filed, and refused by ``make table``, as the row's. Unregistered row names are not checked.
@@ -367,7 +383,8 @@ def check_row(cfg: RunConfig) -> None:
     spec = ROWS.get(cfg.row)
     if spec is None:
         return
-    wanted = {"optimizer.name": spec.optimizer, "optimizer.lr": spec.lr, "schedule.name": spec.schedule,
+    wanted = {"task.name": spec.task,
+              "optimizer.name": spec.optimizer, "optimizer.lr": spec.lr, "schedule.name": spec.schedule,
               "optimizer.weight_decay": spec.weight_decay, "model.norm": spec.norm, "model.arch": spec.arch,
               **{f"optimizer.{k}": v for k, v in spec.extra.items()}}
     if spec.norm == "batch":
@@ -386,5 +403,6 @@ def semantic_dict(cfg: RunConfig | DictConfig) -> dict:
     d = OmegaConf.to_container(OmegaConf.structured(cfg) if isinstance(cfg, RunConfig) else cfg, resolve=True)
     for key in NON_SEMANTIC_KEYS:
         d.pop(key, None)
+    d.get("task", {}).pop("data_dir", None)  # where the files are read from, not what they hold
     d.pop("hydra", None)
     return d

@@ -37,7 +37,7 @@ from .evaluation import eval_chunk
 from .interventions import Interventions, layer_lags, run_interventions, top_k_accuracy
 from .model import build_model
 from .runtime import resolve_device
-from .task import NoisyTemplates, heldout_set, reestimation_batches
+from .task import build_task, heldout_set, reestimation_batches
 
 KEYS = {"run": "run folder, runs/<row>/seed=<s> (required)",
         "step": "a checkpoint step, last or worst; without it: the logged interventions",
@@ -194,9 +194,9 @@ def diagnose_checkpoint(run_dir: str | Path, step: str | int, device: str = "aut
     found = {k: ckpt.get(k) for k in ("row", "seed", "step")}
     if found != {"row": cfg.row, "seed": cfg.seed, "step": n}:
         raise ValueError(f"{path}: holds {found}, but the folder is row {cfg.row!r} seed {cfg.seed} step {n}")
-    model = build_model(cfg.model, cfg.task.num_classes, cfg.seed, dev)
+    model = build_model(cfg.model, cfg.task.num_classes, cfg.seed, dev, cfg.task.in_channels)
     model.load_state_dict(ckpt["model"])
-    task = NoisyTemplates.build(cfg.task, cfg.seed, dev)
+    task = build_task(cfg.task, cfg.seed, dev)
     x, y = heldout_set(task, cfg)
     result = run_interventions(model, reestimation_batches(task, cfg, dev, n), x, y, eval_chunk(dev, len(y)))
     file = run_dir / "interventions.parquet"

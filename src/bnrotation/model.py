@@ -44,15 +44,16 @@ def make_norm(cfg: ModelConfig, channels: int) -> nn.Module:
 
 
 class ConvNet(nn.Module):
-    """The study's network. Input (N, 3, S, S) -> logits (N, K)."""
+    """The study's network. Input (N, C, S, S) -> logits (N, K); C = ``in_channels`` (3 for the templates, 1
+    for Fashion-MNIST)."""
 
-    def __init__(self, cfg: ModelConfig, num_classes: int = 10):
+    def __init__(self, cfg: ModelConfig, num_classes: int = 10, in_channels: int = 3):
         super().__init__()
         c1, c2, c3 = cfg.channels
         prefix = NORM_PREFIX[cfg.norm]
         self.norm_names = tuple(f"{prefix}{i}" for i in (1, 2, 3))
         self.conv_names = ("conv1", "conv2", "conv3")
-        for name, (cin, cout) in zip(self.conv_names, ((3, c1), (c1, c2), (c2, c3))):
+        for name, (cin, cout) in zip(self.conv_names, ((in_channels, c1), (c1, c2), (c2, c3))):
             self.add_module(name, nn.Conv2d(cin, cout, 3, padding=1, bias=False))
         for name, c in zip(self.norm_names, (c1, c2, c3)):
             self.add_module(name, make_norm(cfg, c))
@@ -98,17 +99,17 @@ class BasicBlock(nn.Module):
 
 
 class ResNet20(nn.Module):
-    """CIFAR-style ResNet-20 (see the module docstring). Input (N, 3, S, S) -> logits (N, K).
+    """CIFAR-style ResNet-20 (see the module docstring). Input (N, C, S, S) -> logits (N, K), C = ``in_channels``.
 
     Layers: ``conv1``/``bn1`` (stem), ``layer<i>.<j>.conv1``/``.bn1``, ``.conv2``/``.bn2`` and
     ``layer<i>.0.shortcut.0``/``.shortcut.1`` for stages i = 1, 2, 3 and blocks j = 0, 1, 2; ``fc``.
     """
 
-    def __init__(self, cfg: ModelConfig, num_classes: int = 10, blocks_per_stage: int = 3):
+    def __init__(self, cfg: ModelConfig, num_classes: int = 10, in_channels: int = 3, blocks_per_stage: int = 3):
         super().__init__()
         c1, c2, c3 = cfg.channels
         prefix = NORM_PREFIX[cfg.norm]
-        self.conv1 = nn.Conv2d(3, c1, 3, padding=1, bias=False)
+        self.conv1 = nn.Conv2d(in_channels, c1, 3, padding=1, bias=False)
         self.add_module(f"{prefix}1", make_norm(cfg, c1))
         self.norm_name = f"{prefix}1"
         c_in = c1
@@ -129,16 +130,17 @@ class ResNet20(nn.Module):
 ARCHITECTURES = {"convnet": ConvNet, "resnet20": ResNet20}
 
 
-def build_model(cfg: ModelConfig, num_classes: int, seed: int, device: torch.device | str = "cpu") -> nn.Module:
-    """The network ``cfg.arch`` names, with PyTorch's default initialisation drawn from the run's own
-    ``init`` stream.
+def build_model(cfg: ModelConfig, num_classes: int, seed: int, device: torch.device | str = "cpu",
+                in_channels: int = 3) -> nn.Module:
+    """The network ``cfg.arch`` names, for inputs of ``in_channels`` channels (``task.in_channels``), with
+    PyTorch's default initialisation drawn from the run's own ``init`` stream.
 
     The global RNG is forked, so building a model leaves it untouched and the
     same seed gives the same initial weights to every row.
     """
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(stream_seed(seed, "init"))
-        model = ARCHITECTURES[cfg.arch](cfg, num_classes)
+        model = ARCHITECTURES[cfg.arch](cfg, num_classes, in_channels)
     model = model.to(device)
     if cfg.channels_last:
         model = model.to(memory_format=torch.channels_last)

@@ -13,6 +13,7 @@ No torch here: the analysis imports this module.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import sys
 from dataclasses import dataclass, field
@@ -48,6 +49,7 @@ class RowSpec:
     weight_decay: float = 0.0
     norm: str = "batch"  # batch | group | layer (model.norm)
     arch: str = "convnet"  # convnet | resnet20 (model.arch)
+    task: str = "noisy_templates"  # noisy_templates | fashion_mnist (task.name)
     image_size: int = 32  # task.image_size its experiment file sets (a size, not checked against run.json)
     published: Published | None = None
     extra: dict = field(default_factory=dict)  # further optimizer param-group settings the row fixes
@@ -102,9 +104,28 @@ ROWS: dict[str, RowSpec] = {
 
 # Rows of the article's table, in the article's order.
 PUBLISHED_ROWS = ("sgd", "adam_lr3e-4", "adam_cosine", "adamw", "adam", "adam_projected")
-# Every row of the default full sweep: the article's network (the ResNet-20 rows are a named set of their own).
-SWEEP_ROWS = tuple(name for name, spec in ROWS.items() if spec.arch == "convnet")
+# The article's table with its window test: the rows run again on real images.
+ARTICLE_ROWS = (*PUBLISHED_ROWS, "adam_bn_m0.3")
+# What a table's Task column calls each task (RowSpec.task, task.name), and the prefix of its rows' names.
+TASKS = {"noisy_templates": "noisy templates", "fashion_mnist": "Fashion-MNIST"}
+FASHION_MNIST_PREFIX = "fmnist_"
+
+
+def on_fashion_mnist(row: str) -> str:
+    """The name of ``row``'s twin on Fashion-MNIST (``adam`` -> ``fmnist_adam``)."""
+    return FASHION_MNIST_PREFIX + row
+
+
+# Beyond the article: the same rows on real images (Fashion-MNIST, 28x28 grey, the official split), each the
+# synthetic row's twin in every setting but the task; the article's figures are the synthetic task's, so none.
+ROWS.update({on_fashion_mnist(name): dataclasses.replace(
+    ROWS[name], label=f"Fashion-MNIST, {ROWS[name].label}", task="fashion_mnist", image_size=28, published=None)
+    for name in ARTICLE_ROWS})
+# Every row of the default full sweep: the article's network on the templates (the ResNet-20 rows and the
+# Fashion-MNIST rows are named sets of their own).
+SWEEP_ROWS = tuple(name for name, spec in ROWS.items() if spec.arch == "convnet" and spec.task == "noisy_templates")
 RESNET_ROWS = tuple(name for name, spec in ROWS.items() if spec.arch == "resnet20")
+FASHION_MNIST_ROWS = tuple(name for name, spec in ROWS.items() if spec.task == "fashion_mnist")
 # What a table's Network column and a figure's key call each network (RowSpec.arch, model.arch).
 NETWORKS = {"convnet": "the study's ConvNet", "resnet20": "ResNet-20"}
 SEEDS = (0, 1, 2)
@@ -132,7 +153,12 @@ SWEEPS = {"full": Sweep(SWEEP_ROWS, SEEDS),
           "quick": Sweep(("sgd", "adam", "adam_bn_m0.3"), (0,), ("averaging.enabled=false",)),
           "smoke": Sweep(SWEEP_ROWS, (0,))}
 # Named sets beyond the default sweep: `make sweep SET=<name>` (`python -m bnrotation.rows <scale> <name>`).
+# Fashion-MNIST: the article's seven rows at three seeds without weight averaging (the study network's question,
+# answered on the templates; a third of a run's time); `fashion_mnist_quick` is the quick look on it.
 SETS = {"resnet": Sweep(RESNET_ROWS, SEEDS),
+        "fashion_mnist": Sweep(FASHION_MNIST_ROWS, SEEDS, ("averaging.enabled=false",), ("full", "smoke")),
+        "fashion_mnist_quick": Sweep(tuple(map(on_fashion_mnist, SWEEPS["quick"].rows)), SWEEPS["quick"].seeds,
+                                     SWEEPS["quick"].overrides, ("quick",)),
         "ten_seeds": Sweep(TEN_SEED_ROWS, tuple(range(3, 10)),
                            (f"scale.dense_windows=[{','.join(map(str, DENSE_WINDOWS))}]", "averaging.enabled=false"),
                            ("full",))}
@@ -232,6 +258,9 @@ def check_against_row(info: dict, spec: RowSpec) -> list[str]:
     got_sched = sched.get("class") if isinstance(sched, dict) else None
     if got_sched != SCHEDULE_CLASSES[spec.schedule]:
         problems.append(f"schedule {got_sched!r}, the row means {spec.schedule!r}")
+    task = (info.get("task") or {}).get("name", "noisy_templates")  # absent from runs made before the second task
+    if task != spec.task:
+        problems.append(f"task {task!r}, the row means {spec.task!r}")
     model_class = info.get("model", {}).get("class")  # absent from runs made before the suite had two networks
     if model_class is not None and model_class != ARCH_CLASSES.get(spec.arch):
         problems.append(f"network {model_class!r}, the row means {ARCH_CLASSES.get(spec.arch)!r}")

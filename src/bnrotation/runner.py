@@ -52,7 +52,7 @@ from .rows import ROWS, check_against_row
 from .rundir import RESUME_FILE, RunLock, config_yaml, prepare_run_dir
 from .runtime import (RunInterrupted, evaluation_compiled, pass_on_to_submitit, resolve_device, resolve_threads,
                       set_determinism, stop_signals)
-from .task import NoisyTemplates, generator, heldout_set, memory_format, probe_set, reestimation_batches, run_dtype
+from .task import Task, build_task, generator, heldout_set, memory_format, probe_set, reestimation_batches, run_dtype
 
 
 # ----------------------------------------------------------------------------- schedule of a run
@@ -208,8 +208,10 @@ def run_seeds(cfg: RunConfig) -> dict[int, Path | None]:
 
 @dataclass
 class _Built:
-    """A seed's own model, optimizer and schedule, and what they are read back as (``run.json``'s settings)."""
+    """A seed's own task, model, optimizer and schedule, and what they are read back as (``run.json``'s
+    settings)."""
 
+    task: Task
     model: torch.nn.Module
     optimizer: torch.optim.Optimizer
     schedule: torch.optim.lr_scheduler.LRScheduler | None
@@ -217,16 +219,18 @@ class _Built:
 
 
 def _build(cfg: RunConfig, device: torch.device) -> _Built:
-    """A seed's own model, optimizer and schedule; refused before any work when what they are read back as
-    contradicts what the row means (what ``make table`` would refuse after the run)."""
-    model = build_model(cfg.model, cfg.task.num_classes, cfg.seed, device).to(run_dtype(cfg))
+    """A seed's own task, model, optimizer and schedule; refused before any work when what they are read back as
+    contradicts what the row means (what ``make table`` would refuse after the run), or when the task's data
+    cannot be read (:class:`~bnrotation.fashion_mnist.DataError`)."""
+    task = build_task(cfg.task, cfg.seed, device, run_dtype(cfg))
+    model = build_model(cfg.model, cfg.task.num_classes, cfg.seed, device, cfg.task.in_channels).to(run_dtype(cfg))
     optimizer = build_optimizer(cfg.optimizer, model)
     schedule = build_schedule(cfg.schedule, optimizer, cfg.scale.steps)
-    described = describe_built(model, optimizer, schedule, device)
+    described = {**describe_built(model, optimizer, schedule, device), "task": task.describe()}
     if cfg.row in ROWS and (problems := check_against_row(described, ROWS[cfg.row])):
         raise ConfigError(f"row: what this config builds contradicts row {cfg.row!r}: {'; '.join(problems)}; "
                           f"give the variant a row name of its own (row=<name>)")
-    return _Built(model, optimizer, schedule, described)
+    return _Built(task, model, optimizer, schedule, described)
 
 
 @dataclass
@@ -236,7 +240,7 @@ class _Member:
     cfg: RunConfig
     out: Path
     state: RunState
-    task: NoisyTemplates
+    task: Task
     x_held: torch.Tensor
     y_held: torch.Tensor
     x_probe: torch.Tensor
@@ -251,7 +255,7 @@ def _member(cfg: RunConfig, built: _Built, *, out: Path, resume: bool, device: t
     ``config.yaml`` and first ``run.json`` written; ``batched_with``: the seeds that train with it."""
     started = time.time()
     built.described["threads"] = torch.get_num_threads()
-    task = NoisyTemplates.build(cfg.task, cfg.seed, device, run_dtype(cfg))
+    task = built.task
     x_held, y_held = heldout_set(task, cfg)
     x_probe, _ = probe_set(task, cfg)
     model = built.model
