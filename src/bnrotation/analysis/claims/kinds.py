@@ -28,7 +28,8 @@ needs are missing.
   rows, with the study's share beside it.
 
 Every claim belongs to a section of ``claims.md`` (``section``: :data:`ARTICLE`,
-the article's claims, :data:`RESNET`, "Does it carry over? ResNet-20", or
+the article's claims, :data:`RESNET`, "Does it carry over? ResNet-20",
+:data:`FASHION_MNIST`, "Does it happen on real images? Fashion-MNIST", or
 :data:`FROZEN`, "Beyond the article: a frozen backbone").
 An *exploratory* claim (``exploratory=True``) measures without a tolerance fixed
 in advance: it gives MEASURED, never PASS or FAIL (NOT RUN when its runs are
@@ -55,7 +56,8 @@ from .evidence import Evidence, recovery_share
 PASS, FAIL, NOT_RUN = "PASS", "FAIL", "NOT RUN"
 NOT_JUDGED = "not judged at this scale"  # runs below the article's scale: measured, weighed against nothing
 MEASURED = "MEASURED"  # the verdict of an exploratory claim with runs: measured, no PASS or FAIL
-ARTICLE, RESNET, FROZEN = "article", "resnet", "frozen"  # the sections of claims.md a claim belongs to
+# The sections of claims.md a claim belongs to.
+ARTICLE, RESNET, FASHION_MNIST, FROZEN = "article", "resnet", "fashion_mnist", "frozen"
 Z = 2.0  # standard errors a difference must exceed
 ALPHA = 0.05  # one-sided level of an ordering across rows
 MIN_RANK_ROWS = 4  # an ordering needs at least this many of the article's rows (4 rows: 1 order in 24 is 4%)
@@ -109,7 +111,7 @@ class Check:
     tolerance: str
     verdict: str
     note: str = ""
-    section: str = ARTICLE  # ARTICLE or RESNET: where claims.md lists it
+    section: str = ARTICLE  # ARTICLE, RESNET, FASHION_MNIST or FROZEN: where claims.md lists it
     exploratory: bool = False  # measured without a tolerance fixed in advance: MEASURED, never PASS or FAIL
     figures: dict[str, float] = field(default_factory=dict)  # the numbers its verdict rests on (Outcome.figures)
 

@@ -25,7 +25,7 @@ from ..measures.dense import DENSE_INTERVALS
 from ..results import Run, count
 from ..stats import SeedStat, half_unit, spearman_rho
 from ..tables.table import COLUMNS as TABLE_COLUMNS
-from . import carryover
+from . import carryover, real_images
 from .evidence import CONV_LAYERS, Evidence, middle_lag_at_failing
 from .kinds import (FAIL, FROZEN, NOT_RUN, Z, Above, Below, Check, Match, MatchesPublished, NotBelow, Outcome, RankOrder,
                     RecoveryShare, above, bespoke, match_words, matches, said, table_figure)
@@ -422,6 +422,8 @@ CLAIMS = (
     adamw_between_adam_and_sgd,
     # Does it carry over? ResNet-20 (claims.md lists these under their own heading; analysis/claims/carryover.py)
     *carryover.CHECKS,
+    # Does it happen on real images? Fashion-MNIST (its own heading; analysis/claims/real_images.py)
+    *real_images.CHECKS,
     frozen_backbone_batchnorm_follows_new_data,
 )
 

@@ -16,7 +16,7 @@ from ..measures import metrics, theory
 from ..results import count, scale_note
 from .evidence import Evidence
 from .findings import findings
-from .kinds import ALPHA, ARTICLE, FAIL, FROZEN, MEASURED, NOT_JUDGED, NOT_RUN, PASS, RESNET, Z, Check
+from .kinds import ALPHA, ARTICLE, FAIL, FASHION_MNIST, FROZEN, MEASURED, NOT_JUDGED, NOT_RUN, PASS, RESNET, Z, Check
 
 
 def md_cell(text: str) -> str:
@@ -60,26 +60,34 @@ def theory_lines(ev: Evidence) -> list[str]:
     return lines
 
 
-def carryover_lines(checks: list[Check]) -> list[str]:
-    """The section "Does it carry over? ResNet-20": what the checks are, then each (``checks``: the
-    :data:`.kinds.RESNET` ones)."""
-    out = ["## Does it carry over? ResNet-20\n",
-           "The study ran one small network. These checks ask whether its mechanism carries over to a residual "
-           "network, ResNet-20 (16×16 images, the study's protocol otherwise; rows `resnet20_*`). Each tolerance was "
-           "fixed before the ResNet-20 runs existed, and each check gives its reason; an *exploratory* check measures "
-           "without one (MEASURED, no PASS or FAIL). Where the study's network has the same measurement it is shown "
-           "beside, without a verdict: its runs existed before these rules. NOT RUN: the rows' runs are missing.\n"]
-    for c in checks:
-        out += check_block(c)
-    return out
+# The sections of claims.md after the article's own, in order: their heading and what they are.
+SECTIONS = {
+    RESNET: ("Does it carry over? ResNet-20",
+             "The study ran one small network. These checks ask whether its mechanism carries over to a residual "
+             "network, ResNet-20 (16×16 images, the study's protocol otherwise; rows `resnet20_*`). Each tolerance was "
+             "fixed before the ResNet-20 runs existed, and each check gives its reason; an *exploratory* check "
+             "measures without one (MEASURED, no PASS or FAIL). Where the study's network has the same measurement it "
+             "is shown beside, without a verdict: its runs existed before these rules. NOT RUN: the rows' runs are "
+             "missing."),
+    FASHION_MNIST: ("Does it happen on real images? Fashion-MNIST",
+                    "The article's seven rows again on real images: Fashion-MNIST (28×28 grey, the official split; "
+                    "rows `fmnist_*`), the study's network and protocol otherwise. Each tolerance was fixed before the "
+                    "Fashion-MNIST runs existed (`analysis/claims/real_images.py`), and each check gives its reason; "
+                    "training mode is no longer 100% on real images, so the rules compare a row with its own training "
+                    "mode or with SGD's row. Where the templates' runs have the same measurement it is shown beside, "
+                    "without a verdict. NOT RUN: the rows' runs are missing."),
+    FROZEN: ("Beyond the article: a frozen backbone",
+             "Convolutions frozen after pre-training, a new head fine-tuned on noisier data, BatchNorm in training "
+             "mode, in evaluation mode or re-estimated (`bnrotation.frozen`; its runs under `frozen/` beside these). "
+             "The tolerance was fixed before the runs."),
+}
 
 
-def frozen_lines(checks: list[Check]) -> list[str]:
-    """The section "Beyond the article: a frozen backbone" (``checks``: the :data:`.kinds.FROZEN` ones)."""
-    out = ["## Beyond the article: a frozen backbone\n",
-           "Convolutions frozen after pre-training, a new head fine-tuned on noisier data, BatchNorm in training mode, "
-           "in evaluation mode or re-estimated (`bnrotation.frozen`; its runs under `frozen/` beside these). The "
-           "tolerance was fixed before the runs.\n"]
+def section_lines(section: str, checks: list[Check]) -> list[str]:
+    """One section of :data:`SECTIONS` in ``claims.md``: its heading, what its checks are, then each (``checks``:
+    that section's)."""
+    title, intro = SECTIONS[section]
+    out = [f"## {title}\n", f"{intro}\n"]
     for c in checks:
         out += check_block(c)
     return out
@@ -105,8 +113,7 @@ def to_markdown(ev: Evidence, checks: list[Check], cells: list[tuple[str, str, C
     """The whole of ``claims.md``: ``checks`` (named claims: the article's, then those of the section "Does it
     carry over? ResNet-20") and ``cells`` ((row, column title, check) of the article's table) as weighed on
     ``ev``."""
-    resnet = [c for c in checks if c.section == RESNET]
-    frozen = [c for c in checks if c.section == FROZEN]
+    beyond = {section: [c for c in checks if c.section == section] for section in SECTIONS}
     checks = [c for c in checks if c.section == ARTICLE]
     seeds = ev.per_run.groupby("row")["seed"].apply(seed_ranges)
     intervene_every = int(ev.runs[0].config["scale"]["intervene_every"])
@@ -137,14 +144,11 @@ def to_markdown(ev: Evidence, checks: list[Check], cells: list[tuple[str, str, C
            f"Named checks: **{verdict_counts(checks)}**. Table cells: {verdict_counts(c for _, _, c in cells)}.\n",
            "| Check | Verdict | Published | Measured |", "|---|---|---|---|"]
     out += [f"| `{c.name}` | {c.verdict} | {md_cell(c.published)} | {md_cell(c.measured)} |" for c in checks]
-    if resnet:
-        out += ["", f"Does it carry over? ResNet-20 (its own section, at the end): {summary_line(resnet)}.\n",
-                "| Check | Verdict | Measured |", "|---|---|---|"]
-        out += [f"| {label(c)} | {c.verdict} | {md_cell(c.measured)} |" for c in resnet]
-    if frozen:
-        out += ["", f"Beyond the article: a frozen backbone (its own section, at the end): {summary_line(frozen)}.\n",
-                "| Check | Verdict | Measured |", "|---|---|---|"]
-        out += [f"| {label(c)} | {c.verdict} | {md_cell(c.measured)} |" for c in frozen]
+    for section, these in beyond.items():
+        if these:
+            out += ["", f"{SECTIONS[section][0]} (its own section, at the end): {summary_line(these)}.\n",
+                    "| Check | Verdict | Measured |", "|---|---|---|"]
+            out += [f"| {label(c)} | {c.verdict} | {md_cell(c.measured)} |" for c in these]
     out += ["", "## Checks\n"]
     for c in checks:
         out += check_block(c)
@@ -164,8 +168,7 @@ def to_markdown(ev: Evidence, checks: list[Check], cells: list[tuple[str, str, C
             "β = 0.9 (`theory.random_walk_factor`). Rows without weight decay (SGD and every Adam row but AdamW) "
             "have no equilibrium and no prediction.\n", *theory_lines(ev), "",
             "## Findings on the article's open questions\n", *findings(ev)]
-    if resnet:
-        out += carryover_lines(resnet)
-    if frozen:
-        out += frozen_lines(frozen)
+    for section, these in beyond.items():
+        if these:
+            out += section_lines(section, these)
     return "\n".join(out) + "\n"
