@@ -103,6 +103,7 @@ def test_the_check_exits_0_nothing_found_1_stale_2_undetermined_or_bad_input(fil
     assert (code, err) == (1, "") and "STALE: mode gap" in out and "2.000σ (2) ≥ 0.1σ" in out
     # activations beyond float32's range: the fresh statistics are NaN, so no lag can cross the threshold
     code, out, err = _check(capsys, "fitting.pt", "--model-kwargs", '{"scale": 1e39}')
-    assert (code, err) == (2, "") and out.rstrip().splitlines()[-1].startswith("Undetermined: ")
+    assert (code, err) == (2, "") and out.rstrip().splitlines()[-1].startswith(
+        "Undetermined: every layer's median |lag| is NaN, which no threshold judges"), out
     code, out, err = _check(capsys, "missing.pt")
     assert (code, out) == (2, "") and err.startswith("error: --weights: missing.pt") and len(err.splitlines()) == 1

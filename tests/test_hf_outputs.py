@@ -212,6 +212,9 @@ def test_the_check_reads_a_trainers_folders_for_a_model_built_from_their_config(
     assert code == (1 if want.stale else 0) and err == "", err
     assert f"({how}) with {checkpoint} (its model.safetensors: a state dict)" in out
     assert f"Note: {NOTE}." in out and "| resnet.embedder.embedder.normalization |" in out
+    auto = ["--model", "transformers:AutoModelForImageClassification", *CHECK[2:]]  # the config's model_type
+    assert main([*auto, "--weights", str(checkpoint)]) == code
+    assert f"Note: {NOTE}." in capsys.readouterr().out
     # the output folder after save_model, and the output folder that holds only its checkpoints
     assert main([*CHECK, "--weights", str(tmp_path / "out")]) == 2
     err = capsys.readouterr().err
@@ -250,3 +253,30 @@ def test_a_wrapped_models_safetensors_has_its_prefix_stripped_and_a_wrapping_mod
     kind = load_weights(wrapper, trained.state_dict())
     assert kind == "a state dict, the prefix 'model.' added to its keys (the model's own keys all start with it)"
     assert all(torch.equal(v, trained.state_dict()[k]) for k, v in wrapper.model.state_dict().items())
+
+
+def test_a_folder_of_shards_or_of_a_pytorch_model_bin_is_read_whole(tmp_path):
+    safetensors = import_optional("safetensors.torch")
+
+    def net(seed: int) -> nn.Module:
+        torch.manual_seed(seed)
+        return nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4), nn.Flatten(), nn.LazyLinear(2))
+
+    saved = net(0)
+    saved(torch.randn(2, 3, 6, 6))
+    state = saved.state_dict()
+    keys = list(state)
+    sharded, binary = tmp_path / "sharded", tmp_path / "binary"
+    sharded.mkdir()
+    binary.mkdir()
+    shards = {"model-00001-of-00002.safetensors": keys[:3], "model-00002-of-00002.safetensors": keys[3:]}
+    for name, part in shards.items():
+        safetensors.save_file({k: state[k].contiguous() for k in part}, sharded / name)
+    index = {"metadata": {}, "weight_map": {k: name for name, part in shards.items() for k in part}}
+    (sharded / "model.safetensors.index.json").write_text(json.dumps(index))
+    torch.save(state, binary / "pytorch_model.bin")
+    for folder, what in ((sharded, "its model.safetensors in 2 shards"), (binary, "its pytorch_model.bin")):
+        model = net(1)
+        model(torch.randn(2, 3, 6, 6))
+        assert load_weights(model, folder) == f"{what}: a state dict"
+        assert all(torch.equal(v, state[k]) for k, v in model.state_dict().items())

@@ -585,8 +585,11 @@ class CheckReport:
         if self.stale:
             return f"STALE: {rule}. {advice}"
         if self.undetermined:
-            return (f"Undetermined: {rule}: a NaN cannot cross a threshold; the batches' activations may overflow "
-                    "(fresh statistics that are not finite).")
+            nan = [what for what, value in (("the mode gap", self.mode_gap),
+                                            ("every layer's median |lag|", self.worst_median_lag_sigma))
+                   if math.isnan(value)]
+            return (f"Undetermined: {' and '.join(nan)} {'is' if len(nan) == 1 else 'are'} NaN, which no threshold "
+                    "judges; the batches' activations may overflow (fresh statistics that are not finite).")
         return f"Not stale: {rule} (both are needed to warn)."
 
 
