@@ -30,7 +30,8 @@ CONFIG = {"num_channels": 3, "embedding_size": 8, "hidden_sizes": [8, 16], "dept
           "layer_type": "basic"}
 CHECK = ["--model", "transformers:ResNetForImageClassification", "--batches", "batches.pt",
          "--input-key", "pixel_values", "--target-key", "labels"]
-NOTE = "the model returns an ImageClassifierOutputWithNoAttention: its 'logits' (N, classes) are read as its predictions"
+NOTE = ("the model returns an ImageClassifierOutputWithNoAttention: its 'logits' (N, classes) are read as its "
+        "predictions")
 
 
 @pytest.fixture(scope="module")
@@ -112,7 +113,8 @@ def test_a_model_output_is_measured_through_its_logits_as_the_logits_are_and_sai
             loss.backward()
             opt.step()
         records.append((monitor(3), oracle(3), plain(3)))
-    notes = [str(w.message) for w in caught if issubclass(w.category, MonitorSetupWarning) and "logits" in str(w.message)]
+    notes = [str(w.message) for w in caught
+             if issubclass(w.category, MonitorSetupWarning) and "logits" in str(w.message)]
     assert notes == [NOTE, NOTE.replace("an ImageClassifierOutputWithNoAttention", "a dict")]  # one per monitor
     for hf_record, tensor_record, dict_record in records:
         _same_records(hf_record, tensor_record)

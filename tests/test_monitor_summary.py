@@ -37,9 +37,10 @@ def _summaries(stale: bool, steps: list[int]) -> tuple[StalenessMonitor, list]:
 def test_during_the_warm_up_the_summary_says_the_rule_would_fire():
     monitor, records = _summaries(True, [10, 43])
     assert monitor.warmup_steps == default_warmup_steps([monitor.model[1]]) == 44  # momentum 0.1, PyTorch's default
-    for record, words in zip(records, (f"warming up, {monitor.warmup_steps - 10} steps left", "warming up, 1 step left")):
+    words = (f"warming up, {monitor.warmup_steps - 10} steps left", "warming up, 1 step left")  # steps 10 and 43
+    for record, said in zip(records, words):
         assert record.stale and not record.flagged
-        assert record.summary.startswith(f"{words}; the rule would fire | train 100.0% / eval "), record.summary
+        assert record.summary.startswith(f"{said}; the rule would fire | train 100.0% / eval "), record.summary
 
 
 def test_during_the_warm_up_a_rule_that_holds_not_is_said_without_it():

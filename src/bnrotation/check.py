@@ -13,8 +13,9 @@ Works on any model (:mod:`bnrotation.monitor`'s semantics; nothing here knows th
 * ``--model module:function``: a factory, imported from the current directory or ``PYTHONPATH``, that
   returns the ``nn.Module``, called with the keyword arguments of ``--model-kwargs`` (a JSON object), if any.
   A Hugging Face model class (``transformers:ResNetForImageClassification``, or an ``AutoModelFor...`` class) is
-  built from its config, with random weights that ``--weights`` then replaces: the ``config.json`` beside the
-  weights in a folder ``--weights`` names, with ``--model-kwargs`` as settings of the config
+  built from its config, with random weights that ``--weights`` then replaces: the ``config.json`` of the folder
+  ``--weights`` names (or holds the ``--weights`` file), else the default config, with ``--model-kwargs`` as
+  settings of the config
   (``'{"num_labels": 10}'``; an Auto class without a ``config.json`` needs ``model_type``). Nothing is
   downloaded;
 * ``--weights file``: a ``torch.save`` file, loaded with ``torch.load(weights_only=True)``, or a
@@ -51,10 +52,10 @@ What it measures on those batches:
 The statistics are stale when the monitor's rule (:class:`monitor.Thresholds`) fires on the mode gap and
 the worst layer's median |lag|; the verdict is undetermined when, not stale, the gap or every lag is NaN
 (activations that overflow). The exit status is the one every judging command shares
-(:data:`helptext.EXIT_STATUS`, at the end of ``--help``): 0 not stale; 1 stale; 2 undetermined, or bad input, one
-line naming the argument or file, before any measurement. Fewer samples than the mode-gap threshold needs (one sample moves the
-gap by 1/N; :func:`monitor.smallest_probe`, 20 at the default 0.05) are still judged, with one
-``warning: --batches: ...`` line on stderr naming the smallest size and the argument that sets it.
+(:data:`helptext.EXIT_STATUS`, at the end of ``--help``): 0 not stale; 1 stale; 2 undetermined, or bad input,
+one line naming the argument or file, before any measurement. Fewer samples than the mode-gap threshold needs
+(one sample moves the gap by 1/N; :func:`monitor.smallest_probe`, 20 at the default 0.05) are still judged, with
+one ``warning: --batches: ...`` line on stderr naming the smallest size and the argument that sets it.
 """
 
 from __future__ import annotations
@@ -254,7 +255,7 @@ def pretrained_from_config(spec: str, cls: type, kwargs: Mapping | None = None, 
     return model, where
 
 
-def _pretrained_weights(folder: Path) -> tuple[dict[str, torch.Tensor], str]:
+def _pretrained_weights(folder: Path, device: str | torch.device = "cpu") -> tuple[dict[str, torch.Tensor], str]:
     """The state dict a Hugging Face folder holds (:data:`PRETRAINED_WEIGHTS`, its shards merged), and which file.
 
     Raises:
@@ -277,13 +278,13 @@ def _pretrained_weights(folder: Path) -> tuple[dict[str, torch.Tensor], str]:
         state: dict[str, torch.Tensor] = {}
         for f in files:
             try:
-                contents = load_checkpoint(f, map_location="cpu")
+                contents = load_checkpoint(f, map_location=device)
             except (FileNotFoundError, UnsafeCheckpointError, BadCheckpointError) as err:
                 raise CheckInputError(f"--weights: {err}") from None
             state.update(contents if isinstance(contents, Mapping) else {})
         return state, what
-    steps = sorted((p for p in folder.glob("checkpoint-*") if p.is_dir() and p.name[11:].isdigit()),
-                   key=lambda p: int(p.name[11:]))
+    steps = sorted((p for p in folder.glob("checkpoint-*") if p.is_dir() and p.name[len("checkpoint-"):].isdigit()),
+                   key=lambda p: int(p.name[len("checkpoint-"):]))  # checkpoint-<optimizer step>, the Trainer's names
     hint = (f"; it holds the Trainer checkpoints {few([p.name for p in steps])}: name one, e.g. --weights "
             f"{steps[-1]}" if steps else "")
     raise CheckInputError(f"--weights {folder}: a folder without {' or '.join(PRETRAINED_WEIGHTS)} (sharded or "
@@ -310,14 +311,15 @@ def load_weights(model: nn.Module, weights, device: str | torch.device = "cpu", 
 
     Raises:
         CheckInputError: naming ``--weights`` and the file, in one line, for a missing, unreadable or unsafe file
-            (:func:`checkpoints.load_checkpoint`), contents that hold no state dict (naming ``--weights-key``),
+            (:func:`checkpoints.load_checkpoint`), a folder without :data:`PRETRAINED_WEIGHTS` (naming the
+            ``checkpoint-N`` folders it holds), contents that hold no state dict (naming ``--weights-key``),
             no key under ``prefix``, or weights that do not fit the model: the first missing and the first
             unexpected key, or the first key whose shape differs, and the ``--strip-prefix`` that would fit.
     """
     where = f"--weights {weights}" if isinstance(weights, (str, os.PathLike)) else "--weights"
     folder = ""
     if isinstance(weights, (str, os.PathLike)) and Path(weights).is_dir():
-        weights, folder = _pretrained_weights(Path(weights))
+        weights, folder = _pretrained_weights(Path(weights), device)
     elif isinstance(weights, (str, os.PathLike)):
         try:
             weights = load_checkpoint(weights, map_location=device)

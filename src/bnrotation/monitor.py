@@ -720,6 +720,7 @@ class StalenessMonitor:
             return "STALE " + text
         if record.warming_up:  # the rule's verdict is held back: say so, and what it is
             left = self.warmup_steps - record.step
-            held = f"warming up, {left} step{'s' * (left != 1)} left" + ("; the rule would fire" if record.stale else "")
+            held = f"warming up, {left} step{'s' * (left != 1)} left"
+            held += "; the rule would fire" if record.stale else ""
             return " | ".join(t for t in (held, text) if t)
         return text
