@@ -373,23 +373,37 @@ def make():
 '''
 
 
-def test_the_command_line_exits_0_when_it_judges_1_when_it_cannot_and_2_on_bad_input(tmp_path, monkeypatch,
-                                                                                         capsys):
+def test_the_command_line_exits_0_for_a_fitting_copy_1_for_a_stale_one_and_2_when_undetermined_or_bad(
+        tmp_path, monkeypatch, capsys):
+    """The exit status every judging command shares (bnrotation.helptext.EXIT_STATUS)."""
     (tmp_path / "audit_nets.py").write_text(NETS)
     monkeypatch.chdir(tmp_path)
     monkeypatch.syspath_prepend(str(tmp_path))
     raw = _net()
     swa = AveragedModel(raw)
-    _train(raw, 6, lambda: swa.update_parameters(raw))
-    torch.save(raw.state_dict(), tmp_path / "raw.pt")
-    torch.save(swa.state_dict(), tmp_path / "swa.pt")
+    teacher = copy.deepcopy(raw)  # the parameters-only average of the test above: never updated, stale
+
+    def update():
+        swa.update_parameters(raw)
+        with torch.no_grad():
+            for t, s in zip(teacher.parameters(), raw.parameters()):
+                t.lerp_(s, 0.5)
+
+    _train(raw, 40, update)  # the raw model's path of the test above: the teacher is stale by its numbers
+    for name, model in (("raw", raw), ("swa", swa), ("teacher", teacher)):
+        torch.save(model.state_dict(), tmp_path / f"{name}.pt")
     torch.save(_probe(), tmp_path / "probe.pt")
     args = ["--model", "audit_nets:make", "--batches", "probe.pt"]
-    assert audit_module.main(["raw.pt", "swa.pt", *args]) == 0
+    assert audit_module.main(["raw.pt", "swa.pt", *args, "--mode-gap", "1"]) == 0  # a gap cannot reach 1 here
     out = capsys.readouterr().out
-    assert "Buffer policy: copied" in out and "| 1 | copied | 6 | 6 |" in out
-    assert audit_module.main(["raw.pt", "raw.pt", *args]) == 1  # identical: it cannot tell
-    assert "undetermined" in capsys.readouterr().out
+    assert "Buffer policy: copied" in out and "| 1 | copied | 40 | 40 |" in out and "Not stale" in out
+    assert audit_module.main(["raw.pt", "teacher.pt", *args]) == 1
+    out = capsys.readouterr().out
+    assert "Buffer policy: never updated" in out and "STALE: the copy's buffers do not fit" in out
+    assert audit_module.main(["raw.pt", "raw.pt", *args]) == 1  # identical, undetermined; stale, which outranks it
+    assert "Buffer policy: undetermined" in capsys.readouterr().out
+    assert audit_module.main(["raw.pt", "raw.pt", *args, "--mode-gap", "1"]) == 2  # not stale: undetermined
+    assert "Buffer policy: undetermined" in capsys.readouterr().out
     assert audit_module.main(["raw.pt", "missing.pt", *args]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: averaged:") and "missing.pt" in err and len(err.strip().splitlines()) == 1

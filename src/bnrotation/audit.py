@@ -28,6 +28,11 @@ that holds a smaller count than the raw model last saw the raw model's statistic
 then measures the copy against its own weights with the staleness monitor (:class:`monitor.StalenessMonitor`,
 the same mode gap and lag, and its rule): whatever the policy, that says whether the buffers can be used.
 
+The command (``python -m bnrotation.audit raw.pt averaged.pt --model mynets:make_net --batches probe.pt``) exits
+as every judging command does (:data:`helptext.EXIT_STATUS`, at the end of ``--help``): 0 when the copy is not
+stale and one policy is named; 1 when the copy is stale, whatever its policy; 2 when, not stale, its policy is
+undetermined (or mixed across layers), or on bad input, one line naming the argument or file.
+
 Nothing here imports timm or Lightning: their wrappers are recognised by their class names and attributes.
 """
 
@@ -44,7 +49,7 @@ import pandas as pd
 import torch
 import torch.nn as nn
 
-from .helptext import plain
+from .helptext import EXIT_STATUS, EXIT_UNUSABLE, exit_status, plain
 from .averaging import BufferProvenance, EMA, compare_states
 from .bnstats import running_stat_layers
 from .check import CheckInputError, load_batches, load_weights, model_from_factory, parse_model_kwargs
@@ -439,7 +444,7 @@ def format_audit(report: AuditReport, averaged: str = "", raw: str = "") -> str:
 
 # ----------------------------------------------------------------------------- the command line
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m bnrotation.audit", description=plain(__doc__),
+    p = argparse.ArgumentParser(prog="python -m bnrotation.audit", description=plain(__doc__), epilog=EXIT_STATUS,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("raw", help="the raw model's weights (state dict or checkpoint file)")
     p.add_argument("averaged", help="the averaged copy's weights: a state dict, an AveragedModel's, a timm "
@@ -469,8 +474,10 @@ def _read(path: str, key: str | None, argument: str):
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Print the audit; exit 0 when one policy was named, 1 when the buffers do not tell (``undetermined`` or
-    ``mixed``), 2 on bad input (one line on stderr, before any measurement)."""
+    """Print the audit; the exit status of every judging command (:func:`helptext.exit_status`): 0 when the copy is
+    not stale and one policy was named (:attr:`AuditReport.judged`), 1 when the copy is stale
+    (:attr:`AuditReport.stale`), 2 when its buffers do not tell the policy (``undetermined`` or ``mixed``) or on bad
+    input (one line on stderr, before any measurement)."""
     args = parse_args(argv)
     try:
         try:
@@ -492,12 +499,12 @@ def main(argv: list[str] | None = None) -> int:
             raise CheckInputError(str(err)) from None
     except CheckInputError as err:
         print(f"error: {one_line(str(err))}", file=sys.stderr)
-        return 2
+        return EXIT_UNUSABLE
     def named(path: str, key: str | None) -> str:
         return f"{path} (entry {key!r})" if key else path
 
     print(format_audit(report, named(args.averaged, args.averaged_key), named(args.raw, args.raw_key)), end="")
-    return 0 if report.judged else 1
+    return exit_status(report.stale, not report.judged)
 
 
 if __name__ == "__main__":

@@ -3,24 +3,39 @@ r"""Are a saved model's BatchNorm running statistics stale? The monitor's measur
     bnrotation-check --model mynets:make_net --weights net.pt --batches batches.pt
     bnrotation-check --model timm:create_model --model-kwargs '{"model_name": "resnet18", "num_classes": 10}' \
         --weights last.pth.tar --weights-key state_dict_ema --batches batches.pt
+    bnrotation-check --model transformers:ResNetForImageClassification --weights out/checkpoint-500 \
+        --batches batches.pt --input-key pixel_values --target-key labels
     python -m bnrotation.check ...        (the same command)
     make check MODEL=mynets:make_net WEIGHTS=net.pt BATCHES=batches.pt
 
 Works on any model (:mod:`bnrotation.monitor`'s semantics; nothing here knows the suite's network):
 
 * ``--model module:function``: a factory, imported from the current directory or ``PYTHONPATH``, that
-  returns the ``nn.Module``, called with the keyword arguments of ``--model-kwargs`` (a JSON object), if any;
+  returns the ``nn.Module``, called with the keyword arguments of ``--model-kwargs`` (a JSON object), if any.
+  A Hugging Face model class (``transformers:ResNetForImageClassification``, or an ``AutoModelFor...`` class) is
+  built from its config, with random weights that ``--weights`` then replaces: the ``config.json`` of the folder
+  ``--weights`` names (or holds the ``--weights`` file), else the default config, with ``--model-kwargs`` as
+  settings of the config
+  (``'{"num_labels": 10}'``; an Auto class without a ``config.json`` needs ``model_type``). Nothing is
+  downloaded;
 * ``--weights file``: a ``torch.save`` file, loaded with ``torch.load(weights_only=True)``, or a
   ``.safetensors`` file (:func:`checkpoints.load_checkpoint`): a plain state dict, or a checkpoint dict holding
   it under ``"model"`` (the suite's) or ``"state_dict"`` (Lightning's ``.ckpt``, timm's training checkpoints),
-  or under the entry ``--weights-key`` names (``state_dict_ema``: timm's EMA copy). Keys under a wrapper's
-  prefix (``module.`` of DDP, ``model.`` or ``net.`` of a LightningModule) are stripped, saying so, when the
-  rest then matches the model; ``--strip-prefix net.`` keeps only the keys under ``net.``, stripped;
+  or under the entry ``--weights-key`` names (``state_dict_ema``: timm's EMA copy). A folder is read as
+  ``save_pretrained`` and a Hugging Face ``Trainer`` write one (``checkpoint-500/``, or the output folder after
+  ``trainer.save_model()``): its ``model.safetensors`` or ``pytorch_model.bin``, sharded or not. Keys under a
+  wrapper's prefix (``module.`` of DDP, ``model.`` or ``net.`` of a LightningModule or of a model wrapped for a
+  ``Trainer``) are stripped, saying so, when the rest then matches the model, and a prefix the model's own keys
+  all share is added when the keys then match; ``--strip-prefix net.`` keeps only the keys under ``net.``,
+  stripped;
 * ``--batches``: a file (``torch.load(weights_only=True)``) holding one batch (a tensor (N, ...), an
   ``(x, y)`` tuple, or a dict with the input under ``--input-key`` and the labels under ``--target-key``) or a
   list of such batches; or ``module:function`` returning an iterable of them (a ``DataLoader``). Labels
   (class indices, (N,), within the model's outputs: the monitor's own validation of a probe) are optional, but
   all batches have them or none does. At most ``--max-batches`` are read, so an endless loader stops.
+
+A model whose output is a mapping or a transformers ``ModelOutput`` is read through its ``logits``
+(:func:`evaluation.read_logits`), and the report says so.
 
 What it measures on those batches:
 
@@ -35,10 +50,12 @@ What it measures on those batches:
   same batches, it is a diagnostic of the statistics, not a held-out score.
 
 The statistics are stale when the monitor's rule (:class:`monitor.Thresholds`) fires on the mode gap and
-the worst layer's median |lag|. Exit status 0: not stale; 1: stale; 2: bad input, one line naming the
-argument or file, before any measurement. Fewer samples than the mode-gap threshold needs (one sample moves the
-gap by 1/N; :func:`monitor.smallest_probe`, 20 at the default 0.05) are still judged, with one
-``warning: --batches: ...`` line on stderr naming the smallest size and the argument that sets it.
+the worst layer's median |lag|; the verdict is undetermined when, not stale, the gap or every lag is NaN
+(activations that overflow). The exit status is the one every judging command shares
+(:data:`helptext.EXIT_STATUS`, at the end of ``--help``): 0 not stale; 1 stale; 2 undetermined, or bad input,
+one line naming the argument or file, before any measurement. Fewer samples than the mode-gap threshold needs
+(one sample moves the gap by 1/N; :func:`monitor.smallest_probe`, 20 at the default 0.05) are still judged, with
+one ``warning: --batches: ...`` line on stderr naming the smallest size and the argument that sets it.
 """
 
 from __future__ import annotations
@@ -48,6 +65,7 @@ import copy
 import importlib
 import itertools
 import json
+import math
 import os
 import re
 import sys
@@ -59,7 +77,7 @@ import pandas as pd
 import torch
 import torch.nn as nn
 
-from .helptext import plain
+from .helptext import EXIT_STATUS, EXIT_UNUSABLE, exit_status, plain
 from .bnstats import NonFinite, nonfinite_state, reestimate, running_stat_layers, running_stats
 from .checkpoints import (OTHER_COPIES, BadCheckpointError, UnsafeCheckpointError, few, load_checkpoint,
                           shared_prefixes, state_dict_of, strip_prefix)
@@ -69,9 +87,13 @@ from .monitor import _check_probe as check_probe  # the monitor's validation of 
 from .probes import batch_statistics_pass
 
 __all__ = ["CheckInputError", "CheckReport", "check_checkpoint", "format_report", "load_batches", "load_weights",
-           "model_from_factory", "probe_size_warning", "main"]
+           "model_from_factory", "build_model", "pretrained_from_config", "probe_size_warning", "PRETRAINED_WEIGHTS",
+           "main"]
 
 DEFAULT_MAX_BATCHES = 100
+# What a Hugging Face folder (save_pretrained, a Trainer's checkpoint-N/ or output folder) holds its weights in, in the
+# order tried; each may be sharded, its shards listed in "<name>.index.json".
+PRETRAINED_WEIGHTS = ("model.safetensors", "pytorch_model.bin")
 SPEC = re.compile(r"[A-Za-z_][\w.]*:[A-Za-z_][\w.]*")  # module:function
 MESSAGE_CHARS = 300  # an error line is cut to this many characters
 
@@ -134,22 +156,139 @@ def parse_model_kwargs(text: str | None) -> dict:
     return kwargs
 
 
-def model_from_factory(spec: str, kwargs: Mapping | None = None) -> nn.Module:
-    """Call the factory ``module:function`` (``timm:create_model``, ``mynets:make_net``) with ``kwargs``.
+def model_from_factory(spec: str, kwargs: Mapping | None = None, weights=None) -> nn.Module:
+    """Call the factory ``module:function`` (``timm:create_model``, ``mynets:make_net``) with ``kwargs``; or build a
+    Hugging Face model class (``transformers:ResNetForImageClassification``) from its config (:func:`build_model`).
+
+    Raises:
+        CheckInputError: as :func:`build_model`.
+    """
+    return build_model(spec, kwargs, weights)[0]
+
+
+def build_model(spec: str, kwargs: Mapping | None = None, weights=None) -> tuple[nn.Module, str]:
+    """The model ``--model spec`` names, and how it was built for the report (``""`` for a factory): the factory
+    ``module:function`` called with ``kwargs``, or a Hugging Face model class built from its config
+    (:func:`pretrained_from_config`: the ``config.json`` of the ``weights`` folder if it holds one, ``kwargs`` as
+    the config's settings).
 
     Raises:
         CheckInputError: naming ``--model`` for a factory that does not import, raises (a wrong keyword
             argument included), or returns anything but an ``nn.Module`` (a model without running statistics is
-            refused by :func:`check_checkpoint`).
+            refused by :func:`check_checkpoint`); naming ``--model-kwargs`` for a setting a config lacks.
     """
     factory = load_function(spec, "--model")
+    if _pretrained_class(factory):
+        return pretrained_from_config(spec, factory, kwargs, weights)
     try:
         model = factory(**dict(kwargs or {}))
     except Exception as err:  # noqa: BLE001 - the user's factory failed: its problem, reported in one line
         raise CheckInputError(f"--model {spec}: the factory raised {type(err).__name__}: {_first_line(err)}") from None
     if not isinstance(model, nn.Module):
         raise CheckInputError(f"--model {spec}: the factory returned a {type(model).__name__}, not a torch.nn.Module")
-    return model
+    return model, ""
+
+
+def _pretrained_class(obj) -> bool:
+    """Whether ``obj`` is a Hugging Face model class, built from a config rather than called with keywords: a
+    ``PreTrainedModel`` subclass (its ``config_class``) or an Auto class (``from_config``)."""
+    if not isinstance(obj, type):
+        return False
+    if issubclass(obj, nn.Module):
+        return isinstance(getattr(obj, "config_class", None), type) and hasattr(obj, "from_pretrained")
+    return hasattr(obj, "from_config") and hasattr(obj, "_model_mapping")
+
+
+def _config_file(weights) -> Path | None:
+    """The ``config.json`` of a ``weights`` folder, or beside a ``weights`` file; None when there is none."""
+    if not isinstance(weights, (str, os.PathLike)):
+        return None
+    path = Path(weights)
+    found = (path if path.is_dir() else path.parent) / "config.json"
+    return found if found.is_file() else None
+
+
+def pretrained_from_config(spec: str, cls: type, kwargs: Mapping | None = None, weights=None) -> tuple[nn.Module, str]:
+    """A Hugging Face model of class ``cls`` built from its config, with random weights (to be replaced): the
+    config is the ``config.json`` of the ``weights`` folder (or beside the ``weights`` file) when there is one,
+    else the class's default config, with ``kwargs`` (``--model-kwargs``) as its settings. An Auto class
+    (``AutoModelForImageClassification``) reads the config's ``model_type``. Nothing is downloaded.
+
+    Returns:
+        ``(model, where the config came from)``, the latter for the report: ``"built from out/config.json"``.
+
+    Raises:
+        CheckInputError: naming ``--model-kwargs`` for a setting the config does not have, ``--model`` for an Auto
+            class without a ``model_type``, or for a config or model that cannot be built (in one line).
+    """
+    kwargs = dict(kwargs or {})
+    found = _config_file(weights)
+    try:
+        settings = {**(json.loads(found.read_text()) if found is not None else {}), **kwargs}
+    except (OSError, json.JSONDecodeError) as err:
+        raise CheckInputError(f"--weights: {found}: not a readable config ({_first_line(err)})") from None
+    where = f"built from {found}" if found is not None else "built from its default config"
+    where += f" with --model-kwargs {', '.join(kwargs)}" if kwargs else ""
+    auto = not issubclass(cls, nn.Module)
+    try:
+        if auto:
+            from transformers import AutoConfig
+            model_type = settings.pop("model_type", None)
+            if model_type is None:
+                raise CheckInputError(f"--model {spec}: an Auto class needs the config's model_type: a config.json "
+                                      "beside --weights, or --model-kwargs '{\"model_type\": \"resnet\", ...}'")
+            config_class = type(AutoConfig.for_model(model_type))
+        else:
+            config_class = cls.config_class
+        default = config_class()
+        unknown = [k for k in kwargs if k != "model_type" and not hasattr(default, k)]
+        if unknown:
+            raise CheckInputError(f"--model-kwargs: {unknown[0]!r} is not a setting of {config_class.__name__} "
+                                  f"(--model {spec} takes the settings of its config)")
+        config = config_class.from_dict(settings)
+        model = cls.from_config(config) if auto else cls(config)
+    except CheckInputError:
+        raise
+    except Exception as err:  # noqa: BLE001 - the config or the class refused: reported in one line
+        raise CheckInputError(f"--model {spec}: building it from its config raised {type(err).__name__}: "
+                              f"{_first_line(err)}") from None
+    return model, where
+
+
+def _pretrained_weights(folder: Path, device: str | torch.device = "cpu") -> tuple[dict[str, torch.Tensor], str]:
+    """The state dict a Hugging Face folder holds (:data:`PRETRAINED_WEIGHTS`, its shards merged), and which file.
+
+    Raises:
+        CheckInputError: naming ``--weights`` for a folder that holds none, naming the ``checkpoint-N`` folders
+            a Trainer's output folder holds; for a file that cannot be loaded.
+    """
+    for name in PRETRAINED_WEIGHTS:
+        index = folder / f"{name}.index.json"
+        if (folder / name).is_file():
+            files, what = [folder / name], f"its {name}"
+        elif index.is_file():
+            try:
+                shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+            except (OSError, json.JSONDecodeError, KeyError, TypeError, AttributeError) as err:
+                raise CheckInputError(f"--weights {index}: not a shard index with a weight_map "
+                                      f"({type(err).__name__}: {_first_line(err)})") from None
+            files, what = [folder / f for f in shards], f"its {name} in {len(shards)} shards"
+        else:
+            continue
+        state: dict[str, torch.Tensor] = {}
+        for f in files:
+            try:
+                contents = load_checkpoint(f, map_location=device)
+            except (FileNotFoundError, UnsafeCheckpointError, BadCheckpointError) as err:
+                raise CheckInputError(f"--weights: {err}") from None
+            state.update(contents if isinstance(contents, Mapping) else {})
+        return state, what
+    steps = sorted((p for p in folder.glob("checkpoint-*") if p.is_dir() and p.name[len("checkpoint-"):].isdigit()),
+                   key=lambda p: int(p.name[len("checkpoint-"):]))  # checkpoint-<optimizer step>, the Trainer's names
+    hint = (f"; it holds the Trainer checkpoints {few([p.name for p in steps])}: name one, e.g. --weights "
+            f"{steps[-1]}" if steps else "")
+    raise CheckInputError(f"--weights {folder}: a folder without {' or '.join(PRETRAINED_WEIGHTS)} (sharded or "
+                          f"not){hint}")
 
 
 def load_weights(model: nn.Module, weights, device: str | torch.device = "cpu", key: str | None = None,
@@ -157,10 +296,14 @@ def load_weights(model: nn.Module, weights, device: str | torch.device = "cpu", 
     """Load ``weights`` (a file, an already loaded state dict or checkpoint dict, or a model) into ``model``.
 
     Args:
+        weights: a file (:func:`checkpoints.load_checkpoint`), or a Hugging Face folder (``save_pretrained``'s, a
+            ``Trainer``'s ``checkpoint-N/`` or output folder: :data:`PRETRAINED_WEIGHTS`, sharded or not).
         key: the checkpoint entry that holds the state dict (:func:`checkpoints.state_dict_of`); None: the
             contents themselves, or their ``"model"`` or ``"state_dict"`` entry.
         prefix: keep only the keys under this prefix (``"net."``), stripped. None: a prefix shared by every key
-            (``module.``) is stripped when the keys then match the model's exactly, and the description says so.
+            (``module.``, ``model.``) is stripped when the keys then match the model's exactly, or a prefix every
+            key of the model shares is added when they then match (a model wrapped as ``ModelLogits`` wraps it),
+            and the description says which.
 
     Returns:
         What the weights were, for the report: ``"a state dict"``, ``"a checkpoint dict, its 'model' entry"``,
@@ -168,12 +311,16 @@ def load_weights(model: nn.Module, weights, device: str | torch.device = "cpu", 
 
     Raises:
         CheckInputError: naming ``--weights`` and the file, in one line, for a missing, unreadable or unsafe file
-            (:func:`checkpoints.load_checkpoint`), contents that hold no state dict (naming ``--weights-key``),
+            (:func:`checkpoints.load_checkpoint`), a folder without :data:`PRETRAINED_WEIGHTS` (naming the
+            ``checkpoint-N`` folders it holds), contents that hold no state dict (naming ``--weights-key``),
             no key under ``prefix``, or weights that do not fit the model: the first missing and the first
             unexpected key, or the first key whose shape differs, and the ``--strip-prefix`` that would fit.
     """
     where = f"--weights {weights}" if isinstance(weights, (str, os.PathLike)) else "--weights"
-    if isinstance(weights, (str, os.PathLike)):
+    folder = ""
+    if isinstance(weights, (str, os.PathLike)) and Path(weights).is_dir():
+        weights, folder = _pretrained_weights(Path(weights), device)
+    elif isinstance(weights, (str, os.PathLike)):
         try:
             weights = load_checkpoint(weights, map_location=device)
         except (FileNotFoundError, UnsafeCheckpointError, BadCheckpointError) as err:
@@ -185,6 +332,7 @@ def load_weights(model: nn.Module, weights, device: str | torch.device = "cpu", 
     except BadCheckpointError as err:
         hint = "; --weights-key names the entry that holds the state dict" if isinstance(weights, Mapping) else ""
         raise CheckInputError(f"{where}: {err}{hint}") from None
+    kind = f"{folder}: {kind}" if folder else kind
     if key is None and isinstance(weights, Mapping):
         kind += "".join(f"; it also holds {k!r} (--weights-key {k} checks that copy)" for k in OTHER_COPIES
                         if k in weights)
@@ -203,6 +351,12 @@ def load_weights(model: nn.Module, weights, device: str | torch.device = "cpu", 
                 state = stripped
                 kind += f", the prefix {shared!r} stripped from its keys (as --strip-prefix {shared} does)"
                 break
+        else:
+            for shared in shared_prefixes(wanted):
+                if {shared + k for k in state} == wanted:
+                    state = {shared + k: v for k, v in state.items()}
+                    kind += f", the prefix {shared!r} added to its keys (the model's own keys all start with it)"
+                    break
     try:
         missing, unexpected = model.load_state_dict(state, strict=False)
     except RuntimeError as err:
@@ -380,6 +534,8 @@ class CheckReport:
         warnings: what makes the verdict less sure without making the input unusable, one line each, naming the
             argument to change (``bnrotation-check`` prints each on stderr as ``warning: ...``): batches too few
             for the mode-gap threshold (:func:`probe_size_warning`).
+        output: ``""`` for a model that returns a tensor, else the line saying that its ``logits`` were read
+            (:func:`evaluation.logits_note`).
     """
 
     layers: pd.DataFrame
@@ -397,6 +553,13 @@ class CheckReport:
     weights: str = ""
     nonfinite: NonFinite = NonFinite()
     warnings: tuple[str, ...] = ()
+    output: str = ""
+
+    @property
+    def undetermined(self) -> bool:
+        """Whether the rule cannot give a verdict: not :attr:`stale`, while the mode gap or every layer's lag is NaN
+        (the batches' activations overflow, say, so the fresh statistics are not finite)."""
+        return not self.stale and (math.isnan(self.mode_gap) or math.isnan(self.worst_median_lag_sigma))
 
     @property
     def worst_median_lag_sigma(self) -> float:
@@ -412,7 +575,7 @@ class CheckReport:
     @property
     def summary(self) -> str:
         """The verdict in one line, as the report ends: ``STALE: ...`` with the rule's two numbers against their
-        thresholds and what to do, or ``Not stale: ...``."""
+        thresholds and what to do, ``Not stale: ...``, or ``Undetermined: ...`` (:attr:`undetermined`)."""
         t = self.thresholds
         rule = (f"mode gap {self.mode_gap:.3f} {'≥' if self.mode_gap >= t.mode_gap else '<'} {t.mode_gap:g} and "
                 f"worst median |lag| {self.worst_median_lag_sigma:.3f}σ ({self.worst_layer}) "
@@ -423,6 +586,12 @@ class CheckReport:
                     f"elsewhere, {rule}. {advice}")
         if self.stale:
             return f"STALE: {rule}. {advice}"
+        if self.undetermined:
+            nan = [what for what, value in (("the mode gap", self.mode_gap),
+                                            ("every layer's median |lag|", self.worst_median_lag_sigma))
+                   if math.isnan(value)]
+            return (f"Undetermined: {' and '.join(nan)} {'is' if len(nan) == 1 else 'are'} NaN, which no threshold "
+                    "judges; the batches' activations may overflow (fresh statistics that are not finite).")
         return f"Not stale: {rule} (both are needed to warn)."
 
 
@@ -466,6 +635,7 @@ def check_checkpoint(model: nn.Module, batches, *, weights=None, weights_key: st
                               f"{', '.join(nonfinite.parameters)}: the model itself has diverged, which "
                               "re-estimating its statistics cannot mend")
     data, truncated = load_batches(batches, input_key, target_key, max_batches, device, model)
+    output = check_probe(model, *data[0])  # validated already: what it returns, said once in the report
     pairing = find_pairs(model, data[0][0])
     feeding = {p.norm: p.weight or "" for p in pairing.pairs + pairing.unpaired}
     out_train, out_eval = [], []
@@ -473,7 +643,7 @@ def check_checkpoint(model: nn.Module, batches, *, weights=None, weights_key: st
         try:
             out_train.append(batch_statistics_pass(model, x, [], keep_frozen=True)[0])
             out_eval.append(evaluation_forward(model, x))
-        except RuntimeError as err:
+        except (RuntimeError, TypeError) as err:  # TypeError: an output without logits (read_logits)
             raise CheckInputError(f"--batches: the model fails on batch {i} of shape {tuple(x.shape)}: "
                                   f"{_first_line(err)}") from None
     fresh_model = copy.deepcopy(model)
@@ -495,7 +665,7 @@ def check_checkpoint(model: nn.Module, batches, *, weights=None, weights_key: st
     small = probe_size_warning(samples, thresholds.mode_gap, len(data), truncated)
     return CheckReport(layers, gap, float(stored["acc_train_mode"]), float(stored["acc_eval_mode"]),
                        float(fresh["mode_gap"]), float(fresh["acc_eval_mode"]), stale, thresholds, len(data),
-                       samples, labelled, truncated, kind, nonfinite, (small,) if small else ())
+                       samples, labelled, truncated, kind, nonfinite, (small,) if small else (), output)
 
 
 # ----------------------------------------------------------------------------- the report
@@ -508,6 +678,7 @@ def format_report(report: CheckReport, model: str = "the model", weights: str = 
     out = [f"{head}: {r.batches} batch{'es' * (r.batches != 1)}, {r.samples:,} samples, "
            + ("with labels" if r.labelled else "without labels")
            + (f" (stopped after the first {r.batches}: --max-batches)" if r.truncated else "") + ".",
+           *([f"Note: {r.output}."] if r.output else []),
            "",
            "Running-mean lag = (stored − fresh mean) / fresh std, in σ; fresh: re-estimated on these batches:",
            "| norm layer | after | channels | median abs lag (σ) | worst channel | its lag (σ) |",
@@ -533,13 +704,16 @@ def format_report(report: CheckReport, model: str = "the model", weights: str = 
 
 # ----------------------------------------------------------------------------- the command line
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="bnrotation-check", description=plain(__doc__),
+    p = argparse.ArgumentParser(prog="bnrotation-check", description=plain(__doc__), epilog=EXIT_STATUS,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", required=True, help="module:function returning the nn.Module (timm:create_model)")
+    p.add_argument("--model", required=True, help="module:function returning the nn.Module (timm:create_model), or "
+                   "a Hugging Face model class (transformers:ResNetForImageClassification), built from its config")
     p.add_argument("--model-kwargs", metavar="JSON", help="keyword arguments of the factory, a JSON object: "
-                   '\'{"model_name": "resnet18", "num_classes": 10}\'')
+                   '\'{"model_name": "resnet18", "num_classes": 10}\'; of a Hugging Face class, settings of its '
+                   "config")
     p.add_argument("--weights", required=True, help="state dict or checkpoint file: torch.save (weights only), "
-                   "Lightning .ckpt, timm checkpoint, .safetensors")
+                   "Lightning .ckpt, timm checkpoint, .safetensors; or a Hugging Face folder (save_pretrained, a "
+                   "Trainer's checkpoint-N/ or output folder)")
     p.add_argument("--weights-key", metavar="KEY", help="the checkpoint entry holding the state dict (default: the "
                    "file itself, or its 'model' or 'state_dict' entry); state_dict_ema: timm's EMA copy")
     p.add_argument("--strip-prefix", metavar="PREFIX", help="keep only the keys under this prefix, stripped (net., "
@@ -558,7 +732,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Print the report; exit status 0 (not stale), 1 (stale), 2 (bad input: one line on stderr). A warning
+    """Print the report; the exit status of every judging command (:func:`helptext.exit_status`): 0 not stale, 1
+    stale, 2 undetermined (:attr:`CheckReport.undetermined`) or bad input (one line on stderr). A warning
     (:attr:`CheckReport.warnings`: too few samples for the mode-gap threshold) is one line on stderr,
     ``warning: ...``, and changes neither the report nor the status."""
     args = parse_args(argv)
@@ -570,18 +745,19 @@ def main(argv: list[str] | None = None) -> int:
         except ValueError as err:
             raise CheckInputError(f"{'--mode-gap' if 'mode_gap' in str(err) else '--lag-sigma'}: {err}") from None
         device = parse_device(args.device)
-        model = model_from_factory(args.model, parse_model_kwargs(args.model_kwargs))
+        model, built = build_model(args.model, parse_model_kwargs(args.model_kwargs), args.weights)
         report = check_checkpoint(model, args.batches, weights=args.weights, weights_key=args.weights_key,
                                   strip_prefix=args.strip_prefix, thresholds=thresholds,
                                   input_key=args.input_key, target_key=args.target_key,
                                   max_batches=args.max_batches, device=device)
     except CheckInputError as err:
         print(f"error: {_one_line(str(err))}", file=sys.stderr)
-        return 2
+        return EXIT_UNUSABLE
     for warning in report.warnings:  # the verdict stands; these say what makes it less sure
         print(f"warning: {_one_line(warning)}", file=sys.stderr)
-    print(format_report(report, args.model, args.weights, args.batches), end="")
-    return 1 if report.stale else 0
+    print(format_report(report, f"{args.model} ({built})" if built else args.model, args.weights, args.batches),
+          end="")
+    return exit_status(report.stale, report.undetermined)
 
 
 if __name__ == "__main__":

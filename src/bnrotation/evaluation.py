@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import copy
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 
 import torch
@@ -20,7 +20,11 @@ import torch.nn as nn
 from .provenance import compile_cache_per_kernel_path
 
 __all__ = ["EVAL_CHUNK", "EVAL_CHUNK_BYTES", "eval_chunk", "CompiledEvaluation", "compiled_evaluation", "compiled_evaluation_active",
-           "evaluation_call", "evaluation_mode", "evaluation_forward"]
+           "evaluation_call", "evaluation_mode", "evaluation_forward", "LOGITS_KEY", "read_logits", "model_logits",
+           "logits_note"]
+
+# The entry of a model's output that holds its logits: what Hugging Face models return them under, in a ModelOutput
+LOGITS_KEY = "logits"
 
 
 # Held-out samples per evaluation-mode forward pass on a CPU (checks, interventions, averaging): small chunks
@@ -52,6 +56,53 @@ def eval_chunk(device: torch.device, n: int, weight_bytes: int = 0, sample_bytes
         while chunk < n and weight_bytes > chunk * sample_bytes and 2 * chunk * sample_bytes <= EVAL_CHUNK_BYTES:
             chunk *= 2
     return min(chunk, n)
+
+
+# ----------------------------------------------------------------------------- what a model returns
+def read_logits(output) -> torch.Tensor:
+    """The logits (N, classes, ...) in a model's output: the output itself when it is a tensor, else its
+    :data:`LOGITS_KEY` entry when it is a mapping that holds a tensor there (a transformers ``ModelOutput``, such
+    as ``ImageClassifierOutputWithNoAttention``, is one). Every pass that reads a model's predictions (the
+    monitor's mode check in both modes, the checkpoint check, :func:`.probes.accuracy`) reads them through here.
+
+    Raises:
+        TypeError: for any other output (a tuple, a mapping without ``'logits'``, ...), in one line naming the
+            fix: a wrapper that returns the logits, such as
+            :class:`bnrotation.integrations.transformers.ModelLogits`.
+    """
+    if isinstance(output, torch.Tensor):
+        return output
+    if isinstance(output, Mapping) and isinstance(output.get(LOGITS_KEY), torch.Tensor):
+        return output[LOGITS_KEY]
+    got = _a(type(output).__name__)
+    if isinstance(output, Mapping):
+        got += f" without a tensor under {LOGITS_KEY!r} (keys: {', '.join(map(repr, output))})"
+    raise TypeError(f"the model returns {got}; the predictions are read from a tensor (N, classes, ...) or from the "
+                    f"{LOGITS_KEY!r} of a mapping or transformers ModelOutput. Wrap the model so that it returns its "
+                    "logits: bnrotation.integrations.transformers.ModelLogits(model, input_key, logits_key) calls "
+                    "model(**{input_key: x}) and returns output[logits_key], or output[0] of a tuple")
+
+
+def logits_note(output) -> str:
+    """``""`` for a tensor output; else one line saying that its logits were read (:func:`read_logits`), naming
+    the output's type: what the monitor and the check tell the user once."""
+    if isinstance(output, torch.Tensor):
+        return ""
+    return f"the model returns {_a(type(output).__name__)}: its {LOGITS_KEY!r} (N, classes) are read as its predictions"
+
+
+def _a(name: str) -> str:
+    """``name`` after its indefinite article: ``a tuple``, ``an ImageClassifierOutput``."""
+    return f"{'an' if name[:1].lower() in 'aeiou' else 'a'} {name}"
+
+
+def model_logits(model: Callable, x) -> torch.Tensor:
+    """``model(x)``'s logits (:func:`read_logits`): a mapping ``x`` is passed whole as the one argument.
+
+    Raises:
+        TypeError: as :func:`read_logits`.
+    """
+    return read_logits(model(x))
 
 
 class CompiledEvaluation:
@@ -145,14 +196,21 @@ def evaluation_mode(model: nn.Module) -> Iterator[nn.Module]:
 
 
 def evaluation_forward(model: nn.Module, x: torch.Tensor, chunk: int | None = None) -> torch.Tensor:
-    """The model's output on ``x`` (N, ...) in evaluation mode (running statistics), flags restored after
+    """The model's logits on ``x`` (N, ...) in evaluation mode (running statistics), flags restored after
     (:func:`evaluation_mode`). In chunks of ``chunk`` samples, by default :func:`eval_chunk`'s (on a CPU
     :data:`EVAL_CHUNK`): each sample's output is its own in evaluation mode, and small chunks stay in cache
     (`make bench`, section (c)). Compiled inside :func:`compiled_evaluation`. A mapping ``x`` (a model that reads
-    its input's keys) goes through in one pass."""
+    its input's keys) goes through in one pass. What the model returns is read as its logits (:func:`read_logits`),
+    chunk by chunk.
+
+    Raises:
+        TypeError: as :func:`read_logits`.
+    """
     with evaluation_mode(model):
         forward = evaluation_call(model)
         if not isinstance(x, torch.Tensor):
-            return forward(x)  # a mapping the model reads whole: one pass
+            return model_logits(forward, x)  # a mapping the model reads whole: one pass
         chunk = eval_chunk(x.device, len(x)) if chunk is None else max(1, min(chunk, len(x)))
-        return forward(x) if chunk >= len(x) else torch.cat([forward(c) for c in x.split(chunk)])
+        if chunk >= len(x):
+            return model_logits(forward, x)
+        return torch.cat([model_logits(forward, c) for c in x.split(chunk)])

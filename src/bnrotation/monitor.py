@@ -45,7 +45,7 @@ from torch.nn.modules.batchnorm import _BatchNorm
 
 from .batches import sample_count, split_batch
 from .bnstats import NonFinite, nonfinite_state
-from .evaluation import eval_chunk, evaluation_forward, evaluation_mode
+from .evaluation import eval_chunk, evaluation_forward, evaluation_mode, logits_note, read_logits
 from .pairing import (WEIGHT_LAYERS, NormLeafTracer, NormPair, Pairing, Segment, _buffers_kept, _call, _probe_head,
                       _rng_devices, channel_axis_after, find_pairs)
 from .probes import (Scratch, batch_statistics_pass, channel_cosines, drift_sigma_per_step, lag_sigma,
@@ -63,7 +63,8 @@ class StaleStatisticsWarning(UserWarning):
 
 class MonitorSetupWarning(UserWarning):
     """At construction: what the monitor cannot measure as asked (layers left unpaired, a probe too small for the
-    mode-gap threshold)."""
+    mode-gap threshold), and how it reads a model output that is not a tensor (the ``logits`` of a transformers
+    ``ModelOutput``: :func:`bnrotation.evaluation.read_logits`)."""
 
 
 # ----------------------------------------------------------------------------- the probe batch
@@ -78,14 +79,20 @@ def split_probe(probe, input_key: str | None = "input", target_key: str = "targe
     return split_batch(probe, input_key, target_key, what="probe")
 
 
-def _check_probe(model: nn.Module, x, y: torch.Tensor | None) -> None:
+def _check_probe(model: nn.Module, x, y: torch.Tensor | None) -> str:
     """Fail at construction, naming the probe, on what would fail or mislead at the first call: non-finite or
     non-floating inputs (of a mapping: non-finite floating tensors), inputs the model cannot run on (tried on
-    two samples in evaluation mode; flags, random streams and buffers restored), outputs without a class dim,
-    and labels that are not class indices of the output.
+    two samples in evaluation mode; flags, random streams and buffers restored), outputs that hold no logits
+    (:func:`bnrotation.evaluation.read_logits`: a tensor, or the ``logits`` of a mapping or ``ModelOutput``) or
+    logits without a class dim, and labels that are not class indices of the output.
+
+    Returns:
+        ``""`` for a model that returns a tensor, else the line saying that its logits are read
+        (:func:`bnrotation.evaluation.logits_note`).
 
     Raises:
-        ValueError: naming the probe and what was expected.
+        ValueError: naming the probe and what was expected; for an output without logits, the wrapper that fixes
+            it.
     """
     if isinstance(x, torch.Tensor) and not x.is_floating_point():
         raise ValueError(f"probe: expected floating-point inputs, got {x.dtype}")
@@ -103,10 +110,14 @@ def _check_probe(model: nn.Module, x, y: torch.Tensor | None) -> None:
         shape = tuple(x.shape) if isinstance(x, torch.Tensor) else f"(a mapping with keys {sorted(map(str, x))})"
         raise ValueError(f"probe: the model cannot run on the probe inputs {shape} "
                          f"({type(e).__name__}: {e})") from e
-    if not isinstance(out, torch.Tensor) or out.dim() < 2:
-        got = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
+    note = logits_note(out)
+    try:
+        out = read_logits(out)
+    except TypeError as e:
+        raise ValueError(f"probe: {e}") from None
+    if out.dim() < 2:
         raise ValueError(f"probe: the model's output on the probe must be (N, classes, ...) for the mode check, "
-                         f"got {got}")
+                         f"got {tuple(out.shape)}")
     if y is not None:
         if y.is_floating_point() or y.is_complex():
             raise ValueError(f"probe: labels must be class indices (an integer tensor), got {y.dtype}")
@@ -114,6 +125,7 @@ def _check_probe(model: nn.Module, x, y: torch.Tensor | None) -> None:
         if len(y) and (int(y.min()) < 0 or int(y.max()) >= k):
             raise ValueError(f"probe: labels must lie in [0, {k}) for a model with {k} outputs, got "
                              f"[{int(y.min())}, {int(y.max())}]")
+    return note
 
 
 # ----------------------------------------------------------------------------- thresholds
@@ -200,7 +212,9 @@ class MonitorRecord:
             ``lag_sigma``, ``drift_sigma_per_step``, ``predicted_lag_sigma``, ``abs_mean_over_std``.
         stale: the rule's verdict, at any step: whether the thresholds were crossed, or a running statistic
             holds NaN or infinite values. During the monitor's warm-up it is not announced: see :attr:`flagged`.
-        summary: one line for a progress bar; it starts with ``STALE`` when :attr:`flagged`.
+        summary: one line for a progress bar; it starts with ``STALE`` when :attr:`flagged`, and during the
+            warm-up, which holds the rule's verdict back, with ``warming up, k steps left`` (k: the steps until
+            the monitor's ``warmup_steps``), followed by ``; the rule would fire`` when :attr:`stale`.
         nonfinite: the parameters and running statistics that hold NaN or infinite values
             (:class:`.bnstats.NonFinite`; false when there are none). Their layers' measures are NaN and left
             out of the summary's medians, which name them instead.
@@ -391,7 +405,9 @@ class StalenessMonitor:
             rotation and input moments are measured and whose lag is NaN). A ``torch.compile``d model
             (``OptimizedModule``) is measured through the module it wraps (``_orig_mod``, which holds the same
             parameters and buffers), eagerly: no graph is compiled for the probe, and ``monitor.model`` is
-            that module.
+            that module. Its output is read as logits (N, classes, ...) (:func:`bnrotation.evaluation.read_logits`):
+            a tensor, or the ``logits`` of a mapping or transformers ``ModelOutput`` (a Hugging Face model as it
+            is, said once in a :class:`MonitorSetupWarning`).
         probe: a tensor, an ``(x, y)`` tuple, or a mapping holding the input under ``input_key`` and the
             labels under ``target_key``; labels are optional. With ``input_key=None`` the mapping goes to the
             model whole (``model(batch)``), labels still read from ``target_key``. Keep it fixed across
@@ -427,7 +443,8 @@ class StalenessMonitor:
     Raises:
         ValueError: for a model without such layers, a probe of fewer than 2 samples, with non-finite
             values, of a shape the model cannot run on, or with labels that are not the output's class
-            indices; for a ``warmup_steps`` that is not an int >= 0 or None.
+            indices; for a model whose output holds no logits (a tuple, say; the message names the wrapper that
+            fixes it, ``ModelLogits``); for a ``warmup_steps`` that is not an int >= 0 or None.
         TypeError: for a model that is not an ``nn.Module``, a probe it cannot read, or ``thresholds`` that are
             not a :class:`Thresholds`.
     """
@@ -453,7 +470,9 @@ class StalenessMonitor:
         if not isinstance(thresholds, Thresholds):
             raise TypeError(f"thresholds: expected a bnrotation.monitor.Thresholds, got {type(thresholds).__name__}"
                             " (write Thresholds(mode_gap=..., lag_sigma=...))")
-        _check_probe(model, self.x, self.y)
+        note = _check_probe(model, self.x, self.y)
+        if note:  # said once, here: every pass of every call reads the logits the same way (read_logits)
+            warnings.warn(note, MonitorSetupWarning, stacklevel=_caller_stacklevel())
         self.pairing = find_pairs(model, self.x, running_statistics_only)
         modules = dict(model.named_modules())
         self.layers = [(p, modules[p.norm]) for p in self.pairing.pairs + self.pairing.unpaired]
@@ -697,4 +716,11 @@ class StalenessMonitor:
                         f"max {lag['lag_max_abs_sigma'].max():.2f}σ")
         bad = f"NON-FINITE {record.nonfinite}" if record.nonfinite else ""
         text = " | ".join(t for t in (bad, modes, rot_text, lag_text) if t)
-        return ("STALE " if record.flagged else "") + text
+        if record.flagged:
+            return "STALE " + text
+        if record.warming_up:  # the rule's verdict is held back: say so, and what it is
+            left = self.warmup_steps - record.step
+            held = f"warming up, {left} step{'s' * (left != 1)} left"
+            held += "; the rule would fire" if record.stale else ""
+            return " | ".join(t for t in (held, text) if t)
+        return text

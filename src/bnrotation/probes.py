@@ -13,7 +13,7 @@ import torch
 import torch.nn as nn
 
 from .bnstats import batch_statistics, norm_layers
-from .evaluation import evaluation_call, evaluation_mode
+from .evaluation import evaluation_call, evaluation_mode, model_logits
 
 
 def _channels(w: torch.Tensor) -> torch.Tensor:
@@ -201,7 +201,11 @@ def batch_statistics_pass(model: nn.Module, x: torch.Tensor, layers: list[tuple[
             largest layer input measured.
 
     Returns:
-        The model's output on ``x``, and ``{layer name: (mean (C,), var (C,))}`` in float64.
+        The model's logits on ``x`` (:func:`.evaluation.read_logits`), and ``{layer name: (mean (C,), var (C,))}``
+        in float64.
+
+    Raises:
+        TypeError: for an output that holds no logits (:func:`.evaluation.read_logits`).
     """
     layers = norm_layers(model) if layers is None else layers
     moments: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
@@ -211,7 +215,7 @@ def batch_statistics_pass(model: nn.Module, x: torch.Tensor, layers: list[tuple[
              for name, m in layers]
     try:
         with batch_statistics(model, keep_frozen=keep_frozen):
-            out = model(x)
+            out = model_logits(model, x)
     finally:
         for h in hooks:
             h.remove()
@@ -273,12 +277,12 @@ def accuracy(model: nn.Module, x: torch.Tensor, y: torch.Tensor, mode: str, chun
     """
     if mode == "train":
         with batch_statistics(model):
-            return (model(x).argmax(1) == y).double().mean().item()
+            return (model_logits(model, x).argmax(1) == y).double().mean().item()
     if mode != "eval":
         raise ValueError(f"accuracy: mode must be 'eval' or 'train', got {mode!r}")
     with evaluation_mode(model):
         forward = evaluation_call(model)
         correct = torch.zeros((), dtype=torch.long, device=y.device)  # counted on the device: one sync
         for xc, yc in zip(x.split(chunk), y.split(chunk)):
-            correct += (forward(xc).argmax(1) == yc).sum()
+            correct += (model_logits(forward, xc).argmax(1) == yc).sum()
     return int(correct) / len(y)
