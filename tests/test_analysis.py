@@ -33,7 +33,7 @@ from bnrotation.analysis.results import (BadRunError, Run, check_against_row, lo
 from bnrotation.analysis.stats import SeedStat
 from bnrotation.analysis.tables import figures, table
 from bnrotation.names import OPTIMIZER_CLASSES
-from bnrotation.rows import PUBLISHED_ROWS, ROWS, RowSpec
+from bnrotation.rows import ARTICLE_ROWS, PUBLISHED_ROWS, ROWS, RowSpec, on_fashion_mnist
 from test_monitor_notebook import MONITOR_NOTEBOOK
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -63,7 +63,8 @@ def write_run(root: Path, row: str, seed: int, *, rotation: float, norm_growth: 
               abs_mean: float = 1.7, stale_channel_sigma: float = 0.0, lifted: float = 0.9, reestimated: float = 1.0,
               averaging: pd.DataFrame | None = None, scale: dict = SCALE, rotation_before_window: float | None = None,
               lowest: float | None = None, layers: dict = LAYERS, model: dict | None = None,
-              lag_scale: dict | None = None, lifted_layer: str = "bn2", acc_eval_at=None, lr_at=None):
+              lag_scale: dict | None = None, lifted_layer: str = "bn2", acc_eval_at=None, lr_at=None,
+              task: str | None = None):
     """One finished run whose every summary is known in closed form.
 
     Every logged step has the same values: channel c of a layer turns ``rotation * SPREAD[c]`` degrees per
@@ -74,19 +75,22 @@ def write_run(root: Path, row: str, seed: int, *, rotation: float, norm_growth: 
     Another network: ``layers`` ({conv: (norm layer, width)}, in forward order) and ``model`` (the config's
     ``model`` section); ``lag_scale`` ({conv: factor}) multiplies a layer's lag, ``lifted_layer`` is the norm layer
     whose fresh statistics alone give ``lifted``; ``acc_eval_at(step)`` and ``lr_at(step)`` replace the constant
-    evaluation-mode accuracy (checks and stored-statistics interventions) and learning rate.
+    evaluation-mode accuracy (checks and stored-statistics interventions) and learning rate. ``task``: the
+    ``task.name`` written into ``config.yaml`` and ``run.json`` (``fashion_mnist``); None writes none, as runs
+    made before the second task.
     """
     spec = ROWS[row]
     acc_at = acc_eval_at or (lambda s: lowest if lowest is not None and s == 4000 else acc_eval)
     m = spec.bn_momentum
     out = records.run_dir(root, row, seed)
     out.mkdir(parents=True, exist_ok=True)
+    named = {"name": task} if task else {}
     cfg = {"row": row, "seed": seed, "scale": dict(scale),
            "optimizer": {"name": spec.optimizer, "lr": spec.lr, "weight_decay": spec.weight_decay,
                          "momentum": 0.9, "beta1": 0.9},
-           "model": model or {"channels": [c for _, c in LAYERS.values()]}, "task": {"probe_size": 512}}
+           "model": model or {"channels": [c for _, c in LAYERS.values()]}, "task": {"probe_size": 512, **named}}
     (out / "config.yaml").write_text(yaml.safe_dump(cfg))
-    (out / "run.json").write_text(json.dumps(_run_json(row, seed, layers)))
+    (out / "run.json").write_text(json.dumps(_run_json(row, seed, layers) | ({"task": named} if task else {})))
     steps = list(range(0, scale["steps"] + 1, scale["log_every"]))
     checks = list(range(scale["check_start"], scale["steps"] + 1, scale["check_every"]))
     base = dict(row=row, seed=seed)
@@ -397,8 +401,8 @@ def test_every_claim_is_declared_once_and_bespoke_checks_register_under_their_na
     assert len(names) == len(set(names))
     sections = [c.section for c in registry.CLAIMS]
     assert sections.count(kinds.ARTICLE) == 27 and sections.count(kinds.RESNET) == 9
-    assert sections.count(kinds.FROZEN) == 1
-    assert sections == sorted(sections, key=[kinds.ARTICLE, kinds.RESNET, kinds.FROZEN].index)
+    assert sections.count(kinds.FROZEN) == 1 and sections.count(kinds.FASHION_MNIST) == 6
+    assert sections == sorted(sections, key=[kinds.ARTICLE, kinds.RESNET, kinds.FASHION_MNIST, kinds.FROZEN].index)
     assert registry.training_mode_stays_at_100.name == "training_mode_stays_at_100"
     assert isinstance(registry.training_mode_stays_at_100, kinds.Bespoke)
     # the article's table, cell by cell: every published cell that is not NaN (6 rows x 4 + the window test's 3)
@@ -555,9 +559,10 @@ def test_each_row_keeps_the_colour_its_row_spec_declares():
     import matplotlib.colors
     palette = figures.row_palette(["adam", "my_row"])
     assert all(palette[row] == matplotlib.colors.to_rgb(spec.colour) for row, spec in ROWS.items())
-    for arch in {spec.arch for spec in ROWS.values()}:  # no two rows of one network share a colour
-        rows = [row for row, spec in ROWS.items() if spec.arch == arch]
-        assert len({palette[row] for row in rows}) == len(rows), arch
+    for arch, task in {(spec.arch, spec.task) for spec in ROWS.values()}:  # no two rows of one network and task
+        rows = [row for row, spec in ROWS.items() if (spec.arch, spec.task) == (arch, task)]  # share a colour
+        assert len({palette[row] for row in rows}) == len(rows), (arch, task)
+    assert all(palette[on_fashion_mnist(row)] == palette[row] for row in ARTICLE_ROWS)  # twins share theirs
     assert palette["my_row"] not in {palette[row] for row in ROWS}  # a row without one gets another
 
 

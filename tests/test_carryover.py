@@ -170,9 +170,9 @@ def test_the_articles_claims_are_weighed_on_the_study_network_only(tmp_path):
 def test_the_table_names_the_network_of_every_row(passing, tmp_path):
     assert table.main(["--results", str(passing), "--out", str(tmp_path)]) == 0
     md = (tmp_path / "table.md").read_text()
-    assert "| Row | Network | Seeds |" in md
-    assert "| ResNet-20, Adam, lr 3e-3 (`resnet20_adam`) | ResNet-20 | 0–2 (3) |" in md
-    assert "| Adam, lr 3e-3 (`adam`) | the study's ConvNet | 0–2 (3; to run: seeds 3–9) |" in md
+    assert "| Row | Network | Task | Seeds |" in md
+    assert "| ResNet-20, Adam, lr 3e-3 (`resnet20_adam`) | ResNet-20 | noisy templates | 0–2 (3) |" in md
+    assert "| Adam, lr 3e-3 (`adam`) | the study's ConvNet | noisy templates | 0–2 (3; to run: seeds 3–9) |" in md
     assert "(`conv3` in the study's ConvNet; `layer3.2.conv2` in ResNet-20)" in md
     csv = pd.read_csv(tmp_path / "table.csv").set_index("row")
     assert csv.loc["resnet20_adam", "network"] == "ResNet-20" and csv.loc["sgd", "arch"] == "convnet"
@@ -207,7 +207,8 @@ def both_networks(tmp_path_factory) -> Path:
 def test_table_claims_and_figures_run_on_a_root_holding_both_networks(both_networks, tmp_path):
     assert table.main(["--results", str(both_networks), "--out", str(tmp_path)]) == 0
     md = (tmp_path / "table.md").read_text()
-    assert "| the study's ConvNet | 0 (1) |" in md and "| ResNet-20 | 0 (1; to run: seeds 1, 2)" in md
+    assert "| the study's ConvNet | noisy templates | 0 (1) |" in md and \
+        "| ResNet-20 | noisy templates | 0 (1; to run: seeds 1, 2)" in md
     assert claims.main(["--results", str(both_networks), "--out", str(tmp_path)]) == 0
     claims_md = (tmp_path / "claims.md").read_text()
     section = claims_md[claims_md.index("## Does it carry over? ResNet-20"):]

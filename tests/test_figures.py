@@ -64,6 +64,7 @@ def mixed(tmp_path_factory):
 
 
 NEEDS_RESNET = ("10_lag_by_depth", "12_top_k_both_networks")  # not drawn without ResNet-20 runs
+NEEDS_FASHION_MNIST = ("13_accuracy_vs_rotation_both_tasks",)  # not drawn without Fashion-MNIST runs
 
 
 def _texts(fig) -> list[str]:
@@ -77,6 +78,10 @@ def test_every_image_states_n_and_warns_when_the_runs_are_not_at_the_articles_sc
     for d, warned in ((at_scale, False), (below_scale, True), (mixed, False)):
         if name in NEEDS_RESNET and d is at_scale:
             with pytest.raises(figures.Skip, match="ResNet-20"):
+                DRAW[name](d)
+            continue
+        if name in NEEDS_FASHION_MNIST:  # drawn in test_both_tasks_in_one_plot_and_skipped_without_real_images
+            with pytest.raises(figures.Skip, match="no Fashion-MNIST runs of the article's rows"):
                 DRAW[name](d)
             continue
         fig, caption = DRAW[name](d)
@@ -183,4 +188,37 @@ def test_lag_by_depth_cosine_and_both_networks_top_k(mixed):
     fig, caption = DRAW["12_top_k_both_networks"](mixed)
     assert [ax.get_title() for ax in fig.axes] == ["the study's ConvNet: 16 channels", "ResNet-20: 42 channels"]
     assert "54 failing checks in all" in caption  # 9 intervention steps x 2 seeds x 3 failing rows
+    matplotlib.pyplot.close(fig)
+
+
+@pytest.fixture(scope="module")
+def both_tasks(tmp_path_factory):
+    """Two of the article's rows on the templates (2 seeds) and their Fashion-MNIST twins (3 seeds)."""
+    root = write_replication(tmp_path_factory.mktemp("both_tasks"), seeds=(0, 1), rows=("sgd", "adam"))
+    for seed in (0, 1, 2):
+        write_run(root, "fmnist_sgd", seed, rotation=0.5, norm_growth=2.0, acc_eval=0.9, acc_train=0.91,
+                  task="fashion_mnist")
+        write_run(root, "fmnist_adam", seed, rotation=8.0, norm_growth=3.0, acc_eval=0.6, acc_train=0.9,
+                  task="fashion_mnist")
+    figures.apply_style()
+    return figures.load_data(root, _load(root))
+
+
+def test_both_tasks_in_one_plot_and_skipped_without_real_images(both_tasks):
+    fig, caption = DRAW["13_accuracy_vs_rotation_both_tasks"](both_tasks)
+    n = "noisy templates: n = 4 runs, 2 rows × 2 seeds; Fashion-MNIST: n = 6 runs, 2 rows × 3 seeds"
+    assert f"({n})" in caption and any(t.startswith(n) for t in _texts(fig))  # n per task, in caption and image
+    points = [c for c in fig.axes[0].collections if isinstance(c, PathCollection)]
+    diamonds, circles = ([c for c in points if _is_marker(c, m)] for m in ("D", "o"))
+    assert sorted(len(c.get_offsets()) for c in diamonds) == [3, 3] and len(circles) == 2  # one point per run
+    sgd = next(c for c in diamonds if np.allclose(c.get_offsets()[:, 1], 0.9))
+    assert np.allclose(sgd.get_facecolor()[0][:3], both_tasks.palette["sgd"])  # a twin in its row's colour
+    labels = [t.get_text() for t in fig.axes[0].get_legend().get_texts()]
+    assert labels == ["SGD, lr 0.05, momentum 0.9", "Adam, lr 3e-3", "one run on noisy templates",
+                      "one run on Fashion-MNIST"]
+    matplotlib.pyplot.close(fig)
+    fig, _ = DRAW["01_accuracy_vs_rotation"](both_tasks)  # the central figure tells the tasks apart too
+    labels = [t.get_text() for t in fig.axes[0].get_legend().get_texts()]
+    assert any(label.startswith("one run on Fashion-MNIST (filled diamond") for label in labels)
+    assert sum(_is_marker(c, "D") for c in fig.axes[0].collections if isinstance(c, PathCollection)) == 2
     matplotlib.pyplot.close(fig)

@@ -63,6 +63,17 @@ class Run:
         return spec.arch if spec else "convnet"
 
     @property
+    def task(self) -> str:
+        """The task the run trained on: ``task.name`` in its ``config.yaml`` (``noisy_templates``,
+        ``fashion_mnist``); where the config does not say (runs written before the suite had two tasks), its
+        row's (:attr:`bnrotation.rows.RowSpec.task`), else ``noisy_templates``."""
+        task = (self.config.get("task") or {}).get("name")
+        if task:
+            return str(task)
+        spec = ROWS.get(self.row)
+        return spec.task if spec else "noisy_templates"
+
+    @property
     def diverged(self) -> bool:
         return self.info.get("status") == "diverged"
 

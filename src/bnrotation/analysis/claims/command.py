@@ -33,6 +33,7 @@ from ...rows import ROWS
 from ..formatting import cell
 from ..measures import metrics
 from ..results import ALL_TABLES, REFERENCE_ROOT, Run, add_results_arguments, at_protocol_scale, command_inputs, count
+from . import real_images
 from .evidence import Evidence, collect
 from .kinds import ARTICLE, Check, withhold_verdicts
 from .registry import ACC, ADAM, CLAIMS, SGD, TABLE_CELLS, explain
@@ -76,10 +77,25 @@ def verdicts_json(checks: list[Check], cells: list[tuple[str, str, Check]]) -> s
     return json.dumps(verdicts(checks, cells), indent=1, ensure_ascii=False) + "\n"
 
 
+def real_images_sentence(ev: Evidence, checks: list[Check]) -> str:
+    """The real-image result beside the synthetic one, in a sentence: the ``fmnist_adam`` row's training- and
+    evaluation-mode accuracy against ``fmnist_sgd``'s (mean ± sample standard deviation over seeds, with n) and the
+    verdict of :data:`.real_images.fmnist_adam_evaluation_mode_falls`; that they are not run yet while either row has
+    no run."""
+    adam, sgd = real_images.F_ADAM, real_images.F_SGD
+    if not ev.has(adam, sgd):
+        return f"The same rows on {real_images.NAME} (real images, rows `fmnist_*`) are not run yet."
+    verdict = next(c.verdict for c in checks if c.name == real_images.fmnist_adam_evaluation_mode_falls.name)
+    return (f"On {real_images.NAME} (real images), `{adam}` keeps {cell(ev.stat(adam, 'acc_train_mode').mean, 'pct')} "
+            f"in training mode and averages {ev.stat(adam, ACC).describe('pct')} in evaluation mode; `{sgd}` gets "
+            f"{ev.stat(sgd, ACC).describe('pct')} (`{real_images.fmnist_adam_evaluation_mode_falls.name}`: "
+            f"{verdict}).")
+
+
 def readme_blocks(ev: Evidence, checks: list[Check], cells: list[tuple[str, str, Check]]) -> dict[str, str]:
     """The README's generated blocks, by name: ``headline`` (Adam's evaluation- and training-mode accuracy
-    against SGD's, mean ± sample standard deviation over seeds with n, and Adam's lowest check) and ``verdicts``
-    (the counts of ``claims.md``'s summary)."""
+    against SGD's, mean ± sample standard deviation over seeds with n, and Adam's lowest check; then the same on
+    Fashion-MNIST, :func:`real_images_sentence`) and ``verdicts`` (the counts of ``claims.md``'s summary)."""
     adam, sgd, train = ev.stat(ADAM, ACC), ev.stat(SGD, ACC), ev.stat(ADAM, "acc_train_mode")
     window = metrics.tidy(ev.runs_of(ADAM), "checks").query("in_window")
     lowest = window.loc[window[ACC].idxmin()]
@@ -89,7 +105,7 @@ def readme_blocks(ev: Evidence, checks: list[Check], cells: list[tuple[str, str,
                      f"keeps {cell(train.mean, 'pct')} in training mode while its evaluation-mode accuracy averages "
                      f"{adam.describe('pct')}, down to {cell(float(lowest[ACC]), 'pct')} at one check (seed "
                      f"{lowest['seed']}, step {int(lowest['step']):,}); the `{SGD}` row ({ROWS[SGD].label}) gets "
-                     f"{sgd.describe('pct')}.\n"),
+                     f"{sgd.describe('pct')}. {real_images_sentence(ev, checks)}\n"),
         "verdicts": (f"On the same runs, `make claims` weighs each of the article's claims: "
                      f"**{verdict_counts(article)}**; its table, cell by cell: "
                      f"{verdict_counts(c for _, _, c in cells)}. A failing check's note says why.\n"),

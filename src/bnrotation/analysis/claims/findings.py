@@ -23,6 +23,7 @@ from ..stats import share_at_or_below, subset_means
 from ..tables import averaging_report, lag_report
 from .evidence import CONV_LAYERS, Evidence
 from .kinds import matches, said
+from .registry import study_run
 
 ADAM, SGD, ACC = "adam", "sgd", "acc_eval_mode"
 
@@ -33,7 +34,7 @@ NORM_FREE_ROWS = tuple(row for row, spec in ROWS.items() if spec.norm != "batch"
 def finding_channels(ev: Evidence) -> list[str]:
     """How many of the channels with the largest |lag| need fresh statistics to lift a failing check."""
     lines = ["### How many channels carry the damage\n"]
-    failing = metrics.failing_checks([r for r in ev.runs if r.arch == "convnet"])  # ResNet-20: its own section
+    failing = metrics.failing_checks([r for r in ev.runs if study_run(r)])  # ResNet-20, Fashion-MNIST: their own
     if failing.empty:
         return lines + [f"NOT RUN: no failing check (evaluation-mode accuracy below {cell(FAIL_BELOW, 'pct', digits=0)}"
                         " at an intervention step) in these runs, so no damage to locate.\n"]

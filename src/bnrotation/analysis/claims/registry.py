@@ -38,6 +38,7 @@ TRAIN_MODE_FLOOR = 0.99  # no single training-mode check below 99%
 CHANCE_MARGIN = 0.05  # "dips to chance": the lowest check within 5 points of the article's 10%
 MATCH_MARGIN = 0.01  # "matches SGD": not below it by more than 1 point (or 2 standard errors, if larger)
 STUDY_ARCH = "convnet"  # the article's claims are about its network only (RowSpec.arch)
+STUDY_TASK = "noisy_templates"  # and its task only (RowSpec.task): Fashion-MNIST has checks of its own
 
 
 def quoted(row: str, column: str, unit: str, digits: int | None = None) -> str:
@@ -46,9 +47,16 @@ def quoted(row: str, column: str, unit: str, digits: int | None = None) -> str:
 
 
 def bn_rows(runs: list[Run]) -> list[str]:
-    """The rows of ``runs`` that trained the study's network with BatchNorm (rows not in the registry count as
-    BatchNorm). Other networks' rows (ResNet-20) have checks of their own (:mod:`.carryover`)."""
-    return [r.row for r in runs if r.arch == STUDY_ARCH and (ROWS.get(r.row) is None or ROWS[r.row].norm == "batch")]
+    """The rows of ``runs`` that trained the study's network with BatchNorm on the templates (rows not in the
+    registry count as BatchNorm). Other networks' rows (ResNet-20) and other tasks' (Fashion-MNIST) have checks of
+    their own (:mod:`.carryover`, :mod:`.real_images`)."""
+    return [r.row for r in runs if study_run(r) and (ROWS.get(r.row) is None or ROWS[r.row].norm == "batch")]
+
+
+def study_run(run: Run) -> bool:
+    """Whether ``run`` is one the article's claims weigh: the study's network (:data:`STUDY_ARCH`) on the
+    templates (:data:`STUDY_TASK`)."""
+    return run.arch == STUDY_ARCH and run.task == STUDY_TASK
 
 
 # ----------------------------------------------------------------------------- bespoke checks
@@ -272,7 +280,8 @@ def stale_middle_channel_at_failing_check(ev: Evidence) -> Outcome:
 @bespoke(f"Re-estimating the statistics brought every final checkpoint back to {said(A.REESTIMATED, 'pct')}.",
          f"{said(A.REESTIMATED, 'pct')} for every run")
 def reestimation_restores_every_final_checkpoint(ev: Evidence) -> Outcome:
-    finals = ev.per_run[ev.per_run["arch"] == STUDY_ARCH].dropna(subset=["acc_reestimated_final"])
+    study = ev.per_run["row"].isin({r.row for r in ev.runs if study_run(r)})
+    finals = ev.per_run[study].dropna(subset=["acc_reestimated_final"])
     if finals.empty:
         return Outcome("no re-estimation results", "–", None)
     worst = finals.loc[finals["acc_reestimated_final"].idxmin()]

@@ -32,7 +32,7 @@ import seaborn as sns
 from ...helptext import plain
 from ... import article, records
 from ...article import FAIL_BELOW
-from ...rows import ROWS, network_label, row_order
+from ...rows import ARTICLE_ROWS, ROWS, TASKS, network_label, on_fashion_mnist, row_order
 from ..formatting import cell
 from ..measures import depth, intervention_log, lag, metrics, midrun, theory
 from ..results import (ALL_TABLES, Run, add_results_arguments, at_protocol_scale, command_inputs, describe_scale,
@@ -215,6 +215,9 @@ def _log_axis(axis, which: str) -> None:
 # ResNet-20, which share the colour of the study's row with the same optimizer, as triangles (dashed lines).
 NO_RUNNING_STATS_MARKER, RUNNING_STATS_MARKER, RESNET_MARKER = "s", "o", "^"
 NETWORK_STYLE = {"convnet": ("o", "-"), "resnet20": ("^", "--")}  # (marker, line style) per network
+# The task of a row (per_run's ``task``, :data:`bnrotation.rows.TASKS`) by marker; a Fashion-MNIST row keeps the
+# colour of its twin on the templates (the same optimizer and settings), so that the pair reads across tasks.
+TASK_MARKER = {TASKS["noisy_templates"]: RUNNING_STATS_MARKER, TASKS["fashion_mnist"]: "D"}
 
 
 def network_style(d: Data, row: str) -> tuple[str, str]:
@@ -231,7 +234,8 @@ def _accuracy_scatter(d: Data, x: str, published_attr: str, xlabel: str, log: bo
         g = d.per_run[d.per_run["row"] == row]
         color = d.palette[row]
         batch = norm.get(row, "batch") == "batch"
-        marker = (RESNET_MARKER if d.arch(row) == "resnet20" else RUNNING_STATS_MARKER) if batch \
+        marker = (RESNET_MARKER if d.arch(row) == "resnet20" else TASK_MARKER.get(g["task"].iloc[0],
+                                                                                 RUNNING_STATS_MARKER)) if batch \
             else NO_RUNNING_STATS_MARKER
         h = ax.scatter(g[x], g["acc_eval_mode"], s=42 if batch else 38, color=color, edgecolor="white",
                        linewidth=0.6, zorder=3, marker=marker)
@@ -266,6 +270,11 @@ def _accuracy_scatter(d: Data, x: str, published_attr: str, xlabel: str, log: bo
         handles.insert(-2, Line2D([], [], ls="", marker=RESNET_MARKER, color="0.3", markersize=7))
         labels.insert(-2, f"one run, {network_label('resnet20')}, BatchNorm (filled triangle;\nthe colour of the "
                           "study's row with its optimizer)")
+    if (d.per_run["task"] == TASKS["fashion_mnist"]).any():  # a row's twin on real images: its colour, a diamond
+        handles.insert(-2, Line2D([], [], ls="", marker=TASK_MARKER[TASKS["fashion_mnist"]], color="0.3",
+                                  markersize=6))
+        labels.insert(-2, f"one run on {TASKS['fashion_mnist']} (filled diamond; the colour of\nits row on the "
+                          f"{TASKS['noisy_templates']})")
     ax.legend(handles, labels, loc="center left", bbox_to_anchor=(1.01, 0.5))
     footnote(fig, d, f"{runs_text(d.per_run)}: one point per run; accuracy: mean of each run's checks.")
     return fig
@@ -811,6 +820,50 @@ def fig_top_k_networks(d: Data) -> tuple[plt.Figure, str]:
                  f"optimizer ({text.rstrip('.')}). `resnet_top_k_channel_share` gives the shares.")
 
 
+# ----------------------------------------------------------------------------- 13: both tasks
+
+
+def fig_accuracy_vs_rotation_by_task(d: Data) -> tuple[plt.Figure, str]:
+    """The article's seven rows on both tasks: evaluation-mode accuracy against the last conv layer's rotation,
+    one point per run, circles on the templates and diamonds on Fashion-MNIST, each pair of twins in one colour.
+
+    Raises:
+        Skip: when the runs hold no Fashion-MNIST run of these rows (nothing to set beside the templates).
+    """
+    twins = {row: row for row in ARTICLE_ROWS} | {on_fashion_mnist(row): row for row in ARTICLE_ROWS}
+    per_run = d.per_run[d.per_run["row"].isin(twins) & (d.per_run["arch"] == "convnet")]
+    fmnist = per_run[per_run["task"] == TASKS["fashion_mnist"]]
+    if fmnist.empty:
+        raise Skip(f"no {TASKS['fashion_mnist']} runs of the article's rows (rows `fmnist_*`: "
+                   "make sweep SET=fashion_mnist)")
+    fig, ax = plt.subplots(figsize=(7.2, 4.6))
+    for row in [r for r in d.rows if r in set(per_run["row"])]:
+        g = per_run[per_run["row"] == row]
+        ax.scatter(g["rotation_per_100_deg"], g["acc_eval_mode"], s=42, color=d.palette[row], edgecolor="white",
+                   linewidth=0.6, zorder=3, marker=TASK_MARKER.get(g["task"].iloc[0], RUNNING_STATS_MARKER))
+    _log_axis(ax.xaxis, "x")
+    ax.set_xlabel("rotation of the last conv layer per 100 steps (degrees, log scale)")
+    ax.set_ylabel("evaluation-mode accuracy\n(mean of the checks)")
+    ax.set_ylim(0, 1.04)
+    _pct(ax)
+    ax.axhline(0.1, color="0.6", lw=0.8, ls=":", zorder=1)
+    from matplotlib.lines import Line2D
+    settings = list(dict.fromkeys(twins[r] for r in d.rows if r in set(per_run["row"])))
+    handles = [Line2D([], [], ls="", marker="o", color=d.palette[row], markersize=6) for row in settings]
+    labels = [ROWS[row].label for row in settings]
+    tasks = list(dict.fromkeys(per_run.sort_values("task", key=lambda t: t != TASKS["noisy_templates"])["task"]))
+    handles += [Line2D([], [], ls="", marker=TASK_MARKER.get(t, "o"), color="0.3", markersize=6) for t in tasks]
+    labels += [f"one run on {t}" for t in tasks]
+    ax.legend(handles, labels, loc="center left", bbox_to_anchor=(1.01, 0.5), fontsize="small")
+    n = "; ".join(f"{t}: {runs_text(per_run[per_run['task'] == t])}" for t in tasks)
+    footnote(fig, d, f"{n}. One point per run; accuracy: mean of each run's checks.")
+    return fig, (f"Evaluation-mode accuracy against rotation on both tasks, one point per run ({n}): circles on "
+                 f"the {TASKS['noisy_templates']}, diamonds on {TASKS['fashion_mnist']}, a row and its "
+                 f"{TASKS['fashion_mnist']} twin (`fmnist_<row>`) in one colour. Accuracy: mean of the checks in the "
+                 "check window; rotation: as in figure 1. Does accuracy fall with rotation on real images too? "
+                 "`claims.md`, section \"Does it happen on real images? Fashion-MNIST\", weighs it.")
+
+
 FIGURES: tuple[tuple[str, str, Callable[[Data], tuple[plt.Figure, str]]], ...] = (
     ("01_accuracy_vs_rotation", "Evaluation-mode accuracy against rotation", fig_accuracy_vs_rotation),
     ("02_accuracy_vs_norm_growth", "Evaluation-mode accuracy against norm growth", fig_accuracy_vs_norm_growth),
@@ -829,6 +882,8 @@ FIGURES: tuple[tuple[str, str, Callable[[Data], tuple[plt.Figure, str]]], ...] =
      fig_cosine_mid_run),
     ("12_top_k_both_networks", "How many channels carry the damage, both networks side by side",
      fig_top_k_networks),
+    ("13_accuracy_vs_rotation_both_tasks", "Evaluation-mode accuracy against rotation, the templates and "
+     "Fashion-MNIST", fig_accuracy_vs_rotation_by_task),
 )
 
 

@@ -27,7 +27,7 @@ import pandas as pd
 from ...helptext import plain
 from ... import records
 from ...article import FAIL_BELOW
-from ...rows import ROWS, SETS, SWEEPS, expected_seeds, network_label, row_order
+from ...rows import ROWS, SETS, SWEEPS, TASKS, expected_seeds, network_label, row_order
 from ..formatting import cell, seed_ranges
 from ..measures import metrics
 from ..results import ALL_TABLES, Run, add_results_arguments, command_inputs, count, once_per_run, scale_note
@@ -76,7 +76,7 @@ def run_metrics(run: Run) -> dict:
     below, n_checks = metrics.checks_below(run)
     return {
         "row": run.row, "seed": run.seed, "diverged": run.diverged, "arch": run.arch,
-        "network": network_label(run.arch), "last_conv": metrics.last_conv(run),
+        "network": network_label(run.arch), "task": TASKS.get(run.task, run.task), "last_conv": metrics.last_conv(run),
         "rotation_per_100_deg": metrics.rotation_per_100_deg(run),
         "norm_growth": metrics.norm_growth(run),
         "acc_eval_mode": metrics.acc_eval_mode(run),
@@ -92,7 +92,8 @@ def build_table(runs: list[Run], seeds_expected: int | None = None) -> pd.DataFr
     """One line per row: ``<col>_mean``, ``<col>_std``, ``<col>_published`` for each column, plus
     ``n_seeds``, ``seeds_expected`` (how many), ``seeds``, ``seeds_missing`` (expected seeds with no run,
     finished or diverged), ``diverged``, ``diverged_seeds``, ``label``, ``network`` (the network in words,
-    :func:`bnrotation.rows.network_label`) and ``arch`` (``model.arch``), ``last_conv`` (the layer of the
+    :func:`bnrotation.rows.network_label`) and ``arch`` (``model.arch``), ``task`` (the task in words,
+    :data:`bnrotation.rows.TASKS`, from :attr:`..results.Run.task`), ``last_conv`` (the layer of the
     rotation and norm columns, :func:`..measures.metrics.last_conv`), ``scale`` (the runs' scale name),
     ``wall_seconds_mean`` (mean wall time of a finished run, seconds), ``schema_version``.
 
@@ -119,6 +120,7 @@ def build_table(runs: list[Run], seeds_expected: int | None = None) -> pd.DataFr
         expected = (expected_seeds(row, scale) if seeds_expected is None else tuple(range(seeds_expected)))
         missing = sorted(set(expected) - set(runs_of_row["seed"]))
         line = {"row": row, "label": spec.label if spec else row, "network": runs_of_row["network"].iloc[0],
+                "task": runs_of_row["task"].iloc[0],
                 "arch": runs_of_row["arch"].iloc[0], "last_conv": runs_of_row["last_conv"].iloc[0], "n_seeds": len(g),
                 "seeds_expected": len(expected), "seeds": ",".join(map(str, sorted(g["seed"]))),
                 "seeds_missing": ",".join(map(str, missing)),
@@ -178,8 +180,8 @@ def to_markdown(table: pd.DataFrame, root: Path, skipped: list[str] = (), scale:
            "Runs that diverged (non-finite loss) are counted under Diverged and left out of every mean. "
            "Minutes per run: mean wall time of the row's finished runs, over every process of a resumed run, as "
            "`run.json` records it (it depends on the machine and on what else ran beside it).\n",
-           "| Row | Network | Seeds | " + " | ".join(heads) + " | Diverged | Minutes per run |",
-           "|---|---|---|" + "---:|" * len(heads) + "---:|---:|"]
+           "| Row | Network | Task | Seeds | " + " | ".join(heads) + " | Diverged | Minutes per run |",
+           "|---|---|---|---|" + "---:|" * len(heads) + "---:|---:|"]
     for _, r in table.iterrows():
         seeds = seeds_cell(r)
         cells = []
@@ -189,7 +191,7 @@ def to_markdown(table: pd.DataFrame, root: Path, skipped: list[str] = (), scale:
         diverged = f"{r['diverged']} (seeds {r['diverged_seeds']})" if r["diverged"] else "0"
         wall = r.get("wall_seconds_mean", math.nan)
         minutes = "–" if wall is None or math.isnan(wall) else f"{wall / 60:.{0 if wall >= 600 else 1}f}"
-        out.append(f"| {r['label']} (`{r['row']}`) | {r['network']} | {seeds} | " + " | ".join(cells)
+        out.append(f"| {r['label']} (`{r['row']}`) | {r['network']} | {r['task']} | {seeds} | " + " | ".join(cells)
                    + f" | {diverged} | {minutes} |")
     if skipped:
         out += ["", f"Left out with --skip-bad ({len(skipped)}):", ""] + [f"- {p}" for p in skipped]
