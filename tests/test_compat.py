@@ -278,8 +278,10 @@ def git_describe() -> str:
     return done.stdout.strip() or "unknown"
 
 
-def to_markdown(envs: list[Env], newest_on_registry: Version, uv_version: str, load: tuple[str, str]) -> str:
-    """The report: one line per environment, then each one's failures."""
+def to_markdown(envs: list[Env], newest_on_registry: Version, uv_version: str, load: tuple[str, str],
+                commit: str) -> str:
+    """The report: one line per environment, then each one's failures, grouped by their message (``commit``: the
+    checkout the wheel was built from)."""
     head = ("| environment | torch | numpy | pandas | tests | passed | failed | skipped | install (s) | "
             "installed (GB) | downloaded (GB) | tests (s) | why |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     lines = [f"| `{e.name}` | {e.result['torch']} | {e.result['numpy']} | {e.result['pandas']} | "
@@ -287,8 +289,8 @@ def to_markdown(envs: list[Env], newest_on_registry: Version, uv_version: str, l
              f"{e.result['install_s']:.0f} | {e.result['venv_gb']:.1f} | {e.result['download_gb']:.1f} | "
              f"{e.result['test_s']:.0f} | {e.why} |" for e in envs]
     out = ["# The library beside other torch versions", "",
-           "Written by `make test-compat` (`tests/test_compat.py`, whose docstring says how) at commit "
-           f"`{git_describe()}`, on {os.cpu_count()} cores (load average {load[0]} at the start, {load[1]} at the "
+           "Written by `make test-compat` (`tests/test_compat.py`, whose docstring says how) from the wheel of "
+           f"commit `{commit}`, on {os.cpu_count()} cores (load average {load[0]} at the start, {load[1]} at the "
            f"end), Python {envs[0].result['python']}, uv {uv_version}. The newest torch on the registry: "
            f"{newest_on_registry}. Each environment: a scratch venv (deleted afterwards) with torch, numpy and "
            f"pandas from the registry and pytest {lock_version('pytest')}, then the wheel of this checkout with "
@@ -300,8 +302,17 @@ def to_markdown(envs: list[Env], newest_on_registry: Version, uv_version: str, l
         if e.result["failures"]:
             out += ["", f"## `{e.name}`: what fails with torch {e.result['torch']} ({e.result['failed']} of "
                     f"{e.result['tests']})", ""]
-            out += [f"- `{test}`: {message.replace('|', '/')}" for test, message in e.result["failures"]]
+            by_message: dict[str, list[str]] = {}
+            for test, message in e.result["failures"]:
+                by_message.setdefault(message.replace("|", "/"), []).append(test.removeprefix("tests."))
+            for message, tests in sorted(by_message.items(), key=lambda kv: -len(kv[1])):
+                out.append(f"- {count_tests(len(tests))}: `{message}`")
+                out.append(f"  <details><summary>which</summary>{', '.join(tests)}</details>")
     return "\n".join(out) + "\n"
+
+
+def count_tests(n: int) -> str:
+    return f"{n} test" + ("" if n == 1 else "s")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -318,7 +329,7 @@ def main(argv: list[str] | None = None) -> int:
     uv_version = _checked(_run([uv, "--version"]), "uv --version").stdout.split()[1]
     releases = registry_versions("torch")
     envs = [e for e in environments(lower_bounds(), releases) if args.only is None or e.name in args.only]
-    load_start = f"{os.getloadavg()[0]:.1f}"
+    load_start, commit = f"{os.getloadavg()[0]:.1f}", git_describe()  # the wheel is built from the tree as it is now
     scratch = Path(tempfile.mkdtemp(prefix="bnrotation-compat-"))
     try:
         wheel = build_wheel(scratch)
@@ -335,7 +346,8 @@ def main(argv: list[str] | None = None) -> int:
         else:
             shutil.rmtree(scratch, ignore_errors=True)
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(to_markdown(envs, max(releases), uv_version, (load_start, f"{os.getloadavg()[0]:.1f}")))
+    args.out.write_text(to_markdown(envs, max(releases), uv_version, (load_start, f"{os.getloadavg()[0]:.1f}"),
+                                     commit))
     print(f"wrote {args.out}", file=sys.stderr)
     failed = [e.name for e in envs if e.name in MUST_PASS and (e.result["failed"] or not e.result["passed"])]
     if failed:
