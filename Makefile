@@ -56,7 +56,7 @@ $(error JOBS=$(JOBS): expected a whole number >= 1 (runs at once))
 endif
 endif
 
-.PHONY: help install data test test-fast test-kernels sweep reproduce places row table diagnose check figures claims report notebooks bench frozen clean
+.PHONY: help install data test test-fast test-kernels test-compat sweep reproduce places row table diagnose check figures claims report notebooks bench frozen clean
 .DEFAULT_GOAL := help
 
 help: ## list the targets
@@ -139,6 +139,11 @@ test-kernels: $(VENV)/.installed ## rerun the tests marked kernels under the no-
 	@cache=$$(mktemp -d) && trap 'rm -rf "$$cache"' EXIT && i=0 && for env in $(KERNEL_PATHS); do \
 		i=$$((i + 1)) && echo "make test-kernels: $$env" && \
 		env $$env TORCHINDUCTOR_CACHE_DIR="$$cache/$$i" $(PY) -m pytest -q $(xdist) -m kernels || exit 1; done
+
+# make test-compat: the library's tests in scratch venvs beside the oldest torch pyproject.toml admits, the newest on
+# the registry and the release below the bound (tests/test_compat.py). Not in make test or CI: GBs of downloads each.
+test-compat: $(VENV)/.installed ## the library's tests beside the oldest and the newest torch, in scratch venvs: results/compat/report.md
+	nice -n 5 $(PY) tests/test_compat.py --out results/compat/report.md
 
 sweep: $(VENV)/.installed data ## every row x seed at SCALE, or of SET=resnet|ten_seeds|fashion_mnist (resumable; FORCE=1 reruns; JOBS=n in parallel)
 	@[ -n "$(ROWS)" ] || { echo "make sweep: no rows for SCALE=$(SCALE) SET=$(SET) (see the line above)" >&2; exit 2; }

@@ -15,6 +15,10 @@ Skipped, saying why, where Playwright is not installed or chromium cannot be sta
 
 from __future__ import annotations
 
+import base64
+import gzip
+import html
+import io
 import math
 import os
 import re
@@ -29,6 +33,8 @@ import pandas as pd
 import pytest
 
 from bnrotation.analysis import claims, webpage
+from bnrotation.analysis.claims.command import readme_blocks
+from bnrotation.analysis.results import load_runs
 from bnrotation.analysis.tables import figures, table
 from bnrotation.rows import ROWS
 from test_analysis import PUBLISHED_LIKE, SCALE, write_replication
@@ -43,6 +49,8 @@ FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-
 SEEDS = (0, 1, 2)
 PNG = "02_accuracy_vs_norm_growth"  # the figure given a real (4 × 3 pixel) PNG in figures/
 NOT_DRAWN = "04_rotation_over_steps"  # listed in figures/README.md as not drawn
+ROOT = Path(__file__).resolve().parents[1]
+COMMITTED = ROOT / "results" / "reference" / webpage.PAGE  # make report's page of the committed reference runs
 # Per-run values are float64 reductions (a median of two channels' rotations, a mean of 41 equal accuracies) of
 # the closed forms below, then JSON: each within a few ulps, so a relative 1e-12 is ample and still exact enough
 # to tell any two runs apart (they differ by 2%).
@@ -333,3 +341,119 @@ def test_the_page_module_and_plotly_import_no_torch():
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
                           env=dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1] / "src")))
     assert done.returncode == 0, done.stderr[-2000:]
+
+
+# ----------------------------------------------------------------------------- what comes first, and the size
+FIRST_FIGURE = re.compile(r'<figure|<img|<div [^>]*data-figure=')
+
+
+def order_problems(page: str, sentence: str) -> list[str]:
+    """What is wrong with the opening of ``page`` (its HTML): the finding paragraph must be there, hold
+    ``sentence`` (the README's headline, as markdown) and come before any figure, and the first figure must be
+    the headline's."""
+    found = re.search(rf'<p id="{webpage.FINDING_ID}">(.*?)</p>', page, re.S)
+    if not found:
+        return ["no finding paragraph"]
+    problems = []
+    shown = html.unescape(re.sub(r"<[^>]+>", "", found.group(1)))
+    if shown != sentence.strip().replace("`", ""):
+        problems.append(f"the finding reads {shown[:120]!r}..., the README's headline {sentence[:120]!r}...")
+    first = FIRST_FIGURE.search(page)
+    if first and first.start() < found.start():
+        problems.append(f"a figure ({page[first.start():first.start() + 40]!r}) comes before the finding")
+    if not first or f'id="{webpage.HEADLINE_ID}"' not in page[first.start():first.start() + 200]:
+        problems.append("the first figure is not the headline's")
+    return problems
+
+
+def the_headline_sentence(root: Path) -> str:
+    """The README's generated headline (:func:`readme_blocks`) for the runs under ``root``."""
+    return readme_blocks(*claims.weigh(root, load_runs(root)))["headline"]
+
+
+def test_the_page_opens_with_the_finding_then_the_headline_figure(opened, built):
+    page = (built / webpage.PAGE).read_text()
+    sentence = the_headline_sentence(built)
+    assert order_problems(page, sentence) == []
+    # as drawn: the sentence above the headline figure, the figure above everything else the page shows
+    tops = opened.page.evaluate(f"""() => ({{finding: document.getElementById({webpage.FINDING_ID!r})
+        .getBoundingClientRect().top, headline: document.getElementById({webpage.HEADLINE_ID!r})
+        .getBoundingClientRect().top, table: document.getElementById('table').getBoundingClientRect().top}})""")
+    assert tops["finding"] < tops["headline"] < tops["table"], tops
+    assert opened.page.inner_text(f"#{webpage.FINDING_ID}") == sentence.strip().replace("`", "")
+
+
+def test_a_figure_before_the_finding_and_another_sentence_are_caught(built):
+    page = (built / webpage.PAGE).read_text()
+    sentence = the_headline_sentence(built)
+    finding = re.search(rf'<p id="{webpage.FINDING_ID}">.*?</p>\n', page, re.S).group(0)
+    moved = page.replace(finding, "").replace("</figcaption></figure>", "</figcaption></figure>\n" + finding, 1)
+    assert order_problems(moved, sentence)[0].startswith("a figure (")
+    assert order_problems(page, sentence.replace("training", "evaluation"))[0].startswith("the finding reads")
+    assert order_problems(page.replace(f'id="{webpage.FINDING_ID}"', 'id="elsewhere"'), sentence) == [
+        "no finding paragraph"]
+
+
+def test_the_committed_page_is_at_most_5_mib_and_opens_with_the_readme_s_finding():
+    """``results/reference/report.html`` (``make report RESULTS=results/reference``): at most
+    :data:`webpage.MAX_BYTES`, and its finding is the README's generated headline, which ``make claims`` writes
+    from the same runs (a page left behind by a change of the runs or of the sentence fails here)."""
+    assert COMMITTED.stat().st_size <= webpage.MAX_BYTES == 5 * 2 ** 20
+    readme = (ROOT / "README.md").read_text()
+    (sentence,) = [m["text"] for m in claims.BLOCK.finditer(readme) if m["name"] == "headline"]
+    assert order_problems(COMMITTED.read_text(), sentence) == []
+
+
+def test_plotly_js_is_inlined_once_as_plotly_py_s_own_bundle(built):
+    from plotly.offline import get_plotlyjs
+
+    page = (built / webpage.PAGE).read_text()
+    packed = re.findall(rf'<script type="application/octet-stream" id="{webpage.PLOTLY_ID}">([^<]*)</script>', page)
+    assert len(packed) == 1 and gzip.decompress(base64.b64decode(packed[0])).decode() == get_plotlyjs()
+    assert page.count(f'id="{webpage.PLOTLY_ID}"') == 1 and "Plotly.newPlot" in page  # the loader, once
+
+
+def test_the_claims_are_grouped_by_section_and_folded(opened, built):
+    sections = opened.page.evaluate("""() => Array.from(document.querySelectorAll('#claims details.section'))
+        .map(d => ({section: d.dataset.section, open: d.open, rows: d.querySelectorAll('tbody tr').length}))""")
+    _, checks, _ = claims.weigh(built, load_runs(built))
+    want = [(s, sum(c.section == s for c in checks)) for s in webpage.SECTIONS if any(c.section == s for c in checks)]
+    assert [(s["section"], s["rows"]) for s in sections] == want and not any(s["open"] for s in sections)
+    assert opened.page.locator("#claims tbody tr").count() == len(checks)  # every check is in a group
+    first = opened.page.locator("#claims details.section").first
+    assert not first.locator("tbody tr").first.is_visible()
+    first.locator(":scope > summary").click()
+    assert first.locator("tbody tr").first.is_visible()
+    first.locator(":scope > summary").click()
+
+
+def test_a_figure_is_inlined_as_a_narrower_palette_png_on_white():
+    """A figure as ``make figures`` draws one (matplotlib, 150 dpi, here 3,000 pixels wide, its background left
+    transparent) comes out :data:`webpage.FIGURE_WIDTH_PX` wide with its aspect ratio, a palette PNG, white where it
+    was transparent, smaller, and the same bytes each time; one narrower than that keeps its width."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from PIL import Image
+
+    def drawn(width_in: float) -> bytes:
+        fig, ax = plt.subplots(figsize=(width_in, width_in / 2))
+        steps = np.arange(200)
+        for k in range(6):
+            ax.plot(steps, np.cos(steps / (10 + k)) + k, label=f"row {k}")
+        ax.legend()
+        ax.set_xlabel("step")
+        out = io.BytesIO()
+        fig.savefig(out, format="png", dpi=150, transparent=True)
+        plt.close(fig)
+        return out.getvalue()
+
+    raw = drawn(20.0)
+    out = webpage.compact_png(raw)
+    small = Image.open(io.BytesIO(out))
+    assert Image.open(io.BytesIO(raw)).size == (3000, 1500)
+    assert small.format == "PNG" and small.mode == "P" and small.size == (webpage.FIGURE_WIDTH_PX, 700)
+    assert small.convert("RGB").getpixel((2, 2)) == (255, 255, 255)  # the transparent corner, on white
+    assert len(out) < len(raw) / 2 and webpage.compact_png(raw) == out
+    narrow = drawn(4.0)  # 600 pixels
+    assert Image.open(io.BytesIO(webpage.compact_png(narrow))).size == (600, 300)

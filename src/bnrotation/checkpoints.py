@@ -17,6 +17,7 @@ Only torch is imported here (not pyarrow, not Hydra): the checkpoint check runs 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import io
 import os
 import pickle
@@ -108,7 +109,7 @@ def load_checkpoint(path: str | os.PathLike, map_location: str | torch.device = 
     if not (head.startswith(_ZIP) or head.startswith(_PICKLE)):
         raise _not_a_checkpoint(path, head)
     try:
-        with torch.serialization.safe_globals(SAFE_GLOBALS):
+        with _safe_globals(SAFE_GLOBALS):
             return torch.load(path, map_location=map_location, weights_only=True)
     except pickle.UnpicklingError as err:
         found = re.search(r"Unsupported global: GLOBAL (\S+)", str(err))
@@ -122,6 +123,17 @@ def load_checkpoint(path: str | os.PathLike, map_location: str | torch.device = 
     except (RuntimeError, EOFError, KeyError, ValueError, OSError) as err:  # what torch raises for a damaged file
         raise BadCheckpointError(f"{path}: unreadable checkpoint, truncated or not a torch file "
                                  f"({type(err).__name__}: {_reason(err)})") from err
+
+
+def _safe_globals(allowed: list) -> contextlib.AbstractContextManager:
+    """``torch.serialization.safe_globals(allowed)``: the classes ``torch.load(weights_only=True)`` may rebuild,
+    for this load only. Torch 2.4 has no such context manager (it came with 2.5), only the process-wide
+    ``add_safe_globals``, which this calls instead."""
+    scoped = getattr(torch.serialization, "safe_globals", None)
+    if scoped is not None:
+        return scoped(allowed)
+    torch.serialization.add_safe_globals(allowed)
+    return contextlib.nullcontext()
 
 
 def _reason(err: BaseException) -> str:

@@ -2,11 +2,13 @@
 
     python -m bnrotation.analysis.webpage --results results/reference   # writes results/reference/report.html
 
-One file that opens offline: plotly.js and every number are inlined, and the figures of ``make figures``
-(``<out>/figures/*.png``, where they exist) are inlined as data URIs. It holds, in order: what it was made from
-(results root, runs, the suite's commit, the runs' scale); the headline, evaluation-mode accuracy against
-rotation with one point per run and the article's row means beside them; the article's table with the published
-figure, the measured mean ± spread, n and a verdict per cell; the claims, each verdict with its reason; the
+One file that opens offline, at most :data:`MAX_BYTES`: plotly.js and every number are inlined, and the figures
+of ``make figures`` (``<out>/figures/*.png``, where they exist) are inlined as data URIs. It holds, in order: the
+finding, the sentence the README's generated headline carries (:func:`.claims.command.readme_blocks`); the
+headline figure, evaluation-mode accuracy against rotation with one point per run and the article's row means
+beside them; what it was made from (results root, runs, the suite's commit, the runs' scale); the article's table
+with the published figure, the measured mean ± spread, n and a verdict per cell; the claims, grouped by section
+of ``claims.md``, each group folded (``<details>``) under its verdict counts, each verdict with its reason; the
 accuracy over steps per row in both modes (mean, lowest and highest run at each check, as figure 3 draws them);
 and the other figures. No number of the table or the claims is computed here: the table is
 :func:`.tables.table.build_table` (the lines of ``table.csv``), the verdicts are :func:`.claims.command.weigh` (those of
@@ -14,16 +16,25 @@ and the other figures. No number of the table or the claims is computed here: th
 :func:`.claims.kinds.published`'s (:mod:`bnrotation.rows`, :mod:`bnrotation.article`). The page has no time
 stamp and fixed element ids, so the same runs, figures and commit give the same bytes.
 
-Library: Plotly (plotly.py), because it writes a figure with plotly.js inlined (``include_plotlyjs=True``) and
-needs nothing else at view time, with hover and legend toggling built in; Altair's offline page needs the
-vega, vega-lite and vega-embed bundles fetched and inlined by a further package.
+Size: plotly.js (plotly.py's own ``plotly.min.js``, once) is inlined gzipped and base64-encoded, and unpacked in
+the browser by its ``DecompressionStream`` (Chromium 80, Firefox 113, Safari 16.4) before the figures are drawn
+from their inlined JSON: a third of the bundle's bytes. The figures' PNGs are redrawn at most
+:data:`FIGURE_WIDTH_PX` wide with a palette of 256 colours (:func:`compact_png`): line art, which a palette keeps
+sharp where JPEG or lossy WebP would blur the lettering.
+
+Library: Plotly (plotly.py), because it writes a figure with plotly.js inlined and needs nothing else at view
+time, with hover and legend toggling built in; Altair's offline page needs the vega, vega-lite and vega-embed
+bundles fetched and inlined by a further package. Pillow (matplotlib's own image library) re-encodes the PNGs.
 """
 
 from __future__ import annotations
 
 import argparse
 import base64
+import gzip
 import html
+import io
+import json
 import math
 import re
 import subprocess
@@ -37,7 +48,9 @@ from .. import records
 from ..article import FAIL_BELOW
 from ..rows import ROWS, row_order
 from .claims import weigh
-from .claims.kinds import ARTICLE, FAIL, MEASURED, NOT_JUDGED, NOT_RUN, PASS, RESNET, Check, published
+from .claims.command import readme_blocks
+from .claims.kinds import ARTICLE, FAIL, FROZEN, MEASURED, NOT_JUDGED, NOT_RUN, PASS, RESNET, Check, published
+from .claims.registry import ADAM, SGD
 from .claims.report import verdict_counts
 from .formatting import cell
 from .results import ALL_TABLES, Run, add_results_arguments, command_inputs, count, scale_note
@@ -49,6 +62,15 @@ __all__ = ["build_page", "main"]
 PAGE = "report.html"
 INTERACTIVE = ("01_accuracy_vs_rotation", "03_accuracy_over_steps")  # drawn on the page; their PNGs are left out
 HEADLINE_ID, STEPS_ID = "headline", "accuracy-over-steps"  # the figures' element ids (fixed: same bytes each time)
+FINDING_ID, PLOTLY_ID = "finding", "plotly-js"  # the finding's paragraph; the script element holding plotly.js
+MAX_BYTES = 5 * 2 ** 20  # the page's size at most (tests/test_webpage.py checks the committed one)
+# The figures' width at most: the page's column is 1180 CSS pixels (STYLE), so this leaves a little for a zoom or
+# a denser screen; make figures draws them at 150 dpi, 1,600 to 3,100 pixels wide.
+FIGURE_WIDTH_PX = 1400
+PALETTE_COLOURS = 256  # a PNG palette's most
+# The sections of claims.md (kinds.ARTICLE, RESNET, FROZEN), in its order and words: a folded group each.
+SECTIONS = {ARTICLE: "The article's claims", RESNET: "Does it carry over? ResNet-20",
+            FROZEN: "Beyond the article: a frozen backbone"}
 # matplotlib's markers of figures.network_style and of the rows without running statistics, in plotly's names
 SYMBOLS = {"o": "circle", "^": "triangle-up", "s": "square"}
 LOG_TICKS = [m * 10.0 ** e for e in range(-2, 3) for m in (1, 2, 5)]  # 0.01, 0.02, 0.05, ..., 500: as the figures
@@ -70,6 +92,8 @@ code { background: #f4f4f4; padding: 0 0.2em; }
 table.wide { width: 100%; table-layout: fixed; } table.wide td { overflow-wrap: anywhere; }
 code.name { font-weight: bold; } .claim { font-size: 0.95em; }
 details.note summary { cursor: pointer; color: #555; }
+#finding { font-size: 1.15em; border-left: 4px solid #7a1010; padding: 0.2em 0 0.2em 0.8em; }
+details.section { margin: 0.6em 0; } details.section > summary { cursor: pointer; font-size: 1.05em; }
 """
 
 
@@ -228,10 +252,10 @@ def table_html(table: pd.DataFrame, cells: dict[str, Check]) -> str:
     return "\n".join(out) + "\n</tbody></table>"
 
 
-def claims_html(checks: list[Check]) -> str:
-    """Every named check: its verdict, the article's claim, published and measured figures, and its reason
-    (the tolerance it was weighed with, and its note)."""
-    out = ['<table id="claims" class="wide"><colgroup><col style="width:27%"><col style="width:8%">'
+def claims_table(checks: list[Check]) -> str:
+    """``checks`` as one table: each one's verdict, the article's claim, published and measured figures, and its
+    reason (the tolerance it was weighed with, and its note, folded)."""
+    out = ['<table class="wide"><colgroup><col style="width:27%"><col style="width:8%">'
            '<col style="width:14%"><col style="width:24%"><col style="width:27%"></colgroup><thead><tr><th>Check '
            "and claim</th><th>Verdict</th><th>Published</th><th>Measured</th><th>Reason</th></tr></thead><tbody>"]
     for c in checks:
@@ -243,6 +267,19 @@ def claims_html(checks: list[Check]) -> str:
                    f"<td>{badge(c.verdict)}</td><td>{inline(c.published)}</td>"
                    f"<td>{inline(c.measured)}</td><td>{reason}</td></tr>")
     return "\n".join(out) + "\n</tbody></table>"
+
+
+def claims_html(checks: list[Check]) -> str:
+    """Every named check, grouped by its section of ``claims.md`` (:data:`SECTIONS`, in that order), each group
+    folded (``<details>``) under its title and verdict counts (:func:`claims_table` inside)."""
+    out = ['<div id="claims">']
+    for section, title in SECTIONS.items():
+        group = [c for c in checks if c.section == section]
+        if group:
+            out.append(f'<details class="section" data-section="{section}"><summary><strong>{html.escape(title)}'
+                       f"</strong> ({count(len(group), 'check')}): {verdict_counts(group)}</summary>\n"
+                       f"{claims_table(group)}\n</details>")
+    return "\n".join(out) + "\n</div>"
 
 
 def figure_captions(folder: Path) -> dict[str, str]:
@@ -262,6 +299,23 @@ def figure_captions(folder: Path) -> dict[str, str]:
     return found
 
 
+def compact_png(png: bytes, width_px: int = FIGURE_WIDTH_PX) -> bytes:
+    """``png`` (a figure of ``make figures``) as a smaller PNG for the page: on white (its alpha channel
+    flattened), scaled down to at most ``width_px`` pixels wide (Lanczos), and with a palette of at most
+    :data:`PALETTE_COLOURS` colours (median cut, no dithering: a line chart's flat areas stay flat). Deterministic:
+    the same bytes in give the same bytes out."""
+    from PIL import Image
+
+    image = Image.open(io.BytesIO(png)).convert("RGBA")
+    flat = Image.alpha_composite(Image.new("RGBA", image.size, "white"), image).convert("RGB")
+    if flat.width > width_px:
+        flat = flat.resize((width_px, round(flat.height * width_px / flat.width)), Image.Resampling.LANCZOS)
+    out = io.BytesIO()
+    flat.quantize(PALETTE_COLOURS, method=Image.Quantize.MEDIANCUT, dither=Image.Dither.NONE).save(
+        out, "PNG", optimize=True)
+    return out.getvalue()
+
+
 def figures_html(folder: Path) -> str:
     """The figures of ``make figures`` other than :data:`INTERACTIVE`, each PNG inlined as a data URI with its
     title and caption; a line for each one not in ``folder``."""
@@ -275,7 +329,7 @@ def figures_html(folder: Path) -> str:
         if not png.is_file():
             absent.append(f"<li>{number}. {html.escape(title)}: {inline(captions.get(name, 'no PNG'))}</li>")
             continue
-        data = base64.b64encode(png.read_bytes()).decode("ascii")
+        data = base64.b64encode(compact_png(png.read_bytes())).decode("ascii")
         out.append(f'<figure id="figure-{name}"><img alt="{html.escape(title)}" src="data:image/png;base64,{data}">'
                    f"<figcaption><strong>{number}. {html.escape(title)}.</strong> "
                    f"{inline(captions.get(name, ''))}</figcaption></figure>")
@@ -283,6 +337,63 @@ def figures_html(folder: Path) -> str:
         out.append(f"<p>Not in <code>{html.escape(str(folder))}</code> (<code>make figures</code> draws them):</p>"
                    f"<ul>{''.join(absent)}</ul>")
     return "\n".join(out)
+
+
+# Unpacks plotly.js (gzip, base64, in the script element PLOTLY_ID) and draws each figure from its JSON; where the
+# browser cannot, each figure's box says why instead (the rest of the page needs no script).
+LOADER = """
+(async () => {
+  const config = %(config)s;
+  const divs = Array.from(document.querySelectorAll("div[data-figure]"));
+  try {
+    const packed = atob(document.getElementById(%(plotly)s).textContent);
+    const bytes = Uint8Array.from(packed, c => c.charCodeAt(0));
+    const unpacked = new Blob([bytes]).stream().pipeThrough(new DecompressionStream("gzip"));
+    const script = document.createElement("script");
+    script.textContent = await new Response(unpacked).text();
+    document.head.appendChild(script);
+  } catch (err) {
+    divs.forEach(div => { div.textContent = "This browser cannot unpack the page's plotly.js (" + err + ")."; });
+    return;
+  }
+  for (const div of divs) {
+    const figure = JSON.parse(document.getElementById(div.dataset.figure).textContent);
+    await Plotly.newPlot(div, figure.data, figure.layout, config);
+  }
+})();
+"""
+
+
+def plotly_script() -> str:
+    """plotly.py's own plotly.js, gzipped (level 9, no time stamp: the same bytes each time) and base64-encoded in
+    a script element that the browser does not run (:data:`LOADER` unpacks it)."""
+    from plotly.offline import get_plotlyjs
+
+    packed = base64.b64encode(gzip.compress(get_plotlyjs().encode(), compresslevel=9, mtime=0)).decode("ascii")
+    return f'<script type="application/octet-stream" id="{PLOTLY_ID}">{packed}</script>'
+
+
+def figure_div(fig, div_id: str) -> str:
+    """A plotly figure as its ``<div>`` (``div_id``, the figure's height) and its JSON beside it, in a script
+    element the browser does not run, which :data:`LOADER` draws."""
+    import plotly.io as pio
+
+    data = pio.to_json(fig, validate=False).replace("</", "<\\/")  # no "</script>" inside: JSON's escaped "/"
+    return (f'<div id="{div_id}" class="plotly-graph-div" data-figure="{div_id}-json" '
+            f'style="height:{fig.layout.height}px; width:100%;"></div>\n'
+            f'<script type="application/json" id="{div_id}-json">{data}</script>')
+
+
+def finding(ev, checks: list[Check], cells: list[tuple[str, str, Check]]) -> str:
+    """The finding as the page's first paragraph: the README's generated headline
+    (:func:`.claims.command.readme_blocks`, ``headline``), or a line saying which rows it needs."""
+    missing = [r for r in (ADAM, SGD) if r not in set(ev.per_run["row"])]
+    if missing:
+        text = (f"No finding sentence: it sets the `{ADAM}` row against the `{SGD}` row, and these results have no "
+                f"runs of {' or '.join(f'`{r}`' for r in missing)}.")
+    else:
+        text = readme_blocks(ev, checks, cells)["headline"].strip()
+    return f'<p id="{FINDING_ID}">{inline(text)}</p>'
 
 
 def build_page(root: Path, runs: list[Run], out: Path, skipped: list[str] = ()) -> str:
@@ -304,9 +415,8 @@ def build_page(root: Path, runs: list[Run], out: Path, skipped: list[str] = ()) 
     resnet = [c for c in checks if c.section == RESNET]
     # plotly.js's own buttons, less its "Share chart" (an upload to Plotly's cloud): nothing leaves the file
     config = {"displaylogo": False, "responsive": True, "modeBarButtonsToRemove": ["sendChartToCloud"]}
-    plot_headline = headline(d, go).to_html(full_html=False, include_plotlyjs=True, div_id=HEADLINE_ID, config=config)
-    plot_steps = accuracy_over_steps(d, go, make_subplots).to_html(full_html=False, include_plotlyjs=False,
-                                                                   div_id=STEPS_ID, config=config)
+    plot_headline = figure_div(headline(d, go), HEADLINE_ID)
+    plot_steps = figure_div(accuracy_over_steps(d, go, make_subplots), STEPS_ID)
     import plotly
 
     kinds = f"{PASS}, {FAIL}, {NOT_RUN} (its runs are missing), {MEASURED} (exploratory), {NOT_JUDGED}"
@@ -315,6 +425,16 @@ def build_page(root: Path, runs: list[Run], out: Path, skipped: list[str] = ()) 
         '<meta name="viewport" content="width=device-width, initial-scale=1">',
         "<title>The rotation study, measured</title>", f"<style>{STYLE}</style></head><body>",
         "<h1>The rotation study, measured</h1>",
+        finding(ev, checks, cells),
+        plot_headline,
+        f"<p class=\"note\">Evaluation-mode accuracy against rotation: one filled point per finished run "
+        f"({finished}), coloured by row; hollow: the article's row means. "
+        "Circles: the study's network with BatchNorm; squares: no running statistics (GroupNorm, LayerNorm); "
+        "triangles: ResNet-20, in the colour of the study's row with its optimizer. Hover a point for its row, seed, "
+        "rotation, norm growth and accuracy; click a legend entry to hide or show a row. Accuracy: mean of the "
+        "checks in the check window; rotation: the last conv layer's median channel, per 100 steps, averaged over "
+        "the window.</p>",
+        "<h2>What it was made from</h2>",
         f'<p id="provenance">Made by <code>make report</code> from {count(len(runs), "run")} '
         f"({count(finished, 'finished run')}, {diverged} diverged; {count(len(rows_run), 'row')}) under "
         f"<code>{html.escape(str(root))}</code>, parquet only, with the suite at commit "
@@ -325,14 +445,6 @@ def build_page(root: Path, runs: list[Run], out: Path, skipped: list[str] = ()) 
         "seeds (n − 1), with n.</p>",
         *([f"<p><strong>Left out with --skip-bad ({len(skipped)}):</strong></p><ul>"
            + "".join(f"<li>{inline(s)}</li>" for s in skipped) + "</ul>"] if skipped else []),
-        "<h2>Accuracy against rotation</h2>",
-        f"<p>One filled point per finished run ({finished}), coloured by row; hollow: the article's row means. "
-        "Circles: the study's network with BatchNorm; squares: no running statistics (GroupNorm, LayerNorm); "
-        "triangles: ResNet-20, in the colour of the study's row with its optimizer. Hover a point for its row, seed, "
-        "rotation, norm growth and accuracy; click a legend entry to hide or show a row. Accuracy: mean of the "
-        "checks in the check window; rotation: the last conv layer's median channel, per 100 steps, averaged over "
-        "the window.</p>",
-        plot_headline,
         "<h2>The article's table</h2>",
         "<p>Each cell: measured mean ± sample standard deviation over seeds (n in the Seeds column), the published "
         f"figure, and the cell's verdict, weighed as in <code>claims.md</code>. \"Checks below "
@@ -342,7 +454,8 @@ def build_page(root: Path, runs: list[Run], out: Path, skipped: list[str] = ()) 
         "<h2>The claims</h2>",
         f"<p>Named checks of the article's claims: <strong>{verdict_counts(article)}</strong>"
         + (f"; does it carry over to ResNet-20: <strong>{verdict_counts(resnet)}</strong>" if resnet else "")
-        + f". Verdicts: {kinds}. The reason gives the tolerance each was weighed with.</p>",
+        + f". Verdicts: {kinds}. The reason gives the tolerance each was weighed with; open a group to see its "
+        "checks.</p>",
         claims_html(checks),
         "<h2>Accuracy over steps</h2>",
         "<p>Per row, accuracy on the held-out set at each check: line, mean over the row's runs; band, lowest to "
@@ -353,6 +466,8 @@ def build_page(root: Path, runs: list[Run], out: Path, skipped: list[str] = ()) 
         "<p>As <code>make figures</code> last drew them for this output folder (figures 1 and 3 are the interactive "
         "ones above).</p>",
         figures_html(out / "figures"),
+        plotly_script(),
+        f"<script>{LOADER % {'config': json.dumps(config), 'plotly': json.dumps(PLOTLY_ID)}}</script>",
         "</body></html>",
     ]
     return "\n".join(parts) + "\n"
