@@ -49,7 +49,8 @@ from ..article import FAIL_BELOW
 from ..rows import ROWS, row_order
 from .claims import weigh
 from .claims.command import readme_blocks
-from .claims.kinds import ARTICLE, FAIL, FROZEN, MEASURED, NOT_JUDGED, NOT_RUN, PASS, RESNET, Check, published
+from .claims.kinds import ARTICLE, FAIL, MEASURED, NOT_JUDGED, NOT_RUN, PASS, RESNET, Check, published
+from .claims.report import SECTIONS as REPORT_SECTIONS
 from .claims.registry import ADAM, SGD
 from .claims.report import verdict_counts
 from .formatting import cell
@@ -68,9 +69,9 @@ MAX_BYTES = 5 * 2 ** 20  # the page's size at most (tests/test_webpage.py checks
 # a denser screen; make figures draws them at 150 dpi, 1,600 to 3,100 pixels wide.
 FIGURE_WIDTH_PX = 1400
 PALETTE_COLOURS = 256  # a PNG palette's most
-# The sections of claims.md (kinds.ARTICLE, RESNET, FROZEN), in its order and words: a folded group each.
-SECTIONS = {ARTICLE: "The article's claims", RESNET: "Does it carry over? ResNet-20",
-            FROZEN: "Beyond the article: a frozen backbone"}
+# The sections of claims.md (kinds.ARTICLE, then those of claims.report.SECTIONS), in its order and words: a folded
+# group each.
+SECTIONS = {ARTICLE: "The article's claims", **{key: title for key, (title, _) in REPORT_SECTIONS.items()}}
 # matplotlib's markers of figures.network_style and of the rows without running statistics, in plotly's names
 SYMBOLS = {"o": "circle", "^": "triangle-up", "s": "square"}
 LOG_TICKS = [m * 10.0 ** e for e in range(-2, 3) for m in (1, 2, 5)]  # 0.01, 0.02, 0.05, ..., 500: as the figures
