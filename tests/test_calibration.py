@@ -126,6 +126,54 @@ def test_calibration_md_is_what_make_calibrate_writes(written):
     assert got == want, "rerun `make calibrate`"
 
 
+# ----------------------------------------------------------------------------- the out-of-sample claims
+def _oos_run(stale: list[bool], warn: list[bool], gap: list[float] | None = None, seed: int = 0) -> Run:
+    """A Fashion-MNIST-like run (out of sample by its task) with one intervention point per entry: stale points
+    recover 30 points; ``warn`` puts its running mean 0.5σ off (E = 0.5) there, else exactly on (E = 0); the
+    held-out gap is ``gap`` (default the recovery)."""
+    n = len(stale)
+    steps = 1000 + 100 * np.arange(n)
+    rec = np.where(stale, 0.3, 0.0)
+    gap = rec if gap is None else np.asarray(gap)
+    eps = 1e-5
+    channels = pd.DataFrame({"step": np.repeat(steps, 2), "norm_layer": "bn", "channel": np.tile([0, 1], n),
+                             "running_mean": np.repeat(np.where(warn, 0.5, 0.0), 2), "running_var": 1.0 - eps,
+                             "fresh_mean": 0.0, "fresh_var": 1.0 - eps})
+    checks = pd.DataFrame({"step": steps, "acc_train_mode": 1.0, "acc_eval_mode": 1.0 - gap})
+    iv = pd.DataFrame({"step": np.repeat(steps, 2), "intervention": ["none", "reestimate"] * n,
+                       "acc_eval_mode": np.ravel(np.column_stack([1.0 - rec, np.ones(n)]))})
+    info = {"row": "fmnist_adam", "seed": seed, "status": "done",
+            "norm_layers": {"bn": {"class": "BatchNorm2d", "momentum": 0.1, "eps": eps}}}
+    return Run(Path(f"/nowhere/fmnist/{seed}"), info, {"task": {"name": "fashion_mnist"}, "scale": {"check_start": 0}},
+               {"channels": channels, "checks": checks, "interventions": iv})
+
+
+def _evidence(tmp_path, runs):
+    from bnrotation.analysis.claims.evidence import Evidence
+    return Evidence(tmp_path, runs, pd.DataFrame({"row": [r.row for r in runs], "seed": [r.seed for r in runs]}))
+
+
+def test_the_out_of_sample_recall_claim_just_inside_and_just_outside(tmp_path):
+    from bnrotation.analysis.claims import outofsample as oos
+
+    inside = _oos_run([True] * 10, [True] * 8 + [False] * 2)  # recall 0.8: at the tolerance
+    outside = _oos_run([True] * 10, [True] * 7 + [False] * 3, seed=1)  # 0.7
+    assert oos.rule_recall_out_of_sample.check(_evidence(tmp_path, [inside])).verdict == "PASS"
+    assert oos.rule_recall_out_of_sample.check(_evidence(tmp_path, [outside])).verdict == "FAIL"
+    few = _oos_run([True] * 9, [True] * 9, seed=2)  # fewer stale points than MIN_POINTS: not judged
+    assert oos.rule_recall_out_of_sample.check(_evidence(tmp_path, [few])).verdict == "NOT RUN"
+    assert oos.rule_recall_out_of_sample.check(_evidence(tmp_path, [_run()])).verdict == "NOT RUN"  # in sample
+
+
+def test_the_out_of_sample_false_alarm_claim_just_inside_and_just_outside(tmp_path):
+    from bnrotation.analysis.claims import outofsample as oos
+
+    def run(alarms: int) -> Run:  # 20 fresh points, each with a gap of 0.06 (above the rule's) but no recovery
+        return _oos_run([False] * 20, [True] * alarms + [False] * (20 - alarms), gap=[0.06] * 20)
+    assert oos.rule_false_alarms_out_of_sample.check(_evidence(tmp_path, [run(1)])).verdict == "PASS"  # 0.05
+    assert oos.rule_false_alarms_out_of_sample.check(_evidence(tmp_path, [run(2)])).verdict == "FAIL"  # 0.10
+
+
 def test_the_monitor_doc_block_is_what_make_calibrate_writes(written):
     runs, _ = cal.load_calibration_runs([ROOT / REFERENCE], cal.in_sample)
     oos, _ = cal.load_calibration_runs(cal.out_of_sample_roots(ROOT / REFERENCE), lambda r: not cal.in_sample(r))

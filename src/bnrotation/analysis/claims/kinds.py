@@ -29,7 +29,8 @@ needs are missing.
 
 Every claim belongs to a section of ``claims.md`` (``section``: :data:`ARTICLE`,
 the article's claims, :data:`RESNET`, "Does it carry over? ResNet-20", or
-:data:`FROZEN`, "Beyond the article: a frozen backbone").
+:data:`FROZEN`, "Beyond the article: a frozen backbone", or :data:`CALIBRATION`, "The monitor's rule out of
+sample").
 An *exploratory* claim (``exploratory=True``) measures without a tolerance fixed
 in advance: it gives MEASURED, never PASS or FAIL (NOT RUN when its runs are
 missing).
@@ -56,6 +57,7 @@ PASS, FAIL, NOT_RUN = "PASS", "FAIL", "NOT RUN"
 NOT_JUDGED = "not judged at this scale"  # runs below the article's scale: measured, weighed against nothing
 MEASURED = "MEASURED"  # the verdict of an exploratory claim with runs: measured, no PASS or FAIL
 ARTICLE, RESNET, FROZEN = "article", "resnet", "frozen"  # the sections of claims.md a claim belongs to
+CALIBRATION = "calibration"  # the monitor's rule out of sample (analysis/claims/outofsample.py)
 Z = 2.0  # standard errors a difference must exceed
 ALPHA = 0.05  # one-sided level of an ordering across rows
 MIN_RANK_ROWS = 4  # an ordering needs at least this many of the article's rows (4 rows: 1 order in 24 is 4%)

@@ -16,7 +16,7 @@ from ..measures import metrics, theory
 from ..results import count, scale_note
 from .evidence import Evidence
 from .findings import findings
-from .kinds import ALPHA, ARTICLE, FAIL, FROZEN, MEASURED, NOT_JUDGED, NOT_RUN, PASS, RESNET, Z, Check
+from .kinds import ALPHA, ARTICLE, CALIBRATION, FAIL, FROZEN, MEASURED, NOT_JUDGED, NOT_RUN, PASS, RESNET, Z, Check
 
 
 def md_cell(text: str) -> str:
@@ -85,6 +85,18 @@ def frozen_lines(checks: list[Check]) -> list[str]:
     return out
 
 
+def calibration_lines(checks: list[Check]) -> list[str]:
+    """The section "The monitor's rule out of sample" (``checks``: the :data:`.kinds.CALIBRATION` ones)."""
+    out = ["## The monitor's rule out of sample\n",
+           "The rule's thresholds were chosen on the synthetic runs only (`calibration.md`, `make calibrate`); these "
+           "checks, fixed before any out-of-sample run, score them unchanged on the runs of another task (the "
+           "Fashion-MNIST rows and the staleness zoo under `zoo/`) and on the frozen backbone. A FAIL is a finding. "
+           "NOT RUN: their runs are missing.\n"]
+    for c in checks:
+        out += check_block(c)
+    return out
+
+
 def summary_line(checks: list[Check]) -> str:
     """``'**3 PASS, 1 FAIL, 2 NOT RUN**'``, with ``', 2 exploratory (MEASURED, no verdict)'`` when any are."""
     measured = sum(c.verdict == MEASURED for c in checks)
@@ -107,6 +119,7 @@ def to_markdown(ev: Evidence, checks: list[Check], cells: list[tuple[str, str, C
     ``ev``."""
     resnet = [c for c in checks if c.section == RESNET]
     frozen = [c for c in checks if c.section == FROZEN]
+    calibration = [c for c in checks if c.section == CALIBRATION]
     checks = [c for c in checks if c.section == ARTICLE]
     seeds = ev.per_run.groupby("row")["seed"].apply(seed_ranges)
     intervene_every = int(ev.runs[0].config["scale"]["intervene_every"])
@@ -145,6 +158,10 @@ def to_markdown(ev: Evidence, checks: list[Check], cells: list[tuple[str, str, C
         out += ["", f"Beyond the article: a frozen backbone (its own section, at the end): {summary_line(frozen)}.\n",
                 "| Check | Verdict | Measured |", "|---|---|---|"]
         out += [f"| {label(c)} | {c.verdict} | {md_cell(c.measured)} |" for c in frozen]
+    if calibration:
+        out += ["", f"The monitor's rule out of sample (its own section, at the end): {summary_line(calibration)}.\n",
+                "| Check | Verdict | Measured |", "|---|---|---|"]
+        out += [f"| {label(c)} | {c.verdict} | {md_cell(c.measured)} |" for c in calibration]
     out += ["", "## Checks\n"]
     for c in checks:
         out += check_block(c)
@@ -168,4 +185,6 @@ def to_markdown(ev: Evidence, checks: list[Check], cells: list[tuple[str, str, C
         out += carryover_lines(resnet)
     if frozen:
         out += frozen_lines(frozen)
+    if calibration:
+        out += calibration_lines(calibration)
     return "\n".join(out) + "\n"
