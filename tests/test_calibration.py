@@ -176,8 +176,43 @@ def test_the_out_of_sample_false_alarm_claim_just_inside_and_just_outside(tmp_pa
 
 def test_the_monitor_doc_block_is_what_make_calibrate_writes(written):
     runs, _ = cal.load_calibration_runs([ROOT / REFERENCE], cal.in_sample)
-    oos, _ = cal.load_calibration_runs(cal.out_of_sample_roots(ROOT / REFERENCE), lambda r: not cal.in_sample(r))
+    oos, _ = cal.load_calibration_runs(cal.out_of_sample_roots(ROOT / REFERENCE), cal.out_of_sample_run)
     doc = (ROOT / "docs" / "monitor.md").read_text()
     assert cal.fill_doc(doc, cal.doc_block(runs, oos), "docs/monitor.md") == doc, "rerun `make calibrate`"
     with pytest.raises(ValueError, match="x.md: no block"):
         cal.fill_doc("no block here", "", "x.md")
+
+
+def test_a_run_of_unknown_task_is_in_neither_sample():
+    run = _run(task={})
+    assert not cal.in_sample(run) and not cal.out_of_sample_run(run)
+    assert cal.out_of_sample_run(_run(task={"name": "fashion_mnist"})) and cal.out_of_sample_run(_run(row="fmnist_x"))
+
+
+def test_a_zoo_run_without_channels_or_scale_is_read_from_its_layers_table(tmp_path):
+    """The staleness zoo stores the monitor's per-layer table, no channels table and no ``scale`` section: its
+    signals are the layers' own medians, its truth its interventions."""
+    import json
+
+    from bnrotation import records
+
+    run = _oos_run([True, False], [True, False])
+    d = tmp_path / "runs" / "lcnet_050-adam" / "seed=0"
+    d.mkdir(parents=True)
+    layers = pd.DataFrame({"step": [1000, 1100], "layer": "conv", "norm_layer": "bn", "weight_norm": 1.0,
+                           "update_cos": np.nan, "grad_cos": np.nan, "lag_median_abs_sigma": [0.5, 0.0],
+                           "eval_error_median_sigma": [0.5, 0.0], "eval_error_max_sigma": [0.6, 0.0]})
+    for name, df in (("checks", run.tables["checks"]), ("interventions", run.tables["interventions"]),
+                     ("layers", layers)):
+        records.write_table(df.assign(row="lcnet_050-adam", seed=0, **({"k": -1, "layer": ""} if name == "interventions"
+                                                                        else {}), **({"lr": 0.0, "loss": 0.0}
+                                                                                     if name == "checks" else {})),
+                            d / f"{name}.parquet", name)
+    (d / "run.json").write_text(json.dumps({**run.info, "row": "lcnet_050-adam"}))
+    (d / "config.yaml").write_text("task:\n  name: fashion_mnist\nsteps: 1600\n")
+    records.mark_done(d)
+    runs, problems = cal.load_calibration_runs([tmp_path], cal.out_of_sample_run)
+    assert problems == [] and len(runs) == 1
+    pts = cal.points(runs).set_index("step")
+    assert pts.loc[1000, "stale"] and pts.loc[1000, "eval_error_median_sigma"] == 0.5
+    assert not pts.loc[1100, "stale"] and math.isnan(pts.loc[1100, "log_std_ratio_median_abs"])

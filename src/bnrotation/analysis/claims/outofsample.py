@@ -37,14 +37,14 @@ E = "eval_error_median_sigma"
 
 def _out_of_sample(ev: Evidence) -> list[Run]:
     """The runs of another task than the synthetic one: those of ``ev`` and those under ``ev.root/zoo``."""
-    here = [r for r in ev.runs if not r.diverged and not cal.in_sample(r)]
+    here = [r for r in ev.runs if not r.diverged and cal.out_of_sample_run(r)]
     return here + list(_zoo(str(ev.root / cal.ZOO)))
 
 
 @functools.lru_cache(maxsize=4)
 def _zoo(root: str) -> tuple[Run, ...]:
     """The zoo's runs under ``root``, read once for the checks that score them."""
-    return tuple(cal.load_calibration_runs([root], lambda r: not cal.in_sample(r))[0])
+    return tuple(cal.load_calibration_runs([root], cal.out_of_sample_run)[0])
 
 
 def _committed() -> dict[str, float]:

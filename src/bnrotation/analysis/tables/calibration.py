@@ -58,17 +58,17 @@ import pandas as pd
 
 from ... import records
 from ...staleness import Thresholds, channel_signals, warmup_steps
-from ..results import BadRunError, Run, find_run_dirs, load_run, once_per_run
+from ..results import BadRunError, Run, find_run_dirs, load_run, once_per_run, read_table
 from .frozen import BadFrozenRun, load_frozen_runs
 
-__all__ = ["out_of_sample_roots", "load_calibration_runs", "STALE_RECOVERY", "TARGET_RECALL", "IN_SAMPLE_TASK", "SIGNALS", "Signal", "in_sample", "task_of",
+__all__ = ["out_of_sample_roots", "load_calibration_runs", "STALE_RECOVERY", "TARGET_RECALL", "IN_SAMPLE_TASK", "SIGNALS", "Signal", "in_sample", "out_of_sample_run", "task_of",
            "log_signals", "truth", "points", "warns_at", "choose_threshold", "score", "lead_times", "chosen_thresholds",
            "frozen_verdicts", "to_markdown", "main"]
 
 STALE_RECOVERY = 0.05  # the truth's X, fixed before the data: re-estimation recovers >= 5 points (a fraction)
 TARGET_RECALL = 0.9  # the method's recall target (the out-of-sample claim asks >= 0.8)
 IN_SAMPLE_TASK = "noisy_templates"  # conf/task/noisy_templates.yaml: the synthetic task the thresholds are fit on
-TABLES = ("checks", "channels", "interventions")
+TABLES = ("checks", "layers", "channels", "interventions")
 
 
 @dataclass(frozen=True)
@@ -108,6 +108,12 @@ def in_sample(run: Run) -> bool:
     return task_of(run) == IN_SAMPLE_TASK and not run.row.startswith("fmnist")
 
 
+def out_of_sample_run(run: Run) -> bool:
+    """Whether ``run`` is scored out of sample: a named task other than the synthetic one, or a Fashion-MNIST row
+    by name. A run whose task cannot be told (``"unknown"``) is in neither sample."""
+    return not in_sample(run) and (task_of(run) != "unknown" or run.row.startswith("fmnist"))
+
+
 def _bn_layers(run: Run) -> dict[str, dict]:
     """``run.json``'s BatchNorm layers that keep running statistics: ``{norm layer: {class, momentum, eps, ...}}``.
 
@@ -133,10 +139,10 @@ def log_signals(run: Run) -> pd.DataFrame:
         for a run without BatchNorm running statistics.
     """
     layers = _bn_layers(run)
-    ch = run.tables["channels"]
-    ch = ch[ch["norm_layer"].isin(list(layers))] if "norm_layer" in ch else ch.iloc[:0]
-    if ch.empty:
-        return pd.DataFrame(columns=["step", *BY_COLUMN, "warming_up"])
+    ch = run.tables.get("channels")
+    ch = ch[ch["norm_layer"].isin(list(layers))] if ch is not None and "norm_layer" in ch else None
+    if ch is None or ch.empty:
+        return _layer_signals(run, layers)
     eps = ch["norm_layer"].map({k: float(v["eps"]) for k, v in layers.items()}).to_numpy()
     cols = [ch[k].to_numpy(float) for k in ("running_mean", "running_var", "fresh_mean", "fresh_var")]
     sig = channel_signals(*cols, eps)  # each (channels of every step and layer,)
@@ -148,6 +154,32 @@ def log_signals(run: Run) -> pd.DataFrame:
         log_std_ratio_median_abs=("log_s", "median"))
     out = per_layer.groupby("step").max().reset_index()
     out = out[np.isfinite(out["eval_error_median_sigma"])]
+    return _with_gap_and_warmup(run, layers, out)
+
+
+LAYER_COLUMNS = {"lag_sigma": "lag_median_abs_sigma", "eval_error_median_sigma": "eval_error_median_sigma",
+                 "eval_error_max_sigma": "eval_error_max_sigma", "log_std_ratio_median_abs": "log_std_ratio_median_abs"}
+
+
+def _layer_signals(run: Run, layers: dict[str, dict]) -> pd.DataFrame:
+    """:func:`log_signals` of a run that stored no ``channels`` table (the staleness zoo by default), from the
+    monitor's own per-layer columns in its ``layers`` table (:data:`LAYER_COLUMNS`; NaN where the monitor that ran
+    did not record one, as before E): the worst layer's value per step."""
+    empty = pd.DataFrame(columns=["step", *BY_COLUMN, "warming_up"])
+    lay = run.tables.get("layers")
+    if lay is None or "norm_layer" not in lay or "lag_median_abs_sigma" not in lay:
+        return empty
+    lay = lay[lay["norm_layer"].isin(list(layers))]
+    if lay.empty:
+        return empty
+    cols = {ours: lay[theirs] if theirs in lay else np.nan for ours, theirs in LAYER_COLUMNS.items()}
+    out = pd.DataFrame({"step": lay["step"].to_numpy(), **cols}).groupby("step").max().reset_index()
+    out = out[np.isfinite(out["lag_sigma"]) | np.isfinite(out["eval_error_median_sigma"])]
+    return _with_gap_and_warmup(run, layers, out)
+
+
+def _with_gap_and_warmup(run: Run, layers: dict[str, dict], out: pd.DataFrame) -> pd.DataFrame:
+    """``out`` (one line per log step) with the held-out ``mode_gap`` of the ``checks`` table and ``warming_up``."""
     checks = run.tables["checks"]
     gap = checks.assign(mode_gap=checks["acc_train_mode"] - checks["acc_eval_mode"])[["step", "mode_gap"]]
     out = out.merge(gap, on="step", how="left")
@@ -340,11 +372,35 @@ def load_calibration_runs(roots: list[str | Path], keep) -> tuple[list[Run], lis
             try:
                 r = load_run(d, TABLES)
             except BadRunError as err:
-                problems.append(str(err))
-                continue
+                r = _run_of_another_layout(d)  # the zoo's runs have no scale section
+                if r is None:
+                    problems.append(str(err))
+                    continue
             if not r.diverged and keep(r):
                 runs.append(r)
     return runs, problems
+
+
+def _run_of_another_layout(path: Path) -> Run | None:
+    """A finished run whose ``config.yaml`` is not the runner's (the staleness zoo's: no ``scale`` section), read
+    as :func:`bnrotation.analysis.results.load_run` reads tables (schema version and columns checked), or None
+    when it is not finished or its ``run.json`` or a table is unreadable."""
+    import json
+
+    import yaml
+
+    if not (path / records.DONE).exists():
+        return None
+    try:
+        info = json.loads((path / "run.json").read_text())
+        config = yaml.safe_load((path / "config.yaml").read_text())
+        tables = {name: read_table(path / f"{name}.parquet", name)
+                  for name in ("checks", "layers", "channels", "interventions") if (path / f"{name}.parquet").exists()}
+    except (OSError, ValueError, yaml.YAMLError):
+        return None
+    if not isinstance(info, dict) or not isinstance(config, dict) or "checks" not in tables:
+        return None
+    return Run(path, info, config, tables)
 
 
 # ----------------------------------------------------------------------------- the report
@@ -557,7 +613,7 @@ def write_calibration(results: Path, out_of_sample: list[Path], out: Path, doc: 
         raise BadRunError(problems[0])
     if points(ins).empty:
         raise BadRunError(f"{results}: no in-sample run with interventions and BatchNorm statistics")
-    oos, skipped = load_calibration_runs(out_of_sample, lambda r: not in_sample(r))
+    oos, skipped = load_calibration_runs(out_of_sample, out_of_sample_run)
     for p in skipped:
         print(f"warning: out of sample, skipped: {p}", file=sys.stderr)
     try:
