@@ -179,6 +179,10 @@ figures: $(VENV)/.installed ## <root>/figures/*.png, *.pdf and README.md from th
 claims: $(VENV)/.installed ## <root>/claims.md: every claim of the article, PASS/FAIL/NOT RUN (RESULTS=<root>; OUT=<folder>)
 	$(out_dir) $(PY) -m bnrotation.analysis.claims $(results_flag) --out "$$out" $(skip_flag)
 
+.PHONY: calibrate
+calibrate: $(VENV)/.installed ## results/reference/calibration.md and docs/monitor.md's figures: the monitor's thresholds, chosen on the synthetic runs, scored in and out of sample (OOS='<roots>': where the other-task runs are; default results/reference and its zoo/)
+	$(PY) -m bnrotation.analysis.tables.calibration --results results/reference --doc docs/monitor.md $(if $(OOS),--out-of-sample $(OOS))
+
 report: $(VENV)/.installed ## <root>/report.html: headline, table, claims and figures on one page that opens offline (RESULTS=<root>; OUT=<folder>)
 	$(out_dir) $(PY) -m bnrotation.analysis.webpage $(results_flag) --out "$$out" $(skip_flag)
 

@@ -48,7 +48,7 @@ SPREAD = np.linspace(0.5, 1.5, 6)  # per-channel factors: median 1 over 6 channe
 def _run_json(row: str, seed: int, layers: dict = LAYERS) -> dict:
     spec = ROWS[row]
     modes = {"adam_projected": ["always", "never"], "adamp": ["adamp"]}.get(spec.optimizer, [])
-    norm = ({"class": "BatchNorm2d", "momentum": spec.bn_momentum} if spec.norm == "batch"
+    norm = ({"class": "BatchNorm2d", "momentum": spec.bn_momentum, "eps": 1e-5} if spec.norm == "batch"
             else {"class": "GroupNorm", "num_groups": {"group": 8, "layer": 1}[spec.norm]})
     return {"schema_version": records.SCHEMA_VERSION, "row": row, "seed": seed, "status": "done",
             "optimizer": {"class": OPTIMIZER_CLASSES[spec.optimizer],
@@ -402,7 +402,9 @@ def test_every_claim_is_declared_once_and_bespoke_checks_register_under_their_na
     sections = [c.section for c in registry.CLAIMS]
     assert sections.count(kinds.ARTICLE) == 27 and sections.count(kinds.RESNET) == 9
     assert sections.count(kinds.FROZEN) == 1 and sections.count(kinds.FASHION_MNIST) == 6
-    assert sections == sorted(sections, key=[kinds.ARTICLE, kinds.RESNET, kinds.FASHION_MNIST, kinds.FROZEN].index)
+    assert sections.count(kinds.CALIBRATION) == 4
+    assert sections == sorted(sections, key=[kinds.ARTICLE, kinds.RESNET, kinds.FASHION_MNIST, kinds.FROZEN,
+                                             kinds.CALIBRATION].index)
     assert registry.training_mode_stays_at_100.name == "training_mode_stays_at_100"
     assert isinstance(registry.training_mode_stays_at_100, kinds.Bespoke)
     # the article's table, cell by cell: every published cell that is not NaN (6 rows x 4 + the window test's 3)

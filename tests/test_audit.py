@@ -326,9 +326,11 @@ def test_the_copys_lag_is_the_closed_form_of_a_known_shift():
         avg[0].bias += (delta * z.std(0)).float()
     a = audit_averaged(raw, avg, x)
     assert a.policy == "copied"
-    # float32 activations, float64 moments: the lag is delta to float32 rounding of a mean over 256 values
-    assert math.isclose(a.layers.loc[0, "lag_median_abs_sigma"], 1.0, abs_tol=1e-5)
-    assert math.isclose(a.layers.loc[0, "lag_max_abs_sigma"], 2.0, abs_tol=1e-5)
+    # float32 activations, float64 moments: the lag is delta to float32 rounding of a mean over 256 values, in the
+    # layer's own σ = sqrt(var + eps)
+    want = delta * z.std(0) / (z.var(0) + raw[1].eps).sqrt()
+    assert math.isclose(a.layers.loc[0, "lag_median_abs_sigma"], float(want[1]), abs_tol=1e-5)
+    assert math.isclose(a.layers.loc[0, "lag_max_abs_sigma"], float(want[2]), abs_tol=1e-5)
     assert math.isclose(a.layers.loc[0, "lag_median_abs_sigma_raw"], 0.0, abs_tol=1e-5)
     alone = StalenessMonitor(avg, x, warn=False)(0)
     assert a.lag_sigma == float(alone.layers["lag_median_abs_sigma"].max())

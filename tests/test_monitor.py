@@ -234,7 +234,7 @@ def test_lag_equals_a_hand_computation():
     with torch.no_grad():
         z = model.fc1(x).double()  # the input of bn1: no norm upstream, so batch statistics change nothing
     mean, var = z.mean(0), z.var(0, unbiased=True)
-    want = (model.bn1.running_mean.double() - mean) / var.sqrt()
+    want = (model.bn1.running_mean.double() - mean) / (var + model.bn1.eps).sqrt()  # the layer's own σ
     got = record.channels.query("norm_layer == 'bn1'").sort_values("channel")
     assert torch.allclose(torch.tensor(got["lag_sigma"].to_numpy()), want, rtol=1e-5, atol=1e-6)
     assert torch.allclose(torch.tensor(got["fresh_var"].to_numpy()), var, rtol=1e-5)

@@ -8,7 +8,15 @@ that has already moved") ends with what would have caught its failure early:
 3. how far each normalisation layer's stored running mean sits from the mean
    the current weights produce, in that channel's standard deviations.
 
-:class:`StalenessMonitor` measures all three on any model, at any step, from a
+To the lag it adds the variance (:mod:`bnrotation.staleness`): per channel E, the exact RMS
+error of the evaluation-mode normalised activation against the training-mode one, from the mean
+shift d and the scale ratio s, every σ the layer's own sqrt(var + eps). The rule
+(:class:`Thresholds`) reads the mode gap with E or the lag; its thresholds were fixed on the
+suite's synthetic runs only, and its measured recall, false alarms and lead time, in sample and
+out of sample, are in ``docs/monitor.md`` ("Where the thresholds come from", written by
+``make calibrate``) and ``results/reference/calibration.md``.
+
+:class:`StalenessMonitor` measures all of them on any model, at any step, from a
 fixed probe batch. It finds each normalisation layer and the weight whose
 output it normalises (:func:`find_pairs`: ``torch.fx`` where the model traces,
 the order of execution on two probe samples for every layer fx cannot place;
@@ -48,8 +56,8 @@ from .bnstats import NonFinite, nonfinite_state
 from .evaluation import eval_chunk, evaluation_forward, evaluation_mode, logits_note, read_logits
 from .pairing import (WEIGHT_LAYERS, NormLeafTracer, NormPair, Pairing, Segment, _buffers_kept, _call, _probe_head,
                       _rng_devices, channel_axis_after, find_pairs)
-from .probes import (Scratch, batch_statistics_pass, channel_cosines, drift_sigma_per_step, lag_sigma,
-                     predicted_lag_sigma, turn_rows)
+from .probes import Scratch, batch_statistics_pass, channel_cosines, drift_sigma_per_step, predicted_lag_sigma, turn_rows
+from .staleness import Thresholds, channel_signals, sigma, warmup_steps
 
 __all__ = ["StalenessMonitor", "MonitorRecord", "Thresholds", "StaleStatisticsWarning", "MonitorSetupWarning",
            "find_pairs", "Pairing", "NormPair", "NormLeafTracer", "channel_axis_after", "split_probe", "mode_check",
@@ -58,7 +66,8 @@ __all__ = ["StalenessMonitor", "MonitorRecord", "Thresholds", "StaleStatisticsWa
 
 
 class StaleStatisticsWarning(UserWarning):
-    """The running statistics describe other weights: the mode gap and the lag crossed the monitor's thresholds."""
+    """The running statistics describe other weights: the mode gap and E or the lag crossed the monitor's
+    thresholds."""
 
 
 class MonitorSetupWarning(UserWarning):
@@ -128,46 +137,6 @@ def _check_probe(model: nn.Module, x, y: torch.Tensor | None) -> str:
     return note
 
 
-# ----------------------------------------------------------------------------- thresholds
-@dataclass(frozen=True)
-class Thresholds:
-    """When :class:`StalenessMonitor` warns: both the mode gap and the lag at or above their threshold.
-
-    Attributes:
-        mode_gap: training-mode minus evaluation-mode accuracy on the probe batch (with labels), or the
-            share of probe samples whose predicted class differs between the two modes (without), as a
-            fraction. Default 0.05. The share of changed predictions is at least the accuracy gap, and much
-            larger where both modes are often wrong (an untrained model): without labels the rule is
-            stricter, and on the same model can warn where it would not with labels.
-        lag_sigma: the largest, over layers, median |running-mean lag| in σ. Default 0.1σ.
-
-    The defaults were chosen on the suite's reference runs by how often the rule fires at checks that fail
-    (evaluation-mode accuracy below 90%) and at checks that pass; the counts on the committed runs, for these
-    and other thresholds, are in ``results/reference/monitor.md``
-    (:func:`bnrotation.analysis.tables.monitor_report.threshold_table`, ``make table``).
-
-    Raises:
-        ValueError: for a threshold that is not a finite number >= 0, or a ``mode_gap`` above 1.
-    """
-
-    mode_gap: float = 0.05
-    lag_sigma: float = 0.1
-
-    def __post_init__(self) -> None:
-        for key in ("mode_gap", "lag_sigma"):
-            value = getattr(self, key)
-            if not (isinstance(value, (int, float)) and math.isfinite(value) and value >= 0):
-                raise ValueError(f"Thresholds.{key}: expected a finite number >= 0, got {value!r}")
-        if self.mode_gap > 1:  # a gap is a difference of two fractions: the rule could never fire
-            raise ValueError(f"Thresholds.mode_gap: expected a fraction in [0, 1] (a gap cannot exceed 1), got "
-                             f"{self.mode_gap!r}")
-
-    def crossed(self, mode_gap: float, lag_sigma: float) -> bool:
-        """The rule: ``mode_gap`` (fraction) at least :attr:`mode_gap` and ``lag_sigma`` (the worst layer's median
-        |lag|, σ) at least :attr:`lag_sigma`. NaN never crosses."""
-        return bool(mode_gap >= self.mode_gap and lag_sigma >= self.lag_sigma)
-
-
 # ----------------------------------------------------------------------------- the mode check
 def mode_check(step: int, out_train: torch.Tensor, out_eval: torch.Tensor | None,
                y: torch.Tensor | None) -> pd.DataFrame:
@@ -205,11 +174,18 @@ class MonitorRecord:
             unpaired; ``cat(a, b, ...)`` for one paired per segment, whose weight norm and cosines are those of
             its segments' weight rows taken together), ``norm_layer``, ``weight_norm``, ``update_cos``, ``grad_cos``,
             ``rotation_deg_per_100`` (median over channels), ``lag_median_abs_sigma``,
-            ``lag_max_abs_sigma``, ``worst_channel``, ``channels_above_1_sigma``.
+            ``lag_max_abs_sigma``, ``worst_channel``, ``channels_above_1_sigma``, and the median and maximum
+            over channels of |d|, |log s| and E (:mod:`bnrotation.staleness`): ``mean_shift_median_abs_sigma``,
+            ``mean_shift_max_abs_sigma``, ``log_std_ratio_median_abs``, ``log_std_ratio_max_abs``,
+            ``eval_error_median_sigma``, ``eval_error_max_sigma``.
         channels: one line per channel, the suite's ``channels`` columns: ``step``, ``layer`` (the weight
             layer of the channel's segment), ``norm_layer``, ``channel``, ``rotation_deg`` (since the previous call), ``rotation_deg_per_100``,
             ``weight_norm``, ``update_cos``, ``running_mean``, ``running_var``, ``fresh_mean``, ``fresh_var``,
-            ``lag_sigma``, ``drift_sigma_per_step``, ``predicted_lag_sigma``, ``abs_mean_over_std``.
+            ``lag_sigma``, ``drift_sigma_per_step``, ``predicted_lag_sigma``, ``abs_mean_over_std``, and the
+            variance-aware signal of :mod:`bnrotation.staleness`: ``mean_shift_sigma`` (d, running σ),
+            ``log_std_ratio`` (log s) and ``eval_error_sigma`` (E, the RMS error of the evaluation-mode
+            normalised activation against the training-mode one, running σ). Every σ is the layer's own
+            sqrt(var + eps).
         stale: the rule's verdict, at any step: whether the thresholds were crossed, or a running statistic
             holds NaN or infinite values. During the monitor's warm-up it is not announced: see :attr:`flagged`.
         summary: one line for a progress bar; it starts with ``STALE`` when :attr:`flagged`, and during the
@@ -251,9 +227,16 @@ class MonitorRecord:
 
     @property
     def worst_median_lag_sigma(self) -> float:
-        """The largest, over layers, median |running-mean lag| in σ: the lag the rule reads (NaN when none)."""
+        """The largest, over layers, median |running-mean lag| in fresh σ: the lag the rule reads (NaN when none)."""
         lag = self.layers["lag_median_abs_sigma"]
         return float(lag.max()) if lag.notna().any() else math.nan
+
+    @property
+    def worst_median_eval_error_sigma(self) -> float:
+        """The largest, over layers, median E in running σ (:mod:`bnrotation.staleness`): the E the rule reads
+        (NaN when none)."""
+        e = self.layers["eval_error_median_sigma"]
+        return float(e.max()) if e.notna().any() else math.nan
 
     def worst(self) -> tuple[str, int, float] | None:
         """(norm layer, channel, signed lag in σ) of the channel with the largest |lag|; None without lag."""
@@ -331,6 +314,16 @@ class _Rows:
         return dot / math.sqrt(a * b) if a > 0 and b > 0 else math.nan
 
 
+def _median_max(name: str, unit: str, values: torch.Tensor) -> dict[str, float]:
+    """A layer line's ``<name>_median<unit>`` and ``<name>_max<unit>`` over the finite values (C,); NaN without."""
+    finite = values[torch.isfinite(values)]
+    if not finite.numel():
+        return {f"{name}_median{unit}": math.nan, f"{name}_max{unit}": math.nan}
+    # the median of an even count is the mean of the two middle values, as numpy and pandas take it (the
+    # analysis recomputes these offline); torch.median would take the lower one
+    return {f"{name}_median{unit}": float(finite.quantile(0.5)), f"{name}_max{unit}": float(finite.max())}
+
+
 def _flat_rows(w: torch.Tensor) -> torch.Tensor:
     """(C_out, ...) -> (C_out, D) float64."""
     return w.detach().reshape(w.shape[0], -1).double()
@@ -379,15 +372,11 @@ def uncompiled(model: nn.Module) -> nn.Module:
 
 def default_warmup_steps(layers: list[nn.Module], remaining: float = 0.01) -> int:
     """Steps until every BatchNorm layer's running statistics hold less than ``remaining`` of their initial
-    values: ``ceil(ln(remaining) / ln(1 - m))`` for the smallest momentum m (an exponential average keeps
-    ``(1 - m)**t`` of its start after t updates); 1 for ``momentum=None`` (the cumulative average replaces
-    them at the first batch); 0 without BatchNorm layers. 44 at PyTorch's default m = 0.1."""
-    momenta = [m.momentum for m in layers if isinstance(m, _BatchNorm) and m.track_running_stats]
-    if not momenta:
-        return 0
-    steps = [1 if m is None else (math.ceil(math.log(remaining) / math.log1p(-m)) if 0 < m < 1 else 1)
-             for m in momenta]
-    return max(steps)
+    values: :func:`bnrotation.staleness.warmup_steps` of the momenta of ``layers``' BatchNorm layers that track
+    running statistics (``ceil(ln(remaining) / ln(1 - m))`` for the smallest momentum m; 1 for
+    ``momentum=None``); 0 without BatchNorm layers. 44 at PyTorch's default m = 0.1."""
+    return warmup_steps([m.momentum for m in layers if isinstance(m, _BatchNorm) and m.track_running_stats],
+                        remaining)
 
 
 def smallest_probe(mode_gap: float) -> int:
@@ -644,9 +633,11 @@ class StalenessMonitor:
         r_var = norm.running_var.double().cpu() if has_running else nan
         prev = self.previous
         prev_mean = prev.fresh_mean.get(pair.norm) if prev is not None else None
-        drift = drift_sigma_per_step(f_mean, prev_mean, f_var, interval) if prev_mean is not None else nan
         momentum = norm.momentum if has_running and norm.momentum is not None else math.nan
-        lag = lag_sigma(r_mean, f_mean, f_var)  # (C,)
+        eps = float(getattr(norm, "eps", 0.0))  # every σ is the layer's own sqrt(var + eps)
+        drift = drift_sigma_per_step(f_mean, prev_mean, f_var, interval, eps) if prev_mean is not None else nan
+        signals = channel_signals(r_mean, r_var, f_mean, f_var, eps)  # each (C,)
+        lag = signals.lag_sigma
         spans = pair.spans(c)
         for s in spans:
             have = weights[s.weight].norm.numel()
@@ -667,7 +658,9 @@ class StalenessMonitor:
             "running_mean": r_mean.numpy(), "running_var": r_var.numpy(),
             "fresh_mean": f_mean.numpy(), "fresh_var": f_var.numpy(), "lag_sigma": lag.numpy(),
             "drift_sigma_per_step": drift.numpy(), "predicted_lag_sigma": predicted_lag_sigma(drift, momentum).numpy(),
-            "abs_mean_over_std": (f_mean.abs() / f_var.sqrt()).numpy(),
+            "abs_mean_over_std": (f_mean.abs() / sigma(f_var, eps)).numpy(),
+            "mean_shift_sigma": signals.mean_shift_sigma.numpy(), "log_std_ratio": signals.log_std_ratio.numpy(),
+            "eval_error_sigma": signals.eval_error_sigma.numpy(),
         }
         abs_lag = lag.abs()
         finite = torch.isfinite(abs_lag)
@@ -680,11 +673,15 @@ class StalenessMonitor:
             "lag_max_abs_sigma": float(abs_lag[finite].max()) if finite.any() else math.nan,
             "worst_channel": int(torch.where(finite, abs_lag, -1.0).argmax()) if finite.any() else -1,
             "channels_above_1_sigma": int((abs_lag[finite] > 1.0).sum()),
+            **_median_max("mean_shift", "_abs_sigma", signals.mean_shift_sigma.abs()),
+            **_median_max("log_std_ratio", "_abs", signals.log_std_ratio.abs()),
+            **_median_max("eval_error", "_sigma", signals.eval_error_sigma),
         }
         return line, channels
 
     def _stale(self, record: MonitorRecord) -> bool:
-        return (self.thresholds.crossed(record.mode_gap, record.worst_median_lag_sigma)
+        return (self.thresholds.crossed(record.mode_gap, record.worst_median_lag_sigma,
+                                        record.worst_median_eval_error_sigma)
                 or bool(record.nonfinite.running_statistics))
 
     def _rotation_text(self, record: MonitorRecord) -> str:
@@ -714,8 +711,13 @@ class StalenessMonitor:
             top = lag.loc[lag["lag_median_abs_sigma"].idxmax()]
             lag_text = (f"lag median {top['lag_median_abs_sigma']:.2f}σ in {top['norm_layer']}, "
                         f"max {lag['lag_max_abs_sigma'].max():.2f}σ")
+        err = record.layers.dropna(subset=["eval_error_median_sigma"])
+        err_text = ""
+        if len(err):
+            top = err.loc[err["eval_error_median_sigma"].idxmax()]
+            err_text = f"E median {top['eval_error_median_sigma']:.2f}σ in {top['norm_layer']}"
         bad = f"NON-FINITE {record.nonfinite}" if record.nonfinite else ""
-        text = " | ".join(t for t in (bad, modes, rot_text, lag_text) if t)
+        text = " | ".join(t for t in (bad, modes, rot_text, lag_text, err_text) if t)
         if record.flagged:
             return "STALE " + text
         if record.warming_up:  # the rule's verdict is held back: say so, and what it is

@@ -14,6 +14,7 @@ import torch.nn as nn
 
 from .bnstats import batch_statistics, norm_layers
 from .evaluation import evaluation_call, evaluation_mode, model_logits
+from .staleness import mean_lag_sigma, sigma
 
 
 def _channels(w: torch.Tensor) -> torch.Tensor:
@@ -241,15 +242,19 @@ def fresh_statistics(model: nn.Module, x: torch.Tensor) -> dict[str, tuple[torch
     return batch_statistics_pass(model, x)[1]
 
 
-def lag_sigma(running_mean: torch.Tensor, fresh_mean: torch.Tensor, fresh_var: torch.Tensor) -> torch.Tensor:
-    """Running-mean lag per channel: ``(running_mean - fresh_mean) / fresh_std``, in sigma. Shapes (C,)."""
-    return (running_mean.double() - fresh_mean) / fresh_var.sqrt()
+def lag_sigma(running_mean: torch.Tensor, fresh_mean: torch.Tensor, fresh_var: torch.Tensor,
+              eps: float = 0.0) -> torch.Tensor:
+    """Running-mean lag per channel: ``(running_mean - fresh_mean) / sqrt(fresh_var + eps)``, in sigma
+    (:func:`bnrotation.staleness.mean_lag_sigma`). Shapes (C,). The monitor passes the layer's ``eps``, the σ
+    BatchNorm divides by; without it a near-constant channel's lag is meaningless (10⁶ σ)."""
+    return mean_lag_sigma(running_mean.double(), fresh_mean, fresh_var, eps)
 
 
 def drift_sigma_per_step(fresh_mean_now: torch.Tensor, fresh_mean_before: torch.Tensor,
-                         fresh_var_now: torch.Tensor, interval: int) -> torch.Tensor:
-    """Drift per channel: ``|mean(t) - mean(t - interval)| / (std(t) * interval)``, sigma per step. (C,)"""
-    return (fresh_mean_now - fresh_mean_before).abs() / (fresh_var_now.sqrt() * interval)
+                         fresh_var_now: torch.Tensor, interval: int, eps: float = 0.0) -> torch.Tensor:
+    """Drift per channel: ``|mean(t) - mean(t - interval)| / (sqrt(var(t) + eps) * interval)``, sigma per step
+    (``eps``: the layer's, as the monitor passes it). (C,)"""
+    return (fresh_mean_now - fresh_mean_before).abs() / (sigma(fresh_var_now, eps) * interval)
 
 
 def predicted_lag_sigma(drift: torch.Tensor, momentum: float) -> torch.Tensor:

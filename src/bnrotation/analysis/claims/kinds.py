@@ -29,8 +29,9 @@ needs are missing.
 
 Every claim belongs to a section of ``claims.md`` (``section``: :data:`ARTICLE`,
 the article's claims, :data:`RESNET`, "Does it carry over? ResNet-20",
-:data:`FASHION_MNIST`, "Does it happen on real images? Fashion-MNIST", or
-:data:`FROZEN`, "Beyond the article: a frozen backbone").
+:data:`FASHION_MNIST`, "Does it happen on real images? Fashion-MNIST",
+:data:`FROZEN`, "Beyond the article: a frozen backbone", or :data:`CALIBRATION`, "The monitor's rule out of
+sample").
 An *exploratory* claim (``exploratory=True``) measures without a tolerance fixed
 in advance: it gives MEASURED, never PASS or FAIL (NOT RUN when its runs are
 missing).
@@ -58,6 +59,7 @@ NOT_JUDGED = "not judged at this scale"  # runs below the article's scale: measu
 MEASURED = "MEASURED"  # the verdict of an exploratory claim with runs: measured, no PASS or FAIL
 # The sections of claims.md a claim belongs to.
 ARTICLE, RESNET, FASHION_MNIST, FROZEN = "article", "resnet", "fashion_mnist", "frozen"
+CALIBRATION = "calibration"  # the monitor's rule out of sample (analysis/claims/outofsample.py)
 Z = 2.0  # standard errors a difference must exceed
 ALPHA = 0.05  # one-sided level of an ordering across rows
 MIN_RANK_ROWS = 4  # an ordering needs at least this many of the article's rows (4 rows: 1 order in 24 is 4%)

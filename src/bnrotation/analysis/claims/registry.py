@@ -25,7 +25,7 @@ from ..measures.dense import DENSE_INTERVALS
 from ..results import Run, count
 from ..stats import SeedStat, half_unit, spearman_rho
 from ..tables.table import COLUMNS as TABLE_COLUMNS
-from . import carryover, real_images
+from . import carryover, outofsample, real_images
 from .evidence import CONV_LAYERS, Evidence, middle_lag_at_failing
 from .kinds import (FAIL, FROZEN, NOT_RUN, Z, Above, Below, Check, Match, MatchesPublished, NotBelow, Outcome, RankOrder,
                     RecoveryShare, above, bespoke, match_words, matches, said, table_figure)
@@ -434,6 +434,8 @@ CLAIMS = (
     # Does it happen on real images? Fashion-MNIST (its own heading; analysis/claims/real_images.py)
     *real_images.CHECKS,
     frozen_backbone_batchnorm_follows_new_data,
+    # The monitor's rule out of sample (issue 38), fixed before its runs (analysis/claims/outofsample.py)
+    *outofsample.CHECKS,
 )
 
 # The article's table, cell by cell: every published cell against the measured row mean.

@@ -16,7 +16,7 @@ from ..measures import metrics, theory
 from ..results import count, scale_note
 from .evidence import Evidence
 from .findings import findings
-from .kinds import ALPHA, ARTICLE, FAIL, FASHION_MNIST, FROZEN, MEASURED, NOT_JUDGED, NOT_RUN, PASS, RESNET, Z, Check
+from .kinds import ALPHA, ARTICLE, CALIBRATION, FAIL, FASHION_MNIST, FROZEN, MEASURED, NOT_JUDGED, NOT_RUN, PASS, RESNET, Z, Check
 
 
 def md_cell(text: str) -> str:
@@ -80,6 +80,11 @@ SECTIONS = {
              "Convolutions frozen after pre-training, a new head fine-tuned on noisier data, BatchNorm in training "
              "mode, in evaluation mode or re-estimated (`bnrotation.frozen`; its runs under `frozen/` beside these). "
              "The tolerance was fixed before the runs."),
+    CALIBRATION: ("The monitor's rule out of sample",
+                  "The rule's thresholds were chosen on the synthetic runs only (`calibration.md`, `make calibrate`); "
+                  "these checks, fixed before any out-of-sample run, score them unchanged on the runs of another task "
+                  "(the Fashion-MNIST rows and the staleness zoo under `zoo/`) and on the frozen backbone. A FAIL is a "
+                  "finding. NOT RUN: their runs are missing."),
 }
 
 

@@ -1,0 +1,218 @@
+"""The calibration of the monitor's rule (bnrotation.analysis.tables.calibration): the method, the scores, the
+in-sample rule, the signals recomputed from a run's tables; and, on the committed runs, that ``Thresholds()``
+holds the method's in-sample choices and that ``calibration.md`` is what ``make calibrate`` writes."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from bnrotation.analysis.results import Run
+from bnrotation.analysis.tables import calibration as cal
+from bnrotation.staleness import Thresholds, channel_signals
+
+ROOT = Path(__file__).resolve().parents[1]
+REFERENCE = Path("results/reference")
+
+
+# ----------------------------------------------------------------------------- the method
+def test_choose_threshold_takes_the_fewest_false_alarms_at_the_target_recall():
+    stale = np.array([True] * 10 + [False] * 4)
+    values = np.array([1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 0.5, 1.5, 2.5, 11.0])
+    # recall >= 0.9 allows thresholds up to 2 (9 of 10 stale values >= 2), with 2 false alarms there (2.5, 11)
+    assert cal.choose_threshold(values, stale, target=0.9) == 2.0
+    # a target of 1.0 forces the threshold down to 1, which adds the alarm at 1.5
+    assert cal.choose_threshold(values, stale, target=1.0) == 1.0
+
+
+def test_choose_threshold_breaks_a_tie_towards_the_higher_recall_and_rounds_down():
+    stale = np.array([True, True, True, False])
+    values = np.array([0.0713, 0.0789, 0.5, 0.01])  # every threshold in (0.01, 0.0713] has no false alarm
+    assert cal.choose_threshold(values, stale, target=0.6) == 0.071  # 0.0713 -> two significant figures, down
+    with pytest.raises(ValueError, match="no stale point"):
+        cal.choose_threshold(values, np.zeros(4, bool))
+    with pytest.raises(ValueError, match="no threshold reaches"):
+        cal.choose_threshold(np.array([np.nan, np.nan, 1.0, 0.0]), stale, target=0.9)  # NaN never warns
+
+
+def test_score_counts():
+    s = cal.score([True, False, True, True], [True, True, False, False])
+    assert (s["stale"], s["caught"], s["fresh"], s["false_alarms"]) == (2, 1, 2, 2)
+    assert s["recall"] == 0.5 and s["far"] == 1.0
+    assert math.isnan(cal.score([False], [False])["recall"])
+
+
+# ----------------------------------------------------------------------------- which runs, and what they hold
+def _run(row: str = "adam", task: dict | None = None, eps: float = 1e-5, momentum: float = 0.1) -> Run:
+    """A run of one BatchNorm layer of two channels, logged at steps 0, 100, 200, with one intervention point at
+    200 (stale: re-estimation recovers 30 points) and one at 100 (fresh)."""
+    info = {"row": row, "seed": 0, "status": "done",
+            "norm_layers": {"bn": {"class": "BatchNorm2d", "momentum": momentum, "eps": eps,
+                                   "track_running_stats": True}}}
+    config = {"task": task if task is not None else {"template_scale": 0.6}, "scale": {"check_start": 100}}
+    steps = np.repeat([0, 100, 200], 2)
+    shift = np.where(steps == 200, 0.5, 0.01)  # the running mean 0.5σ off at step 200
+    channels = pd.DataFrame({"step": steps, "norm_layer": "bn", "channel": np.tile([0, 1], 3),
+                             "running_mean": shift, "running_var": 1.0 - eps, "fresh_mean": 0.0,
+                             "fresh_var": 1.0 - eps})
+    checks = pd.DataFrame({"step": [100, 200], "acc_train_mode": [1.0, 1.0], "acc_eval_mode": [0.99, 0.7]})
+    iv = pd.DataFrame({"step": [100, 100, 200, 200], "intervention": ["none", "reestimate"] * 2,
+                       "acc_eval_mode": [0.99, 1.0, 0.7, 1.0]})
+    return Run(Path(f"/nowhere/{row}"), info, config, {"channels": channels, "checks": checks, "interventions": iv})
+
+
+def test_in_sample_is_the_synthetic_task_and_never_a_fashion_mnist_row():
+    assert cal.in_sample(_run())
+    assert not cal.in_sample(_run(task={"name": "fashion_mnist"}))
+    assert not cal.in_sample(_run(row="fmnist_adam"))  # by name, even with a synthetic-looking config
+    assert cal.task_of(_run(task={"name": "noisy_templates"})) == cal.IN_SAMPLE_TASK
+    assert cal.task_of(_run(task={})) == "unknown"
+
+
+def test_signals_and_truth_from_a_runs_tables():
+    run = _run()
+    sig = cal.log_signals(run).set_index("step")
+    # σ = sqrt(var + eps) = 1 exactly: d = -0.5, s = 1, E = 0.5 at step 200
+    assert sig.loc[200, "eval_error_median_sigma"] == pytest.approx(0.5, rel=1e-12)
+    assert sig.loc[200, "lag_sigma"] == pytest.approx(0.5, rel=1e-12)
+    assert sig.loc[200, "mode_gap"] == pytest.approx(0.3) and math.isnan(sig.loc[0, "mode_gap"])
+    assert sig.loc[0, "warming_up"] and not sig.loc[100, "warming_up"]  # 44 steps at momentum 0.1
+    want = channel_signals(0.01, 1.0 - 1e-5, 0.0, 1.0 - 1e-5, 1e-5).eval_error_sigma
+    assert sig.loc[100, "eval_error_max_sigma"] == pytest.approx(want, rel=1e-12)
+    t = cal.truth(run).set_index("step")
+    assert t.loc[200, "stale"] and not t.loc[100, "stale"]
+    assert t.loc[100, "recovery"] == pytest.approx(0.01)
+
+
+def test_a_run_without_norm_layers_in_its_run_json_is_refused_by_name():
+    run = _run()
+    del run.info["norm_layers"]
+    with pytest.raises(cal.BadRunError, match="run.json: no norm_layers"):
+        cal.log_signals(run)
+
+
+def test_lead_time_is_the_first_stale_point_minus_the_first_warning():
+    run = _run()
+    t = Thresholds()
+    lead = cal.lead_times([run], "eval_error_median_sigma", t, {"eval_error_median_sigma": 0.4})
+    assert lead == {"runs": 1, "warned_by": 1, "never": 0, "median_steps": 0.0, "first_warning_step": 200.0}
+    early = cal.lead_times([run], "eval_error_median_sigma", t, {"eval_error_median_sigma": 0.005})
+    assert early["median_steps"] == 100.0  # warns at 100 (step 0 is in the warm-up)
+    assert cal.lead_times([run], "eval_error_median_sigma", t, {"eval_error_median_sigma": 9.0})["never"] == 1
+
+
+# ----------------------------------------------------------------------------- on the committed runs
+@pytest.fixture(scope="module")
+def written(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("calibration")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.chdir(ROOT)  # the roots' names are part of the report, as make writes it
+        return cal.write_calibration(REFERENCE, cal.out_of_sample_roots(REFERENCE), out)
+
+
+def test_the_committed_thresholds_are_the_methods_in_sample_choices(written):
+    runs, _ = cal.load_calibration_runs([ROOT / REFERENCE], cal.in_sample)
+    chosen = cal.chosen_thresholds(cal.points(runs))
+    t = Thresholds()
+    assert (t.mode_gap, t.eval_error_sigma) == (chosen["mode_gap"], chosen["eval_error_median_sigma"])
+
+
+def test_calibration_md_is_what_make_calibrate_writes(written):
+    got, want = written.read_text(), (ROOT / REFERENCE / "calibration.md").read_text()
+    assert got == want, "rerun `make calibrate`"
+
+
+# ----------------------------------------------------------------------------- the out-of-sample claims
+def _oos_run(stale: list[bool], warn: list[bool], gap: list[float] | None = None, seed: int = 0) -> Run:
+    """A Fashion-MNIST-like run (out of sample by its task) with one intervention point per entry: stale points
+    recover 30 points; ``warn`` puts its running mean 0.5σ off (E = 0.5) there, else exactly on (E = 0); the
+    held-out gap is ``gap`` (default the recovery)."""
+    n = len(stale)
+    steps = 1000 + 100 * np.arange(n)
+    rec = np.where(stale, 0.3, 0.0)
+    gap = rec if gap is None else np.asarray(gap)
+    eps = 1e-5
+    channels = pd.DataFrame({"step": np.repeat(steps, 2), "norm_layer": "bn", "channel": np.tile([0, 1], n),
+                             "running_mean": np.repeat(np.where(warn, 0.5, 0.0), 2), "running_var": 1.0 - eps,
+                             "fresh_mean": 0.0, "fresh_var": 1.0 - eps})
+    checks = pd.DataFrame({"step": steps, "acc_train_mode": 1.0, "acc_eval_mode": 1.0 - gap})
+    iv = pd.DataFrame({"step": np.repeat(steps, 2), "intervention": ["none", "reestimate"] * n,
+                       "acc_eval_mode": np.ravel(np.column_stack([1.0 - rec, np.ones(n)]))})
+    info = {"row": "fmnist_adam", "seed": seed, "status": "done",
+            "norm_layers": {"bn": {"class": "BatchNorm2d", "momentum": 0.1, "eps": eps}}}
+    return Run(Path(f"/nowhere/fmnist/{seed}"), info, {"task": {"name": "fashion_mnist"}, "scale": {"check_start": 0}},
+               {"channels": channels, "checks": checks, "interventions": iv})
+
+
+def _evidence(tmp_path, runs):
+    from bnrotation.analysis.claims.evidence import Evidence
+    return Evidence(tmp_path, runs, pd.DataFrame({"row": [r.row for r in runs], "seed": [r.seed for r in runs]}))
+
+
+def test_the_out_of_sample_recall_claim_just_inside_and_just_outside(tmp_path):
+    from bnrotation.analysis.claims import outofsample as oos
+
+    inside = _oos_run([True] * 10, [True] * 8 + [False] * 2)  # recall 0.8: at the tolerance
+    outside = _oos_run([True] * 10, [True] * 7 + [False] * 3, seed=1)  # 0.7
+    assert oos.rule_recall_out_of_sample.check(_evidence(tmp_path, [inside])).verdict == "PASS"
+    assert oos.rule_recall_out_of_sample.check(_evidence(tmp_path, [outside])).verdict == "FAIL"
+    few = _oos_run([True] * 9, [True] * 9, seed=2)  # fewer stale points than MIN_POINTS: not judged
+    assert oos.rule_recall_out_of_sample.check(_evidence(tmp_path, [few])).verdict == "NOT RUN"
+    assert oos.rule_recall_out_of_sample.check(_evidence(tmp_path, [_run()])).verdict == "NOT RUN"  # in sample
+
+
+def test_the_out_of_sample_false_alarm_claim_just_inside_and_just_outside(tmp_path):
+    from bnrotation.analysis.claims import outofsample as oos
+
+    def run(alarms: int) -> Run:  # 20 fresh points, each with a gap of 0.06 (above the rule's) but no recovery
+        return _oos_run([False] * 20, [True] * alarms + [False] * (20 - alarms), gap=[0.06] * 20)
+    assert oos.rule_false_alarms_out_of_sample.check(_evidence(tmp_path, [run(1)])).verdict == "PASS"  # 0.05
+    assert oos.rule_false_alarms_out_of_sample.check(_evidence(tmp_path, [run(2)])).verdict == "FAIL"  # 0.10
+
+
+def test_the_monitor_doc_block_is_what_make_calibrate_writes(written):
+    runs, _ = cal.load_calibration_runs([ROOT / REFERENCE], cal.in_sample)
+    oos, _ = cal.load_calibration_runs(cal.out_of_sample_roots(ROOT / REFERENCE), cal.out_of_sample_run)
+    doc = (ROOT / "docs" / "monitor.md").read_text()
+    assert cal.fill_doc(doc, cal.doc_block(runs, oos), "docs/monitor.md") == doc, "rerun `make calibrate`"
+    with pytest.raises(ValueError, match="x.md: no block"):
+        cal.fill_doc("no block here", "", "x.md")
+
+
+def test_a_run_of_unknown_task_is_in_neither_sample():
+    run = _run(task={})
+    assert not cal.in_sample(run) and not cal.out_of_sample_run(run)
+    assert cal.out_of_sample_run(_run(task={"name": "fashion_mnist"})) and cal.out_of_sample_run(_run(row="fmnist_x"))
+
+
+def test_a_zoo_run_without_channels_or_scale_is_read_from_its_layers_table(tmp_path):
+    """The staleness zoo stores the monitor's per-layer table, no channels table and no ``scale`` section: its
+    signals are the layers' own medians, its truth its interventions."""
+    import json
+
+    from bnrotation import records
+
+    run = _oos_run([True, False], [True, False])
+    d = tmp_path / "runs" / "lcnet_050-adam" / "seed=0"
+    d.mkdir(parents=True)
+    layers = pd.DataFrame({"step": [1000, 1100], "layer": "conv", "norm_layer": "bn", "weight_norm": 1.0,
+                           "update_cos": np.nan, "grad_cos": np.nan, "lag_median_abs_sigma": [0.5, 0.0],
+                           "eval_error_median_sigma": [0.5, 0.0], "eval_error_max_sigma": [0.6, 0.0]})
+    for name, df in (("checks", run.tables["checks"]), ("interventions", run.tables["interventions"]),
+                     ("layers", layers)):
+        records.write_table(df.assign(row="lcnet_050-adam", seed=0, **({"k": -1, "layer": ""} if name == "interventions"
+                                                                        else {}), **({"lr": 0.0, "loss": 0.0}
+                                                                                     if name == "checks" else {})),
+                            d / f"{name}.parquet", name)
+    (d / "run.json").write_text(json.dumps({**run.info, "row": "lcnet_050-adam"}))
+    (d / "config.yaml").write_text("task:\n  name: fashion_mnist\nsteps: 1600\n")
+    records.mark_done(d)
+    runs, problems = cal.load_calibration_runs([tmp_path], cal.out_of_sample_run)
+    assert problems == [] and len(runs) == 1
+    pts = cal.points(runs).set_index("step")
+    assert pts.loc[1000, "stale"] and pts.loc[1000, "eval_error_median_sigma"] == 0.5
+    assert not pts.loc[1100, "stale"] and math.isnan(pts.loc[1100, "log_std_ratio_median_abs"])
