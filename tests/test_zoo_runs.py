@@ -21,8 +21,8 @@ from bnrotation.config import ConfigError
 from bnrotation.monitor import StalenessMonitor
 from bnrotation.rundir import RunExistsError, config_yaml
 from bnrotation.task import FashionMNIST
-from bnrotation.zoo import (CONTROL, STALE_RECOVERY, ZooConfig, build_model, check_steps, optimizer_config, run,
-                            to_zoo_config)
+from bnrotation.zoo import (CONTROL, STALE_RECOVERY, ZooConfig, build_model, check_steps, costs, optimizer_config,
+                            run, to_zoo_config)
 
 CHEAP = "lcnet_050"  # the cheapest BatchNorm architecture of the zoo
 # probe_size 20: the smallest probe whose one sample moves the mode gap by no more than the threshold (no warning)
@@ -51,6 +51,24 @@ def test_a_bad_key_or_value_is_one_line_naming_it(tmp_path, override, key):
 def test_checks_at_step_0_every_check_every_steps_and_the_last():
     assert check_steps(ZooConfig(steps=250, check_every=100)) == [0, 100, 200, 250]
     assert ZooConfig().stale_recovery == STALE_RECOVERY == 0.05
+
+
+def test_conf_zoo_yaml_composes_to_the_schemas_defaults_and_the_docstring_counts_its_checks():
+    """conf/zoo.yaml repeats ZooConfig's defaults for the reader; they must agree (but the data folder, which
+    follows $FASHION_MNIST_DIR), and the module docstring's count of checks a run is check_steps' of them."""
+    import re
+
+    import bnrotation.zoo as zoo
+    from hydra import compose, initialize_config_dir
+
+    zoo.register_zoo_config()
+    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
+        composed = to_zoo_config(compose(config_name="zoo"))
+    default = ZooConfig()
+    default.task.data_dir = composed.task.data_dir
+    assert composed == default
+    said = re.search(r"\((\d+) checks a run", zoo.__doc__)
+    assert said and int(said.group(1)) == len(check_steps(default)) >= 15
 
 
 def test_the_optimizers_are_the_study_rows_settings():
@@ -103,6 +121,16 @@ def test_the_groupnorm_control_trains_and_records_the_monitors_refusal(tmp_path)
     assert checks["acc_eval_mode"].notna().all() and checks["recovered"].isna().all() and not checks["stale"].any()
     assert checks["acc_eval_mode"].tolist() == checks["acc_train_mode"].tolist()  # no running statistics: one mode
     assert pd.read_parquet(out / "layers.parquet").empty and (out / records.DONE).exists()
+
+
+@pytest.mark.slow
+def test_costs_measures_steps_and_checks_in_cpu_seconds(tmp_path):
+    import_timm()
+    table = costs(8, 8, archs=(CHEAP, CONTROL), cfg=toy(tmp_path))
+    assert table["arch"].tolist() == [CHEAP, CONTROL] and (table[["step_cpu_ms", "check_cpu_s"]] > 0).all().all()
+    runs = len(check_steps(toy(tmp_path)))
+    assert table["run_cpu_s"].tolist() == pytest.approx(
+        (4 * table["step_cpu_ms"] / 1e3 + runs * table["check_cpu_s"]).tolist(), abs=0.2)
 
 
 def _zoo(tmp_path, *args) -> subprocess.CompletedProcess:

@@ -33,14 +33,15 @@ BatchNorm layer per check, thousands to tens of thousands a check on these netwo
 zoo tens of times larger than the per-layer table, which already holds each layer's median and maximum of every
 signal the monitor records. ``channels=true`` stores it (for a run looked at closely).
 
-**Sizing** (the defaults below and in ``conf/zoo.yaml``): 16x16 images (Fashion-MNIST's 28x28 resized bilinearly with
-antialiasing, :func:`.task._grey_images`), batches of 64, ``steps`` and ``check_every`` chosen so that the
-whole zoo (the :func:`sweep_lists` runs) finishes in about 4 hours on 2 cores with 2 joblib workers of one thread
-each. The costs that set them were measured per architecture (ms per training step at 16 or 28 pixels and batches
-of 64 or 128, on a loaded machine, scaled to a quiet one by a fixed matrix-product benchmark timed beside them);
-the command and the figures are in the zoo's commit and report, not here. Smaller images were preferred over fewer
-steps: the staleness the zoo looks for builds over steps, and a check every ``check_every`` steps gives each run
-at least 15 checks for recall and lead time.
+**Sizing** (the defaults below and in ``conf/zoo.yaml``): 16x16 images (Fashion-MNIST's 28x28 resized bilinearly
+with antialiasing, :func:`.task._grey_images`), batches of 64, 1,200 steps and a check every 75 (17 checks a run,
+for recall and lead time), so that the whole zoo (:func:`sweep_lists`) finishes in about 4 hours on 2 cores with 2
+joblib workers of one thread each. :func:`costs` (``python -m bnrotation.zoo --costs``) measures what sets this: the
+CPU seconds of a training step and of a check of each architecture at a given image and batch size
+(``time.process_time`` of one thread: about a quiet core's wall time however loaded the machine is). On these small
+networks, where a step is mostly per-layer overhead, a step and a check cost somewhat more at 28 pixels than at 16,
+and a step about twice as much with batches of 128 as of 64; with the budget binding, the choice is batches of 64 and
+16 pixels, to keep the steps: the staleness the zoo looks for builds over steps.
 
 A run writes ``<results_root>/runs/<arch>-<optimizer>/seed=<s>/``: ``config.yaml``, ``run.json`` (what ran, read
 back from the built objects: :func:`.provenance.describe_built`; the monitor's pairing or refusal; wall and CPU time;
@@ -90,11 +91,12 @@ if TYPE_CHECKING:
 
 __all__ = ["ARCHS", "CONTROL", "ZOO_ARCHS", "OPTIMIZERS", "SEEDS", "STALE_RECOVERY", "ZooConfig", "register_zoo_config",
            "to_zoo_config", "optimizer_config", "build_model", "monitor_or_refusal", "check_steps", "run", "run_task",
-           "sweep_lists"]
+           "sweep_lists", "costs"]
 
 # The BatchNorm architectures: timm's names, small variants of common families.
-ARCHS = ("resnet10t", "resnet18d", "mobilenetv3_small_100", "lcnet_050", "regnetx_002", "mnasnet_050",
-         "ghostnet_050", "efficientnet_b0")
+# The costliest first (:func:`costs`): the sweep starts its jobs in this order, so the last to finish is a short one.
+ARCHS = ("efficientnet_b0", "resnet18d", "mnasnet_050", "mobilenetv3_small_100", "resnet10t", "ghostnet_050",
+         "lcnet_050", "regnetx_002")
 # The control: timm's resnet10t with GroupNorm of 8 groups for every BatchNorm (no running statistics).
 CONTROL = "resnet10t_gn"
 CONTROL_GROUPS = 8
@@ -125,8 +127,8 @@ class ZooConfig:
     arch: str = "resnet10t"  # one of ZOO_ARCHS
     optimizer: str = "adam"  # sgd | adam
     seed: int = 0
-    steps: int = 1600
-    check_every: int = 100
+    steps: int = 1200
+    check_every: int = 75
     heldout_size: int = 1000
     reestimate_batches: int = 20
     stale_recovery: float = STALE_RECOVERY
@@ -370,5 +372,56 @@ def sweep_lists() -> str:
     return f"arch={','.join(ZOO_ARCHS)} optimizer={','.join(OPTIMIZERS)} seed={','.join(map(str, SEEDS))}"
 
 
+def costs(image_size: int, batch_size: int, archs=ZOO_ARCHS, cfg: ZooConfig | None = None) -> pd.DataFrame:
+    """What a zoo run costs, per architecture: ``step_cpu_ms`` (a training step of ``batch_size`` images of
+    ``image_size`` pixels, mean of 3 after one), ``check_cpu_s`` (one check at ``cfg``'s held-out, probe and
+    re-estimation sizes) and ``run_cpu_s`` (``cfg.steps`` steps and :func:`check_steps` checks), all CPU seconds
+    of this process (``time.process_time``, one torch thread). Shapes alone set the cost, so random tensors stand
+    in for the images."""
+    cfg = cfg or ZooConfig()
+    torch.set_num_threads(1)
+    g = torch.Generator().manual_seed(0)
+    shape = (1, image_size, image_size)
+    lines = []
+    for arch in archs:
+        model = build_model(arch, 0)
+        optimizer = build_optimizer(optimizer_config("adam"), model)
+        x, y = torch.randn(batch_size, *shape, generator=g), torch.randint(0, NUM_CLASSES, (batch_size,), generator=g)
+        spent = []
+        for _ in range(4):
+            t0 = time.process_time()
+            loss = F.cross_entropy(model(x), y)
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            optimizer.step()
+            spent.append(time.process_time() - t0)
+        xh, yh = torch.randn(cfg.heldout_size, *shape, generator=g), torch.randint(0, NUM_CLASSES, (cfg.heldout_size,))
+        probe = (torch.randn(cfg.task.probe_size, *shape, generator=g),
+                 torch.randint(0, NUM_CLASSES, (cfg.task.probe_size,)))
+        monitor, _ = monitor_or_refusal(model, probe)
+        if monitor is not None:
+            monitor(0)  # the first call has no rotation to measure
+        chunk = eval_chunk(xh.device, len(yh))
+        t0 = time.process_time()
+        _monitor_lines(monitor, 1)
+        acc = accuracy(model, xh, yh, "eval", chunk)
+        accuracy(model, xh, yh, "train")
+        batches = [torch.randn(batch_size, *shape, generator=g) for _ in range(cfg.reestimate_batches)]
+        _truth(model, batches, xh, yh, chunk, acc, cfg.stale_recovery)
+        check = time.process_time() - t0
+        step = sum(spent[1:]) / 3
+        lines.append({"arch": arch, "image_size": image_size, "batch_size": batch_size,
+                      "step_cpu_ms": round(1e3 * step, 1), "check_cpu_s": round(check, 2),
+                      "run_cpu_s": round(cfg.steps * step + len(check_steps(cfg)) * check, 1)})
+    return pd.DataFrame(lines)
+
+
 if __name__ == "__main__":
-    print(sweep_lists())
+    if sys.argv[1:2] == ["--costs"]:  # python -m bnrotation.zoo --costs [image_size batch_size]
+        size, batch = (int(v) for v in (sys.argv[2:4] or (ZooConfig().task.image_size, ZooConfig().task.batch_size)))
+        table = costs(size, batch)
+        print(table.to_string(index=False))
+        runs = len(OPTIMIZERS) * len(SEEDS)
+        print(f"the zoo ({runs} runs an architecture): {runs * table['run_cpu_s'].sum() / 3600:.2f} CPU hours")
+    else:
+        print(sweep_lists())
