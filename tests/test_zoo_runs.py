@@ -5,6 +5,7 @@ and a bad key or a lost run seen from the command line.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -29,6 +30,7 @@ CHEAP = "lcnet_050"  # the cheapest BatchNorm architecture of the zoo
 TOY = {"steps": 4, "check_every": 2, "heldout_size": 32, "reestimate_batches": 2, "progress": False,
        "task": {"name": "fashion_mnist", "image_size": 8, "batch_size": 8, "probe_size": 20,
                 "data_dir": str(FASHION_MNIST_SAMPLE)}}
+SGD = dataclasses.asdict(optimizer_config("sgd"))
 CHECKS = ("step", "lr", "loss", "acc_train_mode", "acc_eval_mode", "acc_eval_mode_reestimated", "recovered", "stale",
           "probe_acc_train_mode", "probe_acc_eval_mode", "mode_agreement", "mode_gap", "probe_size", "rule_stale",
           "rule_flagged", "warming_up")
@@ -39,7 +41,9 @@ def toy(root, **overrides) -> ZooConfig:
 
 
 @pytest.mark.parametrize("override, key", [({"nonsense": 1}, "nonsense"), ({"arch": "resnet50"}, "arch"),
-                                           ({"optimizer": "adamw"}, "optimizer"), ({"check_every": 5}, "check_every"),
+                                           ({"optimizer": {"name": "adamw"}}, "optimizer.name"),
+                                           ({"optimizer": {"lr": 0.1}}, "optimizer.lr"),
+                                           ({"check_every": 5}, "check_every"),
                                            ({"stale_recovery": 0.0}, "stale_recovery"),
                                            ({"task": {"name": "noisy_templates"}}, "task.name")])
 def test_a_bad_key_or_value_is_one_line_naming_it(tmp_path, override, key):
@@ -79,7 +83,7 @@ def test_the_optimizers_are_the_study_rows_settings():
 @pytest.mark.slow
 def test_a_toy_run_writes_its_tables_and_is_skipped_rerun_or_refused(tmp_path):
     import_timm()
-    cfg = toy(tmp_path, arch=CHEAP, optimizer="sgd")
+    cfg = toy(tmp_path, arch=CHEAP, optimizer=SGD)
     out = run(cfg)
     assert out == records.run_dir(tmp_path, "lcnet_050-sgd", 0) and (out / records.DONE).exists()
     checks = pd.read_parquet(out / "checks.parquet")
@@ -101,8 +105,8 @@ def test_a_toy_run_writes_its_tables_and_is_skipped_rerun_or_refused(tmp_path):
     (out / records.DONE).unlink()
     assert run(cfg) == out and (out / records.DONE).exists()  # no DONE: rerun from scratch
     with pytest.raises(RunExistsError):
-        run(toy(tmp_path, arch=CHEAP, optimizer="sgd", heldout_size=40))
-    assert run(toy(tmp_path, arch=CHEAP, optimizer="sgd", heldout_size=40, force=True, channels=True)) == out
+        run(toy(tmp_path, arch=CHEAP, optimizer=SGD, heldout_size=40))
+    assert run(toy(tmp_path, arch=CHEAP, optimizer=SGD, heldout_size=40, force=True, channels=True)) == out
     assert set(records.TABLE_COLUMNS["channels"]) - {"row", "seed"} <= set(pd.read_parquet(out / "channels.parquet"))
 
 
@@ -145,11 +149,14 @@ def _zoo(tmp_path, *args) -> subprocess.CompletedProcess:
 def test_the_command_refuses_a_bad_key_in_one_line_and_a_sweep_that_lost_a_run_fails(tmp_path):
     bad = _zoo(tmp_path, "arch=resnet50")
     assert bad.returncode == 2 and bad.stderr.strip().count("\n") == 0 and "arch: expected one of" in bad.stderr
-    # two runs in two joblib workers; the second's folder holds a finished run of another config (refused)
-    other = records.run_dir(tmp_path, f"{CHEAP}-adam", 1)
-    records.atomic_write_text(other / "config.yaml", config_yaml(toy(tmp_path, arch=CHEAP, seed=1, heldout_size=12)))
+    # two runs in two joblib workers, the optimizers by name (conf/optimizer/); adam's folder holds a finished run of
+    # another config (refused)
+    other = records.run_dir(tmp_path, f"{CHEAP}-adam", 0)
+    records.atomic_write_text(other / "config.yaml", config_yaml(toy(tmp_path, arch=CHEAP, heldout_size=12)))
     records.mark_done(other)
-    sweep = _zoo(tmp_path, "-m", f"arch={CHEAP}", "seed=0,1", "hydra/launcher=joblib", "hydra.launcher.n_jobs=2")
+    sweep = _zoo(tmp_path, "-m", f"arch={CHEAP}", "optimizer=sgd,adam", "hydra/launcher=joblib",
+                 "hydra.launcher.n_jobs=2")
     assert sweep.returncode == 1, sweep.stderr
-    assert "sweep: 2 runs: 1 done, 1 refused" in sweep.stderr and "refused: lcnet_050-adam seed=1" in sweep.stderr
-    assert (tmp_path / "runs" / f"{CHEAP}-adam" / "seed=0" / records.DONE).exists()
+    assert "sweep: 2 runs: 1 done, 1 refused" in sweep.stderr and "refused: lcnet_050-adam seed=0" in sweep.stderr
+    info = json.loads((tmp_path / "runs" / f"{CHEAP}-sgd" / "seed=0" / "run.json").read_text())
+    assert info["optimizer"]["class"] == "SGD" and info["status"] == "done"

@@ -110,6 +110,13 @@ STALE_RECOVERY = 0.05
 NUM_CLASSES = 10  # Fashion-MNIST's
 
 
+def optimizer_config(name: str) -> OptimizerConfig:
+    """The study's settings for ``name`` (``sgd``: lr 0.05, momentum 0.9; ``adam``: lr 3e-3), read from the row of
+    that name (:data:`.rows.ROWS`)."""
+    spec = ROWS[name]
+    return OptimizerConfig(name=spec.optimizer, lr=spec.lr, weight_decay=spec.weight_decay, **spec.extra)
+
+
 def _zoo_task() -> TaskConfig:
     return TaskConfig(name="fashion_mnist", image_size=16, batch_size=64, probe_size=256)
 
@@ -119,13 +126,15 @@ class ZooConfig:
     """One zoo run, checked before any work (:func:`to_zoo_config`; ``conf/zoo.yaml``).
 
     ``task`` is the suite's :class:`.config.TaskConfig` (``task.image_size``, ``task.batch_size``,
-    ``task.probe_size``, ``task.data_dir``); the held-out set is ``heldout_size`` test images; a check every
+    ``task.probe_size``, ``task.data_dir``), ``optimizer`` its :class:`.config.OptimizerConfig`, picked by name
+    (``optimizer=sgd`` composes ``conf/optimizer/sgd.yaml``) and held to the study's row of that name; the
+    held-out set is ``heldout_size`` test images; a check every
     ``check_every`` steps (and at step 0 and the last step); the truth re-estimates on ``reestimate_batches`` batches
     of ``task.batch_size`` and calls a check stale when it recovers at least ``stale_recovery`` (a fraction).
     """
 
     arch: str = "resnet10t"  # one of ZOO_ARCHS
-    optimizer: str = "adam"  # sgd | adam
+    optimizer: OptimizerConfig = field(default_factory=lambda: optimizer_config("adam"))  # conf/optimizer/<name>
     seed: int = 0
     steps: int = 1200
     check_every: int = 75
@@ -141,7 +150,13 @@ class ZooConfig:
 
     def __post_init__(self) -> None:
         _choice("arch", self.arch, ZOO_ARCHS)
-        _choice("optimizer", self.optimizer, OPTIMIZERS)
+        _choice("optimizer.name", self.optimizer.name, OPTIMIZERS)
+        want = optimizer_config(self.optimizer.name)
+        for key in vars(want):
+            got, wanted = getattr(self.optimizer, key), getattr(want, key)
+            _require(got == wanted, f"optimizer.{key}",
+                     f"{wanted!r}: the zoo trains with the study's {self.optimizer.name} settings (its row in "
+                     "bnrotation.rows.ROWS)", got)
         _require(0 <= self.seed <= SEED_MAX, "seed", f"an integer in 0..{SEED_MAX}", self.seed)
         _require(self.steps >= 1, "steps", "an integer >= 1", self.steps)
         _require(1 <= self.check_every <= self.steps, "check_every", f"an integer in 1..steps={self.steps}",
@@ -156,7 +171,7 @@ class ZooConfig:
     @property
     def row(self) -> str:
         """``<arch>-<optimizer>``: the run folder's name (``runs/<row>/seed=<s>``)."""
-        return f"{self.arch}-{self.optimizer}"
+        return f"{self.arch}-{self.optimizer.name}"
 
 
 def register_zoo_config() -> None:
@@ -175,13 +190,6 @@ def to_zoo_config(cfg) -> ZooConfig:
     from .config import to_config
 
     return to_config(cfg, ZooConfig)
-
-
-def optimizer_config(name: str) -> OptimizerConfig:
-    """The study's settings for ``name`` (``sgd``: lr 0.05, momentum 0.9; ``adam``: lr 3e-3), read from the row of
-    that name (:data:`.rows.ROWS`)."""
-    spec = ROWS[name]
-    return OptimizerConfig(name=spec.optimizer, lr=spec.lr, weight_decay=spec.weight_decay, **spec.extra)
 
 
 def build_model(arch: str, seed: int) -> nn.Module:
@@ -268,7 +276,7 @@ def run(cfg: ZooConfig) -> Path | None:
         started, cpu_started = time.time(), time.process_time()
         records.atomic_write_text(out / "config.yaml", config_yaml(cfg))
         info = {"schema_version": records.SCHEMA_VERSION, "row": cfg.row, "seed": cfg.seed, "arch": cfg.arch,
-                "optimizer_name": cfg.optimizer, "status": "running",
+                "optimizer_name": cfg.optimizer.name, "status": "running",
                 "started_at": dt.datetime.fromtimestamp(started, dt.timezone.utc).isoformat(), "threads": threads}
         records.write_json(out / "run.json", info)
 
@@ -277,7 +285,7 @@ def run(cfg: ZooConfig) -> Path | None:
         probe = task.fixed_set(cfg.task.probe_size, cfg.seed, "probe")
         chunk = eval_chunk(x_held.device, len(y_held))
         model = build_model(cfg.arch, cfg.seed)
-        optimizer = build_optimizer(optimizer_config(cfg.optimizer), model)
+        optimizer = build_optimizer(cfg.optimizer, model)
         monitor, refusal = monitor_or_refusal(model, probe)
         g_train, g_re = generator(cfg.seed, "train"), generator(cfg.seed, "reestimate")
         tables = records.TableBuffer(cfg.row, cfg.seed)
