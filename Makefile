@@ -50,13 +50,13 @@ ifneq ($(words $(SCALE))$(filter $(SCALE),$(SCALES)),1$(SCALE))
 $(error SCALE=$(SCALE): expected one of $(SCALES) (conf/scale/))
 endif
 endif
-ifneq ($(filter sweep reproduce,$(MAKECMDGOALS)),)
+ifneq ($(filter sweep reproduce zoo,$(MAKECMDGOALS)),)
 ifneq ($(shell [[ '$(JOBS)' =~ ^[1-9][0-9]*$$ ]] && echo ok),ok)
 $(error JOBS=$(JOBS): expected a whole number >= 1 (runs at once))
 endif
 endif
 
-.PHONY: help install data test test-fast test-kernels test-compat sweep reproduce places row table diagnose check figures claims report notebooks bench frozen clean
+.PHONY: help install data test test-fast test-kernels test-compat sweep reproduce places row table diagnose check figures claims report notebooks bench frozen calibrate zoo clean
 .DEFAULT_GOAL := help
 
 help: ## list the targets
@@ -189,6 +189,13 @@ report: $(VENV)/.installed ## <root>/report.html: headline, table, claims and fi
 frozen: $(VENV)/.installed ## the frozen-backbone experiment, 3 BatchNorm modes x 3 seeds, resumable, then <root>/frozen.md (RESULTS=<root> [results/frozen]; JOBS=n; FORCE=1)
 	$(PY) experiments/frozen.py sweep --jobs $(JOBS) results_root=$(or $(RESULTS),results/frozen) force=$(force_flag)
 	$(PY) -m bnrotation.analysis.tables.frozen --results $(or $(RESULTS),results/frozen)
+
+# The staleness zoo (src/bnrotation/zoo.py, conf/zoo.yaml): every architecture x optimizer x seed of bnrotation.zoo
+# (`python -m bnrotation.zoo` prints the sweep) as one Hydra multirun, JOBS joblib workers of one thread each. A
+# finished run is skipped (FORCE=1 reruns), one without DONE rerun; a sweep that lost a run exits 1.
+zoo: $(VENV)/.installed data ## the staleness zoo: timm architectures x sgd,adam x 3 seeds on Fashion-MNIST and the GroupNorm control (resumable; RESULTS=<root> [results/zoo]; JOBS=n; FORCE=1; ARGS)
+	sweep=$$($(PY) -m bnrotation.zoo) && $(PY) experiments/zoo.py -m $$sweep results_root=$(or $(RESULTS),results/zoo) \
+		force=$(force_flag) threads=1 hydra/launcher=joblib hydra.launcher.n_jobs=$(JOBS) $(ARGS)
 
 notebooks: $(VENV)/.installed ## run every notebooks/*.py as a script against the results (RESULTS=<root>)
 	@for nb in notebooks/*.py; do echo "$$nb"; \

@@ -25,7 +25,7 @@ from pathlib import Path
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
-from .config import ConfigError, check_row, to_run_config
+from .config import ConfigError, RunConfig, check_row, to_run_config
 
 log = logging.getLogger("bnrotation")
 OUTCOME_FILE = "outcome.json"
@@ -72,41 +72,22 @@ def run_task(cfg: DictConfig) -> Outcome:
     its exception, status 1; its folder has no ``DONE`` and the next sweep
     reruns it.
     """
-    try:
-        run_cfg = to_run_config(cfg)
+    def checked(c: DictConfig) -> RunConfig:
+        run_cfg = to_run_config(c)
         check_row(run_cfg)
-    except ConfigError as err:
-        print(f"error: bad config: {err}", file=sys.stderr)
-        return Outcome("bad config", 2, message=str(err))
-    seeds = run_cfg.batch_seeds or [run_cfg.seed]
-    where = f"{run_cfg.row} seed{'s' * (len(seeds) > 1)}={','.join(map(str, seeds))}"
-    problem = results_root_problem(run_cfg.results_root)
-    if problem:
-        print(f"error: {problem}", file=sys.stderr)
-        return Outcome("bad config", 2, where, problem)
-    from .rundir import RunBusyError, RunExistsError  # torch only once the config is valid
-    from .runner import run_seeds
-    from .runtime import RunInterrupted
+        return run_cfg
 
-    try:
-        outs = run_seeds(dataclasses.replace(run_cfg, batch_seeds=seeds))
-    except ConfigError as err:  # what the built objects say contradicts the row (runner.run)
-        print(f"error: bad config: {err}", file=sys.stderr)
-        return Outcome("bad config", 2, where, str(err))
-    except RunExistsError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return Outcome("refused", 2, where, str(err))
-    except RunBusyError as err:
-        print(f"busy: {err}", file=sys.stderr)
-        return Outcome("busy", 3, where, str(err))
-    except RunInterrupted as err:
-        print(f"interrupted: {where} {err}; the next sweep resumes it", file=sys.stderr)
-        return Outcome("interrupted", 128 + err.signum, where, str(err))
-    except Exception as err:  # noqa: BLE001 - a sweep must outlive one crashing run
-        print(f"error: run {where} failed: {type(err).__name__}: {err}", file=sys.stderr)
-        log.debug("".join(traceback.format_exception(err)))
-        return Outcome("failed", 1, where, f"{type(err).__name__}: {err}")
-    outcomes = [_finished(run_cfg.row, seed, out) for seed, out in outs.items()]
+    run_cfg, failure = validated(cfg, checked, lambda r: where_of(r.row, r.batch_seeds or [r.seed]))
+    if failure is not None:
+        return failure
+    seeds = run_cfg.batch_seeds or [run_cfg.seed]
+    where = where_of(run_cfg.row, seeds)
+    from .runner import run_seeds  # torch only once the config is valid
+
+    outs, failure = attempt(where, lambda: run_seeds(dataclasses.replace(run_cfg, batch_seeds=seeds)))
+    if failure is not None:
+        return failure
+    outcomes = [finished_outcome(run_cfg.row, seed, out) for seed, out in outs.items()]
     if len(outcomes) == 1:
         return outcomes[0]
     statuses = {o.status for o in outcomes}
@@ -114,7 +95,76 @@ def run_task(cfg: DictConfig) -> Outcome:
     return Outcome(status, 0, where, "; ".join(f"{o.run}: {o.status}" for o in outcomes))
 
 
-def _finished(row: str, seed: int, out: Path | None) -> Outcome:
+def where_of(row: str, seeds: list[int]) -> str:
+    """``<row> seed=<s>`` (``seeds=<s,t>`` for several): how a summary names a run."""
+    return f"{row} seed{'s' * (len(seeds) > 1)}={','.join(map(str, seeds))}"
+
+
+def validated(cfg: DictConfig, convert, where) -> tuple[object, Outcome | None]:
+    """``(convert(cfg), None)``, or ``(None, outcome)`` with one line on stderr for a config ``convert`` rejects
+    (a :class:`ConfigError`) or whose ``results_root`` cannot be created (``bad config``, exit status 2), before
+    any work. ``where(converted)`` names the run in the outcome."""
+    try:
+        converted = convert(cfg)
+    except ConfigError as err:
+        print(f"error: bad config: {err}", file=sys.stderr)
+        return None, Outcome("bad config", 2, message=str(err))
+    problem = results_root_problem(converted.results_root)
+    if problem:
+        print(f"error: {problem}", file=sys.stderr)
+        return None, Outcome("bad config", 2, where(converted), problem)
+    return converted, None
+
+
+def attempt(where: str, train) -> tuple[object, Outcome | None]:
+    """Call ``train()`` (a run's training, once its config is valid) and return ``(its result, None)``, or
+    ``(None, outcome)`` for how it failed, reported on stderr as every entry point reports it: a config the built
+    objects contradict (``bad config``, 2), a finished run with another config in the way (``refused``, 2),
+    another process training it (``busy``, 3), a stop signal (``interrupted``, 128 + signal), any other exception
+    (``failed``, 1: its folder has no ``DONE`` and the next sweep reruns it). ``where``: ``<row> seed=<s>``."""
+    from .rundir import RunBusyError, RunExistsError
+    from .runtime import RunInterrupted
+
+    try:
+        return train(), None
+    except ConfigError as err:  # what the built objects say contradicts the row (runner.run), or the data's size
+        print(f"error: bad config: {err}", file=sys.stderr)
+        return None, Outcome("bad config", 2, where, str(err))
+    except RunExistsError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return None, Outcome("refused", 2, where, str(err))
+    except RunBusyError as err:
+        print(f"busy: {err}", file=sys.stderr)
+        return None, Outcome("busy", 3, where, str(err))
+    except RunInterrupted as err:
+        print(f"interrupted: {where} {err}; the next sweep resumes it", file=sys.stderr)
+        return None, Outcome("interrupted", 128 + err.signum, where, str(err))
+    except Exception as err:  # noqa: BLE001 - a sweep must outlive one crashing run
+        print(f"error: run {where} failed: {type(err).__name__}: {err}", file=sys.stderr)
+        log.debug("".join(traceback.format_exception(err)))
+        return None, Outcome("failed", 1, where, f"{type(err).__name__}: {err}")
+
+
+def finish_job(outcome: Outcome) -> None:
+    """What a Hydra entry point does with its job's outcome. In a multirun (``-m``) a job does not exit: the sweep
+    runs every job, then :class:`SweepSummary` reports and sets the exit status; it records the outcome in its job
+    folder (:func:`record_outcome`), and a stop signal stops the sweep too. A single run exits with the outcome's
+    status; one that did nothing (a bad config, a refused folder) first removes its empty Hydra run folder."""
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    hc = HydraConfig.get()
+    if hc.mode == RunMode.MULTIRUN:
+        record_outcome(outcome, hc.runtime.output_dir)
+        if outcome.status == "interrupted":
+            sys.exit(outcome.exit_code)
+    elif outcome.exit_code:
+        if outcome.status in ("bad config", "refused"):  # nothing ran: no empty hydra/runs/<time>/ left behind
+            remove_unused_run_dir(hc.runtime.output_dir, hc.job.name)
+        sys.exit(outcome.exit_code)
+
+
+def finished_outcome(row: str, seed: int, out: Path | None) -> Outcome:
     """Report one finished (or skipped) run on stderr and return its outcome."""
     where = f"{row} seed={seed}"
     if out is None:

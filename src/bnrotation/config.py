@@ -10,6 +10,7 @@ names the full key (``optimizer.lr``) and what is allowed.
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import functools
 import math
@@ -310,27 +311,28 @@ def unknown_keys(given: Any, schema: Any, prefix: str = "") -> list[str]:
 
 
 @functools.cache
-def structured_schema() -> DictConfig:
-    """The schema as a structured config, built once: ``OmegaConf.merge`` copies it, never changes it."""
-    return OmegaConf.structured(RunConfig)
+def structured_schema(schema: type = RunConfig) -> DictConfig:
+    """The schema (a dataclass: :class:`RunConfig`, or another entry point's, such as the zoo's) as a structured
+    config, built once: ``OmegaConf.merge`` copies it, never changes it."""
+    return OmegaConf.structured(schema)
 
 
 @functools.cache
-def _schema() -> dict:
+def _schema(schema: type = RunConfig) -> dict:
     """The schema's keys and defaults as a plain nested dict, built once (read, never changed)."""
-    return OmegaConf.to_container(structured_schema())
+    return OmegaConf.to_container(structured_schema(schema))
 
 
-def _reject_unknown_keys(cfg: DictConfig) -> None:
+def _reject_unknown_keys(cfg: DictConfig, schema: type = RunConfig) -> None:
     """Hydra lets ``+key=value`` append a key even in struct mode, and the structured merge drops it without a
     word; every key must be one of the schema's."""
-    schema = _schema()
+    keys = _schema(schema)
     given = {k: v for k, v in OmegaConf.to_container(cfg, resolve=False).items() if k != "hydra"}
-    unknown = unknown_keys(given, schema)
+    unknown = unknown_keys(given, keys)
     if unknown:
         key = unknown[0]
         parent, _, leaf = key.rpartition(".")
-        siblings = schema
+        siblings = keys
         for part in parent.split(".") if parent else []:
             siblings = siblings[part]
         close = difflib.get_close_matches(leaf, list(siblings), n=1)
@@ -340,30 +342,43 @@ def _reject_unknown_keys(cfg: DictConfig) -> None:
                           "bnrotation/config.py and conf/")
 
 
+def to_config(cfg: DictConfig | dict, schema: type, before=None):
+    """Turn a composed config into a validated instance of the dataclass ``schema`` (its ``__post_init__`` checks
+    ranges and choices). ``before(cfg)``, if given, checks the composed config first (raising ConfigError).
+
+    Raises:
+        ConfigError: naming the first key that is not in the schema (also one appended with ``+key=value``),
+            missing, of the wrong type or out of range.
+    """
+    try:
+        if isinstance(cfg, dict):
+            cfg = OmegaConf.create(cfg)
+        _reject_unknown_keys(cfg, schema)
+        if before is not None:
+            before(cfg)
+        out = OmegaConf.to_object(OmegaConf.merge(structured_schema(schema), cfg))
+    except ConfigError:
+        raise
+    except Exception as err:  # noqa: BLE001 - omegaconf's type and syntax errors; most carry the key as full_key
+        key = getattr(err, "full_key", None) or "config"
+        raise ConfigError(f"{key}: {str(err).splitlines()[0]}") from err
+    assert isinstance(out, schema)
+    return out
+
+
+def _row_given(cfg: DictConfig) -> None:
+    if "row" not in cfg or OmegaConf.is_missing(cfg, "row"):
+        raise ConfigError("row: expected a row name: pick one with experiment=<row> (see conf/experiment/)")
+
+
 def to_run_config(cfg: DictConfig | dict) -> RunConfig:
-    """Turn a composed config into a validated :class:`RunConfig`.
+    """Turn a composed config into a validated :class:`RunConfig` (:func:`to_config`).
 
     Raises:
         ConfigError: naming the first key that is not in the schema (also one
             appended with ``+key=value``), missing, or out of range.
     """
-    key = "config"
-    try:
-        if isinstance(cfg, dict):
-            cfg = OmegaConf.create(cfg)
-        _reject_unknown_keys(cfg)
-        key = "row"
-        if "row" not in cfg or OmegaConf.is_missing(cfg, "row"):
-            raise ConfigError("row: expected a row name: pick one with experiment=<row> (see conf/experiment/)")
-        key = "config"
-        run = OmegaConf.to_object(OmegaConf.merge(structured_schema(), cfg))
-    except ConfigError:
-        raise
-    except Exception as err:  # noqa: BLE001 - omegaconf's type and syntax errors; most carry the key as full_key
-        key = getattr(err, "full_key", None) or key
-        raise ConfigError(f"{key}: {str(err).splitlines()[0]}") from err
-    assert isinstance(run, RunConfig)
-    return run
+    return to_config(cfg, RunConfig, _row_given)
 
 
 def check_row(cfg: RunConfig) -> None:
@@ -399,8 +414,9 @@ def check_row(cfg: RunConfig) -> None:
 
 
 def semantic_dict(cfg: RunConfig | DictConfig) -> dict:
-    """The config as a plain dict, without keys that do not change the results."""
-    d = OmegaConf.to_container(OmegaConf.structured(cfg) if isinstance(cfg, RunConfig) else cfg, resolve=True)
+    """The config (a :class:`RunConfig`, another schema's dataclass, or a ``DictConfig``) as a plain dict, without
+    keys that do not change the results (:data:`NON_SEMANTIC_KEYS`, ``task.data_dir``)."""
+    d = OmegaConf.to_container(OmegaConf.structured(cfg) if dataclasses.is_dataclass(cfg) else cfg, resolve=True)
     for key in NON_SEMANTIC_KEYS:
         d.pop(key, None)
     d.get("task", {}).pop("data_dir", None)  # where the files are read from, not what they hold

@@ -35,26 +35,30 @@ class RunBusyError(RuntimeError):
 
 
 def config_yaml(cfg: RunConfig) -> str:
-    """The resolved config as the run folder's ``config.yaml`` holds it."""
+    """The resolved config (a :class:`RunConfig`, or another entry point's dataclass) as the run folder's
+    ``config.yaml`` holds it."""
     return OmegaConf.to_yaml(OmegaConf.structured(cfg))
 
 
-def _saved_config(out: Path) -> dict:
-    """The semantic config of the run in ``out`` (keys added to the schema since count as their defaults).
+def _saved_config(out: Path, schema: type = RunConfig) -> dict:
+    """The semantic config of the run in ``out`` (keys added to ``schema`` since count as their defaults).
 
     Raises:
         RunExistsError: when its config.yaml no longer fits the schema.
     """
     old = yaml.safe_load((out / "config.yaml").read_text()) if (out / "config.yaml").exists() else {}
     try:
-        return semantic_dict(OmegaConf.merge(structured_schema(), old or {}))
+        return semantic_dict(OmegaConf.merge(structured_schema(schema), old or {}))
     except Exception as err:  # noqa: BLE001 - a key the schema no longer has, or a wrong type
         raise RunExistsError(f"{out} holds a run whose config.yaml does not fit this suite's schema "
                              f"({str(err).splitlines()[0]}); rerun with force=true to replace it") from err
 
 
-def prepare_run_dir(cfg: RunConfig) -> tuple[Path | None, bool]:
+def prepare_run_dir(cfg: RunConfig, schema: type = RunConfig) -> tuple[Path | None, bool]:
     """Decide what to do with the run's folder: ``(folder, resume)``, or ``(None, False)`` to skip.
+
+    ``cfg`` is an instance of ``schema``: a :class:`RunConfig`, or another entry point's dataclass with
+    ``results_root``, ``row``, ``seed`` and ``force`` (the zoo's, :class:`bnrotation.zoo.ZooConfig`).
 
     * ``DONE`` present and the same config (up to keys that do not change
       results): skip, unless ``force``.
@@ -70,13 +74,13 @@ def prepare_run_dir(cfg: RunConfig) -> tuple[Path | None, bool]:
     """
     out = records.run_dir(cfg.results_root, cfg.row, cfg.seed)
     if (out / records.DONE).exists() and not cfg.force:
-        old, new = _saved_config(out), semantic_dict(cfg)
+        old, new = _saved_config(out, schema), semantic_dict(cfg)
         if old == new:
             return None, False
         raise RunExistsError(f"{out} holds a finished run with a different config (keys "
                              f"{sorted(_diff_keys(old, new))}); rerun with force=true to replace it, or give this "
                              "variant its own row=<name>")
-    if (out / RESUME_FILE).exists() and not cfg.force and _saved_config(out) == semantic_dict(cfg):
+    if (out / RESUME_FILE).exists() and not cfg.force and _saved_config(out, schema) == semantic_dict(cfg):
         return out, True
     if out.exists():
         (out / records.DONE).unlink(missing_ok=True)  # first: a kill during the removal leaves a crashed run
