@@ -57,6 +57,7 @@ endif
 endif
 
 .PHONY: help install test test-fast test-kernels sweep reproduce places row table diagnose check figures claims report notebooks bench frozen clean
+.PHONY: minimal
 .DEFAULT_GOAL := help
 
 help: ## list the targets
@@ -131,6 +132,9 @@ sweep: $(VENV)/.installed ## every row x seed at SCALE, or of SET=resnet|ten_see
 	@[ -n "$(ROWS)" ] || { echo "make sweep: no rows for SCALE=$(SCALE) SET=$(SET) (see the line above)" >&2; exit 2; }
 	$(PY) experiments/train.py -m $(seed_args) experiment=$(ROWS) scale=$(SCALE) force=$(force_flag) \
 		$(results_override) $(launcher) $(set_overrides) $(ARGS)
+
+minimal: $(VENV)/.installed ## the article's loop in one file of plain PyTorch, the collapse in minutes on one core (experiments/minimal.py; MINIMAL_ARGS='--help')
+	$(PY) experiments/minimal.py $(MINIMAL_ARGS)
 
 reproduce: $(VENV)/.installed places sweep table figures claims ## the whole study at SCALE, then the table, figures and claims, in RESULTS (results/, or results/<scale> below full scale)
 reproduce: RESULTS = $(if $(filter full,$(SCALE)),results,results/$(SCALE))
