@@ -211,3 +211,22 @@ def test_fill_readme_refuses_a_missing_or_unknown_block():
         fill_readme(text, {"headline": "x\n", "verdicts": "y\n"})
     with pytest.raises(ValueError, match="'verdicts' is not one make claims writes"):
         fill_readme(text + text.replace("headline", "verdicts"), {"headline": "x\n"})
+
+
+# ----------------------------------------------------------------------------- the committed quick look
+def test_the_quick_look_table_is_what_make_claims_writes_from_the_committed_quick_run():
+    """docs/running.md's quick-look block is generated from results/reference/quick/ (`make claims
+    RESULTS=results/reference/quick OUT=<folder>`), and that run is the quick sweep of today's rows.py and
+    conf/scale/quick.yaml: a change to either needs a new quick run, not a stale table."""
+    from bnrotation.analysis.claims.command import BLOCK, QUICK_REFERENCE, fill_readme, quick_look_blocks
+    from bnrotation.analysis.results import ALL_TABLES, load_runs
+    runs = load_runs(ROOT / QUICK_REFERENCE, tables=ALL_TABLES)
+    quick = SWEEPS["quick"]
+    assert sorted((r.row, r.seed) for r in runs) == sorted((row, s) for row in quick.rows for s in quick.seeds)
+    scale = yaml.safe_load((ROOT / "conf" / "scale" / "quick.yaml").read_text())
+    for r in runs:
+        assert {k: r.config["scale"].get(k) for k in scale} == scale, f"{r.row} seed={r.seed}: run at another quick scale; rerun make reproduce SCALE=quick"
+    blocks = quick_look_blocks(runs)
+    assert {m["name"]: m["text"] for m in BLOCK.finditer(RUNNING)} == blocks
+    assert fill_readme(RUNNING, blocks, "docs/running.md") == RUNNING
+    assert "**" in blocks["quick"] and "| lowest check |" in blocks["quick"]  # Adam's lowest check stands out
