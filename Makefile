@@ -17,6 +17,12 @@ RUN ?= $(or $(RESULTS),results)/runs/$(ROW)/seed=$(SEED)
 OUT ?=
 # Runs at once: one per core by default, one thread each (`make bench` on 2 cores: 1.09x one run of 2 threads,
 # quiet, section (g); a run of 2 threads slows 3.3x beside a busy core, section (b)).
+# The quick look (SCALE=quick) runs all its runs at once instead (rows x seeds), one thread each: on 2 cores its three
+# runs then end together, about 1.5x one run's time, where two at a time leave the third to train alone after them.
+comma := ,
+ifeq ($(SCALE),quick)
+JOBS ?= $(shell echo $$(( $(words $(subst $(comma),$(space),$(ROWS))) * $(words $(subst $(comma),$(space),$(SEEDS))) )))
+endif
 JOBS ?= $(shell nproc)
 BENCH_ARGS ?=
 SCALES := $(sort $(basename $(notdir $(wildcard conf/scale/*.yaml))))
@@ -57,6 +63,7 @@ endif
 endif
 
 .PHONY: help install data test test-fast test-kernels test-compat sweep reproduce places row table diagnose check figures claims report notebooks bench frozen calibrate zoo clean
+.PHONY: minimal
 .DEFAULT_GOAL := help
 
 help: ## list the targets
@@ -149,6 +156,9 @@ sweep: $(VENV)/.installed data ## every row x seed at SCALE, or of SET=resnet|te
 	@[ -n "$(ROWS)" ] || { echo "make sweep: no rows for SCALE=$(SCALE) SET=$(SET) (see the line above)" >&2; exit 2; }
 	$(PY) experiments/train.py -m $(seed_args) experiment=$(ROWS) scale=$(SCALE) force=$(force_flag) \
 		$(results_override) $(launcher) $(set_overrides) $(ARGS)
+
+minimal: $(VENV)/.installed ## the article's loop in one file of plain PyTorch, the collapse in minutes on one core (experiments/minimal.py; MINIMAL_ARGS='--help')
+	$(PY) experiments/minimal.py $(MINIMAL_ARGS)
 
 reproduce: $(VENV)/.installed places sweep table figures claims ## the whole study at SCALE, then the table, figures and claims, in RESULTS (results/, or results/<scale> below full scale)
 reproduce: RESULTS = $(if $(filter full,$(SCALE)),results,results/$(SCALE))

@@ -288,6 +288,41 @@ def test_the_table_spread_is_the_sample_sd_over_seeds(tmp_path):
         "23.3% ± 15.3 points (n = 3 seeds)"
 
 
+def test_the_lowest_check_is_the_rows_lowest_over_its_runs_with_its_seed_and_step(tmp_path):
+    """Seed 1 falls to 20% at its check at step 4,000, seed 2 to 30% there, seed 0 never below 90%: the row's lowest
+    check is seed 1's; alone, seed 0's lowest is its first check at 90% (a tie: the first step), without a seed."""
+    for seed, lowest in ((0, None), (1, 0.2), (2, 0.3)):
+        write_run(tmp_path, "adam", seed, rotation=7.0, norm_growth=6.0, acc_eval=0.9, lowest=lowest)
+    runs = _load(tmp_path)
+    line = table.build_table(runs).iloc[0]
+    assert (line["lowest_check"], line["lowest_check_step"], line["lowest_check_seed"]) == (0.2, 4000, 1)
+    assert "| 20.0% (seed 1, step 4,000) |" in table.to_markdown(table.build_table(runs), tmp_path)
+    alone = table.build_table([r for r in runs if r.seed == 0]).iloc[0]
+    assert table.lowest_cell(alone) == f"90.0% (step {SCALE['check_start']:,})"
+
+
+def test_make_claims_ends_with_each_rows_lowest_check_and_the_finding(tmp_path):
+    """The console's last lines: verdicts counted in one line (none listed as NOT RUN), one line per row with its
+    lowest check (step) and training-mode accuracy, and the finding, whose figures are the runs' own."""
+    from bnrotation.analysis.claims.command import console_summary
+    from bnrotation.analysis.formatting import cell
+    write_run(tmp_path, "sgd", 0, rotation=0.5, norm_growth=1.2, acc_eval=0.99)
+    write_run(tmp_path, "adam", 0, rotation=7.0, norm_growth=6.0, acc_eval=0.8, lowest=0.1)
+    runs = _load(tmp_path)
+    ev = evidence.collect(tmp_path, runs)
+    checks = [claim.check(ev) for claim in registry.CLAIMS]
+    lines = console_summary(ev, checks)
+    assert lines[0].startswith("claims: ") and "NOT RUN" in lines[0] and "not weighed" in lines[0]
+    by_row = {ln.split()[0]: ln for ln in lines[2:4]}
+    assert "lowest check 10.0% (step 4,000)" in by_row["adam"] and "training mode 100.0%" in by_row["adam"]
+    assert "lowest check 99.0% (step 2,000)" in by_row["sgd"]
+    n = len(range(SCALE["check_start"], SCALE["steps"] + 1, SCALE["check_every"]))
+    mean = cell((0.8 * (n - 1) + 0.1) / n, "pct")
+    assert lines[-1] == (f"finding: {ROWS['adam'].label} keeps 100.0% in training mode while its evaluation-mode "
+                         f"accuracy on the same inputs averages {mean} and falls to 10.0% at one check (step 4,000); "
+                         f"{ROWS['sgd'].label} averages 99.0%.")
+
+
 def test_the_rank_claims_use_ranks_not_values():
     """Rotation that grows geometrically while accuracy falls linearly: the order is perfect (Spearman's rho = -1),
     Pearson's r is not (about -0.6); the published rho is Spearman's over the article's own figures."""

@@ -114,3 +114,37 @@ def test_deterministic_key_is_typed():
     with pytest.raises(Exception, match="deterministic"):
         with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
             compose(config_name="config", overrides=["experiment=adam", "deterministic=maybe"])
+
+
+def test_a_run_beside_others_prints_its_progress_as_whole_lines(capsys, monkeypatch):
+    """In a joblib sweep every worker writes to the same terminal: each redraw of a bar is a line of its own, never a
+    carriage return that would let two runs' bars overwrite each other; a run alone keeps tqdm's bar."""
+    from bnrotation import runner
+    monkeypatch.setattr(runner, "PROGRESS_LINE_SECONDS", 0.0)  # a line at every step
+    for _ in runner.progress_bar(range(1, 4), 0, 3, "adam seed=0", enabled=True, lines=True):
+        pass
+    err = capsys.readouterr().err
+    assert "\r" not in err and [ln.split("|")[0].strip() for ln in err.splitlines()][-1] == "adam seed=0: 100%"
+    assert len(err.splitlines()) >= 2  # the start and the end at least
+    for _ in runner.progress_bar(range(1, 4), 0, 3, "adam seed=0", enabled=False, lines=True):
+        pass
+    assert capsys.readouterr().err == ""  # progress=false: nothing
+
+
+def test_only_a_joblib_multirun_counts_runs_beside_this_one(monkeypatch):
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+    from bnrotation.cli import runs_at_once
+    assert runs_at_once() == 1  # no Hydra: a direct call
+
+    def fake(mode, target, n_jobs):
+        cfg = OmegaConf.create({"mode": mode, "launcher": {"_target_": target, "n_jobs": n_jobs}})
+        monkeypatch.setattr(HydraConfig, "initialized", staticmethod(lambda: True))
+        monkeypatch.setattr(HydraConfig, "get", staticmethod(lambda: cfg))
+        return runs_at_once()
+
+    joblib = "hydra_plugins.hydra_joblib_launcher.joblib_launcher.JoblibLauncher"
+    assert fake(RunMode.MULTIRUN, joblib, 3) == 3
+    assert fake(RunMode.MULTIRUN, joblib, -1) == os.cpu_count()  # joblib's -1: one per core
+    assert fake(RunMode.RUN, joblib, 3) == 1
+    assert fake(RunMode.MULTIRUN, "hydra_plugins.hydra_submitit_launcher.submitit_launcher.LocalLauncher", 3) == 1

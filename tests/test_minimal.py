@@ -10,7 +10,7 @@ import torch
 from conftest import ROOT
 
 MINIMAL = runpy.run_path(str(ROOT / "experiments" / "minimal.py"))
-train, main = MINIMAL["train"], MINIMAL["main"]
+train, main, parser = MINIMAL["train"], MINIMAL["main"], MINIMAL["parser"]
 CPU = torch.device("cpu")
 BATCH = 16  # the article's 128 is not what these tests check: 8x less arithmetic per step
 
@@ -44,7 +44,8 @@ def test_the_seed_sets_the_run():
 def test_the_command_prints_the_checks_and_the_lowest(capsys):
     assert main(["--steps", "6", "--check-start", "3", "--check-every", "3", "--heldout", "32"]) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert lines[0].startswith("step") and [ln.split()[0] for ln in lines[1:3]] == ["3", "6"]
+    assert lines[0] == "16x16 images, 6 steps, seed 0"  # the default size
+    assert lines[1].startswith("step") and [ln.split()[0] for ln in lines[2:4]] == ["3", "6"]
     assert lines[-1].startswith("lowest evaluation-mode accuracy")
 
 
@@ -55,3 +56,19 @@ def test_bad_arguments_stop_before_training(capsys):
     with pytest.raises(SystemExit) as stop:
         main(["--steps", "0"])
     assert stop.value.code == 2 and "--steps" in capsys.readouterr().err
+
+
+def test_the_size_sets_the_images_and_a_bad_one_stops_before_training(capsys):
+    small = train(2, {2}, 8, CPU, batch_size=BATCH, size=8)["model"]
+    assert small(torch.zeros(1, 3, 8, 8)).shape == (1, 10)  # the network takes any size of at least 4
+    with pytest.raises(SystemExit) as stop:
+        main(["--size", "3"])
+    assert stop.value.code == 2 and "--size 3" in capsys.readouterr().err
+
+
+def test_the_docstring_states_the_defaults():
+    """The module's docstring says which setting the command runs by default; it must be the parser's."""
+    d = parser().parse_args([])
+    doc = " ".join(MINIMAL["__doc__"].split())
+    assert f"on {d.size}x{d.size} images instead of its 32x32, for {d.steps:,} steps, seed {d.seed}, one thread" in doc
+    assert d.threads == 1

@@ -84,7 +84,8 @@ def run_task(cfg: DictConfig) -> Outcome:
     where = where_of(run_cfg.row, seeds)
     from .runner import run_seeds  # torch only once the config is valid
 
-    outs, failure = attempt(where, lambda: run_seeds(dataclasses.replace(run_cfg, batch_seeds=seeds)))
+    outs, failure = attempt(where, lambda: run_seeds(dataclasses.replace(run_cfg, batch_seeds=seeds),
+                                                      progress_lines=runs_at_once() > 1))
     if failure is not None:
         return failure
     outcomes = [finished_outcome(run_cfg.row, seed, out) for seed, out in outs.items()]
@@ -93,6 +94,24 @@ def run_task(cfg: DictConfig) -> Outcome:
     statuses = {o.status for o in outcomes}
     status = "diverged" if "diverged" in statuses else "done" if "done" in statuses else "skipped"
     return Outcome(status, 0, where, "; ".join(f"{o.run}: {o.status}" for o in outcomes))
+
+
+def runs_at_once() -> int:
+    """How many runs of this process's sweep train at once beside it, writing to the same terminal: the joblib
+    launcher's ``n_jobs`` in a multirun (``-1``: one per core, ``-2``: all but one, as joblib reads it), else 1
+    (a single run; a sweep run one job at a time; submitit's launchers, whose jobs each write to files of their
+    own). More than 1 makes the run's progress a line at a time (:func:`bnrotation.runner.progress_bar`): the bars
+    of several worker processes would overwrite one another on one line."""
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    if not HydraConfig.initialized() or HydraConfig.get().mode != RunMode.MULTIRUN:
+        return 1
+    launcher = HydraConfig.get().launcher
+    if "joblib" not in str(launcher.get("_target_", "")):
+        return 1
+    n_jobs = int(launcher.get("n_jobs") or 1)
+    return n_jobs if n_jobs > 0 else max(1, (os.cpu_count() or 1) + 1 + n_jobs)
 
 
 def where_of(row: str, seeds: list[int]) -> str:

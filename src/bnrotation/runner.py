@@ -143,6 +143,34 @@ class RunState:
         self.step0_measured = bool(state.get("step0_measured", True))  # which saved only after step 0
 
 
+# ----------------------------------------------------------------------------- progress
+# A run that shares its terminal with others (a joblib sweep: every worker writes to the same stderr) prints its
+# progress as a whole line this often instead of redrawing a bar: bars of several processes, each returning to the
+# start of the line, overwrite one another on one line.
+PROGRESS_LINE_SECONDS = 30.0
+
+
+class _Lines(io.TextIOBase):
+    """A stream for tqdm that turns each redraw of the bar into a line of its own on stderr."""
+
+    def write(self, text: str) -> int:
+        text = text.strip("\r\n")
+        if text:
+            print(text, file=sys.stderr, flush=True)
+        return len(text)
+
+
+def progress_bar(steps: range, start: int, total: int, desc: str, enabled: bool, lines: bool = False) -> tqdm:
+    """The progress display over ``steps`` (training steps ``start + 1`` to ``total``): a tqdm bar redrawn in place
+    at most once a second, or with ``lines`` one line every :data:`PROGRESS_LINE_SECONDS` (and one at the end),
+    never a carriage return; nothing when not ``enabled`` (``progress=false``)."""
+    if lines:
+        return tqdm(steps, initial=start, total=total, desc=desc, disable=not enabled, file=_Lines(), ncols=80,
+                    mininterval=PROGRESS_LINE_SECONDS, maxinterval=PROGRESS_LINE_SECONDS)
+    return tqdm(steps, initial=start, total=total, desc=desc, disable=not enabled, dynamic_ncols=True,
+                mininterval=1.0)
+
+
 # ----------------------------------------------------------------------------- the run
 def run(cfg: RunConfig) -> Path | None:
     """Train one run (``seed``) and write its folder; returns the folder, or None if it was skipped.
@@ -159,7 +187,7 @@ def run(cfg: RunConfig) -> Path | None:
     return run_seeds(dataclasses.replace(cfg, batch_seeds=[cfg.seed]))[cfg.seed]
 
 
-def run_seeds(cfg: RunConfig) -> dict[int, Path | None]:
+def run_seeds(cfg: RunConfig, progress_lines: bool = False) -> dict[int, Path | None]:
     """Train the seeds ``batch_seeds`` of one row, each into its own folder, as :func:`run` would one by one.
 
     One seed trains alone. Several train together in this process as one batched model
@@ -167,7 +195,9 @@ def run_seeds(cfg: RunConfig) -> dict[int, Path | None]:
     state and projection, and every measurement runs on a plain copy of that seed's model, so the tables
     equal those of separate runs up to the order of floating-point sums in the grouped kernels. Each seed
     skips, refuses, locks and resumes exactly as a run alone (a batch resumes when its unfinished seeds
-    stopped at the same step).
+    stopped at the same step). ``progress_lines``: the progress display is a line every
+    :data:`PROGRESS_LINE_SECONDS` rather than a bar (:func:`progress_bar`; for a process that shares its terminal
+    with other runs).
 
     Returns:
         ``{seed: folder, or None when it was skipped}``.
@@ -198,7 +228,7 @@ def run_seeds(cfg: RunConfig) -> dict[int, Path | None]:
                 members = [_member(cfgs[s], built[s], out=prepared[s][0], resume=prepared[s][1], device=device,
                                    determinism=determinism, batched_with=todo) for s in todo]
                 with compiled_evaluation(compiled):
-                    results.update(_train(members, caught))
+                    results.update(_train(members, caught, progress_lines))
             if caught["signum"] is not None:
                 # It arrived after the last step boundary, so every run finished and is complete. Pass it on to
                 # the handler it was meant for, now restored: a sweep stops instead of starting its next run.
@@ -280,9 +310,9 @@ def _member(cfg: RunConfig, built: _Built, *, out: Path, resume: bool, device: t
     return _Member(cfg, out, state, task, x_held, y_held, x_probe, info, started)
 
 
-def _train(members: list[_Member], caught: dict) -> dict[int, Path]:
+def _train(members: list[_Member], caught: dict, progress_lines: bool = False) -> dict[int, Path]:
     """The training loop, for one seed or a batch of seeds at the same step; ``caught``: :func:`stop_signals`'
-    flag, read at each step boundary."""
+    flag, read at each step boundary; ``progress_lines``: :func:`progress_bar`'s."""
     steps_at = {m.state.step for m in members}
     if len(steps_at) > 1:
         raise ConfigError(f"batch_seeds: the unfinished seeds stopped at different steps "
@@ -302,9 +332,8 @@ def _train(members: list[_Member], caught: dict) -> dict[int, Path]:
         if start == 0 and not m.state.step0_measured:
             _measure(m, 0, None, None, sched)
             m.state.step0_measured = True
-    bar = tqdm(range(start + 1, cfg.scale.steps + 1), initial=start, total=cfg.scale.steps,
-               desc=f"{cfg.row} seed{'s' * (len(members) > 1)}={seeds}",
-               disable=not cfg.progress, dynamic_ncols=True, mininterval=1.0)
+    bar = progress_bar(range(start + 1, cfg.scale.steps + 1), start, cfg.scale.steps,
+                       f"{cfg.row} seed{'s' * (len(members) > 1)}={seeds}", cfg.progress, progress_lines)
     t_mark = time.perf_counter()
     for step in bar:
         if caught["signum"] is not None:

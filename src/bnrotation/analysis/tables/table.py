@@ -69,6 +69,25 @@ def run_wall_seconds(info: dict) -> float | None:
     return None if wall is None else max(float(wall), float(parts))
 
 
+def lowest_check(run: Run) -> tuple[float, int]:
+    """Column "Lowest check": (the lowest evaluation-mode accuracy of ``run``'s checks in its check window, in
+    [0, 1]; the step of that check, the first such step on a tie); ``(nan, -1)`` for a run without checks."""
+    checks = metrics.in_window(run, run.tables["checks"])
+    if checks.empty:
+        return math.nan, -1
+    at = checks["acc_eval_mode"].idxmin()
+    return float(checks.at[at, "acc_eval_mode"]), int(checks.at[at, "step"])
+
+
+def lowest_cell(line: pd.Series) -> str:
+    """The table's Lowest check cell of one line of :func:`build_table`: ``'9.0% (seed 2, step 5,600)'``, the
+    seed left out where the row has one run, ``'–'`` where it has no check."""
+    if math.isnan(line["lowest_check"]):
+        return "–"
+    seed = f"seed {line['lowest_check_seed']}, " if line["n_seeds"] > 1 else ""
+    return f"{cell(line['lowest_check'], 'pct', digits=1)} ({seed}step {int(line['lowest_check_step']):,})"
+
+
 @once_per_run
 def run_metrics(run: Run) -> dict:
     """One run's value for every column. Kept per run (:func:`..results.once_per_run`): the table, the claims'
@@ -82,6 +101,7 @@ def run_metrics(run: Run) -> dict:
         "acc_eval_mode": metrics.acc_eval_mode(run),
         "acc_train_mode": metrics.acc_train_mode(run),
         "checks_below": below, "n_checks": n_checks,
+        **dict(zip(("lowest_check", "lowest_check_step"), lowest_check(run))),
         "acc_reestimated_final": metrics.final_reestimated_acc(run),
         "wall_seconds": run_wall_seconds(run.info),
         "scale": run.scale["name"],
@@ -105,7 +125,9 @@ def build_table(runs: list[Run], seeds_expected: int | None = None) -> pd.DataFr
     count those only, and runs that diverged are counted in ``diverged``
     (their seeds in ``diverged_seeds``), never averaged in. "Checks below 90%"
     pools all checks of the row's finished runs (41 x seeds), as the article
-    does; its spread is that of the per-seed shares.
+    does; its spread is that of the per-seed shares. ``lowest_check`` (in [0, 1]), ``lowest_check_step`` and
+    ``lowest_check_seed``: the lowest evaluation-mode check over the row's finished runs (:func:`lowest_check`),
+    nan and -1 where none has a check.
     """
     per_run = pd.DataFrame([run_metrics(r) for r in runs])
     lines = []
@@ -131,6 +153,10 @@ def build_table(runs: list[Run], seeds_expected: int | None = None) -> pd.DataFr
             line |= over_seeds(g, [col.key])
             has_figure = spec and spec.published and col.published
             line[f"{col.key}_published"] = getattr(spec.published, col.published) if has_figure else math.nan
+        lowest = g.loc[g["lowest_check"].idxmin()] if g["lowest_check"].notna().any() else None
+        line |= {"lowest_check": math.nan if lowest is None else float(lowest["lowest_check"]),
+                 "lowest_check_step": -1 if lowest is None else int(lowest["lowest_check_step"]),
+                 "lowest_check_seed": -1 if lowest is None else int(lowest["seed"])}
         total = g["n_checks"].sum()
         line["checks_below_90_mean"] = float(g["checks_below"].sum() / total) if total else math.nan
         lines.append(line)
@@ -177,11 +203,12 @@ def to_markdown(table: pd.DataFrame, root: Path, skipped: list[str] = (), scale:
            f"{seed_ranges(SWEEPS['full'].seeds)} in the default sweep, {seed_ranges(SETS['ten_seeds'].seeds)} more "
            "for the rows of the `ten_seeds` set) that have no run yet. "
            "\"Checks below 90%\" pools every check of the row's runs, as the article does. "
+           "Lowest check: the lowest evaluation-mode accuracy at any check of the row's runs, with its seed and step. "
            "Runs that diverged (non-finite loss) are counted under Diverged and left out of every mean. "
            "Minutes per run: mean wall time of the row's finished runs, over every process of a resumed run, as "
            "`run.json` records it (it depends on the machine and on what else ran beside it).\n",
-           "| Row | Network | Task | Seeds | " + " | ".join(heads) + " | Diverged | Minutes per run |",
-           "|---|---|---|---|" + "---:|" * len(heads) + "---:|---:|"]
+           "| Row | Network | Task | Seeds | " + " | ".join(heads) + " | Lowest check | Diverged | Minutes per run |",
+           "|---|---|---|---|" + "---:|" * len(heads) + "---:|---:|---:|"]
     for _, r in table.iterrows():
         seeds = seeds_cell(r)
         cells = []
@@ -192,7 +219,7 @@ def to_markdown(table: pd.DataFrame, root: Path, skipped: list[str] = (), scale:
         wall = r.get("wall_seconds_mean", math.nan)
         minutes = "–" if wall is None or math.isnan(wall) else f"{wall / 60:.{0 if wall >= 600 else 1}f}"
         out.append(f"| {r['label']} (`{r['row']}`) | {r['network']} | {r['task']} | {seeds} | " + " | ".join(cells)
-                   + f" | {diverged} | {minutes} |")
+                   + f" | {lowest_cell(r)} | {diverged} | {minutes} |")
     if skipped:
         out += ["", f"Left out with --skip-bad ({len(skipped)}):", ""] + [f"- {p}" for p in skipped]
     return "\n".join(out) + "\n"
