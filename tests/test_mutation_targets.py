@@ -1,0 +1,455 @@
+"""The second case, beyond issue 40's ten: what the docstrings of the pure-logic modules promise (pairing, lint,
+refresh, the claim kinds' judges, the check's input readers) at a boundary, on a second layer or call, in a mode
+other than the default, and on the failing side. Properties over many cases are drawn by ``hypothesis``. These are
+the tests ``make mutants`` runs (with the others that cover the modules); each is CPU-cheap: toy shapes, no
+training."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn as nn
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from bnrotation.analysis.claims import kinds
+from bnrotation.analysis.claims.kinds import (FAIL, MEASURED, NOT_JUDGED, NOT_RUN, PASS, Check, Gap, Match,
+                                              NotBelowBy, Rank, Share, match_tolerance, withhold_verdicts)
+from bnrotation.analysis.stats import SeedStat
+from bnrotation.article import Figure
+from bnrotation.check import (CheckInputError, load_batches, load_function, load_weights, parse_device,
+                              parse_model_kwargs)
+from bnrotation.lint import RULES, Finding, findings_line, lint_batchnorm
+from bnrotation.pairing import NormPair, Pairing, Segment, channel_axis_after, find_pairs
+from bnrotation.refresh import reestimate_if_stale
+from test_claims import evidence
+
+torch.set_num_threads(1)
+FEW = settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+EPS = 1e-6  # relative step across a boundary; the float64 arithmetic rounds some 1e-16 relative
+
+
+# ----------------------------------------------------------------------------- pairing: any Sequential of pieces
+# The see-through rule (docs/pairing.md): an elementwise ReLU, LeakyReLU, identity or dropout, and pooling, keep each
+# channel apart and are positively homogeneous in it; SiLU, GELU and a sigmoid are not; a BatchNorm's output is not
+# a weight layer's.
+SEEN_THROUGH = {"relu": nn.ReLU, "leaky": lambda: nn.LeakyReLU(0.1), "identity": nn.Identity,
+                "dropout": lambda: nn.Dropout(0.0), "maxpool": lambda: nn.MaxPool2d(1), "avgpool": lambda: nn.AvgPool2d(1)}
+MIXING = {"silu": nn.SiLU, "gelu": nn.GELU, "sigmoid": nn.Sigmoid}
+PIECES = ["conv", "bn", *SEEN_THROUGH, *MIXING]
+
+
+class Untraceable(nn.Module):
+    """``body`` behind data-dependent control flow, which fx cannot trace: paired by execution order."""
+
+    def __init__(self, body: nn.Module):
+        super().__init__()
+        self.body = body
+
+    def forward(self, x):
+        if bool(x.sum() > -1e30):
+            x = x * 1.0
+        return self.body(x)
+
+
+def _expected(pieces: list[str]) -> tuple[dict[str, str], set[str]]:
+    """``{bn: conv}`` and the unpaired BatchNorms, by the rule: the last convolution with only see-through pieces
+    between it and the BatchNorm."""
+    pairs, unpaired, source = {}, set(), None
+    for i, piece in enumerate(pieces):
+        if piece == "conv":
+            source = str(i)
+        elif piece == "bn":
+            if source is None:
+                unpaired.add(str(i))
+            else:
+                pairs[str(i)] = source
+            source = None
+        elif piece in MIXING:
+            source = None
+    return pairs, unpaired
+
+
+@FEW
+@given(rest=st.lists(st.sampled_from(PIECES), min_size=1, max_size=7), traceable=st.booleans())
+def test_any_sequential_of_conv_bn_and_activations_is_paired_by_the_see_through_rule(rest, traceable):
+    pieces = ["conv", *rest]
+    torch.manual_seed(0)
+    layers = [nn.Conv2d(3 if i == 0 else 4, 4, 1) if p == "conv" else nn.BatchNorm2d(4) if p == "bn"
+              else (SEEN_THROUGH | MIXING)[p]() for i, p in enumerate(pieces)]
+    body = nn.Sequential(*layers)
+    model = body if traceable else Untraceable(body)
+    prefix = "" if traceable else "body."
+    x = torch.randn(2, 3, 3, 3)
+    pairs, unpaired = _expected(pieces)
+    if not pairs and not unpaired:
+        with pytest.raises(ValueError, match="no BatchNorm layer with running statistics"):
+            find_pairs(model, x)
+        return
+    pairing = find_pairs(model, x)
+    assert {p.norm: p.weight for p in pairing.pairs} == {prefix + k: prefix + v for k, v in pairs.items()}
+    assert {p.norm for p in pairing.unpaired} == {prefix + k for k in unpaired}
+    assert all(p.reason for p in pairing.unpaired) and not any(p.reason for p in pairing.pairs)
+    assert pairing.method == ("fx" if traceable else "execution order")
+
+
+# ----------------------------------------------------------------------------- pairing: where the channel dim goes
+def _channel_index(shape: tuple[int, ...], axis: int) -> torch.Tensor:
+    """A tensor of ``shape`` whose every value is its index along ``axis``."""
+    view = [1] * len(shape)
+    view[axis] = shape[axis]
+    return torch.arange(shape[axis]).view(view).expand(shape).contiguous()
+
+
+@st.composite
+def reshapes(draw):
+    """An input shape, its channel dim (of at least 2 channels), and an output shape of the same elements: a
+    flatten of a run of dims, or a size-1 dim inserted or removed."""
+    shape = tuple(draw(st.lists(st.integers(1, 4), min_size=2, max_size=4)))
+    axis = draw(st.integers(0, len(shape) - 1))
+    shape = shape[:axis] + (max(2, shape[axis]),) + shape[axis + 1:]
+    kind = draw(st.sampled_from(["flatten", "unsqueeze", "squeeze"]))
+    if kind == "flatten":
+        start = draw(st.integers(0, len(shape) - 1))
+        end = draw(st.integers(start, len(shape) - 1))
+        out = shape[:start] + (math.prod(shape[start:end + 1]),) + shape[end + 1:]
+    elif kind == "unsqueeze":
+        at = draw(st.integers(0, len(shape)))
+        out = shape[:at] + (1,) + shape[at:]
+    else:
+        out = tuple(s for s in shape if s != 1) or (1,)
+    return shape, axis, out
+
+
+@FEW
+@given(case=reshapes())
+def test_a_reshape_keeps_the_channel_dim_exactly_where_each_channels_values_stay_together(case):
+    """Against an oracle: the output dim k holds the channels when the reshaped channel-index tensor is the index
+    along k (row-major order kept each channel's values together); the first such dim, or None."""
+    shape, axis, out = case
+    moved = _channel_index(shape, axis).reshape(out)
+    expected = next((k for k in range(len(out)) if out[k] == shape[axis]
+                     and torch.equal(moved, _channel_index(out, k))), None)
+    for op in ("reshape", "view", "flatten", "squeeze", "unsqueeze"):
+        assert channel_axis_after(op, (), shape, out, axis) == expected, op
+
+
+@FEW
+@given(data=st.data(), ndim=st.integers(2, 5))
+def test_a_permute_or_transpose_moves_the_channel_dim_where_the_permutation_sends_it(data, ndim):
+    shape = tuple(data.draw(st.lists(st.integers(1, 3), min_size=ndim, max_size=ndim)))
+    axis = data.draw(st.integers(0, ndim - 1))
+    perm = data.draw(st.permutations(range(ndim)))
+    t = torch.zeros(shape)
+    out = tuple(t.permute(perm).shape)
+    assert channel_axis_after("permute", (t, *perm), shape, out, axis) == perm.index(axis)
+    assert channel_axis_after("permute", (t, perm), shape, out, axis) == perm.index(axis)  # one sequence argument
+    d0, d1 = data.draw(st.integers(-ndim, ndim - 1)), data.draw(st.integers(-ndim, ndim - 1))
+    swapped = {d0 % ndim: d1 % ndim, d1 % ndim: d0 % ndim}.get(axis, axis)
+    for op in ("transpose", "swapaxes", "swapdims"):
+        assert channel_axis_after(op, (t, d0, d1), shape, tuple(t.transpose(d0, d1).shape), axis) == swapped
+    assert channel_axis_after("permute", (t, *perm[:-1]), shape, out, axis) is None or ndim == 1  # not a permutation
+    assert channel_axis_after("permute", (t, *([0] * ndim)), shape, out, axis) is None
+
+
+@pytest.mark.parametrize("op, in_shape, out_shape, axis, expected", [
+    ("relu", (2, 4, 3), (2, 4, 3), 1, 1),
+    ("relu", (2, 4, 3), (2, 4, 3), 2, 2),  # elementwise: any dim
+    ("dropout", (2, 4), (2, 5), 1, None),  # an elementwise op that changed the shape: not one
+    ("max_pool2d", (2, 4, 6, 6), (2, 4, 3, 3), 1, 1),
+    ("adaptive_avg_pool1d", (2, 4, 6), (2, 4, 1), 1, 1),
+    ("avg_pool2d", (2, 4, 6, 6), (2, 4, 3, 3), 2, None),  # pooling keeps only a channel dim 1
+    ("max_pool1d", (4, 6), (4, 3), 1, None),  # ... of an input with dims after it
+    ("max_pool2d", (2, 4, 6, 6), (2, 2, 3, 3), 1, None),  # ... and its size
+    ("max_pool2d", (2, 4, 6, 6), (2, 4, 3), 1, None),  # ... and the number of dims
+    ("silu", (2, 4), (2, 4), 1, None), ("add", (2, 4), (2, 4), 1, None), ("cat", (2, 4), (4, 4), 1, None),
+    ("relu", (2, 4), (2, 4), 2, None), ("relu", (2, 4), (2, 4), -1, None),  # no such input dim
+    ("relu", None, (2, 4), 1, None), ("relu", (2, 4), None, 1, None),  # no shapes
+    ("flatten", (2, 4, 3, 3), (2, 36), 1, None), ("flatten", (2, 4, 1, 1), (2, 4), 1, 1),
+    ("t", (3, 4), (4, 3), 0, 1),
+])
+def test_channel_axis_after_at_each_rule_and_its_failing_side(op, in_shape, out_shape, axis, expected):
+    args = (torch.zeros(in_shape),) if op == "t" else ()
+    assert channel_axis_after(op, args, in_shape, out_shape, axis) == expected
+
+
+def test_a_normpair_spans_its_segments_or_says_which_channels_are_not_covered():
+    seg = (Segment(0, 3, "a"), Segment(3, 5, "b", 2), Segment(5, 8, "a", 3))
+    pair = NormPair("bn", "cat(a, b)", "", seg)
+    assert pair.spans(8) == seg and pair.weights == ("a", "b")  # each weight once, in channel order
+    assert NormPair("bn", "a").spans(6) == (Segment(0, 6, "a"),) and NormPair("bn", "a").weights == ("a",)
+    assert NormPair("bn", None, "why").spans(6) == () and NormPair("bn", None, "why").weights == ()
+    for bad, channels in (((Segment(1, 8, "a"),), 8), ((Segment(0, 7, "a"),), 8),
+                          ((Segment(0, 3, "a"), Segment(4, 8, "b")), 8), (seg, 9)):
+        with pytest.raises(ValueError, match=r"bn: the segments cover .*not the \d+ channels normalised"):
+            NormPair("bn", "cat(a, b)", "", bad).spans(channels)
+
+
+def test_a_torch_cat_along_the_channel_dim_with_a_keyword_or_a_negative_dim_is_paired_by_segments():
+    class Cat(nn.Module):
+        def __init__(self, how: str):
+            super().__init__()
+            torch.manual_seed(0)
+            self.a, self.b, self.how = nn.Conv2d(3, 2, 1), nn.Conv2d(3, 3, 1), how
+            self.bn = nn.BatchNorm2d(5)
+
+        def forward(self, x):
+            a, b = self.a(x), self.b(x)
+            y = {"dim": lambda: torch.cat([a, b], dim=1), "negative": lambda: torch.cat([a, b], -3),
+                 "concat": lambda: torch.concat((a, b), 1)}[self.how]()
+            return self.bn(y).mean((2, 3))
+
+    for how in ("dim", "negative", "concat"):
+        pairing = find_pairs(Cat(how), torch.randn(2, 3, 4, 4))
+        (pair,) = pairing.pairs
+        assert pair.weight == "cat(a, b)" and pair.segments == (Segment(0, 2, "a"), Segment(2, 5, "b")), how
+
+
+# ----------------------------------------------------------------------------- lint: boundaries and second cases
+def _bn_net(*norms: nn.Module) -> nn.Sequential:
+    layers = []
+    for i, bn in enumerate(norms):
+        layers += [nn.Conv2d(3 if i == 0 else bn.num_features, bn.num_features, 1), bn]
+    return nn.Sequential(*layers)
+
+
+@pytest.mark.parametrize("momentum, rule", [(0.49, None), (0.5, "momentum-inverted"), (1e-9, None),
+                                            (0.0, "momentum-zero"), (0.1, None)])
+@pytest.mark.parametrize("training", [True, False])
+def test_momentum_rules_at_their_boundaries_in_either_mode(momentum, rule, training):
+    """The momentum rules read the setting, not the mode: the same finding in training and evaluation mode."""
+    net = _bn_net(nn.BatchNorm2d(4, momentum=momentum)).train(training)
+    assert [f.rule for f in lint_batchnorm(net, torch.randn(2, 3, 2, 2))] == ([rule] if rule else [])
+
+
+def test_the_second_layer_is_judged_too_and_findings_follow_named_modules_order():
+    net = _bn_net(nn.BatchNorm2d(4), nn.BatchNorm2d(4, momentum=0.9), nn.BatchNorm2d(4, momentum=0.0))
+    found = lint_batchnorm(net, torch.randn(2, 3, 2, 2))
+    assert [(f.rule, f.layer) for f in found] == [("momentum-inverted", "3"), ("momentum-zero", "5")]
+    assert str(found[0]) == f"3: [momentum-inverted] {found[0].message}"
+    assert "PyTorch's 0.1" in found[0].message  # 1 - 0.9, TensorFlow's convention named
+
+
+def test_untracked_layers_alone_give_no_finding_and_kept_buffers_are_told_apart():
+    alone = _bn_net(nn.BatchNorm2d(4, track_running_stats=False))
+    assert lint_batchnorm(alone) == []  # no layer tracks: nothing to mix with, no buffers kept
+    kept = _bn_net(nn.BatchNorm2d(4))
+    kept[1].track_running_stats = False  # switched off after construction: buffers kept
+    assert [f.rule for f in lint_batchnorm(kept)] == ["untracked-kept-buffers"]
+    mixed = _bn_net(nn.BatchNorm2d(4), nn.BatchNorm2d(4, track_running_stats=False))
+    assert [(f.rule, f.layer) for f in lint_batchnorm(mixed, torch.randn(2, 3, 2, 2))] == [("untracked-mixed", "3")]
+
+
+def test_the_frozen_rule_uses_a_given_pairing_and_skips_layers_it_left_unpaired():
+    net = _bn_net(nn.BatchNorm2d(4), nn.BatchNorm2d(4)).train()
+    for p in net.parameters():
+        p.requires_grad_(False)
+    given_pairs = Pairing([NormPair("3", "2")], [NormPair("1", None, "left out")], "fx")
+    assert [(f.rule, f.layer) for f in lint_batchnorm(net, pairing=given_pairs)] == [
+        ("frozen-weights-training-bn", "3")]
+    assert [f.layer for f in lint_batchnorm(net.eval())] == []  # every layer in eval(): the rule has nothing
+    with pytest.raises(TypeError, match="model: expected a torch.nn.Module, got list"):
+        lint_batchnorm([net])
+
+
+def test_findings_line_groups_by_rule_in_rules_order_and_stays_short():
+    assert findings_line([]) == ""
+    found = [Finding("momentum-zero", f"l{i}", "momentum=0: never updated") for i in range(5)]
+    found.insert(0, Finding("frozen-weights-training-bn", "f", "frozen but training"))
+    text = findings_line(found).splitlines()
+    assert text[0].startswith("BatchNorm settings: 6 finding(s) under 2 rule(s)")
+    assert text[1] == "  [momentum-zero] 5 layers: l0, l1, l2 … and 2 more"  # RULES order, not the list's
+    assert text[2] == "    l0: momentum=0: never updated"
+    assert text[3] == "  [frozen-weights-training-bn] 1 layer: f"
+    assert RULES.index("momentum-zero") < RULES.index("frozen-weights-training-bn")
+
+
+# ----------------------------------------------------------------------------- refresh: a scope, a type, a summary
+def test_reestimate_if_stale_refuses_an_unknown_scope_and_says_when_nothing_was_labelled():
+    torch.manual_seed(0)
+    net = _bn_net(nn.BatchNorm2d(4))
+    head = nn.Sequential(net, nn.Flatten(), nn.Linear(4 * 2 * 2, 3))
+    x = torch.randn(8, 3, 2, 2)
+    with pytest.raises(ValueError, match=r"scope: expected one of model, layers, got 'all'"):
+        reestimate_if_stale(head, [x], x, scope="all")
+    result = reestimate_if_stale(head, [x], x)  # no labels: no accuracy in the summary
+    assert "accuracy" not in result.summary and math.isnan(result.before.acc_eval_mode)
+    assert result.fired == result.before.stale and result.scope == "model"
+
+
+# ----------------------------------------------------------------------------- claim kinds: judged across the boundary
+SPREAD = (-1.0, -1.0, 1.0, 1.0)  # 4 seeds at mean ± a: sample sd 2a/√3
+
+
+def stat(mean: float, a: float, n: int = 4) -> SeedStat:
+    return SeedStat.of([mean + d * a for d in SPREAD[:n]] if n == 4 else [mean + (i - (n - 1) / 2) * a
+                                                                          for i in range(n)])
+
+
+@FEW
+@given(lower=st.floats(-10, 10), a_up=st.floats(1e-3, 1), a_low=st.floats(1e-3, 1))
+def test_a_gap_passes_just_over_two_standard_errors_of_the_difference_and_fails_just_under(lower, a_up, a_low):
+    se = math.sqrt((2 * a_up / math.sqrt(3)) ** 2 / 4 + (2 * a_low / math.sqrt(3)) ** 2 / 4)  # Welch, from the text
+    for factor, passed in ((1 + EPS, True), (1 - EPS, False)):
+        gap = Gap(stat(lower + 2 * se * factor, a_up), stat(lower, a_low))
+        assert gap.passed is passed and gap.se == pytest.approx(se, rel=1e-9)
+    low = stat(lower, a_low)
+    one = Gap(SeedStat.of([low.mean + 1e-3]), low)  # one seed: the sign alone, and it says so
+    assert one.passed and math.isnan(one.se) and "the sign alone" in one.words()
+    assert not Gap(SeedStat.of([low.mean]), low).passed  # a difference of 0 is not above
+
+
+@FEW
+@given(value=st.floats(0.01, 100), decimals=st.integers(0, 3), a=st.floats(0, 0.5), side=st.sampled_from([1, -1]))
+def test_a_match_passes_just_inside_its_tolerance_and_fails_just_outside(value, decimals, a, side):
+    fig = Figure(value, decimals)
+    tol = max(2 * (2 * a / math.sqrt(3)) * math.sqrt(1 / 4 + 1 / 3), 0.5 * 10.0 ** -decimals)
+    assert match_tolerance(stat(value, a), fig) == pytest.approx(tol, rel=1e-9)
+    assert Match(stat(value + side * tol * (1 - EPS), a), fig).passed is True
+    assert Match(stat(value + side * tol * (1 + EPS), a), fig).passed is False
+    assert Match(SeedStat.of([value]), fig).passed is None and math.isnan(match_tolerance(SeedStat.of([value]), fig))
+    assert kinds.matches(SeedStat.of([value]), fig) is None
+
+
+@FEW
+@given(than=st.floats(0, 1), a=st.floats(1e-4, 0.05), margin=st.floats(0, 0.2))
+def test_not_below_by_has_the_larger_of_two_standard_errors_and_its_margin(than, a, margin):
+    se = math.sqrt(2 * (2 * a / math.sqrt(3)) ** 2 / 4)
+    tol = max(2 * se, margin)
+    assert NotBelowBy(stat(than, a), stat(than, a), margin).tolerance == pytest.approx(tol, rel=1e-9)
+    assert NotBelowBy(stat(than - tol * (1 - EPS), a), stat(than, a), margin).passed
+    assert not NotBelowBy(stat(than - tol * (1 + EPS) - 1e-12, a), stat(than, a), margin).passed
+    assert NotBelowBy(stat(than + 1, a), stat(than, a), margin).passed  # above: always fine
+    single = NotBelowBy(SeedStat.of([than - margin * (1 - EPS)]), stat(than, a), margin)  # one seed: the margin
+    assert single.tolerance == margin and single.passed
+
+
+@FEW
+@given(a=st.floats(1e-3, 1.0))
+def test_a_share_is_most_above_a_half_and_above_zero_by_two_standard_errors(a):
+    for mean in (0.5 * (1 + EPS), 0.5 * (1 - EPS)):  # no spread: the half decides
+        assert Share(SeedStat.of([mean] * 4)).passed is (mean > 0.5)
+    se = a / math.sqrt(3)  # sd 2a/√3 over √4
+    assert Share(stat(max(0.5, 2 * se) * (1 + EPS), a)).passed is True
+    if 2 * se * (1 - EPS) > 0.5:  # a mean over the half but within 2 standard errors of 0
+        assert Share(stat(2 * se * (1 - EPS), a)).passed is False
+    assert Share(SeedStat.of([])).passed is None and Share(SeedStat.of([0.6])).passed is True  # one seed: the mean
+
+
+def test_a_share_above_a_half_but_within_two_standard_errors_of_zero_fails():
+    s = Share(stat(0.6, 0.6))  # se = 0.6/√3 = 0.346: 0.6 − 0.69 < 0
+    assert s.share.mean > 0.5 and s.passed is False
+
+
+@pytest.mark.parametrize("n_rows", [3, 4, 6])
+def test_a_rank_has_no_verdict_below_its_rows_and_orders_is_the_mirror_of_not_orders(n_rows):
+    for rho in (-1.0, 0.0, 0.5):
+        yes, no = Rank(rho, n_rows, True), Rank(rho, n_rows, False)
+        if n_rows < 4:
+            assert yes.passed is None and no.passed is None and math.isnan(yes.critical)
+        else:
+            assert yes.passed is (rho == -1.0) and no.passed is (not yes.passed)
+    assert Rank(-1.0, 3, True, min_rows=3).passed is False  # 3 rows at 5%: no order is rare enough (critical inf)
+
+
+def test_withheld_verdicts_keep_what_they_would_have_read_and_leave_not_run_alone():
+    checks = [Check("a", "", "", "", "", PASS), Check("b", "", "", "", "", FAIL, note="Seeds 0-2."),
+              Check("c", "", "", "", "", NOT_RUN), Check("d", "", "", "", "", MEASURED)]
+    withhold_verdicts(checks)
+    assert [c.verdict for c in checks] == [NOT_JUDGED, NOT_JUDGED, NOT_RUN, MEASURED]
+    assert checks[0].note == "Not at the article's scale: no verdict (at this scale it would read PASS)."
+    assert checks[1].note == "Seeds 0-2. Not at the article's scale: no verdict (at this scale it would read FAIL)."
+    assert checks[2].note == "" and checks[3].note == ""
+
+
+def test_an_exploratory_claim_is_measured_never_passed_and_a_missing_row_is_named():
+    def outcome(ev):
+        return kinds.Outcome("m", "t", ev.per_run["x"].mean() > 0, figures={"x": 1.0})
+
+    declared = kinds.bespoke("c", "p", rows=("adam",), exploratory=True)(outcome)
+    strict = kinds.bespoke("c", "p", rows=("adam", "sgd"))(outcome)
+    ev = evidence({"adam": {"x": [1.0, 2.0]}})
+    got = declared.check(ev)
+    assert got.verdict == MEASURED and got.exploratory and got.figures == {"x": 1.0} and got.name == "outcome"
+    missing = strict.check(ev)
+    assert missing.verdict == NOT_RUN and missing.measured == "missing runs of `sgd`" and missing.tolerance == "–"
+    none = kinds.bespoke("c", "p", exploratory=True)(lambda ev: kinds.Outcome("m", "t", None))
+    assert none.check(ev).verdict == NOT_RUN
+    failing = kinds.bespoke("c", "p", rows=("adam",))(lambda ev: kinds.Outcome("m", "t", False, "why"))
+    assert (failing.check(ev).verdict, failing.check(ev).note) == (FAIL, "why")
+
+
+# ----------------------------------------------------------------------------- the check's input readers
+def test_model_kwargs_and_devices_are_read_or_refused_naming_the_option():
+    assert parse_model_kwargs(None) == {} and parse_model_kwargs('{"width": 3}') == {"width": 3}
+    with pytest.raises(CheckInputError, match=r"--model-kwargs '\[1\]': a JSON list; expected an object"):
+        parse_model_kwargs("[1]")
+    with pytest.raises(CheckInputError, match=r"--model-kwargs 'w=3': not JSON"):
+        parse_model_kwargs("w=3")
+    assert parse_device("cpu") == torch.device("cpu")
+    with pytest.raises(CheckInputError, match=r"--device cuda:\d+: torch sees \d+ CUDA device\(s\) here"):
+        parse_device(f"cuda:{torch.cuda.device_count()}")  # one past the last device
+    with pytest.raises(CheckInputError, match="--device gpu"):
+        parse_device("gpu")
+
+
+def test_load_function_reads_a_dotted_attribute_and_refuses_what_is_not_callable():
+    assert load_function("os:path.join", "--model") is __import__("os").path.join
+    for spec, message in (("os:sep", r"--model os:sep: 'sep' is a str, not a function"),
+                          ("os:path.nope", r"--model os:path.nope: module 'os' has no 'path.nope'"),
+                          ("a:b:c", r"--model 'a:b:c': expected module:function"),
+                          (None, r"--model None: expected module:function")):
+        with pytest.raises(CheckInputError, match=message):
+            load_function(spec, "--model")
+
+
+def test_load_batches_at_the_max_batches_and_two_sample_boundaries():
+    x = torch.randn(2, 3)
+    got, more = load_batches([x] * 3, max_batches=3)
+    assert len(got) == 3 and not more and got[0][1] is None  # exactly max_batches: none left over
+    got, more = load_batches(iter([x] * 4), max_batches=3)
+    assert len(got) == 3 and more  # one more was drawn to tell
+    with pytest.raises(CheckInputError, match=r"batch 1 has 1 sample\(s\); training mode .* needs at least 2"):
+        load_batches([x, x[:1]])
+    with pytest.raises(CheckInputError, match=r"--batches \(given\): no batches"):
+        load_batches([])
+    with pytest.raises(CheckInputError, match="some batches have labels and some do not .*first without: batch 2"):
+        load_batches([(x, torch.zeros(2, dtype=torch.long))] * 2 + [x])
+    got, _ = load_batches({"img": x, "lbl": torch.ones(2, dtype=torch.long)}, input_key="img", target_key="lbl")
+    assert torch.equal(got[0][0], x) and got[0][1].tolist() == [1, 1]
+
+
+@pytest.mark.parametrize("batch, message", [
+    ({"a": torch.zeros(2)}, r"a dict of 1 entry \(.*\) without a tensor under the input key 'input'"),
+    ({"a": torch.zeros(2), "b": 1}, r"a dict of 2 entries"),
+    ({"conv.weight": torch.zeros(2), "bn.bias": torch.zeros(2)}, r"it looks like a state dict \(weights\)"),
+])
+def test_a_dict_batch_without_its_input_key_is_described(batch, message):
+    with pytest.raises(CheckInputError, match=r"--batches \(given\): batch 0: (.*; )?" + message):
+        load_batches([batch])
+    if "looks like" not in message:
+        with pytest.raises(CheckInputError) as caught:
+            load_batches([batch])
+        assert "looks like a state dict" not in str(caught.value)
+
+
+def test_load_weights_strips_a_prefix_given_or_shared_and_hints_one_that_fits():
+    torch.manual_seed(0)
+    model = _bn_net(nn.BatchNorm2d(4))
+    state = model.state_dict()
+    assert load_weights(model, state) == "a state dict"
+    assert "the prefix 'module.' stripped" in load_weights(model, {f"module.{k}": v for k, v in state.items()})
+    net_and_loss = {**{f"net.{k}": v for k, v in state.items()}, "loss.weight": torch.ones(2)}
+    assert load_weights(model, net_and_loss, prefix="net.").endswith(", its keys under 'net.' (1 other keys left out)")
+    with pytest.raises(CheckInputError, match=r"; its keys under 'net.' fit the model: --strip-prefix net.$"):
+        load_weights(model, net_and_loss)
+    with pytest.raises(CheckInputError, match=r"--strip-prefix body.: no key starts with it"):
+        load_weights(model, state, prefix="body.")
+    with pytest.raises(CheckInputError, match=r"does not fit the model: missing key '1\.running_var'$"):
+        load_weights(model, {k: v for k, v in state.items() if k != "1.running_var"})
+    two_missing = {k: v for k, v in state.items() if k not in ("1.running_var", "1.running_mean")}
+    with pytest.raises(CheckInputError, match=r"missing key '1.running_mean' \(and 1 more\)"):
+        load_weights(model, two_missing)
+    assert load_weights(model, model) == "a state dict"  # a model: its own state dict
