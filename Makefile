@@ -56,7 +56,7 @@ $(error JOBS=$(JOBS): expected a whole number >= 1 (runs at once))
 endif
 endif
 
-.PHONY: help install test test-fast test-kernels sweep reproduce places row table diagnose check figures claims report notebooks bench frozen clean
+.PHONY: help install test test-fast test-kernels mutants sweep reproduce places row table diagnose check figures claims report notebooks bench frozen clean
 .DEFAULT_GOAL := help
 
 help: ## list the targets
@@ -126,6 +126,14 @@ test-kernels: $(VENV)/.installed ## rerun the tests marked kernels under the no-
 	@cache=$$(mktemp -d) && trap 'rm -rf "$$cache"' EXIT && i=0 && for env in $(KERNEL_PATHS); do \
 		i=$$((i + 1)) && echo "make test-kernels: $$env" && \
 		env $$env TORCHINDUCTOR_CACHE_DIR="$$cache/$$i" $(PY) -m pytest -q $(xdist) -m kernels || exit 1; done
+
+# make mutants: mutmut over the pure-logic functions tests/mutants_report.py names, with the tests pyproject.toml's
+# [tool.mutmut] selects (each mutant runs only those that reach its function); a fresh mutants/ each time. Not in
+# make test: about 40 minutes on 2 shared cores.
+mutants: $(VENV)/.installed ## mutation score of pairing, lint, refresh, the claim judges, the check's readers (mutmut): results/mutants/report.md
+	rm -rf mutants
+	set -f; nice -n 5 $(VENV)/bin/mutmut run --max-children $(TEST_JOBS) $$($(PY) tests/mutants_report.py --names)
+	$(PY) tests/mutants_report.py --out results/mutants/report.md
 
 sweep: $(VENV)/.installed ## every row x seed at SCALE, or of SET=resnet|ten_seeds (resumable; FORCE=1 reruns; JOBS=n in parallel)
 	@[ -n "$(ROWS)" ] || { echo "make sweep: no rows for SCALE=$(SCALE) SET=$(SET) (see the line above)" >&2; exit 2; }
