@@ -14,7 +14,7 @@ import torch.nn as nn
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from bnrotation.analysis.claims import kinds
+from bnrotation.analysis.claims import kinds, registry
 from bnrotation.analysis.claims.kinds import (FAIL, MEASURED, NOT_JUDGED, NOT_RUN, PASS, Check, Gap, Match,
                                               NotBelowBy, Rank, Share, match_tolerance, withhold_verdicts)
 from bnrotation.analysis.stats import SeedStat
@@ -453,3 +453,108 @@ def test_load_weights_strips_a_prefix_given_or_shared_and_hints_one_that_fits():
     with pytest.raises(CheckInputError, match=r"missing key '1.running_mean' \(and 1 more\)"):
         load_weights(model, two_missing)
     assert load_weights(model, model) == "a state dict"  # a model: its own state dict
+
+
+# ----------------------------------------------------------------------------- what the first mutation run left alive
+def test_a_checked_claim_carries_every_field_of_its_declaration():
+    def outcome(ev):
+        return kinds.Outcome("measured", "tolerance", True, "a note", {"x": 2.0})
+
+    c = kinds.bespoke("the claim", "published", rows=("adam",), section=kinds.RESNET)(outcome)
+    got = c.check(evidence({"adam": {"x": [1.0]}}))
+    assert (got.name, got.claim, got.published, got.measured, got.tolerance, got.verdict, got.note, got.section,
+            got.exploratory, got.figures) == ("outcome", "the claim", "published", "measured", "tolerance", PASS,
+                                              "a note", kinds.RESNET, False, {"x": 2.0})
+    missing = kinds.bespoke("the claim", "published", rows=("adam", "sgd", "adamw"), section=kinds.FROZEN,
+                            exploratory=True)(outcome).check(evidence({"adam": {"x": [1.0]}}))
+    assert (missing.name, missing.claim, missing.published, missing.measured, missing.tolerance, missing.verdict,
+            missing.section, missing.exploratory) == ("outcome", "the claim", "published",
+                                                      "missing runs of `sgd`, `adamw`", "–", NOT_RUN, kinds.FROZEN,
+                                                      True)
+
+
+def test_two_seeds_give_a_match_its_spread_and_a_rank_order_of_four_rows_its_verdict():
+    fig = Figure(0.5, 3)
+    two = SeedStat.of([0.49, 0.51])
+    assert match_tolerance(two, fig) == pytest.approx(2 * two.sd * math.sqrt(1 / 2 + 1 / 3), rel=1e-12)
+    c = next(c for c in registry.CLAIMS if c.name == "rotation_orders_accuracy")
+    rows = registry.PUBLISHED_ROWS[:4]
+    ev = evidence({row: {c.column: [float(i), float(i) + 0.5], "acc_eval_mode": [1 - 0.1 * i, 0.9 - 0.1 * i]}
+                   for i, row in enumerate(rows)})
+    got = c.check(ev)
+    assert got.verdict == PASS and "per seed -1.00, -1.00 (seeds 0, 1" in got.measured  # both seeds ran all four
+
+
+def test_an_ordering_of_three_rows_is_judged_and_needs_the_perfect_order_which_chance_never_beats():
+    """Three rows (``min_rows=3``): a verdict, not NOT RUN; at 5% no order of three is rare enough (1 in 6), so it
+    fails even in the perfect order, and says so. Per seed over the seeds that ran exactly those rows."""
+    c = kinds.Ordering("three", "c", rows=("a", "b", "c"), column="col", published="p")
+    ev = evidence({row: {"col": [float(i), float(i)], "acc_eval_mode": [1 - 0.1 * i, 1 - 0.1 * i]}
+                   for i, row in enumerate(("a", "b", "c"))})
+    got = c.check(ev)
+    assert got.verdict == FAIL and "1 of 6 orders" in got.tolerance
+    assert got.measured.startswith("rho = ") and "per seed" in got.measured
+
+
+def test_the_gated_handle_lets_an_exception_through_and_its_lags_table_has_its_columns_in_order():
+    from test_reestimate_gated import _batches, _net, _probe
+    net = _net()
+    with pytest.raises(KeyError, match="inside"):
+        with reestimate_if_stale(net, _batches(), _probe()):
+            raise KeyError("inside")
+    result = reestimate_if_stale(net, _batches(), _probe())
+    assert list(result.lags().columns) == ["norm_layer", "reestimated", "lag_median_abs_sigma_before",
+                                           "lag_max_abs_sigma_before", "lag_median_abs_sigma_after",
+                                           "lag_max_abs_sigma_after"]
+
+
+def test_load_function_puts_the_current_directory_first_on_the_path_once(tmp_path, monkeypatch):
+    import os
+    import sys
+    (tmp_path / "mynets_second_case.py").write_text("def make():\n    return 7\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", os.getcwd())])
+    assert load_function("mynets_second_case:make", "--model")() == 7
+    assert sys.path[0] == os.getcwd() and sys.path.count(os.getcwd()) == 1
+    load_function("mynets_second_case:make", "--model")
+    assert sys.path.count(os.getcwd()) == 1
+
+
+def test_the_readers_messages_name_their_option_and_give_the_example_whole():
+    from bnrotation.check import _items, model_from_factory
+    with pytest.raises(CheckInputError) as caught:
+        parse_model_kwargs("[1]")
+    assert str(caught.value) == "--model-kwargs '[1]': a JSON list; expected an object such as '{\"num_classes\": 10}'"
+    with pytest.raises(CheckInputError) as caught:
+        parse_model_kwargs("w")
+    assert str(caught.value).endswith("; expected an object such as '{\"num_classes\": 10}'")
+    with pytest.raises(CheckInputError, match=r"^--model 'nope': expected module:function"):
+        model_from_factory("nope")
+    with pytest.raises(CheckInputError) as caught:
+        _items(7, "b.pt")
+    assert str(caught.value) == ("--batches b.pt: holds a int; expected a tensor (N, ...), an (x, y) tuple, a dict, "
+                                 "or a list of them")
+
+
+def test_a_cuda_device_is_refused_past_the_last_one_this_machine_has(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    assert parse_device("cuda") == torch.device("cuda") and parse_device("cuda:1") == torch.device("cuda:1")
+    with pytest.raises(CheckInputError, match=r"^--device cuda:2: torch sees 2 CUDA device\(s\) here$"):
+        parse_device("cuda:2")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(CheckInputError, match=r"^--device cuda: torch sees 2 CUDA device\(s\) here$"):
+        parse_device("cuda")
+
+
+def test_findings_line_puts_an_unknown_rule_last_and_wraps_a_long_message():
+    long = "word " * 60
+    text = findings_line([Finding("custom", "c", "x"), Finding("momentum-zero", "a", long.strip()),
+                          Finding("momentum-zero", "b", "y")]).splitlines()
+    assert text[0] == ("BatchNorm settings: 3 finding(s) under 2 rule(s), from bnrotation.lint_batchnorm (every one "
+                       "in its list, or in monitor.findings):")
+    assert text[1] == "  [momentum-zero] 2 layers: a, b"
+    wrapped = [line for line in text[2:] if not line.startswith("  [")][:-1]
+    assert len(wrapped) > 1 and all(len(line) <= 120 and line.startswith("    ") for line in wrapped)
+    assert max(len(line) for line in wrapped) > 110  # filled to its width, not a narrower one
+    assert text[-2] == "  [custom] 1 layer: c" and text[-1] == "    c: x"
