@@ -19,6 +19,7 @@ from bnrotation.analysis.claims.kinds import (FAIL, MEASURED, NOT_JUDGED, NOT_RU
                                               NotBelowBy, Rank, Share, match_tolerance, withhold_verdicts)
 from bnrotation.analysis.stats import SeedStat
 from bnrotation.article import Figure
+from bnrotation.bnstats import reestimate
 from bnrotation.check import (CheckInputError, load_batches, load_function, load_weights, parse_device,
                               parse_model_kwargs)
 from bnrotation.lint import RULES, Finding, findings_line, lint_batchnorm
@@ -558,3 +559,78 @@ def test_findings_line_puts_an_unknown_rule_last_and_wraps_a_long_message():
     assert len(wrapped) > 1 and all(len(line) <= 120 and line.startswith("    ") for line in wrapped)
     assert max(len(line) for line in wrapped) > 110  # filled to its width, not a narrower one
     assert text[-2] == "  [custom] 1 layer: c" and text[-1] == "    c: x"
+
+
+def test_the_untracked_findings_name_their_layer_and_give_the_whole_fix():
+    kept = _bn_net(nn.BatchNorm2d(4))
+    kept[1].track_running_stats = False
+    (f,) = lint_batchnorm(kept)
+    assert f.layer == "1" and "XX" not in f.message
+    assert f.message.startswith("track_running_stats=False on a layer that kept its running statistics: training "
+                                "normalises with batch statistics")
+    assert "put it in eval() after model.train() (or use FrozenBatchNorm2d)" in f.message
+    assert f.message.endswith("else set track_running_stats=True again")
+    (g,) = lint_batchnorm(_bn_net(nn.BatchNorm2d(4), nn.BatchNorm2d(4, track_running_stats=False)),
+                          torch.randn(2, 3, 2, 2))
+    assert g.layer == "3" and g.message.startswith("track_running_stats=False while other BatchNorm layers track: "
+                                                   "this one normalises with each batch's own statistics")
+    assert g.message.endswith("construct it with track_running_stats=True like the others")
+
+
+def test_reestimate_if_stale_reads_a_dict_probe_by_its_default_keys_and_re_estimates_a_frozen_layer_too():
+    import warnings
+
+    from bnrotation.monitor import StaleStatisticsWarning
+    from test_reestimate_gated import _batches, _net, _probe
+    net = _net().train()
+    net[4].eval()  # frozen: in evaluation mode in a model in training mode, parameters fixed
+    for p in net[4].parameters():
+        p.requires_grad_(False)
+    x, y = _probe()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", StaleStatisticsWarning)  # the gate measures quietly
+        result = reestimate_if_stale(net, _batches(), {"input": x, "target": y})
+    assert result.fired is True and result.layers == ["1", "4", "9"]  # skip_frozen is off by default
+    assert not math.isnan(result.before.acc_eval_mode)  # the labels were read under "target"
+    result.restore()
+    assert reestimate_if_stale(net, _batches(), (x, y), skip_frozen=True).layers == ["1", "9"]
+    fitted = _net()
+    reestimate(fitted, [x])
+    quiet = reestimate_if_stale(fitted, [x], (x, y))
+    assert quiet.fired is False and quiet.scope == "model" and quiet.report is None
+    quiet.restore()  # the handle works when nothing was re-estimated too
+
+
+def test_a_permute_of_one_dim_and_permutes_and_a_relu_before_a_concatenation_are_seen_through():
+    t = torch.zeros(4)
+    assert channel_axis_after("permute", (t, 0), (4,), (4,), 0) == 0
+
+    class Through(nn.Module):
+        def __init__(self):
+            super().__init__()
+            torch.manual_seed(0)
+            self.a, self.b = nn.Conv1d(3, 2, 1), nn.Conv1d(3, 3, 1)
+            self.bn, self.bn2 = nn.BatchNorm1d(5), nn.BatchNorm1d(2)
+
+        def forward(self, x):
+            a = self.a(x)
+            y = self.bn(torch.cat([torch.relu(a), self.b(x)], 1))
+            z = self.bn2(a.permute(0, 2, 1).transpose(1, 2))
+            return y.mean(-1)[:, :2] + z.mean(-1)
+
+    for model in (Through(), Untraceable(Through())):
+        pairing = find_pairs(model, torch.randn(2, 3, 4))
+        prefix = "" if isinstance(model, Through) else "body."
+        got = {p.norm: (p.weight, p.segments) for p in pairing.pairs}
+        assert got == {prefix + "bn": (f"cat({prefix}a, {prefix}b)", (Segment(0, 2, prefix + "a"),
+                                                                      Segment(2, 5, prefix + "b"))),
+                       prefix + "bn2": (prefix + "a", ())}
+
+
+def test_the_judges_give_their_numbers_as_well_as_their_verdict():
+    from test_claims import ranked
+    c = next(c for c in registry.CLAIMS if c.name == "rotation_orders_accuracy")
+    few = c.judge(ranked(registry.PUBLISHED_ROWS[:3], c.column, 1.0))
+    assert math.isnan(few.rho) and few.n_rows == 3 and few.orders is True and few.passed is None
+    fig = Figure(0.5, 3)
+    assert kinds.matches(stat(0.5, 0.001), fig) is True and kinds.matches(stat(0.6, 0.001), fig) is False
