@@ -634,3 +634,52 @@ def test_the_judges_give_their_numbers_as_well_as_their_verdict():
     assert math.isnan(few.rho) and few.n_rows == 3 and few.orders is True and few.passed is None
     fig = Figure(0.5, 3)
     assert kinds.matches(stat(0.5, 0.001), fig) is True and kinds.matches(stat(0.6, 0.001), fig) is False
+
+
+def test_a_nested_concatenation_keeps_each_pieces_segment_and_names_a_loose_piece_by_its_source():
+    class Nested(nn.Module):
+        def __init__(self, loose: bool):
+            super().__init__()
+            torch.manual_seed(0)
+            self.a, self.b, self.c = nn.Conv2d(3, 2, 1), nn.Conv2d(3, 1, 1), nn.Conv2d(3, 2, 1)
+            self.loose = loose
+            self.bn = nn.BatchNorm2d(8 if loose else 5)
+
+        def forward(self, x):
+            inner = torch.cat([self.a(x), x if self.loose else self.b(x)], 1)
+            return self.bn(torch.cat([inner, self.c(x)] + ([self.b(x)] if self.loose else []), 1)).mean((2, 3))
+
+    for model in (Nested(False), Untraceable(Nested(False))):
+        p = "" if isinstance(model, Nested) else "body."
+        (pair,) = find_pairs(model, torch.randn(2, 3, 2, 2)).pairs
+        assert pair.segments == (Segment(0, 2, p + "a"), Segment(2, 3, p + "b"), Segment(3, 5, p + "c"))
+    for model, source in ((Nested(True), "the model's input"), (Untraceable(Nested(True)), "mul")):  # x * 1.0
+        (unpaired,) = find_pairs(model, torch.randn(2, 3, 2, 2)).unpaired
+        assert unpaired.reason.startswith(f"its channels [2, 5) come from {source}, not from a convolution")
+
+
+def test_a_concatenation_of_inputs_alone_is_named_cat_and_of_one_input_is_that_input():
+    class Loose(nn.Module):
+        def __init__(self, pieces: int):
+            super().__init__()
+            self.pieces, self.bn = pieces, nn.BatchNorm2d(3 * pieces)
+
+        def forward(self, x):
+            return self.bn(torch.cat([x] * self.pieces, 1)).mean((2, 3))
+
+    for model, source in ((Loose(2), "cat"), (Loose(1), "the model's input"), (Untraceable(Loose(2)), "cat"),
+                          (Untraceable(Loose(1)), "mul")):  # Untraceable's x * 1.0
+        (unpaired,) = find_pairs(model, torch.randn(2, 3, 2, 2)).unpaired
+        assert unpaired.reason.startswith(f"its input comes from {source}, not from a convolution"), source
+
+
+def test_load_function_tells_a_missing_package_or_submodule_from_one_that_fails_and_keeps_an_empty_path_entry(
+        monkeypatch):
+    import os
+    import sys
+    for spec in ("nosuchpkg_second_case.mod:f", "os.nosuch_second_case:f"):
+        with pytest.raises(CheckInputError, match=rf"--model {spec}: cannot find '{spec.split(':')[0]}'"):
+            load_function(spec, "--model")
+    monkeypatch.setattr(sys, "path", ["", *(p for p in sys.path if p not in ("", os.getcwd()))])
+    load_function("os:getcwd", "--model")
+    assert os.getcwd() not in sys.path  # "" already stands for the current directory
