@@ -683,3 +683,33 @@ def test_load_function_tells_a_missing_package_or_submodule_from_one_that_fails_
     monkeypatch.setattr(sys, "path", ["", *(p for p in sys.path if p not in ("", os.getcwd()))])
     load_function("os:getcwd", "--model")
     assert os.getcwd() not in sys.path  # "" already stands for the current directory
+
+
+def test_scope_layers_picks_a_nested_layer_a_lag_exactly_at_its_threshold_and_passes_its_options_on():
+    """A non-finite statistic of a layer inside a submodule (its name has two dots) is that layer's; a lag equal to
+    ``lag_sigma`` is over it ("at or over"); a dict batch's ``input_key`` and ``max_batches`` reach the pass."""
+    from bnrotation.monitor import Thresholds
+    from test_reestimate_gated import _net, _probe
+    x, y = _probe()
+    nested = nn.Sequential(_net())
+    reestimate(nested, [x])
+    with torch.no_grad():
+        nested[0][4].running_var[0] = math.nan
+    got = reestimate_if_stale(nested, [{"img": x}, {"img": x}], {"img": x, "lbl": y}, scope="layers",
+                              input_key="img", target_key="lbl", max_batches=1)
+    assert got.layers == ["0.4"] and got.report.layers == got.layers and got.report.batches == 1
+    assert (got.before.step, got.after.step) == (0, 1)
+    net = _net()
+    reestimate(net, [x])
+    with torch.no_grad():
+        net[4].running_mean += 2 * net[4].running_var.sqrt()
+    lag = reestimate_if_stale(net, [x], (x, y), thresholds=Thresholds(mode_gap=0.0, lag_sigma=1e9)).before
+    at = float(lag.layers.set_index("norm_layer").loc["4", "lag_median_abs_sigma"])
+    exact = reestimate_if_stale(net, [x], (x, y), thresholds=Thresholds(mode_gap=0.0, lag_sigma=at), scope="layers")
+    assert exact.fired and exact.layers == ["4"]
+
+
+def test_a_flatten_that_merges_the_channel_dim_with_the_one_before_is_not_seen_through():
+    assert channel_axis_after("flatten", (), (2, 3, 4), (6, 4), 1) is None
+    assert channel_axis_after("flatten", (), (2, 3, 4), (2, 12), 1) is None
+    assert channel_axis_after("flatten", (), (2, 3, 1), (2, 3), 1) == 1

@@ -81,6 +81,11 @@ def test_the_frozen_weights_rule_reports_the_training_batchnorm_beside_one_in_ev
     net.get_submodule(in_eval).eval()
     found = lint_batchnorm(net, torch.randn(2, 3, 7, 7))
     assert [(f.rule, f.layer) for f in found] == [("frozen-weights-training-bn", reported)]
+    weight = str(int(reported) - 1)
+    assert found[0].message == (f"{weight} and {reported} are frozen (requires_grad=False) but the BatchNorm layer is "
+                                "in training mode: its running statistics keep moving to the new data while the "
+                                "weights stand still; call .eval() on the frozen part after every model.train() (or "
+                                "replace it with FrozenBatchNorm2d)")
     net.get_submodule(reported).eval()  # the fix the message gives: nothing left to report
     assert lint_batchnorm(net, torch.randn(2, 3, 7, 7)) == []
 
