@@ -112,7 +112,7 @@ def diff(name: str) -> str:
         return f"(no diff: {type(err).__name__}: {err})"
 
 
-def write_report(out: Path, folder: Path) -> str:
+def write_report(out: Path, folder: Path, note: str = "") -> str:
     found = results(folder)
     if not found:
         raise SystemExit(f"mutants_report: no mutmut results under {folder}; run `make mutants`")
@@ -121,12 +121,13 @@ def write_report(out: Path, folder: Path) -> str:
              f"{_commit()}: `mutmut run` over the functions of tests/mutants_report.py (NAMES), each mutant "
              "with the tests of pyproject.toml's `[tool.mutmut]` that reach its function. Score: killed (a timeout "
              "counts as killed) / mutants less the equivalent ones and those not checked; a mutant no selected test "
-             "reaches counts as surviving.", "", "| module | killed | total | equivalent | score | survived | no tests | not checked |",
+             "reaches counts as surviving." + (f" {note}" if note else ""), "",
+             "| module | killed | total | equivalent | score | survived | no tests | not checked |",
              "|---|---:|---:|---:|---:|---:|---:|---:|"]
     for module in list(NAMES) + ["all"]:
         part = {k: v for k, v in found.items() if module == "all" or module_of(k) == module}
         killed, total = score(part)
-        counts = Counter(part.values())
+        counts = Counter(v for k, v in part.items() if k not in EQUIVALENT)
         eq = sum(k in EQUIVALENT for k in part)
         lines.append(f"| {module} | {killed} | {total} | {eq} | {killed / total:.1%} | {counts['survived']} | "
                      f"{counts['no tests']} | {counts['not checked']} |" if total
@@ -160,6 +161,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--names", action="store_true", help="print the mutant-name patterns for `mutmut run`")
     p.add_argument("--out", type=Path, help="write the report here")
+    p.add_argument("--note", default="", help="a sentence on how this run was made, if not by make mutants alone")
     p.add_argument("--mutants", type=Path, default=ROOT / "mutants", help="mutmut's folder (default: mutants/)")
     args = p.parse_args(argv)
     if args.names:
@@ -167,7 +169,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.out is None:
         p.error("--names or --out FILE")
-    print(write_report(args.out, args.mutants))
+    print(write_report(args.out, args.mutants, args.note))
     return 0
 
 
