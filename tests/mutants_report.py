@@ -70,6 +70,9 @@ EQUIVALENT: dict[str, str] = {
         "same in any row order the two columns share, and the words sort the rows by accuracy",
     "bnrotation.pairing.xǁ_Placementǁseen_through__mutmut_21": UNREAD_SOURCE,
     "bnrotation.pairing.xǁ_Placementǁseen_through__mutmut_30": UNREAD_SOURCE,
+    "bnrotation.pairing.xǁ_Placementǁseen_through__mutmut_26": "a piece's size after a see-through operation is read "
+        "only by a concatenation, whose whole-output branch rebuilds a single piece without a size from the "
+        "concatenated shapes (a norm layer fed by one piece is paired without sizes)",
     **{f"bnrotation.pairing.x__concatenated__mutmut_{i}": WHOLE_BRANCH
        for i in (8, 9, 10, 11, 13, 15, *range(17, 30))},
 }

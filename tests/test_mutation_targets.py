@@ -688,6 +688,8 @@ def test_load_function_tells_a_missing_package_or_submodule_from_one_that_fails_
 def test_scope_layers_picks_a_nested_layer_a_lag_exactly_at_its_threshold_and_passes_its_options_on():
     """A non-finite statistic of a layer inside a submodule (its name has two dots) is that layer's; a lag equal to
     ``lag_sigma`` is over it ("at or over"); a dict batch's ``input_key`` and ``max_batches`` reach the pass."""
+    import warnings
+
     from bnrotation.monitor import Thresholds
     from test_reestimate_gated import _net, _probe
     x, y = _probe()
@@ -695,9 +697,12 @@ def test_scope_layers_picks_a_nested_layer_a_lag_exactly_at_its_threshold_and_pa
     reestimate(nested, [x])
     with torch.no_grad():
         nested[0][4].running_var[0] = math.nan
-    got = reestimate_if_stale(nested, [{"img": x}, {"img": x}], {"img": x, "lbl": y}, scope="layers",
-                              input_key="img", target_key="lbl", max_batches=1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # warn=False: not even the non-finite statistic is warned about
+        got = reestimate_if_stale(nested, [{"img": x}, {"img": x}], {"img": x, "lbl": y}, scope="layers",
+                                  input_key="img", target_key="lbl", max_batches=1)
     assert got.layers == ["0.4"] and got.report.layers == got.layers and got.report.batches == 1
+    assert not math.isnan(got.before.acc_eval_mode)  # the labels read under target_key
     assert (got.before.step, got.after.step) == (0, 1)
     net = _net()
     reestimate(net, [x])
@@ -713,3 +718,23 @@ def test_a_flatten_that_merges_the_channel_dim_with_the_one_before_is_not_seen_t
     assert channel_axis_after("flatten", (), (2, 3, 4), (6, 4), 1) is None
     assert channel_axis_after("flatten", (), (2, 3, 4), (2, 12), 1) is None
     assert channel_axis_after("flatten", (), (2, 3, 1), (2, 3), 1) == 1
+
+
+def test_the_momentum_findings_say_what_is_wrong_and_the_fix_whole():
+    def message(momentum, training=True):
+        (f,) = lint_batchnorm(_bn_net(nn.BatchNorm2d(4, momentum=momentum)).train(training))
+        return f.message
+
+    assert message(0.0) == ("momentum=0: training never updates the running statistics, whatever the weights do; "
+                            "restore the momentum (PyTorch's default 0.1) if it was set to 0 to back them up (a layer "
+                            "meant to stay frozen belongs in eval(), its momentum kept)")
+    assert message(None) == ("momentum=None in training mode: the running statistics average every batch since the "
+                             "start, from weights long gone; set a momentum (PyTorch's default 0.1), or keep None only "
+                             "for re-estimation after training")
+    assert message(0.99) == ("momentum=0.99: each batch replaces 99% of the running statistics; PyTorch's momentum is "
+                             "TensorFlow's 1 - momentum, so a Keras momentum of 0.99 is PyTorch's 0.01")
+
+
+def test_findings_line_wraps_at_its_width_exactly():
+    text = findings_line([Finding("momentum-zero", "a", "x" * 113 + " y")]).splitlines()
+    assert text[2] == "    a: " + "x" * 113 and text[3] == "    y"  # 120 characters: TEXT_WIDTH - 40
