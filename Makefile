@@ -62,7 +62,7 @@ $(error JOBS=$(JOBS): expected a whole number >= 1 (runs at once))
 endif
 endif
 
-.PHONY: help install data test test-fast test-kernels test-compat sweep reproduce places row table diagnose check figures claims report notebooks bench frozen calibrate zoo clean
+.PHONY: help install data test test-fast test-kernels test-compat mutants sweep reproduce places row table diagnose check figures claims report notebooks bench frozen calibrate zoo clean
 .PHONY: minimal
 .DEFAULT_GOAL := help
 
@@ -151,6 +151,14 @@ test-kernels: $(VENV)/.installed ## rerun the tests marked kernels under the no-
 # the registry and the release below the bound (tests/test_compat.py). Not in make test or CI: GBs of downloads each.
 test-compat: $(VENV)/.installed ## the library's tests beside the oldest and the newest torch, in scratch venvs: results/compat/report.md
 	nice -n 5 $(PY) tests/test_compat.py --out results/compat/report.md
+
+# make mutants: mutmut over the pure-logic functions tests/mutants_report.py names, with the tests pyproject.toml's
+# [tool.mutmut] selects (each mutant runs only those that reach its function); a fresh mutants/ each time. Not in
+# make test: about 40 minutes on 2 shared cores.
+mutants: $(VENV)/.installed ## mutation score of pairing, lint, refresh, the claim judges, the check's readers (mutmut): results/mutants/report.md
+	rm -rf mutants
+	set -f; nice -n 5 $(VENV)/bin/mutmut run --max-children $(TEST_JOBS) $$($(PY) tests/mutants_report.py --names)
+	$(PY) tests/mutants_report.py --out results/mutants/report.md
 
 sweep: $(VENV)/.installed data ## every row x seed at SCALE, or of SET=resnet|ten_seeds|fashion_mnist (resumable; FORCE=1 reruns; JOBS=n in parallel)
 	@[ -n "$(ROWS)" ] || { echo "make sweep: no rows for SCALE=$(SCALE) SET=$(SET) (see the line above)" >&2; exit 2; }

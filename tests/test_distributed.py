@@ -13,7 +13,9 @@ each rank writing what it measured to a file:
   ``m / (1 - (1 - m)**STEPS)`` to the case without DDP;
 - a model converted to ``SyncBatchNorm``: detected; its forward pass needs a GPU under torch 2.13 (CPU inputs
   raise), in which case only the detection is tested;
-- rank 1 holding one more BatchNorm layer: both ranks raise the same error, naming rank 1 and the layer.
+- rank 1 holding one more BatchNorm layer: both ranks raise the same error, naming rank 1 and the layer;
+- two layers whose buffers are set by hand, rank 1's shifted by another amount in each layer, in the running mean
+  and in the running variance (:func:`two_layer_buffers`): every channel of both has its spreads' closed form.
 """
 
 from __future__ import annotations
@@ -69,6 +71,26 @@ def train(model: nn.Module, shift: float, backward: bool = False, steps: range =
             out.square().mean().backward()  # DDP's reducer expects one backward per forward
 
 
+# Per layer: rank 0's running means and variances (channel c), and rank 1's shift of the mean and factor of the
+# variance: different in the two layers, so that a layer read at another's offset has other spreads.
+TWO_LAYERS = {"bn1": (lambda c: 0.1 * c, lambda c: 1.0 + 0.1 * c, 0.5, 1.5),
+              "bn2": (lambda c: -0.2 * c, lambda c: 2.0 + c, 2.0, 3.0)}
+
+
+def two_layer_buffers(model: nn.Module, rank: int) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+    """Set ``model``'s bn1 and bn2 buffers to rank ``rank``'s values of :data:`TWO_LAYERS`; ``{layer: (mean, var)}``
+    as stored (float32)."""
+    stored = {}
+    for name, (mean, var, shift, factor) in TWO_LAYERS.items():
+        m = model.get_submodule(name)
+        c = torch.arange(m.num_features, dtype=torch.float64)
+        with torch.no_grad():
+            m.running_mean.copy_(mean(c) + shift * rank)
+            m.running_var.copy_(var(c) * factor ** rank)
+        stored[name] = (m.running_mean.clone(), m.running_var.clone())
+    return stored
+
+
 def _worker(rank: int, world: int, port: int, out: str) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
@@ -94,6 +116,9 @@ def _worker(rank: int, world: int, port: int, out: str) -> None:
             found["sync_trained"] = ranks_agree(synced)
         except ValueError as e:  # torch's SyncBatchNorm refuses CPU inputs under a process group
             found["sync_forward_error"] = str(e)
+        by_hand = Tiny()
+        two_layer_buffers(by_hand, rank)
+        found["two_layers"] = ranks_agree(by_hand)
         try:
             ranks_agree(Tiny(extra=rank == 1))
         except ValueError as e:
@@ -187,6 +212,29 @@ def test_the_spread_is_the_replayed_ranks_and_ddp_broadcast_leaves_one_update_of
     ratio = ddp.mean_spread_sigma / shifted.mean_spread_sigma
     assert math.isclose(ratio, MOMENTUM / (1 - (1 - MOMENTUM) ** STEPS), rel_tol=1e-4)
     assert ddp.worst_layer == "bn1" and not ddp.agrees(tolerance_sigma=0.1)  # the broadcast does not make them agree
+
+
+def test_two_layers_with_different_shifts_in_mean_and_variance_have_each_their_closed_form(two_ranks):
+    """Every channel of both layers against the docstring's formulas on the two ranks' stored float32 buffers, in
+    float64 as the function computes them (rounding only: 1e-12 relative). The second layer's shift is the larger in
+    σ, so the worst layer is the second; a stride that reads the second layer at another offset fails here."""
+    stored = [two_layer_buffers(Tiny(), rank) for rank in range(2)]
+    for found in two_ranks:
+        got = found["two_layers"]
+        assert list(got.channels["norm_layer"]) == ["bn1"] * 8 + ["bn2"] * 4
+        for name, m in (("bn1", Tiny().bn1), ("bn2", Tiny().bn2)):
+            (mean0, var0), (mean1, var1) = (s[name] for s in stored)
+            means, variances = torch.stack([mean0, mean1]).double(), torch.stack([var0, var1]).double()  # (2, C)
+            scale = variances.mean(0) + m.eps
+            lines = got.channels[got.channels["norm_layer"] == name]
+            assert list(lines["channel"]) == list(range(m.num_features))
+            torch.testing.assert_close(torch.tensor(lines["mean_spread_sigma"].to_numpy()),
+                                       (means[1] - means[0]).abs() / scale.sqrt(), rtol=1e-12, atol=0)
+            torch.testing.assert_close(torch.tensor(lines["var_spread"].to_numpy()),
+                                       (variances[1] - variances[0]).abs() / scale, rtol=1e-12, atol=0)
+        assert got.worst_layer == "bn2" and got.worst_channel == 0  # 2 / sqrt(2 · 2): the smallest variance of bn2
+        assert got.mean_spread_sigma == got.channels["mean_spread_sigma"].max()
+        assert got.var_spread == got.channels["var_spread"].max() == pytest.approx(2 * 2 / 4, rel=1e-6)
 
 
 def test_syncbatchnorm_is_detected(two_ranks):

@@ -354,3 +354,49 @@ def test_the_docs_table_comes_from_the_runs(tmp_path, capsys):
     assert "| displacement at the end | 0.8σ ± 0.1σ (n = 3) | 0σ ± 0σ (n = 3) |" in text
     assert "**PASS**" in text
     assert frozen_analysis.main(["--results", str(tmp_path / "nowhere")]) == 2
+
+
+# ----------------------------------------------------------------------------- the second case (issue 40)
+def test_the_last_step_is_logged_when_the_steps_are_not_a_multiple_of_log_every(tmp_path):
+    """3 steps, a log point every 2: steps 0, 2 and the last, 3, in every table, and the claim reads step 3.
+    Planted: the last step left out of the log points (only multiples of ``log_every``); the run then ended at 2."""
+    out = frozen.run(toy(tmp_path, "mode=norm_eval", "finetune.steps=3", "finetune.log_every=2"))
+    for name in ("statistics", "accuracy", "monitor"):
+        assert sorted(set(pd.read_parquet(out / f"{name}.parquet")["step"])) == [0, 2, 3], name
+    runs, problems = frozen_analysis.load_frozen_runs(tmp_path)
+    assert problems == [] and list(frozen_analysis.per_run(runs)["steps"]) == [3]
+
+
+EPS = 1e-6  # relative step across a boundary (float64 tables: rounding some 1e-16 relative)
+SPREAD = (-1.0, -1.0, 1.0, 1.0)  # 4 seeds at mean ± a: sample sd 2a/√3, standard error a/√3
+
+
+def _four_seeds(root: Path, displacement: tuple[float, float], drop: tuple[float, float]) -> None:
+    """4 seeds of bn_train with displacements ``mean ± a`` and original-task drops ``mean ± a`` (each a
+    ``(mean, a)``), and of a still norm_eval."""
+    for seed, d in enumerate(SPREAD):
+        _plant(root, "frozen_bn_train", seed, displacement=displacement[0] + d * displacement[1], acc_start=1.0,
+               acc_end=1.0 - (drop[0] + d * drop[1]))
+        _plant(root, "frozen_norm_eval", seed, displacement=0.0, acc_start=1.0, acc_end=1.0)
+
+
+@pytest.mark.parametrize("what", ["displacement", "drop", "drop floor"])
+def test_the_claim_keeps_its_two_standard_errors_and_floors_at_the_boundary(tmp_path, what):
+    """From the tolerance's words: mean displacement − 2 SE ≥ 0.1σ; drop ≥ 1 point and drop − 2 SE > 0. Each
+    just inside passes and just outside fails, the other two far inside. A case just inside a floor without the
+    margin (mean − 1 SE over it, mean − 2 SE under) must FAIL. Planted: Z = 1 for the displacement, Z = 1 for the
+    drop, the drop's floor halved: each moved its case across."""
+    a_disp, a_drop = 0.3, 0.05
+    se_disp, se_drop = a_disp / math.sqrt(3), a_drop / math.sqrt(3)  # sd 2a/√3 over √4
+    for factor, expected in ((1 + EPS, "PASS"), (1 - EPS, "FAIL")):
+        root = tmp_path / f"{factor}" / FROZEN_ROOT
+        disp, drop = (0.1 + 2 * se_disp + 0.5, a_disp), (0.5, a_drop)  # far inside
+        if what == "displacement":
+            disp = ((0.1 + 2 * se_disp) * factor, a_disp)
+        elif what == "drop":
+            drop = (2 * se_drop * factor, a_drop)
+        else:
+            drop = (0.01 * factor, 1e-9)  # the spread negligible: the floor decides
+        _four_seeds(root, disp, drop)
+        check = _claim(root.parent)
+        assert check.verdict == expected, (what, factor, check.note)

@@ -204,6 +204,11 @@ if pl is not None:
             super().__init__(*args, **kwargs)
             self.folder = folder
 
+        def on_train_start(self, trainer, pl_module):
+            if self.session.save_dir is not None:  # one folder per rank: a rank that writes is seen writing
+                self.session.save_dir = self.session.save_dir / f"rank{trainer.global_rank}"
+            super().on_train_start(trainer, pl_module)
+
         def on_record(self, trainer, record):
             with open(Path(self.folder) / f"measured_rank{trainer.global_rank}.jsonl", "a") as f:
                 f.write(json.dumps({"step": record.step,
@@ -406,7 +411,7 @@ def _lines(path: Path) -> list:
 
 @needs_lightning
 def test_lightning_two_processes_measure_on_each_rank_and_log_from_rank_zero(tmp_path):
-    cb = RankRecorder(str(tmp_path), probe(), every_n_steps=2, warn=False)
+    cb = RankRecorder(str(tmp_path), probe(), every_n_steps=2, warn=False, save_dir=tmp_path / "tables")
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*(num_workers|does not have many workers|log_every_n_steps).*")
         pl.seed_everything(0, verbose=False)
@@ -421,6 +426,11 @@ def test_lightning_two_processes_measure_on_each_rank_and_log_from_rank_zero(tmp
     assert ours == [0, 2, 4]
     assert not [line for line in _lines(tmp_path / "log_rank1.jsonl") if any(k.startswith(PREFIX)
                                                                              for k in line["keys"])]
+    # save_dir from rank 0 only (each rank's folder of its own): rank 0's three tables, at its measured steps
+    assert sorted(p.name for p in (tmp_path / "tables" / "rank0").iterdir()) == ["channels.parquet",
+                                                                                "checks.parquet", "layers.parquet"]
+    assert sorted(pd.read_parquet(tmp_path / "tables" / "rank0" / "checks.parquet")["step"]) == [0, 2, 4]
+    assert not (tmp_path / "tables" / "rank1").exists()
 
 
 # ----------------------------------------------------------------------------- Hugging Face transformers

@@ -1,0 +1,180 @@
+"""``make mutants``: which functions mutmut mutates, and its report (``results/mutants/report.md``).
+
+``python tests/mutants_report.py --names`` prints the mutant-name patterns ``mutmut run`` takes: the pure-logic
+functions of the pairing, the lint, the refresh, the claim kinds' judges and verdicts, and the check's input
+readers. Text-only functions (a warning's wording, a claim's sentences) are left out: a mutant there changes a
+message, which the suite checks only where a message is the promise. ``--out FILE`` reads mutmut's results under
+``mutants/`` and writes the score, per module and in all, and every surviving mutant with its diff.
+
+The score is killed / (mutants − equivalent − not checked), with a timeout counted as killed and a mutant that no selected test
+reaches ("no tests") counted as surviving. :data:`EQUIVALENT` lists the mutants excluded as equivalent (no input
+can tell them from the original), each with the reason.
+
+mutmut 3 does not mutate decorated functions (``@property``, ``@dataclass`` fields' defaults): the judges'
+``passed`` and ``tolerance`` properties are not in the score; tests/test_claims.py and
+tests/test_mutation_targets.py judge them across their boundaries.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import fnmatch
+import json
+import re
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# The functions mutated, as mutmut names them (module.x_function, module.xǁClassǁmethod), by module.
+NAMES = {
+    "pairing": ["bnrotation.pairing.x_channel_axis_after__mutmut_*", "bnrotation.pairing.x__permutation__mutmut_*",
+                "bnrotation.pairing.x__concatenated__mutmut_*", "bnrotation.pairing.x__cat_dim__mutmut_*",
+                "bnrotation.pairing.x__decide__mutmut_*", "bnrotation.pairing.x__op_name__mutmut_*",
+                "bnrotation.pairing.x__output_channel_axis__mutmut_*", "bnrotation.pairing.x__prod__mutmut_*",
+                "bnrotation.pairing.xǁNormPairǁspans__mutmut_*", "bnrotation.pairing.xǁ_Placementǁ*"],
+    "lint": ["bnrotation.lint.*"],
+    "refresh": ["bnrotation.refresh.*"],
+    "claims.kinds": ["bnrotation.analysis.claims.kinds.x_match_tolerance__mutmut_*",
+                     "bnrotation.analysis.claims.kinds.x_matches__mutmut_*",
+                     "bnrotation.analysis.claims.kinds.x_above__mutmut_*",
+                     "bnrotation.analysis.claims.kinds.x_withhold_verdicts__mutmut_*",
+                     "bnrotation.analysis.claims.kinds.xǁClaimǁ*",
+                     "bnrotation.analysis.claims.kinds.xǁBespokeǁoutcome__mutmut_*",
+                     "bnrotation.analysis.claims.kinds.xǁ*ǁjudge__mutmut_*",
+                     "bnrotation.analysis.claims.kinds.xǁOrderingǁmeans__mutmut_*",
+                     "bnrotation.analysis.claims.kinds.xǁRankOrderǁrows_with_runs__mutmut_*"],
+    "check (readers)": [f"bnrotation.check.x_{f}__mutmut_*" for f in (
+        "load_batches", "load_weights", "load_function", "model_from_factory", "_prefix_hint", "parse_device",
+        "parse_model_kwargs", "_items")],
+}
+
+# Mutants no input can tell from the original: excluded from the score, each with its reason.
+UNREAD_SOURCE = ("the source of a placement or piece that holds a weight layer's channels is never read: reasons name "
+                 "the source only of channels without a weight layer (pairing._decide, _concatenated)")
+WHOLE_BRANCH = ("a piece has no size only when placed without shapes, and _fx_placements never concatenates without "
+                "shapes (execution order always has them); with a size the rebuilt piece equals the part's one piece "
+                "(offset 0, the same size and via) but for its source, which is never read")
+EQUIVALENT: dict[str, str] = {
+    "bnrotation.refresh.x_reestimate_if_stale__mutmut_22": "warn=None for warn=False: the monitor reads warn only as "
+                                                           "a truth value",
+    "bnrotation.refresh.x_reestimate_if_stale__mutmut_73": "lag.get(name, None) for math.nan: the monitor's layer table "
+                                                           "has a line for every layer with running statistics, so the "
+                                                           "default is never read",
+    "bnrotation.refresh.x_reestimate_if_stale__mutmut_75": "lag.get(name) for lag.get(name, math.nan): as _73",
+    "bnrotation.analysis.claims.kinds.xǁOrderingǁmeans__mutmut_5": "reindex(None) for reindex(rows): the runs are "
+        "already the declared rows (check() gives NOT RUN before judging when one is missing); Spearman's rho is the "
+        "same in any row order the two columns share, and the words sort the rows by accuracy",
+    "bnrotation.pairing.xǁ_Placementǁseen_through__mutmut_21": UNREAD_SOURCE,
+    "bnrotation.pairing.xǁ_Placementǁseen_through__mutmut_30": UNREAD_SOURCE,
+    "bnrotation.pairing.xǁ_Placementǁseen_through__mutmut_26": "a piece's size after a see-through operation is read "
+        "only by a concatenation, whose whole-output branch rebuilds a single piece without a size from the "
+        "concatenated shapes (a norm layer fed by one piece is paired without sizes)",
+    **{f"bnrotation.pairing.x__concatenated__mutmut_{i}": WHOLE_BRANCH
+       for i in (8, 9, 10, 11, 13, 15, *range(17, 30))},
+}
+
+KILLED = {"killed", "timeout"}
+
+
+def patterns() -> list[str]:
+    return [p for group in NAMES.values() for p in group]
+
+
+def module_of(name: str) -> str | None:
+    return next((m for m, group in NAMES.items() if any(fnmatch.fnmatch(name, p) for p in group)), None)
+
+
+def results(folder: Path) -> dict[str, str]:
+    """``{mutant: status}`` of every mutant in scope, from mutmut's ``.meta`` files under ``folder``."""
+    from mutmut.stats import status_by_exit_code
+    out = {}
+    for meta in sorted(folder.rglob("*.py.meta")):
+        for name, code in json.loads(meta.read_text())["exit_code_by_key"].items():
+            if module_of(name):
+                out[name] = status_by_exit_code[code]
+    return out
+
+
+def score(found: dict[str, str]) -> tuple[int, int]:
+    """(killed, non-equivalent total), over the mutants mutmut got to ("not checked" left out: a run stopped
+    part-way says so in its table)."""
+    judged = {k: v for k, v in found.items() if k not in EQUIVALENT and v != "not checked"}
+    return sum(v in KILLED for v in judged.values()), len(judged)
+
+
+def diff(name: str) -> str:
+    from mutmut.mutation.diff_apply import get_diff_for_mutant
+    source = ROOT / "src" / Path(*name.split(".x")[0].split(".")).with_suffix(".py")
+    try:
+        return get_diff_for_mutant(name, path=source.relative_to(ROOT))
+    except Exception as err:  # noqa: BLE001 - a diff mutmut cannot rebuild is named, not fatal
+        return f"(no diff: {type(err).__name__}: {err})"
+
+
+def write_report(out: Path, folder: Path, note: str = "") -> str:
+    found = results(folder)
+    if not found:
+        raise SystemExit(f"mutants_report: no mutmut results under {folder}; run `make mutants`")
+    lines = ["# Mutation score (`make mutants`)", "",
+             f"Made by `make mutants` (mutmut {_version()}) on {dt.date.today().isoformat()}, commit "
+             f"{_commit()}: `mutmut run` over the functions of tests/mutants_report.py (NAMES), each mutant "
+             "with the tests of pyproject.toml's `[tool.mutmut]` that reach its function. Score: killed (a timeout "
+             "counts as killed) / mutants less the equivalent ones and those not checked; a mutant no selected test "
+             "reaches counts as surviving." + (f" {note}" if note else ""), "",
+             "| module | killed | total | equivalent | score | survived | no tests | not checked |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    for module in list(NAMES) + ["all"]:
+        part = {k: v for k, v in found.items() if module == "all" or module_of(k) == module}
+        killed, total = score(part)
+        counts = Counter(v for k, v in part.items() if k not in EQUIVALENT)
+        eq = sum(k in EQUIVALENT for k in part)
+        lines.append(f"| {module} | {killed} | {total} | {eq} | {killed / total:.1%} | {counts['survived']} | "
+                     f"{counts['no tests']} | {counts['not checked']} |" if total
+                     else f"| {module} | 0 | 0 | {eq} | – | 0 | 0 | {counts['not checked']} |")
+    others = Counter(v for v in found.values() if v not in KILLED | {"survived", "no tests", "not checked"})
+    if others:
+        lines += ["", "Other outcomes: " + ", ".join(f"{n} {s}" for s, n in sorted(others.items()))]
+    lines += ["", "## Equivalent mutants excluded", ""]
+    lines += [f"- `{k}`: {why}" for k, why in EQUIVALENT.items()] or ["None."]
+    survivors = [k for k, v in found.items() if v in ("survived", "no tests") and k not in EQUIVALENT]
+    lines += ["", f"## Surviving mutants ({len(survivors)})", ""]
+    for name in survivors:
+        lines += [f"### `{name}` ({found[name]})", "", "```diff", diff(name), "```", ""]
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text("\n".join(lines) + "\n")
+    killed, total = score(found)
+    return f"mutation score {killed}/{total} = {killed / total:.1%} (written to {out})"
+
+
+def _version() -> str:
+    from importlib.metadata import version
+    return version("mutmut")
+
+
+def _commit() -> str:
+    done = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
+    return done.stdout.strip() or "unknown"
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--names", action="store_true", help="print the mutant-name patterns for `mutmut run`")
+    p.add_argument("--out", type=Path, help="write the report here")
+    p.add_argument("--note", default="", help="a sentence on how this run was made, if not by make mutants alone")
+    p.add_argument("--mutants", type=Path, default=ROOT / "mutants", help="mutmut's folder (default: mutants/)")
+    args = p.parse_args(argv)
+    if args.names:
+        print(" ".join(patterns()))  # the Makefile turns globbing off (set -f)
+        return 0
+    if args.out is None:
+        p.error("--names or --out FILE")
+    print(write_report(args.out, args.mutants, args.note))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
