@@ -13,8 +13,11 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 MONITOR_NOTEBOOK = "monitor_your_model.py"  # it trains a model (torch): not among the results notebooks
 NOTEBOOK = ROOT / "notebooks" / MONITOR_NOTEBOOK
-SUMMARY = re.compile(r"^step +(\d+)  (STALE )?train ([\d.]+)% / eval ([\d.]+)%(?: \| rotation [\d.]+°/100 steps)? \| "
-                     r"lag median ([\d.]+)σ in \S+, max [\d.]+σ$", re.M)  # rotation from the second call on
+# A summary line: the warm-up's words while it holds the verdict back, then the modes, rotation (from the second
+# call on), the lag and E.
+SUMMARY = re.compile(r"^step +(\d+)  (?:warming up, \d+ steps? left(?:; the rule would fire)? \| )?(STALE )?"
+                     r"train ([\d.]+)% / eval ([\d.]+)%(?: \| rotation [\d.]+°/100 steps)? \| "
+                     r"lag median ([\d.]+)σ in \S+, max [\d.]+σ(?: \| E median [\d.]+σ in \S+)?$", re.M)
 
 
 def test_five_marked_lines_attach_the_monitor():
@@ -42,5 +45,5 @@ def test_the_notebook_runs_at_test_size_and_re_estimation_closes_the_gap(tmp_pat
     held = re.search(r"evaluation mode ([\d.]+)% before; evaluation mode ([\d.]+)% after re-estimation", out)
     assert float(held.group(2)) > float(held.group(1)) + 10
     assert "StaleStatisticsWarning" in done.stderr and f"{MONITOR_NOTEBOOK}:" in done.stderr  # warned, at its line
-    assert re.search(r"Thresholds\(mode_gap=0.05, lag_sigma=0.25\): would warn at \d+ of \d+ calls", out)
+    assert re.search(r"Thresholds\(mode_gap=0.05, lag_sigma=0.25(?:, eval_error_sigma=[\d.]+)?\): would warn at \d+ of \d+ calls", out)
     assert (tmp_path / "monitor_your_model.png").stat().st_size > 10_000

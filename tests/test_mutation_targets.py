@@ -323,7 +323,8 @@ def test_not_below_by_has_the_larger_of_two_standard_errors_and_its_margin(than,
     assert NotBelowBy(stat(than - tol * (1 - EPS), a), stat(than, a), margin).passed
     assert not NotBelowBy(stat(than - tol * (1 + EPS) - 1e-12, a), stat(than, a), margin).passed
     assert NotBelowBy(stat(than + 1, a), stat(than, a), margin).passed  # above: always fine
-    single = NotBelowBy(SeedStat.of([than - margin * (1 - EPS)]), stat(than, a), margin)  # one seed: the margin
+    upper = stat(than, a)  # its mean, as summed: within an ulp of than, which a margin of 0 must not fail on
+    single = NotBelowBy(SeedStat.of([upper.mean - margin * (1 - EPS)]), upper, margin)  # one seed: the margin
     assert single.tolerance == margin and single.passed
 
 
@@ -708,9 +709,10 @@ def test_scope_layers_picks_a_nested_layer_a_lag_exactly_at_its_threshold_and_pa
     reestimate(net, [x])
     with torch.no_grad():
         net[4].running_mean += 2 * net[4].running_var.sqrt()
-    lag = reestimate_if_stale(net, [x], (x, y), thresholds=Thresholds(mode_gap=0.0, lag_sigma=1e9)).before
+    lag_only = dict(mode_gap=0.0, eval_error_sigma=math.inf)  # E off: the lag alone decides
+    lag = reestimate_if_stale(net, [x], (x, y), thresholds=Thresholds(lag_sigma=1e9, **lag_only)).before
     at = float(lag.layers.set_index("norm_layer").loc["4", "lag_median_abs_sigma"])
-    exact = reestimate_if_stale(net, [x], (x, y), thresholds=Thresholds(mode_gap=0.0, lag_sigma=at), scope="layers")
+    exact = reestimate_if_stale(net, [x], (x, y), thresholds=Thresholds(lag_sigma=at, **lag_only), scope="layers")
     assert exact.fired and exact.layers == ["4"]
 
 

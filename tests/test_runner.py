@@ -165,8 +165,8 @@ def test_table_from_smoke_results(smoke_results, tmp_path, capsys):
     md = (tmp_path / "table.md").read_text()
     for row in EXPERIMENTS:
         assert f"`{row}`" in md
-    assert "(`sgd`) | the study's ConvNet | 0 (1) |" in md  # the smoke sweep runs seed 0 of the article's network
-    assert "(`resnet20_adam`) | ResNet-20 | 0 (1; to run: seeds 1, 2) |" in md  # SET=resnet runs seeds 0-2 at every scale
+    assert "(`sgd`) | the study's ConvNet | noisy templates | 0 (1) |" in md  # the smoke sweep runs seed 0 of the article's network
+    assert "(`resnet20_adam`) | ResNet-20 | noisy templates | 0 (1; to run: seeds 1, 2) |" in md  # SET=resnet runs seeds 0-2 at every scale
     assert "| Minutes per run |" in md and "**Not the article's scale.**" in md  # smoke: orientation only
     csv = pd.read_csv(tmp_path / "table.csv")
     assert set(csv["row"]) == set(EXPERIMENTS)

@@ -61,9 +61,9 @@ def test_the_seeds_column_names_the_seeds_and_expects_those_the_rows_sweeps_run(
     assert lines.loc["sgd", "seeds_expected"] == 10 and lines.loc["sgd", "seeds_missing"] == ""
     assert lines.loc["adam", "seeds_missing"] == "5,6,7,8,9"
     md = table.to_markdown(table.build_table(_load(tmp_path)), tmp_path)
-    assert "| SGD, lr 0.05, momentum 0.9 (`sgd`) | the study's ConvNet | 0–9 (10) |" in md
-    assert "| Adam, lr 3e-3 (`adam`) | the study's ConvNet | 0–4 (5; to run: seeds 5–9) |" in md
-    assert "| Adam, lr 3e-4 (`adam_lr3e-4`) | the study's ConvNet | 0–2 (3) |" in md and "of 3" not in md
+    assert "| SGD, lr 0.05, momentum 0.9 (`sgd`) | the study's ConvNet | noisy templates | 0–9 (10) |" in md
+    assert "| Adam, lr 3e-3 (`adam`) | the study's ConvNet | noisy templates | 0–4 (5; to run: seeds 5–9) |" in md
+    assert "| Adam, lr 3e-4 (`adam_lr3e-4`) | the study's ConvNet | noisy templates | 0–2 (3) |" in md and "of 3" not in md
     forced = table.build_table(_load(tmp_path), seeds_expected=3).set_index("row")  # --seeds 3
     assert forced.loc["adam", "seeds_missing"] == "" and forced.loc["sgd", "seeds_expected"] == 3
     assert "Seeds per row: `sgd` 0–9, `adam_lr3e-4` 0–2, `adam` 0–4." in claims.build_report(tmp_path, _load(tmp_path))[0]

@@ -330,7 +330,8 @@ def test_the_committed_outputs_live_beside_the_reference_runs():
     ref = ROOT / results_mod.REFERENCE_ROOT
     assert all((ref / f).is_file() for f in (*OUTPUTS, "figures/README.md", "averaging.md", "averaging.csv"))
     tracked = subprocess.run(["git", "ls-files", "results"], cwd=ROOT, capture_output=True, text=True).stdout.split()
-    kept = ("results/reference/", "results/kernel-paths/")  # the reference runs; one Adam seed on two kernel paths
+    # the reference runs; one Adam seed on two kernel paths; the reports of make test-compat and make mutants
+    kept = ("results/reference/", "results/kernel-paths/", "results/compat/", "results/mutants/")
     assert not [f for f in tracked if not f.startswith(kept) and f != "results/bench.md"]
     assert results_mod.output_folder(None, results_mod.REFERENCE_ROOT) == results_mod.REFERENCE_ROOT
     assert results_mod.output_folder(None, "/tmp/x") == Path("/tmp/x")
