@@ -27,12 +27,12 @@ JOBS ?= $(shell nproc)
 BENCH_ARGS ?=
 SCALES := $(sort $(basename $(notdir $(wildcard conf/scale/*.yaml))))
 
-# Rows and seeds of a sweep, per scale, from src/bnrotation/rows.py (SWEEPS), read only when a target uses them
+# Rows and seeds of a sweep, per scale, from src/bnrotation/study/rows.py (SWEEPS), read only when a target uses them
 # (torch-free, so the system python does it before .venv exists).
 # SET=<name> picks a named set instead (rows.SETS: resnet, ten_seeds), with its own extra overrides.
 SET ?=
 # Asked once per make, at its first use (the variable then holds the answer).
-sweep_of = $(eval sweep_of := $$(shell PYTHONPATH=src $$(PYTHON) -m bnrotation.rows $$(SCALE) $$(SET)))$(sweep_of)
+sweep_of = $(eval sweep_of := $$(shell PYTHONPATH=src $$(PYTHON) -m bnrotation.study.rows $$(SCALE) $$(SET)))$(sweep_of)
 ROWS ?= $(word 1,$(sweep_of))
 SEEDS ?= $(word 2,$(sweep_of))
 set_overrides = $(wordlist 3,99,$(sweep_of))
@@ -47,8 +47,8 @@ out_flag = $(if $(OUT),--out $(OUT),)
 skip_flag := $(if $(filter 1 true yes,$(SKIP_BAD)),--skip-bad,)
 launcher := $(if $(filter-out 1,$(JOBS)),hydra/launcher=joblib hydra.launcher.n_jobs=$(JOBS) threads=$$(( $$(nproc) / $(JOBS) > 0 ? $$(nproc) / $(JOBS) : 1 )),)
 # The folder the analysis writes into: OUT, else the results root it reads (outputs go inside the root).
-# bnrotation.analysis.results prints it, or stops with one line (exit 2) when it cannot be written there.
-out_dir = out=$$($(PY) -m bnrotation.analysis.results $(results_flag) $(out_flag)) &&
+# bnrotation.study.analysis.results prints it, or stops with one line (exit 2) when it cannot be written there.
+out_dir = out=$$($(PY) -m bnrotation.study.analysis.results $(results_flag) $(out_flag)) &&
 
 # Make variables that would otherwise fail deep inside Python: checked before anything runs.
 ifneq ($(filter sweep reproduce row,$(MAKECMDGOALS)),)
@@ -71,9 +71,9 @@ help: ## list the targets
 	@echo "  variables (default in brackets):"
 	@echo "    SCALE=$(subst $(space),|,$(SCALES)) [full]   ROW=<row> [adam]   SEED=<s> [0]   ARGS='<hydra overrides>'   FORCE=1"
 	@echo "    ROWS=<row,row,...> SEEDS=<s,s,...> the sweep's rows and seeds [by SCALE and SET, from rows.py:"
-	@for s in $(SCALES); do echo "      SCALE=$$s: $$(PYTHONPATH=src $(PYTHON) -m bnrotation.rows $$s)"; done
-	@for s in resnet ten_seeds fashion_mnist; do echo "      SET=$$s: $$(PYTHONPATH=src $(PYTHON) -m bnrotation.rows full $$s)"; done
-	@echo "      SET=fashion_mnist_quick (SCALE=quick): $$(PYTHONPATH=src $(PYTHON) -m bnrotation.rows quick fashion_mnist_quick)"
+	@for s in $(SCALES); do echo "      SCALE=$$s: $$(PYTHONPATH=src $(PYTHON) -m bnrotation.study.rows $$s)"; done
+	@for s in resnet ten_seeds fashion_mnist; do echo "      SET=$$s: $$(PYTHONPATH=src $(PYTHON) -m bnrotation.study.rows full $$s)"; done
+	@echo "      SET=fashion_mnist_quick (SCALE=quick): $$(PYTHONPATH=src $(PYTHON) -m bnrotation.study.rows quick fashion_mnist_quick)"
 	@echo "      ]   SET=resnet|ten_seeds|fashion_mnist|fashion_mnist_quick [none: the article's network]"
 	@echo "    JOBS=<n> runs at once (sweep), one thread each when n >= cores [nproc: $(shell nproc)]"
 	@echo "    RESULTS=<root> [sweep, row: results; table, figures, claims: results if it holds runs, else"
@@ -172,14 +172,14 @@ reproduce: $(VENV)/.installed places sweep table figures claims ## the whole stu
 reproduce: RESULTS = $(if $(filter full,$(SCALE)),results,results/$(SCALE))
 
 places: $(VENV)/.installed
-	@$(PY) -m bnrotation.analysis.results $(results_flag) $(out_flag) > /dev/null
+	@$(PY) -m bnrotation.study.analysis.results $(results_flag) $(out_flag) > /dev/null
 
 row: $(VENV)/.installed data ## one row at one seed, SCALE=full unless given (a run: 12-25 min on 2 cores): make row ROW=adam SEED=1 [SCALE=smoke] [ARGS='optimizer.lr=0.001 row=adam_lr1e-3']
 	$(PY) experiments/train.py experiment=$(ROW) seed=$(SEED) scale=$(SCALE) force=$(force_flag) \
 		$(results_override) $(ARGS)
 
 table: $(VENV)/.installed ## <root>/table.md, table.csv, lag.md, averaging.md from the parquet results (RESULTS=<root>; OUT=<folder>; SKIP_BAD=1 leaves bad runs out)
-	$(out_dir) $(PY) -m bnrotation.analysis.tables.table $(results_flag) --out "$$out" $(skip_flag)
+	$(out_dir) $(PY) -m bnrotation.study.analysis.tables.table $(results_flag) --out "$$out" $(skip_flag)
 
 diagnose: $(VENV)/.installed ## stale statistics and fixes of one run: make diagnose RUN=<run folder> [STEP=<n>|last|worst]
 	$(PY) experiments/diagnose.py run=$(RUN) $(if $(STEP),step=$(STEP),)
@@ -192,27 +192,27 @@ bench: $(VENV)/.installed ## results/bench.md: runner vs the article's bare loop
 	$(PY) bench/bench.py --venv $(VENV) --out $(or $(OUT),results)/bench.md $(BENCH_ARGS)
 
 figures: $(VENV)/.installed ## <root>/figures/*.png, *.pdf and README.md from the parquet results (RESULTS=<root>; OUT=<folder>)
-	$(out_dir) $(PY) -m bnrotation.analysis.tables.figures $(results_flag) --out "$$out/figures" $(skip_flag)
+	$(out_dir) $(PY) -m bnrotation.study.analysis.tables.figures $(results_flag) --out "$$out/figures" $(skip_flag)
 
 claims: $(VENV)/.installed ## <root>/claims.md: every claim of the article, PASS/FAIL/NOT RUN (RESULTS=<root>; OUT=<folder>)
-	$(out_dir) $(PY) -m bnrotation.analysis.claims $(results_flag) --out "$$out" $(skip_flag)
+	$(out_dir) $(PY) -m bnrotation.study.analysis.claims $(results_flag) --out "$$out" $(skip_flag)
 
 .PHONY: calibrate
 calibrate: $(VENV)/.installed ## results/reference/calibration.md and docs/monitor.md's figures: the monitor's thresholds, chosen on the synthetic runs, scored in and out of sample (OOS='<roots>': where the other-task runs are; default results/reference and its zoo/)
-	$(PY) -m bnrotation.analysis.tables.calibration --results results/reference --doc docs/monitor.md $(if $(OOS),--out-of-sample $(OOS))
+	$(PY) -m bnrotation.study.analysis.tables.calibration --results results/reference --doc docs/monitor.md $(if $(OOS),--out-of-sample $(OOS))
 
 report: $(VENV)/.installed ## <root>/report.html: headline, table, claims and figures on one page that opens offline (RESULTS=<root>; OUT=<folder>)
-	$(out_dir) $(PY) -m bnrotation.analysis.webpage $(results_flag) --out "$$out" $(skip_flag)
+	$(out_dir) $(PY) -m bnrotation.study.analysis.webpage $(results_flag) --out "$$out" $(skip_flag)
 
 frozen: $(VENV)/.installed ## the frozen-backbone experiment, 3 BatchNorm modes x 3 seeds, resumable, then <root>/frozen.md (RESULTS=<root> [results/frozen]; JOBS=n; FORCE=1)
 	$(PY) experiments/frozen.py sweep --jobs $(JOBS) results_root=$(or $(RESULTS),results/frozen) force=$(force_flag)
-	$(PY) -m bnrotation.analysis.tables.frozen --results $(or $(RESULTS),results/frozen)
+	$(PY) -m bnrotation.study.analysis.tables.frozen --results $(or $(RESULTS),results/frozen)
 
-# The staleness zoo (src/bnrotation/zoo.py, conf/zoo.yaml): every architecture x optimizer x seed of bnrotation.zoo
-# (`python -m bnrotation.zoo` prints the sweep) as one Hydra multirun, JOBS joblib workers of one thread each. A
+# The staleness zoo (src/bnrotation/study/zoo.py, conf/zoo.yaml): every architecture x optimizer x seed of bnrotation.study.zoo
+# (`python -m bnrotation.study.zoo` prints the sweep) as one Hydra multirun, JOBS joblib workers of one thread each. A
 # finished run is skipped (FORCE=1 reruns), one without DONE rerun; a sweep that lost a run exits 1.
 zoo: $(VENV)/.installed data ## the staleness zoo: timm architectures x sgd,adam x 3 seeds on Fashion-MNIST and the GroupNorm control (resumable; RESULTS=<root> [results/zoo]; JOBS=n; FORCE=1; ARGS)
-	sweep=$$($(PY) -m bnrotation.zoo) && $(PY) experiments/zoo.py -m $$sweep results_root=$(or $(RESULTS),results/zoo) \
+	sweep=$$($(PY) -m bnrotation.study.zoo) && $(PY) experiments/zoo.py -m $$sweep results_root=$(or $(RESULTS),results/zoo) \
 		force=$(force_flag) threads=1 hydra/launcher=joblib hydra.launcher.n_jobs=$(JOBS) $(ARGS)
 
 notebooks: $(VENV)/.installed ## run every notebooks/*.py as a script against the results (RESULTS=<root>)

@@ -55,20 +55,22 @@ import torch.fx as fx
 import torch.nn.functional as F
 from hydra import compose, initialize_config_dir
 
-from bnrotation import ensemble, records
+from bnrotation import records
+
+from bnrotation.study import ensemble
 from bnrotation.checkpoints import checkpoint_path, save_checkpoint
-from bnrotation.config import EVAL_COMPILED_MIN_STEPS, RunConfig, register_configs, to_run_config
-from bnrotation.interventions import run_interventions
-from bnrotation.model import build_model
+from bnrotation.study.config import EVAL_COMPILED_MIN_STEPS, RunConfig, register_configs, to_run_config
+from bnrotation.study.interventions import run_interventions
+from bnrotation.study.model import build_model
 from bnrotation.monitor import StalenessMonitor
 from bnrotation.bnstats import batch_statistics
-from bnrotation.optim import build_optimizer
+from bnrotation.study.optim import build_optimizer
 from bnrotation.evaluation import CompiledEvaluation, eval_chunk
 from bnrotation.probes import accuracy, channel_dims, fresh_statistics, input_moments
-from bnrotation.rows import RESNET_ROWS, ROWS, SEEDS, SETS, SWEEP_ROWS
-from bnrotation.runner import averaging_steps, check_steps, intervention_steps, log_steps, run
-from bnrotation.runtime import evaluation_compiled, resolve_device
-from bnrotation.task import NoisyTemplates, reestimation_batches
+from bnrotation.study.rows import RESNET_ROWS, ROWS, SEEDS, SETS, SWEEP_ROWS
+from bnrotation.study.runner import averaging_steps, check_steps, intervention_steps, log_steps, run
+from bnrotation.study.runtime import evaluation_compiled, resolve_device
+from bnrotation.study.task import NoisyTemplates, reestimation_batches
 
 ROOT = Path(__file__).resolve().parents[1]
 ROW = "adam"  # the row the ratios are measured on: Adam, lr 3e-3, as in the article's snippet

@@ -41,7 +41,7 @@ timeout 150 "$py" experiments/train.py experiment=adam seed=0 device=cuda progre
 cp "$scratch/row/runs/adam/seed=0/run.json" "$out/row.json" 2>/dev/null || true
 
 say "3/3 the article's 7 rows x 3 seeds, each row's seeds as one batched model"
-rows=$(PYTHONPATH=src "$py" -c "from bnrotation.rows import PUBLISHED_ROWS; print(','.join(PUBLISHED_ROWS + ('adam_bn_m0.3',)))")
+rows=$(PYTHONPATH=src "$py" -c "from bnrotation.study.rows import PUBLISHED_ROWS; print(','.join(PUBLISHED_ROWS + ('adam_bn_m0.3',)))")
 start=$(date +%s)
 timeout 240 "$py" experiments/train.py -m batch_seeds=[0,1,2] experiment="$rows" device=cuda progress=false \
   results_root="$scratch/sweep" hydra.sweep.dir="$scratch/sweep/hydra" >>"$log" 2>&1 || say "the sweep stopped: $?"

@@ -16,9 +16,11 @@ import hydra
 import pandas as pd
 from omegaconf import DictConfig
 
-from bnrotation import averaging, runner
+from bnrotation import averaging
+
+from bnrotation.study import runner
 from bnrotation.audit import audit_averaged
-from bnrotation.config import register_configs, to_run_config
+from bnrotation.study.config import register_configs, to_run_config
 
 register_configs()
 PROBE = 500

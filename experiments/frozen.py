@@ -1,4 +1,4 @@
-"""The frozen-backbone experiment (bnrotation.frozen): one run, or the resumable sweep of every mode and seed.
+"""The frozen-backbone experiment (bnrotation.study.frozen): one run, or the resumable sweep of every mode and seed.
 
     python experiments/frozen.py run mode=bn_train seed=0 [key=value ...]
     python experiments/frozen.py sweep --jobs 2 results_root=results/reference/frozen
@@ -6,7 +6,7 @@
 
 import sys
 
-from bnrotation.frozen import main
+from bnrotation.study.frozen import main
 
 if __name__ == "__main__":
     sys.exit(main())

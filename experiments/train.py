@@ -3,14 +3,14 @@
     python experiments/train.py experiment=adam seed=1
     python experiments/train.py -m experiment=sgd,adam seed=0,1,2 scale=quick
 
-Parses the config and calls bnrotation.runner.run; nothing else lives here.
+Parses the config and calls bnrotation.study.runner.run; nothing else lives here.
 """
 
 import hydra
 from omegaconf import DictConfig
 
-from bnrotation.cli import finish_job, run_task
-from bnrotation.config import register_configs
+from bnrotation.study.cli import finish_job, run_task
+from bnrotation.study.config import register_configs
 
 register_configs()
 

@@ -1,17 +1,17 @@
-"""The staleness zoo (bnrotation.zoo): one timm architecture, optimizer and seed on Fashion-MNIST, or a Hydra
+"""The staleness zoo (bnrotation.study.zoo): one timm architecture, optimizer and seed on Fashion-MNIST, or a Hydra
 multirun sweep of them.
 
     python experiments/zoo.py arch=lcnet_050 optimizer=adam seed=0
-    python experiments/zoo.py -m $(python -m bnrotation.zoo) hydra/launcher=joblib hydra.launcher.n_jobs=2  # make zoo
+    python experiments/zoo.py -m $(python -m bnrotation.study.zoo) hydra/launcher=joblib hydra.launcher.n_jobs=2  # make zoo
 
-Parses the config and calls bnrotation.zoo.run_task; nothing else lives here.
+Parses the config and calls bnrotation.study.zoo.run_task; nothing else lives here.
 """
 
 import hydra
 from omegaconf import DictConfig
 
-from bnrotation.cli import finish_job
-from bnrotation.zoo import register_zoo_config, run_task
+from bnrotation.study.cli import finish_job
+from bnrotation.study.zoo import register_zoo_config, run_task
 
 register_zoo_config()
 

@@ -32,11 +32,11 @@ from pathlib import Path
 
 import pandas as pd
 
-from bnrotation.analysis import claims
-from bnrotation.analysis.claims import evidence
-from bnrotation.analysis.measures import metrics, theory
-from bnrotation.analysis.results import default_results_root, load_runs
-from bnrotation.analysis.tables import figures
+from bnrotation.study.analysis import claims
+from bnrotation.study.analysis.claims import evidence
+from bnrotation.study.analysis.measures import metrics, theory
+from bnrotation.study.analysis.results import default_results_root, load_runs
+from bnrotation.study.analysis.tables import figures
 
 ROOT = Path(os.environ.get("BNROTATION_RESULTS") or default_results_root())
 runs = load_runs(ROOT, tables=figures.TABLES)

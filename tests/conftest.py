@@ -28,7 +28,7 @@ from filelock import FileLock
 from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig
 
-from bnrotation.config import RunConfig, register_configs, to_run_config
+from bnrotation.study.config import RunConfig, register_configs, to_run_config
 
 ROOT = Path(__file__).resolve().parents[1]
 CONF = ROOT / "conf"
@@ -175,5 +175,5 @@ def built_once(tmp_path_factory: pytest.TempPathFactory, name: str, make: Callab
 def adam_smoke_run(tmp_path_factory) -> Path:
     """One finished ``adam`` run at smoke scale on 8x8 images, seed 0, with interventions and checkpoints; do
     not modify it."""
-    from bnrotation.runner import run
+    from bnrotation.study.runner import run
     return built_once(tmp_path_factory, "adam_smoke", lambda root: run(run_cfg(["experiment=adam", *TOY_SIZE], root)))

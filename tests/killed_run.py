@@ -43,8 +43,10 @@ import torch  # noqa: E402
 
 from conftest import run_cfg  # noqa: E402  (composes the real configs)
 
-from bnrotation import checkpoints, ensemble, records, runner  # noqa: E402
-from bnrotation.config import RunConfig  # noqa: E402
+from bnrotation import checkpoints, records
+
+from bnrotation.study import ensemble, runner  # noqa: E402
+from bnrotation.study.config import RunConfig  # noqa: E402
 
 
 def die() -> None:

@@ -38,15 +38,15 @@ NAMES = {
                 "bnrotation.pairing.xǁNormPairǁspans__mutmut_*", "bnrotation.pairing.xǁ_Placementǁ*"],
     "lint": ["bnrotation.lint.*"],
     "refresh": ["bnrotation.refresh.*"],
-    "claims.kinds": ["bnrotation.analysis.claims.kinds.x_match_tolerance__mutmut_*",
-                     "bnrotation.analysis.claims.kinds.x_matches__mutmut_*",
-                     "bnrotation.analysis.claims.kinds.x_above__mutmut_*",
-                     "bnrotation.analysis.claims.kinds.x_withhold_verdicts__mutmut_*",
-                     "bnrotation.analysis.claims.kinds.xǁClaimǁ*",
-                     "bnrotation.analysis.claims.kinds.xǁBespokeǁoutcome__mutmut_*",
-                     "bnrotation.analysis.claims.kinds.xǁ*ǁjudge__mutmut_*",
-                     "bnrotation.analysis.claims.kinds.xǁOrderingǁmeans__mutmut_*",
-                     "bnrotation.analysis.claims.kinds.xǁRankOrderǁrows_with_runs__mutmut_*"],
+    "claims.kinds": ["bnrotation.study.analysis.claims.kinds.x_match_tolerance__mutmut_*",
+                     "bnrotation.study.analysis.claims.kinds.x_matches__mutmut_*",
+                     "bnrotation.study.analysis.claims.kinds.x_above__mutmut_*",
+                     "bnrotation.study.analysis.claims.kinds.x_withhold_verdicts__mutmut_*",
+                     "bnrotation.study.analysis.claims.kinds.xǁClaimǁ*",
+                     "bnrotation.study.analysis.claims.kinds.xǁBespokeǁoutcome__mutmut_*",
+                     "bnrotation.study.analysis.claims.kinds.xǁ*ǁjudge__mutmut_*",
+                     "bnrotation.study.analysis.claims.kinds.xǁOrderingǁmeans__mutmut_*",
+                     "bnrotation.study.analysis.claims.kinds.xǁRankOrderǁrows_with_runs__mutmut_*"],
     "check (readers)": [f"bnrotation.check.x_{f}__mutmut_*" for f in (
         "load_batches", "load_weights", "load_function", "model_from_factory", "_prefix_hint", "parse_device",
         "parse_model_kwargs", "_items")],
@@ -65,7 +65,7 @@ EQUIVALENT: dict[str, str] = {
                                                            "has a line for every layer with running statistics, so the "
                                                            "default is never read",
     "bnrotation.refresh.x_reestimate_if_stale__mutmut_75": "lag.get(name) for lag.get(name, math.nan): as _73",
-    "bnrotation.analysis.claims.kinds.xǁOrderingǁmeans__mutmut_5": "reindex(None) for reindex(rows): the runs are "
+    "bnrotation.study.analysis.claims.kinds.xǁOrderingǁmeans__mutmut_5": "reindex(None) for reindex(rows): the runs are "
         "already the declared rows (check() gives NOT RUN before judging when one is missing); Spearman's rho is the "
         "same in any row order the two columns share, and the words sort the rows by accuracy",
     "bnrotation.pairing.xǁ_Placementǁseen_through__mutmut_21": UNREAD_SOURCE,

@@ -25,15 +25,15 @@ import pytest
 import yaml
 
 from bnrotation import records
-from bnrotation.analysis import claims
-from bnrotation.analysis.claims import evidence, kinds, registry
-from bnrotation.analysis.measures import intervention_log, metrics, theory
-from bnrotation.analysis.results import (BadRunError, Run, check_against_row, load_run, load_runs, once_per_run,
+from bnrotation.study.analysis import claims
+from bnrotation.study.analysis.claims import evidence, kinds, registry
+from bnrotation.study.analysis.measures import intervention_log, metrics, theory
+from bnrotation.study.analysis.results import (BadRunError, Run, check_against_row, load_run, load_runs, once_per_run,
                                       protocol_scale)
-from bnrotation.analysis.stats import SeedStat
-from bnrotation.analysis.tables import figures, table
-from bnrotation.names import OPTIMIZER_CLASSES
-from bnrotation.rows import ARTICLE_ROWS, PUBLISHED_ROWS, ROWS, RowSpec, on_fashion_mnist
+from bnrotation.study.analysis.stats import SeedStat
+from bnrotation.study.analysis.tables import figures, table
+from bnrotation.study.names import OPTIMIZER_CLASSES
+from bnrotation.study.rows import ARTICLE_ROWS, PUBLISHED_ROWS, ROWS, RowSpec, on_fashion_mnist
 from test_monitor_notebook import MONITOR_NOTEBOOK
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -139,8 +139,8 @@ def write_run(root: Path, row: str, seed: int, *, rotation: float, norm_growth: 
 
 @functools.lru_cache(maxsize=None)
 def _resnet_pairs() -> tuple[tuple[str, str], ...]:
-    from bnrotation.config import ModelConfig
-    from bnrotation.model import build_model
+    from bnrotation.study.config import ModelConfig
+    from bnrotation.study.model import build_model
     from bnrotation.monitor import find_pairs
     model = build_model(ModelConfig(arch="resnet20", channels=[16, 32, 64]), 10, seed=0)
     return tuple((p.weight, p.norm) for p in find_pairs(model).pairs)
@@ -304,8 +304,8 @@ def test_the_lowest_check_is_the_rows_lowest_over_its_runs_with_its_seed_and_ste
 def test_make_claims_ends_with_each_rows_lowest_check_and_the_finding(tmp_path):
     """The console's last lines: verdicts counted in one line (none listed as NOT RUN), one line per row with its
     lowest check (step) and training-mode accuracy, and the finding, whose figures are the runs' own."""
-    from bnrotation.analysis.claims.command import console_summary
-    from bnrotation.analysis.formatting import cell
+    from bnrotation.study.analysis.claims.command import console_summary
+    from bnrotation.study.analysis.formatting import cell
     write_run(tmp_path, "sgd", 0, rotation=0.5, norm_growth=1.2, acc_eval=0.99)
     write_run(tmp_path, "adam", 0, rotation=7.0, norm_growth=6.0, acc_eval=0.8, lowest=0.1)
     runs = _load(tmp_path)
@@ -448,7 +448,7 @@ def test_every_claim_is_declared_once_and_bespoke_checks_register_under_their_na
 
 
 def test_published_figures_are_read_from_rows_and_article():
-    from bnrotation import article
+    from bnrotation.study import article
     by_name = {c.name: c for c in registry.CLAIMS}
     assert by_name["update_cosine_adam"].figure() == article.UPDATE_COSINE["adam"]
     assert by_name["drift_middle_sgd"].figure() == article.MIDDLE_DRIFT["sgd"]
@@ -644,7 +644,7 @@ def smoke_root(tmp_path_factory) -> Path:
     """The runner itself at a toy size: sgd and adamw (the row with an equilibrium prediction), seed 0."""
     from conftest import run_cfg
 
-    from bnrotation.runner import run
+    from bnrotation.study.runner import run
     root = tmp_path_factory.mktemp("smoke")
     toy = ["task.probe_size=32", "task.batch_size=16", "scale.heldout_size=32", "scale.steps=12",
            "scale.log_every=4", "scale.check_start=4", "scale.check_every=4", "scale.intervene_every=4",
@@ -669,8 +669,8 @@ def test_make_figures_and_claims_run_on_the_runners_output(smoke_root, tmp_path)
 
 NO_TORCH = """
 import runpy, sys
-import bnrotation.analysis.claims, bnrotation.analysis.tables.figures, bnrotation.analysis.measures.metrics
-import bnrotation.analysis.results, bnrotation.analysis.tables.table, bnrotation.analysis.measures.theory
+import bnrotation.study.analysis.claims, bnrotation.study.analysis.tables.figures, bnrotation.study.analysis.measures.metrics
+import bnrotation.study.analysis.results, bnrotation.study.analysis.tables.table, bnrotation.study.analysis.measures.theory
 for path in sys.argv[1:]:
     runpy.run_path(path, run_name="__main__")
 bad = sorted(m for m in sys.modules if m == "torch" or m.startswith("torch."))

@@ -19,9 +19,9 @@ from pathlib import Path
 
 import pytest
 
-from bnrotation.analysis import claims
-from bnrotation.analysis.results import ALL_TABLES, load_runs
-from bnrotation.analysis.tables import table
+from bnrotation.study.analysis import claims
+from bnrotation.study.analysis.results import ALL_TABLES, load_runs
+from bnrotation.study.analysis.tables import table
 
 ROOT = Path(__file__).resolve().parents[1]
 REFERENCE = Path("results/reference")  # as make names it: the root's name is part of each report's header
@@ -32,7 +32,7 @@ CLAIMS_OUTPUTS = ("claims.md", "claims.json")
 @dataclass
 class Regenerated:
     """What ``make table`` and ``make claims`` write from the reference runs (``out``), and the claims' weighing
-    (:func:`bnrotation.analysis.claims.weigh`: evidence, checks, table cells)."""
+    (:func:`bnrotation.study.analysis.claims.weigh`: evidence, checks, table cells)."""
 
     out: Path
     weighed: tuple
@@ -62,7 +62,7 @@ def test_a_committed_output_is_what_the_analysis_writes_from_the_committed_runs(
 def test_the_committed_verdicts_name_every_check_once(regenerated):
     """``claims.json`` lists every named check and every table cell, each with a verdict ``claims.md`` uses."""
     committed = json.loads((ROOT / REFERENCE / "claims.json").read_text())
-    from bnrotation.analysis.claims.registry import CLAIMS, TABLE_CELLS
+    from bnrotation.study.analysis.claims.registry import CLAIMS, TABLE_CELLS
     assert list(committed["checks"]) == [c.name for c in CLAIMS]
     assert list(committed["table_cells"]) == [c.name for c in TABLE_CELLS]
     md = (ROOT / REFERENCE / "claims.md").read_text()

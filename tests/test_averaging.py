@@ -15,9 +15,9 @@ from bnrotation import records
 from bnrotation.averaging import (EMA, POLICIES, average_checkpoints, compare_states, mixture_moments,
                                   saved_checkpoints, validate_inference_state)
 from bnrotation.bnstats import reestimate, running_stat_layers, weights_fingerprint
-from bnrotation.config import ConfigError, ModelConfig, TaskConfig
-from bnrotation.model import build_model
-from bnrotation.task import NoisyTemplates, generator
+from bnrotation.study.config import ConfigError, ModelConfig, TaskConfig
+from bnrotation.study.model import build_model
+from bnrotation.study.task import NoisyTemplates, generator
 
 TASK = TaskConfig(image_size=8, batch_size=32, probe_size=256)
 MODEL = ModelConfig(channels=[8, 16, 16], channels_last=False)
@@ -332,7 +332,7 @@ FAST = ["task.probe_size=128", "task.image_size=8", "task.batch_size=16"]  # a t
 @pytest.fixture(scope="module")
 def averaging_run(tmp_path_factory):
     from conftest import run_cfg
-    from bnrotation.runner import run
+    from bnrotation.study.runner import run
     root = tmp_path_factory.mktemp("avg")
     out = run(run_cfg(["experiment=adam", "averaging.tail_steps=10", "averaging.tail_every=5", *FAST], root))
     return root, out
@@ -358,7 +358,7 @@ def test_runner_writes_the_averaging_table(averaging_run):
 
 def test_averaging_changes_nothing_in_the_training_run(averaging_run, tmp_path):
     from conftest import run_cfg
-    from bnrotation.runner import run
+    from bnrotation.study.runner import run
     _, out = averaging_run
     off = run(run_cfg(["experiment=adam", "averaging.enabled=false", "interventions=false", *FAST], tmp_path))
     pd.testing.assert_frame_equal(pd.read_parquet(out / "checks.parquet"), pd.read_parquet(off / "checks.parquet"))
@@ -378,7 +378,7 @@ def test_saved_checkpoints_of_a_run_are_averaged(averaging_run):
 
 
 def test_make_table_writes_averaging_md(averaging_run, tmp_path):
-    from bnrotation.analysis.tables.table import main as table_main
+    from bnrotation.study.analysis.tables.table import main as table_main
     root, _ = averaging_run
     assert table_main(["--results", str(root), "--out", str(tmp_path)]) == 0
     md = (tmp_path / "averaging.md").read_text()

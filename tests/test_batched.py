@@ -11,13 +11,15 @@ import pytest
 import torch
 import yaml
 
-from bnrotation import ensemble, records
-from bnrotation.config import ModelConfig, OptimizerConfig
-from bnrotation.model import build_model
-from bnrotation.optim import build_optimizer
-from bnrotation.rundir import RESUME_FILE
-from bnrotation.runner import run, run_seeds
-from bnrotation.runtime import RunInterrupted
+from bnrotation import records
+
+from bnrotation.study import ensemble
+from bnrotation.study.config import ModelConfig, OptimizerConfig
+from bnrotation.study.model import build_model
+from bnrotation.study.optim import build_optimizer
+from bnrotation.study.rundir import RESUME_FILE
+from bnrotation.study.runner import run, run_seeds
+from bnrotation.study.runtime import RunInterrupted
 
 from test_reliability import tiny
 from test_resume import interrupt_at

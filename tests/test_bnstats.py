@@ -15,9 +15,9 @@ from torch.utils.data import DataLoader, TensorDataset
 from bnrotation import records
 from bnrotation.bnstats import (parameter_digests, reestimate, running_stat_layers, running_stats,
                                 swapped_statistics, top_k_channel_masks, weights_fingerprint)
-from bnrotation.config import ModelConfig
-from bnrotation.model import build_model
-from bnrotation.interventions import run_interventions, top_k_grid
+from bnrotation.study.config import ModelConfig
+from bnrotation.study.model import build_model
+from bnrotation.study.interventions import run_interventions, top_k_grid
 
 
 # ----------------------------------------------------------------------------- helpers

@@ -1,4 +1,4 @@
-"""The calibration of the monitor's rule (bnrotation.analysis.tables.calibration): the method, the scores, the
+"""The calibration of the monitor's rule (bnrotation.study.analysis.tables.calibration): the method, the scores, the
 in-sample rule, the signals recomputed from a run's tables; and, on the committed runs, that ``Thresholds()``
 holds the method's in-sample choices and that ``calibration.md`` is what ``make calibrate`` writes."""
 
@@ -11,8 +11,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from bnrotation.analysis.results import Run
-from bnrotation.analysis.tables import calibration as cal
+from bnrotation.study.analysis.results import Run
+from bnrotation.study.analysis.tables import calibration as cal
 from bnrotation.staleness import Thresholds, channel_signals
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -149,12 +149,12 @@ def _oos_run(stale: list[bool], warn: list[bool], gap: list[float] | None = None
 
 
 def _evidence(tmp_path, runs):
-    from bnrotation.analysis.claims.evidence import Evidence
+    from bnrotation.study.analysis.claims.evidence import Evidence
     return Evidence(tmp_path, runs, pd.DataFrame({"row": [r.row for r in runs], "seed": [r.seed for r in runs]}))
 
 
 def test_the_out_of_sample_recall_claim_just_inside_and_just_outside(tmp_path):
-    from bnrotation.analysis.claims import outofsample as oos
+    from bnrotation.study.analysis.claims import outofsample as oos
 
     inside = _oos_run([True] * 10, [True] * 8 + [False] * 2)  # recall 0.8: at the tolerance
     outside = _oos_run([True] * 10, [True] * 7 + [False] * 3, seed=1)  # 0.7
@@ -166,7 +166,7 @@ def test_the_out_of_sample_recall_claim_just_inside_and_just_outside(tmp_path):
 
 
 def test_the_out_of_sample_false_alarm_claim_just_inside_and_just_outside(tmp_path):
-    from bnrotation.analysis.claims import outofsample as oos
+    from bnrotation.study.analysis.claims import outofsample as oos
 
     def run(alarms: int) -> Run:  # 20 fresh points, each with a gap of 0.06 (above the rule's) but no recovery
         return _oos_run([False] * 20, [True] * alarms + [False] * (20 - alarms), gap=[0.06] * 20)

@@ -16,10 +16,10 @@ import pandas as pd
 import pytest
 
 from bnrotation import records
-from bnrotation.analysis import claims
-from bnrotation.analysis.claims import carryover, evidence, kinds
-from bnrotation.analysis.tables import figures, table
-from bnrotation.rows import RESNET_ROWS
+from bnrotation.study.analysis import claims
+from bnrotation.study.analysis.claims import carryover, evidence, kinds
+from bnrotation.study.analysis.tables import figures, table
+from bnrotation.study.rows import RESNET_ROWS
 
 from test_analysis import _load, cosine_lr, resnet_layers, write_replication, write_resnet_run
 
@@ -192,7 +192,7 @@ def both_networks(tmp_path_factory) -> Path:
     """The runner at a toy size, both networks in one root: the study's Adam row and two ResNet-20 rows."""
     from conftest import run_cfg
 
-    from bnrotation.runner import run
+    from bnrotation.study.runner import run
     root = tmp_path_factory.mktemp("both")
     # channels_last off: at these toy widths (4 channels) PyTorch 2.13's CPU backward corrupts the heap with
     # channels_last on ResNet-20 (`free(): corrupted` aborts); the sweep's widths (16, 32, 64) are unaffected.

@@ -18,10 +18,10 @@ from types import SimpleNamespace
 import pandas as pd
 import pytest
 
-from bnrotation.analysis.claims import carryover, kinds, registry
-from bnrotation.analysis.claims.evidence import Evidence
-from bnrotation.analysis.claims.kinds import FAIL, NOT_RUN, PASS
-from bnrotation.rows import PUBLISHED_ROWS
+from bnrotation.study.analysis.claims import carryover, kinds, registry
+from bnrotation.study.analysis.claims.evidence import Evidence
+from bnrotation.study.analysis.claims.kinds import FAIL, NOT_RUN, PASS
+from bnrotation.study.rows import PUBLISHED_ROWS
 
 EPS = 1e-6  # relative step across a boundary
 SPREAD = (-1.0, -1.0, 1.0, 1.0)  # 4 seeds at mean ± a: sample sd 2a/√3 (squared deviations 4a², over n − 1 = 3)

@@ -43,7 +43,7 @@ from test_wheel import CORE, ROOT, SUITE_MODULES, build_wheel, lower_bounds
 
 # The test files that need only the library: the checkpoint check and its formats, gated re-estimation, the
 # BatchNorm lint and the averaged-model audit, and rank agreement (each also drives the monitor and its pairing).
-# The monitor's, re-estimation's and averaging's own files import the suite's network (bnrotation.model, whose
+# The monitor's, re-estimation's and averaging's own files import the suite's network (bnrotation.study.model, whose
 # config needs Hydra) at the top, so they cannot run there.
 LIBRARY_TESTS = ("test_check.py", "test_checkpoint_formats.py", "test_reestimate_gated.py", "test_lint.py",
                  "test_audit.py", "test_distributed.py")
@@ -119,10 +119,10 @@ def test_a_library_test_that_imports_the_suite_is_caught(tmp_path):
     """The failure case: the suite's network (its config needs Hydra), the conftest, another test file and a
     package the venvs lack."""
     bad = tmp_path / "test_bad.py"
-    bad.write_text("import torch\nfrom bnrotation.model import build_model\n\n\ndef test():\n"
+    bad.write_text("import torch\nfrom bnrotation.study.model import build_model\n\n\ndef test():\n"
                    "    from conftest import TOY_SIZE\n    import test_probes\n    import timm\n")
     problems = library_test_problems([bad])
-    assert len(problems) == 4 and re.search(r"test_bad.py imports bnrotation.model, which needs the suite's "
+    assert len(problems) == 4 and re.search(r"test_bad.py imports bnrotation.study.model, which needs the suite's "
                                             r"stack \(.*hydra", problems[-1]), problems
 
 

@@ -23,7 +23,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 from omegaconf import OmegaConf
 
 from bnrotation import records
-from bnrotation.config import (AVERAGING_AT, DEVICES, DTYPES, NORMS, OPTIMIZERS, SCHEDULES, ConfigError,
+from bnrotation.study.config import (AVERAGING_AT, DEVICES, DTYPES, NORMS, OPTIMIZERS, SCHEDULES, ConfigError,
                                RunConfig, to_run_config)
 
 from conftest import ROOT, compose_cfg

@@ -11,8 +11,8 @@ import pytest
 import yaml
 from omegaconf import OmegaConf
 
-from bnrotation.config import AveragingConfig, ConfigError, ScaleConfig, TaskConfig, to_run_config
-from bnrotation.rows import ROWS, SETS, SWEEPS
+from bnrotation.study.config import AveragingConfig, ConfigError, ScaleConfig, TaskConfig, to_run_config
+from bnrotation.study.rows import ROWS, SETS, SWEEPS
 
 from conftest import CONF, EXPERIMENTS, ROOT, compose_cfg, run_cfg
 

@@ -15,9 +15,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from bnrotation.analysis.measures import dense, lag
-from bnrotation.analysis.results import Run
-from bnrotation.analysis.tables import lag_report
+from bnrotation.study.analysis.measures import dense, lag
+from bnrotation.study.analysis.results import Run
+from bnrotation.study.analysis.tables import lag_report
 
 M = 0.03
 STARTS, LENGTH = (300, 600, 900), 128

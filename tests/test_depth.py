@@ -1,5 +1,5 @@
-"""Running-mean lag against depth (:mod:`bnrotation.analysis.measures.depth`) and checks against the learning rate
-(:mod:`bnrotation.analysis.measures.midrun`): closed forms, invariances and failures, on tables built here (no torch)."""
+"""Running-mean lag against depth (:mod:`bnrotation.study.analysis.measures.depth`) and checks against the learning rate
+(:mod:`bnrotation.study.analysis.measures.midrun`): closed forms, invariances and failures, on tables built here (no torch)."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from bnrotation.analysis.measures import depth, midrun
-from bnrotation.analysis.results import Run
+from bnrotation.study.analysis.measures import depth, midrun
+from bnrotation.study.analysis.results import Run
 
 
 def _channels_run(lags_by_layer: list[list[float]], steps=(1900, 2000, 3000), window=(2000, 3000)) -> Run:

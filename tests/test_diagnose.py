@@ -10,12 +10,12 @@ import pandas as pd
 import pytest
 import torch
 
-from bnrotation.analysis.measures import intervention_log as logged
-from bnrotation.analysis.results import load_run
+from bnrotation.study.analysis.measures import intervention_log as logged
+from bnrotation.study.analysis.results import load_run
 from bnrotation.checkpoints import checkpoint_path, load_checkpoint
-from bnrotation.diagnose import diagnose_checkpoint, format_checkpoint_report, main, refine_k
+from bnrotation.study.diagnose import diagnose_checkpoint, format_checkpoint_report, main, refine_k
 from bnrotation.evaluation import EVAL_CHUNK
-from bnrotation.interventions import top_k_accuracy
+from bnrotation.study.interventions import top_k_accuracy
 
 from conftest import ROOT
 
@@ -50,9 +50,9 @@ def test_the_lag_summary_is_the_stored_buffers_against_the_fresh_ones(diagnosis,
 
 def test_bisection_finds_a_k_where_the_accuracy_crosses_the_threshold(diagnosis, adam_smoke_run):
     """The refined k reaches the threshold and k - 1 does not; the k = all point always reaches it."""
-    from bnrotation.task import heldout_set
-    from bnrotation.task import NoisyTemplates
-    from bnrotation.model import build_model
+    from bnrotation.study.task import heldout_set
+    from bnrotation.study.task import NoisyTemplates
+    from bnrotation.study.model import build_model
     cfg = diagnosis.cfg
     model = build_model(cfg.model, cfg.task.num_classes, cfg.seed)
     model.load_state_dict(load_checkpoint(checkpoint_path(adam_smoke_run, 20))["model"])

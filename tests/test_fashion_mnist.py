@@ -15,9 +15,9 @@ import numpy as np
 import pytest
 import torch
 
-from bnrotation import fashion_mnist as fm
-from bnrotation.config import ConfigError, TaskConfig
-from bnrotation.task import FashionMNIST, build_task, generator
+from bnrotation.study import fashion_mnist as fm
+from bnrotation.study.config import ConfigError, TaskConfig
+from bnrotation.study.task import FashionMNIST, build_task, generator
 from conftest import FASHION_MNIST_SAMPLE, TOY_SIZE, run_cfg
 
 SAMPLE = FASHION_MNIST_SAMPLE
@@ -120,9 +120,9 @@ def test_a_split_too_small_for_the_run_is_refused():
 
 
 def test_the_check_command_exits_2_on_bad_files_and_0_on_good_ones(tmp_path):
-    """``python -m bnrotation.fashion_mnist DIR``: the sample's files are not the official ones (checksums), so
+    """``python -m bnrotation.study.fashion_mnist DIR``: the sample's files are not the official ones (checksums), so
     it says which and exits 2; a missing folder exits 2 with one line."""
-    cmd = [sys.executable, "-m", "bnrotation.fashion_mnist"]
+    cmd = [sys.executable, "-m", "bnrotation.study.fashion_mnist"]
     sample = subprocess.run([*cmd, str(SAMPLE)], capture_output=True, text=True)
     assert sample.returncode == 2 and sample.stderr.count("SHA-256") == 4
     gone = subprocess.run([*cmd, str(tmp_path / "nowhere")], capture_output=True, text=True)
@@ -184,7 +184,7 @@ def test_a_smaller_size_averages_the_pixels():
 
 
 def test_a_toy_run_on_the_sample_records_its_task(tmp_path):
-    from bnrotation.runner import run
+    from bnrotation.study.runner import run
 
     out = run(run_cfg(["experiment=fmnist_adam", *TOY_SIZE, "model.channels=[4,8,8]"], tmp_path))
     info = json.loads((out / "run.json").read_text())
@@ -205,5 +205,5 @@ def test_a_run_with_no_data_stops_before_training_with_exit_2(tmp_path):
 
 def test_a_templates_row_cannot_be_run_on_fashion_mnist_under_its_own_name(tmp_path):
     with pytest.raises(ConfigError, match=r"task.name: 'fashion_mnist' changes what row 'adam' means"):
-        from bnrotation.config import check_row
+        from bnrotation.study.config import check_row
         check_row(run_cfg(["experiment=adam", "task=fashion_mnist"], tmp_path))

@@ -13,7 +13,7 @@ import pytest
 from matplotlib.collections import PathCollection, PolyCollection
 from matplotlib.markers import MarkerStyle
 
-from bnrotation.analysis.tables import figures
+from bnrotation.study.analysis.tables import figures
 
 from test_analysis import SCALE, _load, cosine_lr, resnet_layers, write_replication, write_resnet_run, write_run
 

@@ -1,4 +1,4 @@
-"""The frozen-backbone experiment (bnrotation.frozen) and its claim (analysis/tables/frozen.py, registry), at toy scale.
+"""The frozen-backbone experiment (bnrotation.study.frozen) and its claim (analysis/tables/frozen.py, registry), at toy scale.
 
 Each test trains for a few steps on 8x8 images with a narrow network; the planted runs of the claim's tests are
 tables written by hand, not training.
@@ -19,13 +19,15 @@ import pytest
 import torch
 from torch.optim.swa_utils import update_bn
 
-from bnrotation import frozen, records
-from bnrotation.analysis.tables import frozen as frozen_analysis
-from bnrotation.analysis.claims.evidence import Evidence
-from bnrotation.analysis.claims.registry import CLAIMS
+from bnrotation import records
+
+from bnrotation.study import frozen
+from bnrotation.study.analysis.tables import frozen as frozen_analysis
+from bnrotation.study.analysis.claims.evidence import Evidence
+from bnrotation.study.analysis.claims.registry import CLAIMS
 from bnrotation.bnstats import frozen_layers, reestimate, running_stat_layers
-from bnrotation.config import ConfigError
-from bnrotation.rows import FROZEN_ROOT, FROZEN_ROWS, frozen_row
+from bnrotation.study.config import ConfigError
+from bnrotation.study.rows import FROZEN_ROOT, FROZEN_ROWS, frozen_row
 
 ROOT = Path(__file__).resolve().parents[1]
 TOY = ["task.image_size=8", "task.batch_size=16", "task.probe_size=32", "model.channels=[4,8,8]",
@@ -230,7 +232,7 @@ def test_a_finished_run_is_skipped_and_another_config_refused(toy_runs):
         frozen.run(toy(root, "mode=norm_eval", "finetune.lr=0.01"))
     # the sweep skips it too, in its own process
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
-    done = subprocess.run([sys.executable, "-c", "import sys; from bnrotation.frozen import sweep; "
+    done = subprocess.run([sys.executable, "-c", "import sys; from bnrotation.study.frozen import sweep; "
                            f"sys.exit(sweep({[*TOY, f'results_root={root}']!r}, jobs=1, seeds=(0,), "
                            "modes=('norm_eval',)))"], env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
@@ -240,7 +242,7 @@ def test_a_finished_run_is_skipped_and_another_config_refused(toy_runs):
 
 KILLER = """
 import os, signal, sys
-from bnrotation import frozen
+from bnrotation.study import frozen
 calls = []
 original = frozen._accuracy_lines
 def dying(*args, **kwargs):

@@ -100,7 +100,7 @@ def test_the_analysis_layers_import_only_downwards():
 
 
 def test_every_analysis_module_belongs_to_a_layer():
-    analysis = [m for m in package_graph() if m.startswith("bnrotation.analysis.")]
+    analysis = [m for m in package_graph() if m.startswith("bnrotation.study.analysis.")]
     assert analysis and all(m.split(".")[2] in LAYERS for m in analysis)
 
 
@@ -119,7 +119,7 @@ def test_a_circle_is_found(tmp_path):
     assert cycle(graph(tmp_path)) is None
 
 
-@pytest.mark.parametrize("module, layer", [("bnrotation.analysis.measures.lag", 3), ("bnrotation.analysis.claims", 5),
+@pytest.mark.parametrize("module, layer", [("bnrotation.study.analysis.measures.lag", 3), ("bnrotation.study.analysis.claims", 5),
                                            ("bnrotation.monitor", None)])
 def test_a_module_s_layer_is_its_folder(module, layer):
     assert layer_of(module) == layer

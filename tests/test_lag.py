@@ -10,12 +10,12 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from bnrotation.analysis.measures.lag import (age_interval, drift_exponent, drift_over_intervals, drift_scaling_table,
+from bnrotation.study.analysis.measures.lag import (age_interval, drift_exponent, drift_over_intervals, drift_scaling_table,
                                               lag_table, predicted_lag_combined, predicted_lag_correlated_walk,
                                               predicted_lag_random_walk, predicted_lag_steady, run_lags,
                                               running_average_age)
-from bnrotation.analysis.results import Run
-from bnrotation.analysis.tables.lag_report import drift_markdown, to_markdown, write_lag
+from bnrotation.study.analysis.results import Run
+from bnrotation.study.analysis.tables.lag_report import drift_markdown, to_markdown, write_lag
 
 CONFIG = {"scale": {"check_start": 2000, "steps": 2200, "log_every": 100}}
 

@@ -15,9 +15,9 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
 from bnrotation import records
-from bnrotation.config import to_run_config
-from bnrotation.runner import run
-from bnrotation.runtime import resolve_threads
+from bnrotation.study.config import to_run_config
+from bnrotation.study.runner import run
+from bnrotation.study.runtime import resolve_threads
 
 from conftest import CONF, ROOT
 from test_reliability import TINY, tiny
@@ -119,7 +119,7 @@ def test_deterministic_key_is_typed():
 def test_a_run_beside_others_prints_its_progress_as_whole_lines(capsys, monkeypatch):
     """In a joblib sweep every worker writes to the same terminal: each redraw of a bar is a line of its own, never a
     carriage return that would let two runs' bars overwrite each other; a run alone keeps tqdm's bar."""
-    from bnrotation import runner
+    from bnrotation.study import runner
     monkeypatch.setattr(runner, "PROGRESS_LINE_SECONDS", 0.0)  # a line at every step
     for _ in runner.progress_bar(range(1, 4), 0, 3, "adam seed=0", enabled=True, lines=True):
         pass
@@ -134,7 +134,7 @@ def test_a_run_beside_others_prints_its_progress_as_whole_lines(capsys, monkeypa
 def test_only_a_joblib_multirun_counts_runs_beside_this_one(monkeypatch):
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
-    from bnrotation.cli import runs_at_once
+    from bnrotation.study.cli import runs_at_once
     assert runs_at_once() == 1  # no Hydra: a direct call
 
     def fake(mode, target, n_jobs):

@@ -15,9 +15,9 @@ import torch.nn.functional as F
 from torch.nn.modules.batchnorm import _BatchNorm
 
 from bnrotation.bnstats import reestimate
-from bnrotation.config import ModelConfig
+from bnrotation.study.config import ModelConfig
 from bnrotation.evaluation import EVAL_CHUNK
-from bnrotation.model import build_model
+from bnrotation.study.model import build_model
 from bnrotation.monitor import (MonitorSetupWarning, StaleStatisticsWarning, StalenessMonitor, Thresholds,
                                evaluation_forward, find_pairs, split_probe)
 from bnrotation.probes import fresh_statistics, rotation_deg
@@ -408,8 +408,8 @@ def test_dict_probes_and_unlabelled_probes():
 
 # ----------------------------------------------------------------------------- the warning
 def test_stale_statistics_warn_naming_the_worst_layer_and_channel_and_re_estimation_clears_it():
-    from bnrotation.config import TaskConfig
-    from bnrotation.task import NoisyTemplates, generator
+    from bnrotation.study.config import TaskConfig
+    from bnrotation.study.task import NoisyTemplates, generator
     torch.manual_seed(0)
     task = NoisyTemplates.build(TaskConfig(image_size=8), seed=0)
     model = build_model(ModelConfig(channels=[8, 16, 16], channels_last=False), 10, seed=0)

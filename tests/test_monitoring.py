@@ -9,9 +9,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from bnrotation.analysis.results import Run
-from bnrotation.analysis.tables import monitor_report
-from bnrotation.analysis.tables.monitor_report import (ALL, check_signals, classify, rule_fires, threshold_table,
+from bnrotation.study.analysis.results import Run
+from bnrotation.study.analysis.tables import monitor_report
+from bnrotation.study.analysis.tables.monitor_report import (ALL, check_signals, classify, rule_fires, threshold_table,
                                                        to_markdown, write_monitor)
 
 CONFIG = {"scale": {"check_start": 2000, "steps": 2300, "log_every": 100, "heldout_size": 4000},

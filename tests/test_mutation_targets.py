@@ -14,11 +14,11 @@ import torch.nn as nn
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from bnrotation.analysis.claims import kinds, registry
-from bnrotation.analysis.claims.kinds import (FAIL, MEASURED, NOT_JUDGED, NOT_RUN, PASS, Check, Gap, Match,
+from bnrotation.study.analysis.claims import kinds, registry
+from bnrotation.study.analysis.claims.kinds import (FAIL, MEASURED, NOT_JUDGED, NOT_RUN, PASS, Check, Gap, Match,
                                               NotBelowBy, Rank, Share, match_tolerance, withhold_verdicts)
-from bnrotation.analysis.stats import SeedStat
-from bnrotation.article import Figure
+from bnrotation.study.analysis.stats import SeedStat
+from bnrotation.study.article import Figure
 from bnrotation.bnstats import reestimate
 from bnrotation.check import (CheckInputError, load_batches, load_function, load_weights, parse_device,
                               parse_model_kwargs)

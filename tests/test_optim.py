@@ -8,10 +8,10 @@ import pytest
 import torch
 from adamp import AdamP
 
-from bnrotation.config import OPTIMIZERS, SCHEDULES, ModelConfig, OptimizerConfig, ScheduleConfig
-from bnrotation.model import build_model
-from bnrotation.names import OPTIMIZER_CLASSES, PROJECTION_MODES, SCHEDULE_CLASSES
-from bnrotation.optim import ProjectedAdam, build_optimizer, build_schedule, project_tangential, radial_coefficient
+from bnrotation.study.config import OPTIMIZERS, SCHEDULES, ModelConfig, OptimizerConfig, ScheduleConfig
+from bnrotation.study.model import build_model
+from bnrotation.study.names import OPTIMIZER_CLASSES, PROJECTION_MODES, SCHEDULE_CLASSES
+from bnrotation.study.optim import ProjectedAdam, build_optimizer, build_schedule, project_tangential, radial_coefficient
 
 
 def _net():

@@ -11,12 +11,12 @@ import pytest
 import torch
 
 from bnrotation.bnstats import batch_statistics, reestimate, running_stat_layers, swapped_statistics
-from bnrotation.config import ModelConfig, TaskConfig
-from bnrotation.model import build_model
+from bnrotation.study.config import ModelConfig, TaskConfig
+from bnrotation.study.model import build_model
 from bnrotation.probes import accuracy
-from bnrotation.interventions import run_interventions
+from bnrotation.study.interventions import run_interventions
 from bnrotation.evaluation import EVAL_CHUNK, EVAL_CHUNK_BYTES, eval_chunk
-from bnrotation.task import NoisyTemplates, generator
+from bnrotation.study.task import NoisyTemplates, generator
 
 from conftest import ROOT, compose_cfg
 
@@ -124,7 +124,7 @@ def test_bench_extrapolates_per_step_and_per_event(bench):
 
 
 def test_bench_schedule_of_the_full_run_and_its_reduced_run(bench):
-    from bnrotation.config import to_run_config
+    from bnrotation.study.config import to_run_config
     full = bench.Schedule.of(to_run_config(compose_cfg(["experiment=adam"])))
     assert full == bench.Schedule(6000, 61, 41, 9, averaging=9)
     reduced = to_run_config(compose_cfg(["experiment=adam", *bench.reduced_overrides(300)]))

@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from bnrotation.bnstats import batch_statistics
-from bnrotation.config import ModelConfig
-from bnrotation.model import build_model
+from bnrotation.study.config import ModelConfig
+from bnrotation.study.model import build_model
 from bnrotation import probes
 from bnrotation.probes import (Scratch, accuracy, batch_statistics_pass, channel_norms, drift_sigma_per_step,
                                fresh_statistics, input_moments, lag_sigma, predicted_lag_sigma, rotation_deg,

@@ -1,4 +1,4 @@
-"""Does it happen on real images? The Fashion-MNIST checks (:mod:`bnrotation.analysis.claims.real_images`): each
+"""Does it happen on real images? The Fashion-MNIST checks (:mod:`bnrotation.study.analysis.claims.real_images`): each
 gives PASS on synthetic runs built to pass, FAIL on runs built to fail (each where it looks, and the two margins
 just inside and just outside), NOT RUN with its rows missing; and the article's claims, weighed on the templates'
 rows, are left as they were by Fashion-MNIST runs of the same optimizers beside them.
@@ -14,13 +14,13 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from bnrotation.analysis import claims
-from bnrotation.analysis.claims import evidence, kinds, real_images
-from bnrotation.analysis.claims.real_images import RECOVERY_MARGIN, TRAIN_MARGIN
+from bnrotation.study.analysis import claims
+from bnrotation.study.analysis.claims import evidence, kinds, real_images
+from bnrotation.study.analysis.claims.real_images import RECOVERY_MARGIN, TRAIN_MARGIN
 from bnrotation import records
-from bnrotation.analysis.results import Run
-from bnrotation.analysis.tables import table
-from bnrotation.rows import on_fashion_mnist
+from bnrotation.study.analysis.results import Run
+from bnrotation.study.analysis.tables import table
+from bnrotation.study.rows import on_fashion_mnist
 
 from test_analysis import _load, write_replication, write_run
 

@@ -26,13 +26,15 @@ import torch
 import yaml
 from hydra import compose, initialize_config_dir
 
-from bnrotation import cli, ensemble, records, rundir, runner
-from bnrotation.analysis.measures import metrics
-from bnrotation.analysis.results import BadRunError, has_runs, load_run, load_runs, read_table
-from bnrotation.analysis.tables.table import build_table, main as table_main
+from bnrotation import records
+
+from bnrotation.study import cli, ensemble, rundir, runner
+from bnrotation.study.analysis.measures import metrics
+from bnrotation.study.analysis.results import BadRunError, has_runs, load_run, load_runs, read_table
+from bnrotation.study.analysis.tables.table import build_table, main as table_main
 from bnrotation.checkpoints import BadCheckpointError, UnsafeCheckpointError, load_checkpoint, save_checkpoint
-from bnrotation.config import ConfigError, RunConfig, to_run_config
-from bnrotation.runner import run
+from bnrotation.study.config import ConfigError, RunConfig, to_run_config
+from bnrotation.study.runner import run
 
 from conftest import CONF, ROOT, TOY_SIZE, compose_cfg, run_cfg
 
@@ -420,7 +422,7 @@ def test_momentum_patched_into_a_file_that_is_never_loaded_is_flagged_by_the_tab
 def test_momentum_in_the_config_but_not_in_the_built_layers_is_flagged(tmp_path, monkeypatch):
     """The check reads what was built, not the config: a model builder that drops the momentum
     (BatchNorm2d's default 0.1) is caught although config.yaml says 0.3."""
-    import bnrotation.model as model_module
+    import bnrotation.study.model as model_module
     monkeypatch.setattr(model_module, "make_norm",
                         lambda cfg, channels: torch.nn.BatchNorm2d(channels, eps=cfg.bn_eps))
     cfg = tiny(tmp_path, "experiment=adam_bn_m0.3", "interventions=false")

@@ -17,10 +17,12 @@ import pandas as pd
 import pytest
 import torch
 
-from bnrotation import ensemble, records, rundir, runner
-from bnrotation.rundir import RESUME_FILE
-from bnrotation.runner import run
-from bnrotation.runtime import RunInterrupted
+from bnrotation import records
+
+from bnrotation.study import ensemble, rundir, runner
+from bnrotation.study.rundir import RESUME_FILE
+from bnrotation.study.runner import run
+from bnrotation.study.runtime import RunInterrupted
 
 from conftest import ROOT
 from test_reliability import assert_same_results, tiny
@@ -141,7 +143,7 @@ def test_the_sweep_reports_an_interrupted_run_and_the_next_sweep_resumes_it(tmp_
     """A real process and a real SIGINT (Ctrl-C): exit status 130, 'interrupted' with the step, the state on
     disk; the same command again finishes the run (its task, ``cli.run_task``, in this process: the resume
     reads only what the first process left on disk)."""
-    from bnrotation.cli import run_task
+    from bnrotation.study.cli import run_task
 
     from conftest import compose_cfg
     overrides = ["experiment=adam", f"results_root={tmp_path}", "scale=smoke", "scale.steps=400", "scale.log_every=5",
@@ -180,7 +182,7 @@ def test_two_processes_on_one_run_folder_train_it_once(tmp_path, capsys):
     holds the lock however long the second takes to start, and a short run suffices. The third is the same
     command's task (``cli.run_task``) in this process: what it checks, the lock released by the first's exit
     and the finished run skipped, needs no third interpreter."""
-    from bnrotation.cli import run_task
+    from bnrotation.study.cli import run_task
 
     from conftest import compose_cfg
     overrides = ["experiment=sgd", f"results_root={tmp_path}", "scale=smoke", "scale.steps=400",
@@ -213,7 +215,7 @@ def test_two_processes_on_one_run_folder_train_it_once(tmp_path, capsys):
 
 def test_a_lock_held_by_a_dead_process_does_not_block(tmp_path):
     holder = subprocess.Popen([sys.executable, "-c", (
-        "import sys, time; sys.path.insert(0, sys.argv[1]); from bnrotation.rundir import RunLock; "
+        "import sys, time; sys.path.insert(0, sys.argv[1]); from bnrotation.study.rundir import RunLock; "
         "l = RunLock(sys.argv[2], 'sgd', 0).__enter__(); print('locked', flush=True); time.sleep(60)"),
         str(ROOT / "src"), str(tmp_path)], stdout=subprocess.PIPE, text=True)
     assert holder.stdout.readline().strip() == "locked"

@@ -15,12 +15,12 @@ import pytest
 import torch
 
 from bnrotation import records
-from bnrotation.analysis.results import load_runs
-from bnrotation.analysis.tables.table import build_table, main as table_main
+from bnrotation.study.analysis.results import load_runs
+from bnrotation.study.analysis.tables.table import build_table, main as table_main
 from bnrotation.provenance import KERNEL_ENV, cpu_kernels
-from bnrotation.rows import ROWS
-from bnrotation.rundir import RunExistsError
-from bnrotation.runner import check_steps, intervention_steps, log_steps, run
+from bnrotation.study.rows import ROWS
+from bnrotation.study.rundir import RunExistsError
+from bnrotation.study.runner import check_steps, intervention_steps, log_steps, run
 
 from conftest import EXPERIMENTS, TOY_SIZE
 from test_reliability import tiny  # the toy size, for what does not need the study's network
@@ -217,7 +217,7 @@ def test_run_without_done_is_rerun_from_scratch(tmp_path):
 
 def test_schedules_of_a_full_run():
     from conftest import compose_cfg
-    from bnrotation.config import to_run_config
+    from bnrotation.study.config import to_run_config
     cfg = to_run_config(compose_cfg(["experiment=adam"]))
     assert len(check_steps(cfg)) == 41 and check_steps(cfg)[0] == 2000 and check_steps(cfg)[-1] == 6000
     assert intervention_steps(cfg) == list(range(2000, 6001, 500))

@@ -12,8 +12,8 @@ import pytest
 import torch
 import torch.nn as nn
 
-from bnrotation.analysis.claims import registry
-from bnrotation.analysis.claims.kinds import FAIL, PASS
+from bnrotation.study.analysis.claims import registry
+from bnrotation.study.analysis.claims.kinds import FAIL, PASS
 from bnrotation.bnstats import SavedBuffers, reestimate
 from bnrotation.check import CheckInputError, load_batches
 from bnrotation.lint import lint_batchnorm

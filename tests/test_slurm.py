@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from bnrotation import records
-from bnrotation.runner import run
+from bnrotation.study.runner import run
 
 from conftest import ROOT
 from test_reliability import assert_same_results, tiny

@@ -13,9 +13,9 @@ import pandas as pd
 import pytest
 from scipy.stats import spearmanr
 
-from bnrotation.analysis import stats
-from bnrotation.analysis.formatting import cell, seed_ranges, spread
-from bnrotation.analysis.stats import (SeedStat, half_unit, over_seeds, rank_distance_counts, rho_at_or_beyond,
+from bnrotation.study.analysis import stats
+from bnrotation.study.analysis.formatting import cell, seed_ranges, spread
+from bnrotation.study.analysis.stats import (SeedStat, half_unit, over_seeds, rank_distance_counts, rho_at_or_beyond,
                                        se_of_difference, share_at_or_below, spearman_critical, spearman_rho,
                                        subset_means)
 

@@ -12,12 +12,14 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from bnrotation import article, records
-from bnrotation.analysis import claims
-from bnrotation.analysis.claims import evidence, findings, registry
-from bnrotation.analysis.results import load_runs
-from bnrotation.analysis.tables import table
-from bnrotation.rows import ROWS
+from bnrotation import records
+
+from bnrotation.study import article
+from bnrotation.study.analysis import claims
+from bnrotation.study.analysis.claims import evidence, findings, registry
+from bnrotation.study.analysis.results import load_runs
+from bnrotation.study.analysis.tables import table
+from bnrotation.study.rows import ROWS
 
 from test_analysis import replication, write_replication, write_run  # noqa: F401 (replication: a fixture)
 from test_dense import dense_table

@@ -12,11 +12,13 @@ from pathlib import Path
 
 import pytest
 
-from bnrotation import cli, records
-from bnrotation.analysis import results as results_mod
-from bnrotation.analysis.tables.table import main as table_main
-from bnrotation.config import ConfigError, check_row, to_run_config
-from bnrotation.runner import run
+from bnrotation import records
+
+from bnrotation.study import cli
+from bnrotation.study.analysis import results as results_mod
+from bnrotation.study.analysis.tables.table import main as table_main
+from bnrotation.study.config import ConfigError, check_row, to_run_config
+from bnrotation.study.runner import run
 
 from conftest import ROOT, compose_cfg
 
@@ -185,8 +187,8 @@ def test_a_variant_stops_the_command_with_status_2(tmp_path):
 # ----------------------------------------------------------------------------- 7. every run diverged
 def test_figures_and_claims_on_a_root_where_every_run_diverged_stop_with_one_line(tmp_path, capsys):
     """lr 1e30 makes SGD's loss non-finite at once; the table counts the run, figures and claims refuse the root."""
-    from bnrotation.analysis.claims import main as claims_main
-    from bnrotation.analysis.tables.figures import main as figures_main
+    from bnrotation.study.analysis.claims import main as claims_main
+    from bnrotation.study.analysis.tables.figures import main as figures_main
 
     out = run(to_run_config(compose_cfg(["experiment=sgd", "optimizer.lr=1e30", "row=sgd_lr1e30",
                                          f"results_root={tmp_path}", *TINY])))
@@ -315,7 +317,7 @@ def make(*args: str, timeout: int = 240) -> subprocess.CompletedProcess:
 def test_analysing_another_root_writes_inside_it_and_touches_no_committed_file(own_root, monkeypatch):
     """`make table claims RESULTS=<root>` (claims.py's own default is results/: only the Makefile puts it in the
     root) and the figures' own default (make passes the same folder), one figure, to keep the test quick."""
-    from bnrotation.analysis.tables.figures import main as figures_main
+    from bnrotation.study.analysis.tables.figures import main as figures_main
 
     before = _snapshot(ROOT / "results", own_root)
     proc = make("table", "claims", f"RESULTS={own_root}")
@@ -353,7 +355,7 @@ def test_the_analysis_of_another_root_never_writes_into_the_reference_outputs(ow
 
 
 def test_an_out_folder_that_cannot_be_created_is_one_line(own_root, tmp_path, capsys):
-    from bnrotation.analysis.tables.figures import main as figures_main
+    from bnrotation.study.analysis.tables.figures import main as figures_main
 
     for bad in _bad_places(tmp_path):
         why = records.folder_problem(bad)
@@ -375,5 +377,5 @@ def test_make_reproduce_keeps_each_scale_in_its_own_root(scale, root):
     sweep = next(line for line in lines if "experiments/train.py -m" in line)
     assert f"results_root={root} " in sweep + " "
     for module in ("tables.table", "tables.figures", "claims"):
-        line = next(line for line in lines if f"bnrotation.analysis.{module}" in line)
+        line = next(line for line in lines if f"bnrotation.study.analysis.{module}" in line)
         assert f"--results {root} " in line

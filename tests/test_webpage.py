@@ -1,4 +1,4 @@
-"""The write-up page (``make report``, :mod:`bnrotation.analysis.webpage`) in a real browser.
+"""The write-up page (``make report``, :mod:`bnrotation.study.analysis.webpage`) in a real browser.
 
 The page is built from a synthetic results root whose every per-run value has a closed form
 (``test_analysis.write_replication``: each row at the article's figures, a factor 1 + 0.02 (seed − 1) across
@@ -32,11 +32,11 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from bnrotation.analysis import claims, webpage
-from bnrotation.analysis.claims.command import readme_blocks
-from bnrotation.analysis.results import load_runs
-from bnrotation.analysis.tables import figures, table
-from bnrotation.rows import ROWS
+from bnrotation.study.analysis import claims, webpage
+from bnrotation.study.analysis.claims.command import readme_blocks
+from bnrotation.study.analysis.results import load_runs
+from bnrotation.study.analysis.tables import figures, table
+from bnrotation.study.rows import ROWS
 from test_analysis import PUBLISHED_LIKE, SCALE, write_replication
 
 sync_api = pytest.importorskip("playwright.sync_api", reason="Playwright is not installed "
@@ -335,7 +335,7 @@ def test_the_command_refuses_a_root_without_runs_in_one_line(tmp_path, capsys):
 
 
 def test_the_page_module_and_plotly_import_no_torch():
-    code = ("import sys, bnrotation.analysis.webpage as w; w._plotly(); "
+    code = ("import sys, bnrotation.study.analysis.webpage as w; w._plotly(); "
             "bad = sorted(m for m in sys.modules if m == 'torch' or m.startswith('torch.')); "
             "sys.exit(f'imported {bad}' if bad else 0)")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,

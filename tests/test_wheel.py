@@ -83,7 +83,7 @@ def test_the_monitor_and_the_check_import_none_of_the_suites_stack():
     done = _run([sys.executable, "-c", code], env={"PYTHONPATH": str(ROOT / "src")})
     assert done.returncode == 0 and "imported without" in done.stdout, done.stderr[-2000:]
     assert "usage: bnrotation-check" in done.stdout
-    failing = _run([sys.executable, "-c", POISONED.format(modules=SUITE_MODULES, imports=("bnrotation.config",))],
+    failing = _run([sys.executable, "-c", POISONED.format(modules=SUITE_MODULES, imports=("bnrotation.study.config",))],
                    env={"PYTHONPATH": str(ROOT / "src")})
     assert failing.returncode != 0 and re.search(r"(ModuleNotFound|Import)Error: .*'hydra", failing.stderr), \
         failing.stderr[-2000:]

@@ -1,4 +1,4 @@
-"""The staleness zoo's runs (bnrotation.zoo, experiments/zoo.py) at toy size on the committed Fashion-MNIST sample:
+"""The staleness zoo's runs (bnrotation.study.zoo, experiments/zoo.py) at toy size on the committed Fashion-MNIST sample:
 the tables and run.json a run writes, skip / rerun / refuse of its folder, the GroupNorm control's refusal recorded,
 and a bad key or a lost run seen from the command line.
 """
@@ -18,11 +18,11 @@ from conftest import FASHION_MNIST_SAMPLE, ROOT
 from thirdparty import import_timm
 
 from bnrotation import records
-from bnrotation.config import ConfigError
+from bnrotation.study.config import ConfigError
 from bnrotation.monitor import StalenessMonitor
-from bnrotation.rundir import RunExistsError, config_yaml
-from bnrotation.task import FashionMNIST
-from bnrotation.zoo import (CONTROL, STALE_RECOVERY, ZooConfig, build_model, check_steps, costs, optimizer_config,
+from bnrotation.study.rundir import RunExistsError, config_yaml
+from bnrotation.study.task import FashionMNIST
+from bnrotation.study.zoo import (CONTROL, STALE_RECOVERY, ZooConfig, build_model, check_steps, costs, optimizer_config,
                             run, to_zoo_config)
 
 CHEAP = "lcnet_050"  # the cheapest BatchNorm architecture of the zoo
@@ -62,7 +62,7 @@ def test_conf_zoo_yaml_composes_to_the_schemas_defaults_and_the_docstring_counts
     follows $FASHION_MNIST_DIR), and the module docstring's count of checks a run is check_steps' of them."""
     import re
 
-    import bnrotation.zoo as zoo
+    import bnrotation.study.zoo as zoo
     from hydra import compose, initialize_config_dir
 
     zoo.register_zoo_config()

@@ -1,7 +1,7 @@
 """Third-party libraries for tests: import them the same way everywhere, skip with a stated reason when absent.
 
 The torchvision shim that ``import timm`` needs beside the suite's CPU-only torch is the library's
-(:func:`bnrotation.thirdparty.torchvision_shim`), imported here so that the tests' imports stay as they were.
+(:func:`bnrotation.study.thirdparty.torchvision_shim`), imported here so that the tests' imports stay as they were.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import importlib
 
 import pytest
 
-from bnrotation.thirdparty import torchvision_shim
+from bnrotation.study.thirdparty import torchvision_shim
 
 __all__ = ["torchvision_shim", "import_optional", "import_timm"]
 

@@ -49,7 +49,7 @@ from .checkpoints import Checkpoint, checkpoint_path, load_checkpoint, state_of
 from .probes import accuracy, fresh_statistics, lag_sigma
 
 if TYPE_CHECKING:  # the runner's config, for the annotation only: averaging itself needs no Hydra
-    from .config import AveragingConfig
+    from .study.config import AveragingConfig
 
 __all__ = ["POLICIES", "EMA_POLICIES", "BufferProvenance", "mixture_moments", "policy_buffers",
            "average_checkpoints", "saved_checkpoints", "EMA", "LayerLag", "InferenceStateReport",

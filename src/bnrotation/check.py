@@ -81,7 +81,7 @@ from .helptext import EXIT_STATUS, EXIT_UNUSABLE, exit_status, plain
 from .bnstats import NonFinite, nonfinite_state, reestimate, running_stat_layers, running_stats
 from .checkpoints import (OTHER_COPIES, BadCheckpointError, UnsafeCheckpointError, few, load_checkpoint,
                           shared_prefixes, state_dict_of, strip_prefix)
-from .interventions import layer_lags
+from .study.interventions import layer_lags
 from .monitor import Thresholds, evaluation_forward, find_pairs, mode_check, smallest_probe, split_probe
 from .monitor import _check_probe as check_probe  # the monitor's validation of a probe, applied to every batch
 from .probes import batch_statistics_pass

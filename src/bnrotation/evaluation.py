@@ -3,7 +3,7 @@
 An evaluation-mode output is per sample (running statistics, no batch statistics), so neither the chunking
 nor the compiled graph changes what a pass computes beyond the order of floating-point sums; the accuracy
 (:func:`bnrotation.probes.accuracy`), the monitor's mode check, the interventions and the averaged models
-all evaluate through here. Whether a run compiles is :func:`bnrotation.runtime.evaluation_compiled`'s
+all evaluate through here. Whether a run compiles is :func:`bnrotation.study.runtime.evaluation_compiled`'s
 decision.
 """
 

@@ -1,7 +1,7 @@
 """Provenance: what a run actually built and ran with, read back from the objects, not from the config.
 
-``run.json`` holds it (:mod:`bnrotation.runner`); ``make table`` compares it with what the run's row means
-(:func:`bnrotation.rows.check_against_row`), and the runner does the same before its first step.
+``run.json`` holds it (:mod:`bnrotation.study.runner`); ``make table`` compares it with what the run's row means
+(:func:`bnrotation.study.rows.check_against_row`), and the runner does the same before its first step.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """How far a normalisation layer's running statistics are from the fresh ones, and when that is stale (no torch).
 
 One place for the arithmetic that the monitor applies to torch tensors (:mod:`bnrotation.monitor`) and the
-analysis to numpy arrays and pandas columns (:mod:`bnrotation.analysis.tables.calibration`); neither has a second
+analysis to numpy arrays and pandas columns (:mod:`bnrotation.study.analysis.tables.calibration`); neither has a second
 copy. Every function here takes per-channel arrays (C,) of one layer, as torch tensors (any device) or numpy
 arrays, and returns the same kind: it uses only arithmetic operators and the inputs' own ``log``.
 
@@ -39,7 +39,7 @@ cannot.
 
 **The rule** (:class:`Thresholds`): when the monitor calls statistics stale. Its defaults were fixed on the
 suite's synthetic reference runs only, by the method of
-:mod:`bnrotation.analysis.tables.calibration` (``make calibrate``, ``results/reference/calibration.md``), before
+:mod:`bnrotation.study.analysis.tables.calibration` (``make calibrate``, ``results/reference/calibration.md``), before
 any out-of-sample run was looked at.
 """
 
@@ -143,7 +143,7 @@ class Thresholds:
     The defaults of ``mode_gap`` and ``eval_error_sigma`` were fixed on the suite's synthetic reference runs
     only, before any out-of-sample run: the truth, the method and the in-sample recall, false-alarm rate and
     lead time of each signal and of the rule are in ``results/reference/calibration.md`` (``make calibrate``,
-    :mod:`bnrotation.analysis.tables.calibration`); ``lag_sigma`` keeps its earlier default (0.1σ), whose counts
+    :mod:`bnrotation.study.analysis.tables.calibration`); ``lag_sigma`` keeps its earlier default (0.1σ), whose counts
     against the earlier truth are in ``results/reference/monitor.md``.
 
     Raises:

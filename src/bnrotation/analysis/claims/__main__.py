@@ -1,7 +1,0 @@
-"""``python -m bnrotation.analysis.claims``: ``make claims`` (:func:`.command.main`)."""
-
-import sys
-
-from .command import main
-
-sys.exit(main())
