@@ -13,6 +13,8 @@ dies at the point ``kill`` names:
   it opened (the file object it gets from ``os.fdopen`` writes that much, then
   the process dies);
 * ``step:<k>``: SIGKILL in training step k (the k-th training loss);
+* ``saving-step:<k>``: the same, in a run that saves its resumable state at every measured step
+  (``runner.RESUME_EVERY_S = 0``), as a long run does every ten minutes;
 * ``xfsz:<bytes>``: every file is limited to ``<bytes>`` (``RLIMIT_FSIZE``) and
   SIGXFSZ gets its default action back (Python ignores it), so the kernel kills the process in the
   middle of the first write that grows a file past the limit, whatever code
@@ -113,6 +115,9 @@ def child(cfg: RunConfig, kill: str, reference: str) -> None:
     if kind == "write":
         kill_during_write(args[0], int(args[1]), float(args[2]))
     elif kind == "step":
+        kill_in_step(int(args[0]))
+    elif kind == "saving-step":
+        runner.RESUME_EVERY_S = 0.0
         kill_in_step(int(args[0]))
     elif kind == "xfsz":
         signal.signal(signal.SIGXFSZ, signal.SIG_DFL)  # Python ignores it by default

@@ -25,7 +25,7 @@ from bnrotation.study.runner import run
 from bnrotation.study.runtime import RunInterrupted
 
 from conftest import ROOT
-from test_reliability import assert_same_results, tiny
+from test_reliability import TINY, assert_same_results, tiny
 
 ENV = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")])}
 # smoke scale at the toy size, with everything on: checks, interventions, averaging (EMA and tail), checkpoints
@@ -244,3 +244,46 @@ def test_dense_windows_log_every_step_and_agree_with_the_monitor(tmp_path):
         pd.read_parquet(tmp_path / "off" / "runs" / "adam" / "seed=0" / "dense.parquet").empty
     with pytest.raises(Exception, match="scale.dense_windows"):
         tiny(tmp_path, "experiment=adam", "scale.dense_windows=[18]", "scale.dense_length=4")
+
+
+@pytest.mark.kernels
+@pytest.mark.slow
+def test_a_run_killed_without_warning_resumes_from_its_last_periodic_state(tmp_path, uninterrupted):
+    """SIGKILL, which no handler sees, in a run that saves its resumable state at each measured step
+    (``RESUME_EVERY_S = 0``): the next run resumes from the last measured step before the kill, not from step 0,
+    and ends bit-identical to the uninterrupted run."""
+    k = random.randint(11, 19)  # past the first measured steps (smoke scale: every 5 steps)
+    spec = {"reference": str(tmp_path / "reference"), "overrides": [*EVERYTHING, *TINY],
+            "cases": [{"root": str(tmp_path / "killed"), "kill": f"saving-step:{k}"}]}
+    (tmp_path / "cases.json").write_text(json.dumps(spec))
+    proc = subprocess.run([sys.executable, str(ROOT / "tests" / "killed_run.py"), str(tmp_path / "cases.json")],
+                          capture_output=True, text=True, timeout=300, env=ENV)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = records.run_dir(tmp_path / "killed", "adam", 0)
+    saved = torch.load(out / RESUME_FILE, weights_only=True)["step"]
+    assert 0 < saved < k, f"killed in step {k}, saved at step {saved}"
+    assert run(tiny(tmp_path / "killed", *EVERYTHING)) == out
+    assert [r["at_step"] for r in json.loads((out / "run.json").read_text())["resumes"]] == [saved]
+    assert_same_results(out, uninterrupted)
+
+
+def test_a_run_that_raises_leaves_no_resumable_state_and_is_rerun_from_scratch(tmp_path, monkeypatch):
+    """The periodic state is for kills; a run that raised (a bug, a bad batch) must not resume from it."""
+    cfg = tiny(tmp_path, *EVERYTHING)
+    out = records.run_dir(tmp_path, "adam", 0)
+    real, calls = ensemble.F.cross_entropy, {"n": 0}
+
+    def loss(*args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] == 15:
+            raise RuntimeError("planted crash in step 15")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(runner, "RESUME_EVERY_S", 0.0)
+    with monkeypatch.context() as m:
+        m.setattr(ensemble.F, "cross_entropy", loss)
+        with pytest.raises(RuntimeError, match="planted crash"):
+            run(cfg)
+    assert not (out / RESUME_FILE).exists() and not (out / records.DONE).exists()
+    assert run(cfg) == out
+    assert json.loads((out / "run.json").read_text())["resumes"] == []

@@ -15,7 +15,9 @@ deterministic kernels, the device and compiled evaluation are set before the
 first step (:mod:`bnrotation.study.runtime`). On SIGTERM, SIGINT or submitit's
 preemption signal it stops at the next step boundary and saves a resumable
 state (``resume.pt``, written atomically); the next sweep resumes it from
-there, with results identical to an uninterrupted run on the same machine.
+there, with results identical to an uninterrupted run on the same machine. It also
+saves that state every :data:`RESUME_EVERY_S` while it trains, so that a kill
+without warning resumes from there too; a run that raises is rerun from scratch.
 Several seeds train as one batched model through :mod:`bnrotation.study.ensemble`.
 """
 
@@ -149,6 +151,9 @@ class RunState:
 # progress as a whole line this often instead of redrawing a bar: bars of several processes, each returning to the
 # start of the line, overwrite one another on one line.
 PROGRESS_LINE_SECONDS = 30.0
+# Wall seconds between the resumable states a training run saves (at a measured step, atomically): a kill
+# without warning (SIGKILL, an out-of-memory kill, a job pool torn down) loses at most this much training.
+RESUME_EVERY_S = 600.0
 
 
 class _Lines(io.TextIOBase):
@@ -229,7 +234,15 @@ def run_seeds(cfg: RunConfig, progress_lines: bool = False) -> dict[int, Path | 
                 members = [_member(cfgs[s], built[s], out=prepared[s][0], resume=prepared[s][1], device=device,
                                    determinism=determinism, batched_with=todo) for s in todo]
                 with compiled_evaluation(compiled):
-                    results.update(_train(members, caught, progress_lines))
+                    try:
+                        results.update(_train(members, caught, progress_lines))
+                    except RunInterrupted:
+                        raise
+                    except BaseException:  # a crash is rerun from scratch, not from its last periodic state
+                        for m in members:
+                            if not m.finished:
+                                (m.out / RESUME_FILE).unlink(missing_ok=True)
+                        raise
             if caught["signum"] is not None:
                 # It arrived after the last step boundary, so every run finished and is complete. Pass it on to
                 # the handler it was meant for, now restored: a sweep stops instead of starting its next run.
@@ -336,6 +349,7 @@ def _train(members: list[_Member], caught: dict, progress_lines: bool = False) -
     bar = progress_bar(range(start + 1, cfg.scale.steps + 1), start, cfg.scale.steps,
                        f"{cfg.row} seed{'s' * (len(members) > 1)}={seeds}", cfg.progress, progress_lines)
     t_mark = time.perf_counter()
+    saved_at = time.monotonic()
     for step in bar:
         if caught["signum"] is not None:
             bar.close()
@@ -370,6 +384,9 @@ def _train(members: list[_Member], caught: dict, progress_lines: bool = False) -
             _measure(m, step, w_before[i] if w_before else None, losses[i], sched)
         if all(m.finished for m in members):
             break
+        if time.monotonic() - saved_at >= RESUME_EVERY_S:  # a kill without warning loses at most this much
+            _save_resumable(members, trainer)
+            saved_at = time.monotonic()
         t_mark = time.perf_counter()
     bar.close()
     for m in members:
@@ -491,16 +508,26 @@ def _dense_lines(model: torch.nn.Module, step: int, fresh: dict) -> pd.DataFrame
     return pd.concat(frames, ignore_index=True)
 
 
-def _stop(members: list[_Member], trainer: ensemble.Trainer, caught: dict, t_mark: float) -> None:
-    """Save each seed's resumable state after a stop signal; hand submitit's preemption signal on to submitit
-    (which requeues the job and exits), else raise :class:`RunInterrupted`."""
+def _save_resumable(members: list[_Member], trainer: ensemble.Trainer) -> None:
+    """Write each unfinished seed's resumable state (``resume.pt``, atomically) as it stands at this step
+    boundary: after a stop signal (:func:`_stop`), and every :data:`RESUME_EVERY_S` while training."""
     trainer.sync()
     trainer.sync_optimizer()
     for m in members:
+        if not m.finished:
+            m.state.save(m.out / RESUME_FILE, time.time() - m.started)
+
+
+def _stop(members: list[_Member], trainer: ensemble.Trainer, caught: dict, t_mark: float) -> None:
+    """Save each seed's resumable state after a stop signal; hand submitit's preemption signal on to submitit
+    (which requeues the job and exits), else raise :class:`RunInterrupted`."""
+    for m in members:
+        if not m.finished:
+            m.state.timings["train"] += (time.perf_counter() - t_mark) / len(members)
+    _save_resumable(members, trainer)
+    for m in members:
         if m.finished:
             continue
-        m.state.timings["train"] += (time.perf_counter() - t_mark) / len(members)
-        m.state.save(m.out / RESUME_FILE, time.time() - m.started)
         print(f"stopped by {signal.Signals(caught['signum']).name} at step {m.state.step}: {m.cfg.row} "
               f"seed={m.cfg.seed} saved to {m.out / RESUME_FILE}", file=sys.stderr, flush=True)
     pass_on_to_submitit(caught)
