@@ -37,15 +37,23 @@ def _ticked() -> list[str]:
 
 
 def _resolve(name: str):
+    """The object a short dotted name of the docs names: a module of the library (``bnrotation.<name>``) or of
+    the study (``bnrotation.study.<name>``), then attributes; a name given in full (``bnrotation.…``) as is."""
     parts = name.split(".")
-    for cut in range(len(parts), 0, -1):  # the longest importable module prefix, then attributes
-        try:
-            obj = importlib.import_module("bnrotation." + ".".join(parts[:cut]))
-        except ModuleNotFoundError:
-            continue
-        for attr in parts[cut:]:
-            obj = getattr(obj, attr)
-        return obj
+    if parts[0] == "bnrotation":
+        parts = parts[1:]
+    for package in ("bnrotation.", "bnrotation.study."):
+        for cut in range(len(parts), 0, -1):  # the longest importable module prefix, then attributes
+            try:
+                obj = importlib.import_module(package + ".".join(parts[:cut]))
+            except ModuleNotFoundError:
+                continue
+            try:
+                for attr in parts[cut:]:
+                    obj = getattr(obj, attr)
+            except AttributeError:
+                break
+            return obj
     raise ModuleNotFoundError(name)
 
 

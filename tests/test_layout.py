@@ -33,8 +33,9 @@ def test_training_imports_nothing_from_the_analysis(module):
 def _pointed_at(text: str) -> tuple[list[str], list[str]]:
     """The code a document names in backticks: ``(dotted names under bnrotation, file paths)``;
     ``analysis/table.COLUMNS`` is ``analysis.table.COLUMNS``."""
-    modules = {p.stem for p in PACKAGE.glob("*.py")} | {p.name for p in PACKAGE.iterdir() if p.is_dir()}
-    analysis = {p.stem for p in (PACKAGE / "analysis").glob("*.py")}
+    modules = {p.stem for folder in (PACKAGE, PACKAGE / "study") for p in folder.glob("*.py")} | {
+        p.name for folder in (PACKAGE, PACKAGE / "study") for p in folder.iterdir() if p.is_dir()}
+    analysis = {p.stem for p in (PACKAGE / "study" / "analysis").glob("*.py")}
     names, files = [], []
     for tick in re.findall(r"`([^`\n]+)`", text):
         first = re.split(r"[./]", tick)[0]
@@ -53,7 +54,7 @@ def test_every_place_extending_md_points_at_exists():
 
     names, files = _pointed_at((ROOT / "docs" / "extending.md").read_text())
     assert len(names) > 15 and "rows.check_against_row" in names and "batches.split_batch" in names
-    missing = unresolved(names) + [f for f in files if not (ROOT / f).exists() and not (PACKAGE / f).exists()]
+    missing = unresolved(names) + [f for f in files if not any((where / f).exists() for where in (ROOT, PACKAGE, PACKAGE / "study"))]
     assert not missing
     assert unresolved(["runner.no_such_function", "rows.check_against_row"]) == ["runner.no_such_function"]
     assert _pointed_at("`runner.no_such_function` and `src/bnrotation/nowhere.py`") == (
