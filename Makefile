@@ -56,7 +56,7 @@ ifneq ($(words $(SCALE))$(filter $(SCALE),$(SCALES)),1$(SCALE))
 $(error SCALE=$(SCALE): expected one of $(SCALES) (conf/scale/))
 endif
 endif
-ifneq ($(filter sweep reproduce zoo,$(MAKECMDGOALS)),)
+ifneq ($(filter sweep reproduce zoo frozen,$(MAKECMDGOALS)),)
 ifneq ($(shell [[ '$(JOBS)' =~ ^[1-9][0-9]*$$ ]] && echo ok),ok)
 $(error JOBS=$(JOBS): expected a whole number >= 1 (runs at once))
 endif
@@ -204,9 +204,10 @@ calibrate: $(VENV)/.installed ## results/reference/calibration.md and docs/monit
 report: $(VENV)/.installed ## <root>/report.html: headline, table, claims and figures on one page that opens offline (RESULTS=<root>; OUT=<folder>)
 	$(out_dir) $(PY) -m bnrotation.study.analysis.webpage $(results_flag) --out "$$out" $(skip_flag)
 
-frozen: $(VENV)/.installed ## the frozen-backbone experiment, 3 BatchNorm modes x 3 seeds, resumable, then <root>/frozen.md (RESULTS=<root> [results/frozen]; JOBS=n; FORCE=1)
-	$(PY) experiments/frozen.py sweep --jobs $(JOBS) results_root=$(or $(RESULTS),results/frozen) force=$(force_flag)
-	$(PY) -m bnrotation.study.analysis.tables.frozen --results $(or $(RESULTS),results/frozen)
+frozen: $(VENV)/.installed ## the frozen-backbone experiment: a Hydra multirun of 3 BatchNorm modes x 3 seeds (conf/frozen.yaml), resumable, then <root>/frozen.md (RESULTS=<root> [results/frozen]; JOBS=n; FORCE=1; ARGS)
+	sweep=$$($(PY) -m bnrotation.study.frozen) && $(PY) experiments/frozen.py -m $$sweep results_root=$(or $(RESULTS),results/frozen) \
+		force=$(force_flag) threads=1 hydra/launcher=joblib hydra.launcher.n_jobs=$(JOBS) $(ARGS)
+	$(PY) -m bnrotation.study.analysis.claims.frozen_report --results $(or $(RESULTS),results/frozen)
 
 # The staleness zoo (src/bnrotation/study/zoo.py, conf/zoo.yaml): every architecture x optimizer x seed of bnrotation.study.zoo
 # (`python -m bnrotation.study.zoo` prints the sweep) as one Hydra multirun, JOBS joblib workers of one thread each. A

@@ -10,8 +10,8 @@ Parses the config and calls bnrotation.study.zoo.run_task; nothing else lives he
 import hydra
 from omegaconf import DictConfig
 
-from bnrotation.study.cli import finish_job
-from bnrotation.study.zoo import register_zoo_config, run_task
+from bnrotation.study.cli import finish_job, stop_on_unknown_keys
+from bnrotation.study.zoo import ZooConfig, register_zoo_config, run_task
 
 register_zoo_config()
 
@@ -22,4 +22,5 @@ def main(cfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
+    stop_on_unknown_keys(ZooConfig)
     main()

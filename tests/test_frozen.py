@@ -1,7 +1,8 @@
-"""The frozen-backbone experiment (bnrotation.study.frozen) and its claim (analysis/tables/frozen.py, registry), at toy scale.
+"""The frozen-backbone experiment (bnrotation.study.frozen, on the suite's frame: conf/frozen.yaml, the runner's run
+folder and lock, Hydra's multirun) and its claim (analysis/tables/frozen.py, analysis/claims/frozen.py), at toy scale.
 
 Each test trains for a few steps on 8x8 images with a narrow network; the planted runs of the claim's tests are
-tables written by hand, not training.
+tables written by hand, not training. The committed runs (results/reference/frozen) are read, never rerun.
 """
 
 from __future__ import annotations
@@ -21,13 +22,17 @@ from torch.optim.swa_utils import update_bn
 
 from bnrotation import records
 
+from omegaconf import OmegaConf
+
 from bnrotation.study import frozen
 from bnrotation.study.analysis.tables import frozen as frozen_analysis
+from bnrotation.study.analysis.claims import frozen_report
 from bnrotation.study.analysis.claims.evidence import Evidence
 from bnrotation.study.analysis.claims.registry import CLAIMS
 from bnrotation.bnstats import frozen_layers, reestimate, running_stat_layers
 from bnrotation.study.config import ConfigError
 from bnrotation.study.rows import FROZEN_ROOT, FROZEN_ROWS, frozen_row
+from bnrotation.study.rundir import RunExistsError, config_yaml, prepare_run_dir
 
 ROOT = Path(__file__).resolve().parents[1]
 TOY = ["task.image_size=8", "task.batch_size=16", "task.probe_size=32", "model.channels=[4,8,8]",
@@ -35,8 +40,21 @@ TOY = ["task.image_size=8", "task.batch_size=16", "task.probe_size=32", "model.c
        "heldout_size=64", "reestimate_batches=3"]
 
 
+COMMITTED = ROOT / "results" / "reference" / FROZEN_ROOT
+
+
+def config(*overrides: str) -> frozen.FrozenConfig:
+    return frozen.to_frozen_config(OmegaConf.from_dotlist(list(overrides)))
+
+
 def toy(tmp: Path, *extra: str) -> frozen.FrozenConfig:
-    return frozen.load_config([*TOY, f"results_root={tmp}", *extra])
+    return config(*TOY, f"results_root={tmp}", "progress=false", *extra)
+
+
+def command(*args: str) -> subprocess.CompletedProcess:
+    """``experiments/frozen.py`` in its own process, as ``make frozen`` runs it."""
+    return subprocess.run([sys.executable, str(ROOT / "experiments" / "frozen.py"), *args], cwd=ROOT,
+                          capture_output=True, text=True, timeout=300)
 
 
 # ----------------------------------------------------------------------------- config
@@ -48,18 +66,33 @@ def toy(tmp: Path, *extra: str) -> frozen.FrozenConfig:
 ])
 def test_a_bad_config_stops_with_one_line_naming_the_key(override, key):
     with pytest.raises(ConfigError) as err:
-        frozen.load_config([override])
+        config(override)
     message = str(err.value)
-    assert "\n" not in message and message.startswith(key), message
+    assert "\n" not in message and message.startswith(key + ":"), message
 
 
-def test_the_command_line_refuses_bad_input_before_any_work(tmp_path, capsys):
-    assert frozen.main(["run", f"results_root={tmp_path}", "mode=nope"]) == 2
-    assert capsys.readouterr().err.startswith("error: mode: expected one of bn_train, norm_eval, reestimate")
-    assert frozen.main(["sweep", "seed=1"]) == 2
-    assert frozen.main(["fly"]) == 2
-    assert frozen.main(["run", "mode"]) == 2
-    assert not any(tmp_path.iterdir())  # nothing written
+def test_conf_frozen_yaml_composes_to_the_schemas_defaults():
+    """conf/frozen.yaml repeats FrozenConfig's defaults for the reader; they must agree (the committed runs ran
+    them: test_the_committed_runs_are_the_defaults_and_a_rerun_skips_them)."""
+    from hydra import compose, initialize_config_dir
+
+    frozen.register_frozen_config()
+    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
+        assert frozen.to_frozen_config(compose(config_name="frozen")) == frozen.FrozenConfig()
+
+
+@pytest.mark.slow
+def test_the_command_refuses_a_misspelt_key_or_a_bad_value_in_one_line_before_any_work(tmp_path):
+    """A misspelt key, in a single run and in a sweep (before Hydra composes anything: cli.stop_on_unknown_keys),
+    and a value out of range (the schema's check, before any work)."""
+    misspelt = ("error: bad config: finetune.stepz: not a key of the config (did you mean finetune.steps?); keys are "
+                "listed in bnrotation/config.py and conf/")
+    for args, said in ((("finetune.stepz=3",), misspelt), (("-m", "seed=0,1", "finetune.stepz=3"), misspelt),
+                       (("mode=nope",), "error: bad config: mode: expected one of bn_train, norm_eval, reestimate, "
+                                        "got 'nope'")):
+        done = command(*args, f"results_root={tmp_path}")
+        assert done.returncode == 2 and done.stderr.strip() == said, done.stderr
+    assert not (tmp_path / "runs").exists()  # nothing trained
 
 
 def test_every_mode_has_its_row():
@@ -88,7 +121,7 @@ def test_the_shifted_task_has_the_original_templates_and_the_noise_it_names():
     """Sample minus template part is noise of standard deviation noise_std: over 20,000 values per pixel of 8x8x3
     images the sample standard deviation of the noise is within 3% of 3.0 (its relative standard error is
     1/sqrt(2 * 20,000 * 192) < 0.2%)."""
-    cfg = frozen.load_config([*TOY, "shift.noise_std=3.0"])
+    cfg = config(*TOY, "shift.noise_std=3.0")
     data = frozen.task_data(cfg)
     g = torch.Generator().manual_seed(0)
     x, y = data.shifted.sample(20_000, g)
@@ -110,7 +143,7 @@ def _step(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> None:
 def test_the_fine_tuning_model_of_each_mode(mode):
     """Built without training (for the lint): backbone frozen, a new head, BatchNorm as the mode says. Then a few
     steps on the shifted task: no backbone parameter moves; the BatchNorm buffers move in bn_train only."""
-    cfg = frozen.load_config([*TOY, f"mode={mode}"])
+    cfg = config(*TOY, f"mode={mode}")
     model, original_head = frozen.finetune_model(cfg)
     assert model.training
     assert all(not p.requires_grad for p in frozen.backbone_parameters(model).values())
@@ -138,7 +171,7 @@ def test_the_lint_flags_the_common_mistake_and_only_it(mode):
     (BatchNorm in evaluation mode) get no finding."""
     from bnrotation.lint import lint_batchnorm
 
-    model, _ = frozen.finetune_model(frozen.load_config([*TOY, f"mode={mode}"]))
+    model, _ = frozen.finetune_model(config(*TOY, f"mode={mode}"))
     findings = lint_batchnorm(model)
     expected = [n for n, _ in running_stat_layers(model)] if mode == "bn_train" else []
     assert [f.layer for f in findings] == expected
@@ -147,7 +180,7 @@ def test_the_lint_flags_the_common_mistake_and_only_it(mode):
 
 def test_a_backbone_that_moves_is_caught():
     """The failure case: one convolution weight nudged by 1e-6 must raise, naming it."""
-    model, _ = frozen.finetune_model(frozen.load_config(TOY))
+    model, _ = frozen.finetune_model(config(*TOY))
     reference = {n: p.detach().clone() for n, p in frozen.backbone_parameters(model).items()}
     with torch.no_grad():
         model.conv2.weight[0, 0, 0, 0] += 1e-6
@@ -228,16 +261,26 @@ def test_a_finished_run_is_skipped_and_another_config_refused(toy_runs):
     stamp = {p.name: p.stat().st_mtime_ns for p in out.iterdir()}
     assert frozen.run(toy(root, "mode=norm_eval")) is None
     assert {p.name: p.stat().st_mtime_ns for p in out.iterdir()} == stamp
-    with pytest.raises(FileExistsError, match="another config"):
+    with pytest.raises(RunExistsError, match=r"different config \(keys \['finetune.lr'\]\)"):
         frozen.run(toy(root, "mode=norm_eval", "finetune.lr=0.01"))
-    # the sweep skips it too, in its own process
-    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
-    done = subprocess.run([sys.executable, "-c", "import sys; from bnrotation.study.frozen import sweep; "
-                           f"sys.exit(sweep({[*TOY, f'results_root={root}']!r}, jobs=1, seeds=(0,), "
-                           "modes=('norm_eval',)))"], env=env, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr
-    assert "frozen_norm_eval seed=0 finished already, skipped" in done.stderr
     assert {p.name: p.stat().st_mtime_ns for p in out.iterdir()} == stamp
+
+
+@pytest.mark.slow
+def test_make_frozen_s_multirun_trains_every_mode_through_the_entry_point_and_skips_finished_runs(tmp_path):
+    """The sweep as ``make frozen`` runs it (python -m bnrotation.study.frozen's lists, Hydra's joblib launcher), at
+    toy size on one seed: every mode trains in its folder; the same sweep again skips all three."""
+    lists = subprocess.run([sys.executable, "-m", "bnrotation.study.frozen"], capture_output=True, text=True,
+                           check=True).stdout.split()
+    assert lists == [f"mode={','.join(frozen.MODES)}", "seed=0,1,2"]
+    sweep = ["-m", lists[0], "seed=0", "hydra/launcher=joblib", "hydra.launcher.n_jobs=2", *TOY,
+             f"results_root={tmp_path}", "progress=false"]
+    first = command(*sweep)
+    assert first.returncode == 0 and "sweep: 3 runs: 3 done" in first.stderr, first.stderr
+    runs, problems = frozen_analysis.load_frozen_runs(tmp_path)
+    assert problems == [] and sorted(r.row for r in runs) == sorted(FROZEN_ROWS)
+    again = command(*sweep)
+    assert again.returncode == 0 and "sweep: 3 runs: 3 skipped" in again.stderr, again.stderr
 
 
 KILLER = """
@@ -251,12 +294,13 @@ def dying(*args, **kwargs):
         os.kill(os.getpid(), signal.SIGKILL)  # no clean-up of any kind
     return original(*args, **kwargs)
 frozen._accuracy_lines = dying
-frozen.run(frozen.load_config(sys.argv[1:]))
+from omegaconf import OmegaConf
+frozen.run(frozen.to_frozen_config(OmegaConf.from_dotlist(sys.argv[1:])))
 """
 
 
 def test_a_killed_run_leaves_no_done_and_is_rerun(tmp_path):
-    overrides = [*TOY, f"results_root={tmp_path}", "mode=bn_train"]
+    overrides = [*TOY, f"results_root={tmp_path}", "mode=bn_train", "progress=false"]
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
     killed = subprocess.run([sys.executable, "-c", KILLER, *overrides], env=env, capture_output=True, timeout=300)
     assert killed.returncode == -9
@@ -264,7 +308,7 @@ def test_a_killed_run_leaves_no_done_and_is_rerun(tmp_path):
     assert (out / "config.yaml").exists() and not (out / "DONE").exists()
     runs, problems = frozen_analysis.load_frozen_runs(tmp_path)
     assert runs == [] and len(problems) == 1 and "no DONE" in problems[0]
-    assert frozen.run(frozen.load_config(overrides)) == out  # rerun from scratch, not skipped
+    assert frozen.run(config(*overrides)) == out  # rerun from scratch, not skipped
     assert (out / "DONE").exists()
     assert len(frozen_analysis.load_frozen_runs(tmp_path)[0]) == 1
 
@@ -288,8 +332,11 @@ def _plant(root: Path, row: str, seed: int, *, displacement: float, acc_start: f
                         "norm_layer": ["bn1"] * 4, "lag_median_abs_sigma": [0.0, 0.0, 0.01, 0.02]})
     for name, frame in (("statistics", st), ("accuracy", acc), ("monitor", mon)):
         records.write_table(frame.assign(row=row, seed=np.int64(seed)), out / f"{name}.parquet", name)
-    records.write_json(out / "run.json", {"row": row, "seed": seed, "mode": FROZEN_ROWS[row].mode,
-                                          "backbone_unchanged": unchanged, "pretrained": {"acc_eval_mode": 1.0}})
+    mode = FROZEN_ROWS[row].mode
+    records.atomic_write_text(out / "config.yaml", config_yaml(config(f"mode={mode}", f"seed={seed}")))
+    records.write_json(out / "run.json", {"schema_version": records.SCHEMA_VERSION, "row": row, "seed": seed,
+                                          "mode": mode, "status": "done", "backbone_unchanged": unchanged,
+                                          "pretrained": {"acc_eval_mode": 1.0}})
     records.mark_done(out)
 
 
@@ -351,11 +398,42 @@ def test_the_claim_is_not_run_without_its_runs_and_names_a_refused_one(tmp_path)
 
 def test_the_docs_table_comes_from_the_runs(tmp_path, capsys):
     root = _planted(tmp_path / FROZEN_ROOT)
-    assert frozen_analysis.main(["--results", str(root)]) == 0
+    assert frozen_report.main(["--results", str(root)]) == 0
     text = (root / "frozen.md").read_text()
     assert "| displacement at the end | 0.8σ ± 0.1σ (n = 3) | 0σ ± 0σ (n = 3) |" in text
     assert "**PASS**" in text
-    assert frozen_analysis.main(["--results", str(tmp_path / "nowhere")]) == 2
+    assert frozen_report.main(["--results", str(tmp_path / "nowhere")]) == 2
+
+
+def test_a_run_whose_run_json_says_another_mode_is_refused_by_name(tmp_path):
+    """The run reader's frozen layout (analysis/results.FROZEN): run.json against the folder's row."""
+    root = _planted(tmp_path / FROZEN_ROOT)
+    path = records.run_dir(root, "frozen_norm_eval", 1)
+    records.write_json(path / "run.json", {**json.loads((path / "run.json").read_text()), "mode": "bn_train"})
+    runs, problems = frozen_analysis.load_frozen_runs(root)
+    assert len(runs) == 5 and problems == [f"{path}: what ran contradicts row 'frozen_norm_eval': mode 'bn_train', "
+                                           "the row means 'norm_eval'"]
+
+
+# ----------------------------------------------------------------------------- the committed runs
+def test_the_committed_runs_give_the_committed_table_byte_for_byte(tmp_path):
+    """frozen.md regenerated from results/reference/frozen/runs by the command ``make frozen`` ends with (the run
+    reader, the table, the claim's judge) is the committed file, byte for byte; the root is named as make names it."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.chdir(ROOT)
+        assert frozen_report.main(["--results", str(COMMITTED.relative_to(ROOT)), "--out", str(tmp_path)]) == 0
+    assert (tmp_path / "frozen.md").read_bytes() == (COMMITTED / "frozen.md").read_bytes()
+
+
+def test_the_committed_runs_are_the_defaults_and_a_rerun_skips_them():
+    """Each committed run's config.yaml is conf/frozen.yaml's defaults at its mode and seed, by the runner's folder
+    policy (rundir.prepare_run_dir: a finished run with the same config is skipped, untouched), so ``make frozen
+    RESULTS=results/reference/frozen`` reruns nothing."""
+    runs, problems = frozen_analysis.load_frozen_runs(COMMITTED)
+    assert problems == [] and len(runs) == len(FROZEN_ROWS) * 3
+    for r in runs:
+        cfg = config(f"mode={r.info['mode']}", f"seed={r.seed}", f"results_root={COMMITTED}")
+        assert prepare_run_dir(cfg, frozen.FrozenConfig) == (None, False), r.path
 
 
 # ----------------------------------------------------------------------------- the second case (issue 40)

@@ -164,6 +164,52 @@ def attempt(where: str, train) -> tuple[object, Outcome | None]:
         return None, Outcome("failed", 1, where, f"{type(err).__name__}: {err}")
 
 
+def run_one(cfg: DictConfig, convert, train) -> Outcome:
+    """What an entry point of one run a config (the zoo's, the frozen backbone's) does with its composed config
+    ``cfg``: ``convert(cfg)`` validates it (:func:`validated`: a bad key is one line, exit status 2, before any
+    work), ``train(converted)`` trains the run (:func:`attempt`: a crash is ``failed``, status 1, and its folder,
+    without ``DONE``, is rerun by the next sweep), then its :class:`Outcome` (:func:`finished_outcome`: a finished
+    run with the same config is ``skipped``). The converted config names its run by ``row`` and ``seed``."""
+    converted, failure = validated(cfg, convert, lambda c: where_of(c.row, [c.seed]))
+    if failure is not None:
+        return failure
+    out, failure = attempt(where_of(converted.row, [converted.seed]), lambda: train(converted))
+    if failure is not None:
+        return failure
+    return finished_outcome(converted.row, converted.seed, out)
+
+
+def stop_on_unknown_keys(schema: type, argv: list[str] | None = None) -> None:
+    """Before Hydra composes the config: stop with one line naming it and exit status 2 when a command-line
+    override (``key=value``, a sweep's ``key=a,b`` too) names a key ``schema`` lacks, as :func:`validated` reports a
+    bad value, where Hydra would print its own five lines and exit 1. Hydra's own keys (``hydra.``, ``hydra/``),
+    deletions (``~key``) and arguments it cannot parse are left to it."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    from .config import check_known_keys
+
+    try:
+        overrides = OverridesParser.create().parse_overrides(
+            [a for a in (sys.argv[1:] if argv is None else argv) if not a.startswith("-")])
+    except Exception:  # noqa: BLE001 - Hydra reports what it cannot parse itself
+        return
+    given: dict = {}
+    for o in overrides:
+        key = o.key_or_group
+        if o.is_delete() or key.split("/")[0].split(".")[0] == "hydra":
+            continue
+        *parents, leaf = key.split(".")
+        node = given
+        for part in parents:
+            node = node.setdefault(part, {})
+        node.setdefault(leaf, None)
+    try:
+        check_known_keys(given, schema)
+    except ConfigError as err:
+        print(f"error: bad config: {err}", file=sys.stderr)
+        sys.exit(2)
+
+
 def finish_job(outcome: Outcome) -> None:
     """What a Hydra entry point does with its job's outcome. In a multirun (``-m``) a job does not exit: the sweep
     runs every job, then :class:`SweepSummary` reports and sets the exit status; it records the outcome in its job

@@ -326,8 +326,16 @@ def _schema(schema: type = RunConfig) -> dict:
 def _reject_unknown_keys(cfg: DictConfig, schema: type = RunConfig) -> None:
     """Hydra lets ``+key=value`` append a key even in struct mode, and the structured merge drops it without a
     word; every key must be one of the schema's."""
+    check_known_keys({k: v for k, v in OmegaConf.to_container(cfg, resolve=False).items() if k != "hydra"}, schema)
+
+
+def check_known_keys(given: dict, schema: type = RunConfig) -> None:
+    """Refuse a key of ``given`` (a plain nested dict) that ``schema`` (a dataclass) lacks.
+
+    Raises:
+        ConfigError: one line naming the first such dotted key and the closest key of its section.
+    """
     keys = _schema(schema)
-    given = {k: v for k, v in OmegaConf.to_container(cfg, resolve=False).items() if k != "hydra"}
     unknown = unknown_keys(given, keys)
     if unknown:
         key = unknown[0]

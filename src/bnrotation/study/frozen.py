@@ -54,13 +54,17 @@ is after the mode's set-up and before the first fine-tuning step):
 Every backbone parameter is compared with its pre-trained value at every log
 point and must be equal, bit for bit (:func:`assert_backbone_unchanged`).
 
-A run writes ``<results_root>/runs/<row>/seed=<s>/`` (:func:`.records.run_dir`):
-``config.yaml``, ``run.json``, ``accuracy.parquet``, ``statistics.parquet``,
-``monitor.parquet``, each atomically, then ``DONE``. The rows are
-:data:`.rows.FROZEN_ROWS`; the sweep (:func:`sweep`) skips finished runs.
+**On the suite's frame.** The config is ``conf/frozen.yaml``, checked against :class:`FrozenConfig` (Hydra's
+ConfigStore, struct mode); a run is one (mode, seed), in the folder ``<results_root>/runs/<row>/seed=<s>/``
+(:func:`.records.run_dir`; the rows are :data:`.rows.FROZEN_ROWS`) that the runner's policy and lock govern
+(:func:`.rundir.prepare_run_dir`, :class:`.rundir.RunLock`: a finished run with the same config is skipped, one with
+another refused unless ``force=true``, a folder without ``DONE`` rerun from scratch). It holds ``config.yaml``,
+``run.json``, ``accuracy.parquet``, ``statistics.parquet`` and ``monitor.parquet`` (the columns of
+:data:`.rows.FROZEN_TABLES`), each written atomically, then ``DONE``. The sweep is Hydra's multirun with the joblib
+launcher (:func:`sweep_lists`); the analysis reads the runs with its run reader (:mod:`.analysis.tables.frozen`).
 
-    python experiments/frozen.py sweep --jobs 2 results_root=results/reference/frozen
-    python experiments/frozen.py run mode=bn_train seed=0 finetune.steps=50    # one run
+    python experiments/frozen.py mode=norm_eval seed=1 finetune.steps=100 results_root=/tmp/f   # one run
+    make frozen JOBS=2 RESULTS=results/reference/frozen                # every mode and seed, resumable
 """
 
 from __future__ import annotations
@@ -71,13 +75,13 @@ import datetime as dt
 import fcntl
 import io
 import math
-import shutil
 import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
@@ -85,35 +89,41 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 import yaml
-from omegaconf import OmegaConf
-from omegaconf.errors import OmegaConfBaseException
 
 from .. import records
 from ..bnstats import reestimate, running_stat_layers
-from .config import ConfigError, ModelConfig, OptimizerConfig, TaskConfig
-from .model import ConvNet, build_model
-from ..monitor import StalenessMonitor
-from .optim import build_optimizer
 from ..evaluation import eval_chunk
+from ..monitor import StalenessMonitor
 from ..probes import accuracy
 from ..provenance import describe_built, git_state
-from .rows import FROZEN_MODES, FROZEN_SEEDS, frozen_row
-from .rundir import RunLock
+from .config import ModelConfig, OptimizerConfig, TaskConfig, _choice, _require, semantic_dict, to_config
+from .model import ConvNet, build_model
+from .optim import build_optimizer
+from .rows import FROZEN_MODES, FROZEN_SEEDS, FROZEN_TABLES, frozen_row
+from .rundir import RunLock, config_yaml, prepare_run_dir
 from .runtime import resolve_threads
 from .task import NoisyTemplates, generator, stream_seed
 
-__all__ = ["FrozenConfig", "PretrainConfig", "FinetuneConfig", "ShiftConfig", "MODES", "load_config",
-           "shifted_seed", "ShiftedTemplates", "task_data", "shifted_batches", "pretrain", "pretrained_backbone",
-           "finetune_model", "set_bn_mode", "backbone_parameters", "assert_backbone_unchanged", "statistics_move",
-           "running_drift", "run", "sweep", "main"]
+if TYPE_CHECKING:
+    from .cli import Outcome
+
+__all__ = ["FrozenConfig", "PretrainConfig", "FinetuneConfig", "ShiftConfig", "MODES", "register_frozen_config",
+           "to_frozen_config", "shifted_seed", "ShiftedTemplates", "task_data", "shifted_batches", "pretrain",
+           "pretrained_backbone", "finetune_model", "set_bn_mode", "backbone_parameters", "assert_backbone_unchanged",
+           "statistics_move", "running_drift", "run", "run_task", "sweep_lists"]
 
 MODES = FROZEN_MODES  # bn_train | norm_eval | reestimate
 SHIFT_SEED_OFFSET = 1 << 40  # the shifted task's streams: the suite's streams at seed + 2**40
-TABLES = ("accuracy", "statistics", "monitor")
 CACHE = Path("checkpoints") / "pretrained"  # under the results root; checkpoints/ folders are gitignored
 
 
 # ----------------------------------------------------------------------------- config
+def _steps_and_lr(prefix: str, steps: int, lr: float, momentum: float) -> None:
+    _require(steps >= 1, f"{prefix}.steps", "an integer >= 1", steps)
+    _require(math.isfinite(lr) and lr > 0, f"{prefix}.lr", "a finite float > 0", lr)
+    _require(0 <= momentum < 1, f"{prefix}.momentum", "a float in [0, 1)", momentum)
+
+
 @dataclass
 class PretrainConfig:
     """Phase 1: the whole network on the original task, SGD with momentum (the ``sgd`` row's optimizer)."""
@@ -124,9 +134,9 @@ class PretrainConfig:
     reestimate_batches: int = 50  # then the running statistics re-estimated on the original task (precise)
 
     def __post_init__(self) -> None:
-        _check_steps("pretrain.steps", self.steps)
-        _check_lr("pretrain", self.lr, self.momentum)
-        _check_steps("pretrain.reestimate_batches", self.reestimate_batches)
+        _steps_and_lr("pretrain", self.steps, self.lr, self.momentum)
+        _require(self.reestimate_batches >= 1, "pretrain.reestimate_batches", "an integer >= 1",
+                 self.reestimate_batches)
 
 
 @dataclass
@@ -139,11 +149,9 @@ class FinetuneConfig:
     log_every: int = 20
 
     def __post_init__(self) -> None:
-        _check_steps("finetune.steps", self.steps)
-        _check_lr("finetune", self.lr, self.momentum)
-        if isinstance(self.log_every, bool) or not 1 <= self.log_every <= self.steps:
-            raise ConfigError(f"finetune.log_every: expected an integer in [1, finetune.steps={self.steps}], "
-                              f"got {self.log_every!r}")
+        _steps_and_lr("finetune", self.steps, self.lr, self.momentum)
+        _require(1 <= self.log_every <= self.steps, "finetune.log_every",
+                 f"an integer in [1, finetune.steps={self.steps}]", self.log_every)
 
 
 @dataclass
@@ -154,14 +162,15 @@ class ShiftConfig:
     noise_std: float = 2.0
 
     def __post_init__(self) -> None:
-        if not (math.isfinite(self.noise_std) and self.noise_std > 0 and self.noise_std != 1.0):
-            raise ConfigError(f"shift.noise_std: expected a finite float > 0 other than 1 (1 is the original task), "
-                              f"got {self.noise_std!r}")
+        _require(math.isfinite(self.noise_std) and self.noise_std > 0 and self.noise_std != 1.0, "shift.noise_std",
+                 "a finite float > 0 other than 1 (1 is the original task)", self.noise_std)
 
 
 @dataclass
 class FrozenConfig:
-    """One frozen-backbone run (one mode, one seed), checked before any work (:func:`load_config`)."""
+    """One frozen-backbone run (one mode, one seed), checked before any work (:func:`to_frozen_config`;
+    ``conf/frozen.yaml``). ``task`` and ``model`` are the suite's :class:`.config.TaskConfig` (the noisy
+    templates) and :class:`.config.ModelConfig` (the ConvNet with BatchNorm)."""
 
     mode: str = "bn_train"  # bn_train | norm_eval | reestimate
     seed: int = 0
@@ -175,22 +184,18 @@ class FrozenConfig:
     results_root: str = "results/frozen"
     threads: int = 1  # torch intra-op threads (0: torch's default)
     force: bool = False  # rerun a finished run
+    progress: bool = True  # a line per log point on stderr
 
     def __post_init__(self) -> None:
-        if self.mode not in MODES:
-            raise ConfigError(f"mode: expected one of {', '.join(MODES)}, got {self.mode!r}")
-        if isinstance(self.seed, bool) or not 0 <= self.seed < SHIFT_SEED_OFFSET:
-            raise ConfigError(f"seed: expected an integer in [0, 2**40), got {self.seed!r}")
-        if self.model.arch != "convnet" or self.model.norm != "batch":
-            raise ConfigError(f"model: the frozen-backbone experiment runs the study's ConvNet with BatchNorm "
-                              f"(model.arch=convnet, model.norm=batch), got arch={self.model.arch!r}, "
-                              f"norm={self.model.norm!r}")
+        _choice("mode", self.mode, MODES)
+        _require(0 <= self.seed < SHIFT_SEED_OFFSET, "seed", "an integer in [0, 2**40)", self.seed)
+        _choice("task.name", self.task.name, ("noisy_templates",))
+        _require(self.model.arch == "convnet" and self.model.norm == "batch", "model",
+                 "the study's ConvNet with BatchNorm (model.arch=convnet, model.norm=batch)",
+                 f"arch={self.model.arch}, norm={self.model.norm}")
         for key in ("heldout_size", "reestimate_batches"):
-            value = getattr(self, key)
-            if isinstance(value, bool) or value < 1:
-                raise ConfigError(f"{key}: expected an integer >= 1, got {value!r}")
-        if isinstance(self.threads, bool) or self.threads < 0:
-            raise ConfigError(f"threads: expected an integer >= 0, got {self.threads!r}")
+            _require(getattr(self, key) >= 1, key, "an integer >= 1", getattr(self, key))
+        _require(self.threads >= 0, "threads", "an integer >= 0", self.threads)
 
     @property
     def row(self) -> str:
@@ -198,49 +203,20 @@ class FrozenConfig:
         return frozen_row(self.mode)
 
 
-def _check_steps(key: str, steps) -> None:
-    if isinstance(steps, bool) or steps < 1:
-        raise ConfigError(f"{key}: expected an integer >= 1, got {steps!r}")
+def register_frozen_config() -> None:
+    """Register :class:`FrozenConfig` with Hydra's ConfigStore as ``frozen_schema`` (idempotent)."""
+    from hydra.core.config_store import ConfigStore
+
+    ConfigStore.instance().store(name="frozen_schema", node=FrozenConfig)
 
 
-def _check_lr(prefix: str, lr: float, momentum: float) -> None:
-    if not (math.isfinite(lr) and lr > 0):
-        raise ConfigError(f"{prefix}.lr: expected a finite float > 0, got {lr!r}")
-    if not 0 <= momentum < 1:
-        raise ConfigError(f"{prefix}.momentum: expected a float in [0, 1), got {momentum!r}")
-
-
-def load_config(overrides: list[str] | dict | None = None) -> FrozenConfig:
-    """The run's config: :class:`FrozenConfig`'s defaults with ``overrides`` (``["mode=norm_eval",
-    "finetune.steps=50"]`` or a nested dict), typed and checked.
+def to_frozen_config(cfg) -> FrozenConfig:
+    """The composed config (a ``DictConfig`` or a nested dict) as a validated :class:`FrozenConfig`.
 
     Raises:
-        ConfigError: one line naming the key and what it expects: an unknown key, a value of the wrong type,
-            or one out of range.
+        ConfigError: one line naming the first bad key and what it expects.
     """
-    base = OmegaConf.structured(FrozenConfig)
-    try:
-        extra = (OmegaConf.from_dotlist(list(overrides)) if isinstance(overrides, (list, tuple))
-                 else OmegaConf.create(overrides or {}))
-        merged = OmegaConf.merge(base, extra)
-        cfg = OmegaConf.to_object(merged)
-    except ConfigError:
-        raise
-    except OmegaConfBaseException as err:
-        key = getattr(err, "full_key", None)
-        raise ConfigError(f"{key or 'config'}: {str(err).splitlines()[0]}") from None
-    except ValueError as err:  # a ConfigError raised inside __post_init__, re-wrapped by OmegaConf
-        raise ConfigError(str(err).splitlines()[0]) from None
-    return cfg
-
-
-def config_dict(cfg: FrozenConfig) -> dict:
-    """The config as plain data, without the keys that do not change results (``force``, ``threads``,
-    ``results_root``)."""
-    d = dataclasses.asdict(cfg)
-    for key in ("force", "threads", "results_root"):
-        d.pop(key)
-    return d
+    return to_config(cfg, FrozenConfig)
 
 
 # ----------------------------------------------------------------------------- the shifted task
@@ -349,7 +325,7 @@ def pretrain(cfg: FrozenConfig, data: _Data | None = None) -> tuple[ConvNet, dic
 
 def _pretrain_key(cfg: FrozenConfig) -> dict:
     """What the pre-trained network depends on: seed, task, model and pre-training settings."""
-    d = config_dict(cfg)
+    d = semantic_dict(cfg)
     return {k: d[k] for k in ("seed", "task", "model", "pretrain")}
 
 
@@ -547,191 +523,129 @@ def _monitor_lines(monitors: dict[str, StalenessMonitor], step: int) -> list[pd.
     return frames
 
 
+
+
 # ----------------------------------------------------------------------------- one run
-def _prepare_dir(out: Path, config_text: str, force: bool) -> bool:
-    """Decide what to do with a run folder: False to skip it (``DONE`` and the same config, not ``force``);
-    True to run it, after removing whatever was there (``DONE`` first, so a kill during the removal leaves an
-    unfinished run).
+def finetune(cfg: FrozenConfig) -> tuple[dict[str, pd.DataFrame], dict]:
+    """The experiment of one run, without its folder (:func:`run` is the frame that calls it): the pre-trained
+    network of ``cfg.seed`` (cached, :func:`pretrained_backbone`), frozen, its new head trained for
+    ``finetune.steps`` SGD steps on the shifted task in BatchNorm mode ``cfg.mode``, measured at step 0, every
+    ``finetune.log_every`` steps and the last step.
+
+    Returns:
+        The tables (:data:`.rows.FROZEN_TABLES`' names → long-format frames with ``row`` and ``seed``) and what
+        ``run.json`` records of the run (the built objects, the trainable parameters, the pre-training's and the
+        re-estimation's reports, the BatchNorm layers' training flags, timings in seconds).
 
     Raises:
-        FileExistsError: a finished run with another config sits there and ``force`` is off.
+        RuntimeError: a backbone parameter changed during fine-tuning (:func:`assert_backbone_unchanged`).
     """
-    if (out / records.DONE).exists() and not force:
-        if (out / "config.yaml").read_text() == config_text:
-            return False
-        raise FileExistsError(f"{out} holds a finished run with another config; rerun with force=true to replace it")
-    if out.exists():
-        (out / records.DONE).unlink(missing_ok=True)
-        shutil.rmtree(out)
-    out.mkdir(parents=True)
-    return True
+    data = task_data(cfg)
+    backbone, pre_info = pretrained_backbone(cfg, data)
+    model, original_head = finetune_model(cfg, backbone)
+    reference = {n: p.detach().clone() for n, p in backbone_parameters(model).items()}
+    pretrained = {n: (m.running_mean.detach().clone(), m.running_var.detach().clone())
+                  for n, m in running_stat_layers(model)}
+    g_train = generator(shifted_seed(cfg.seed), "train")
+    report = reestimate(model, shifted_batches(cfg, data)) if cfg.mode == "reestimate" else None
+    optimizer = build_optimizer(_sgd(cfg.finetune.lr, cfg.finetune.momentum), model)
+    trainable = sorted(n for n, p in model.named_parameters() if p.requires_grad)
+    monitors = {probe: StalenessMonitor(model, data.probe[probe], warn=False) for probe in ("shifted", "original")}
+    buffers = {t: [] for t in FROZEN_TABLES}
+    previous = None
+    loss = math.nan
+    log = set(range(0, cfg.finetune.steps + 1, cfg.finetune.log_every)) | {cfg.finetune.steps}
+    t_train = t_measure = 0.0
+    for step in range(cfg.finetune.steps + 1):
+        if step > 0:
+            t0 = time.perf_counter()
+            x, y = data.shifted.sample(cfg.task.batch_size, g_train)
+            out_logits = model(x.contiguous(memory_format=torch.channels_last))
+            loss_t = F.cross_entropy(out_logits, y)
+            optimizer.zero_grad(set_to_none=True)
+            loss_t.backward()
+            optimizer.step()
+            t_train += time.perf_counter() - t0
+        if step not in log:
+            continue
+        t0 = time.perf_counter()
+        if step > 0:
+            loss = float(loss_t.detach())
+        assert_backbone_unchanged(model, reference)
+        buffers["statistics"] += _statistics_lines(model, step, previous, pretrained)
+        previous = (step, {n: (m.running_mean.detach().clone(), m.running_var.detach().clone())
+                           for n, m in running_stat_layers(model)})
+        buffers["accuracy"] += _accuracy_lines(model, original_head, data, step, loss)
+        buffers["monitor"] += _monitor_lines(monitors, step)
+        t_measure += time.perf_counter() - t0
+        if cfg.progress:
+            acc = pd.DataFrame(buffers["accuracy"][-2:]).set_index("task")["acc_eval_mode"]
+            stats = pd.DataFrame(buffers["statistics"][-3:])
+            print(f"{cfg.row} seed={cfg.seed} step {step}: eval acc original {acc['original']:.3f} shifted "
+                  f"{acc['shifted']:.3f}; displacement {stats['displacement_sigma'].max():.3f}σ",
+                  file=sys.stderr, flush=True)
+    tables = {}
+    for name in FROZEN_TABLES:
+        frame = pd.concat(buffers[name], ignore_index=True) if name == "monitor" else pd.DataFrame(buffers[name])
+        frame.insert(0, "seed", np.int64(cfg.seed))
+        frame.insert(0, "row", cfg.row)
+        tables[name] = frame
+    return tables, {"built": describe_built(model, optimizer, None, torch.device("cpu")),
+                    "trainable_parameters": trainable, "backbone_unchanged": True, "pretrained": pre_info,
+                    "reestimation": dataclasses.asdict(report) if report is not None else None,
+                    "bn_training_flags": {n: m.training for n, m in running_stat_layers(model)},
+                    "timings_s": {"finetune_steps": round(t_train, 3), "measurements": round(t_measure, 3)}}
 
 
-def run(cfg: FrozenConfig, *, progress: bool = False) -> Path | None:
-    """One frozen-backbone run: the pre-trained network of ``cfg.seed`` (cached), frozen, its new head trained
-    for ``finetune.steps`` SGD steps on the shifted task in BatchNorm mode ``cfg.mode``, measured at every log
-    point. Writes the run folder (module docstring), ``DONE`` last.
+def run(cfg: FrozenConfig) -> Path | None:
+    """One frozen-backbone run in its folder, on the runner's frame: the run's lock (:class:`.rundir.RunLock`),
+    the folder's policy (:func:`.rundir.prepare_run_dir`), ``config.yaml`` and ``run.json`` first, then the
+    experiment (:func:`finetune`), its tables, ``run.json`` again and ``DONE`` last, each written atomically.
 
     Returns:
         The run folder, or None when it was finished already with the same config (skipped).
 
     Raises:
-        FileExistsError: a finished run with another config is in the way (and ``force`` is off).
-        RuntimeError: a backbone parameter changed during fine-tuning (:func:`assert_backbone_unchanged`).
+        rundir.RunExistsError: a finished run with another config is in the way (and ``force`` is off).
         rundir.RunBusyError: another process is running it now.
+        RuntimeError: a backbone parameter changed during fine-tuning (:func:`assert_backbone_unchanged`).
     """
-    out = records.run_dir(cfg.results_root, cfg.row, cfg.seed)
-    config_text = yaml.safe_dump(config_dict(cfg), sort_keys=True)
     with RunLock(cfg.results_root, cfg.row, cfg.seed):
-        if not _prepare_dir(out, config_text, cfg.force):
+        out, _ = prepare_run_dir(cfg, FrozenConfig)
+        if out is None:
             return None
         threads = resolve_threads(cfg.threads)
         started = time.time()
-        records.atomic_write_text(out / "config.yaml", config_text)
+        records.atomic_write_text(out / "config.yaml", config_yaml(cfg))
         info = {"schema_version": records.SCHEMA_VERSION, "row": cfg.row, "seed": cfg.seed, "mode": cfg.mode,
                 "status": "running", "started_at": dt.datetime.fromtimestamp(started, dt.timezone.utc).isoformat(),
                 "threads": threads, **git_state()}
         records.write_json(out / "run.json", info)
-        data = task_data(cfg)
-        backbone, pre_info = pretrained_backbone(cfg, data)
-        model, original_head = finetune_model(cfg, backbone)
-        reference = {n: p.detach().clone() for n, p in backbone_parameters(model).items()}
-        pretrained = {n: (m.running_mean.detach().clone(), m.running_var.detach().clone())
-                      for n, m in running_stat_layers(model)}
-        g_train = generator(shifted_seed(cfg.seed), "train")
-        report = reestimate(model, shifted_batches(cfg, data)) if cfg.mode == "reestimate" else None
-        optimizer = build_optimizer(_sgd(cfg.finetune.lr, cfg.finetune.momentum), model)
-        trainable = sorted(n for n, p in model.named_parameters() if p.requires_grad)
-        monitors = {probe: StalenessMonitor(model, data.probe[probe], warn=False) for probe in ("shifted", "original")}
-        buffers = {t: [] for t in TABLES}
-        previous = None
-        loss = math.nan
-        log = set(range(0, cfg.finetune.steps + 1, cfg.finetune.log_every)) | {cfg.finetune.steps}
-        t_train = t_measure = 0.0
-        for step in range(cfg.finetune.steps + 1):
-            if step > 0:
-                t0 = time.perf_counter()
-                x, y = data.shifted.sample(cfg.task.batch_size, g_train)
-                out_logits = model(x.contiguous(memory_format=torch.channels_last))
-                loss_t = F.cross_entropy(out_logits, y)
-                optimizer.zero_grad(set_to_none=True)
-                loss_t.backward()
-                optimizer.step()
-                t_train += time.perf_counter() - t0
-            if step not in log:
-                continue
-            t0 = time.perf_counter()
-            if step > 0:
-                loss = float(loss_t.detach())
-            assert_backbone_unchanged(model, reference)
-            buffers["statistics"] += _statistics_lines(model, step, previous, pretrained)
-            previous = (step, {n: (m.running_mean.detach().clone(), m.running_var.detach().clone())
-                               for n, m in running_stat_layers(model)})
-            buffers["accuracy"] += _accuracy_lines(model, original_head, data, step, loss)
-            buffers["monitor"] += _monitor_lines(monitors, step)
-            t_measure += time.perf_counter() - t0
-            if progress:
-                acc = pd.DataFrame(buffers["accuracy"][-2:]).set_index("task")["acc_eval_mode"]
-                stats = pd.DataFrame(buffers["statistics"][-3:])
-                print(f"{cfg.row} seed={cfg.seed} step {step}: eval acc original {acc['original']:.3f} shifted "
-                      f"{acc['shifted']:.3f}; displacement {stats['displacement_sigma'].max():.3f}σ",
-                      file=sys.stderr, flush=True)
-        for name in TABLES:
-            frame = (pd.concat(buffers[name], ignore_index=True) if name == "monitor"
-                     else pd.DataFrame(buffers[name]))
-            frame.insert(0, "seed", np.int64(cfg.seed))
-            frame.insert(0, "row", cfg.row)
+        tables, ran = finetune(cfg)
+        for name, frame in tables.items():
             records.write_table(frame, out / f"{name}.parquet", name)
         ended = time.time()
-        info.update(built=describe_built(model, optimizer, None, torch.device("cpu")), trainable_parameters=trainable,
-                    backbone_unchanged=True, pretrained=pre_info,
-                    reestimation=dataclasses.asdict(report) if report is not None else None,
-                    bn_training_flags={n: m.training for n, m in running_stat_layers(model)},
-                    status="done", ended_at=dt.datetime.fromtimestamp(ended, dt.timezone.utc).isoformat(),
-                    wall_seconds=round(ended - started, 3),
-                    timings_s={"finetune_steps": round(t_train, 3), "measurements": round(t_measure, 3)})
+        info.update(ran, status="done", ended_at=dt.datetime.fromtimestamp(ended, dt.timezone.utc).isoformat(),
+                    wall_seconds=round(ended - started, 3))
         records.write_json(out / "run.json", info)
         records.mark_done(out)
     return out
 
 
-# ----------------------------------------------------------------------------- the sweep
-def sweep_jobs(seeds=FROZEN_SEEDS, modes=MODES) -> list[tuple[str, int]]:
-    """``(mode, seed)`` in the order the sweep starts them: mode by mode, so that parallel workers pre-train
-    different seeds (the first mode) and later modes find the cached backbones."""
-    return [(mode, seed) for mode in modes for seed in seeds]
+def run_task(cfg) -> "Outcome":
+    """What ``experiments/frozen.py`` does with its composed config: validate it, train the run, report it
+    (:func:`.cli.run_one`: a bad key is one line, exit status 2, before any work; a finished run is skipped)."""
+    from .cli import run_one
+
+    return run_one(cfg, to_frozen_config, run)
 
 
-def _sweep_job(overrides: list[str], mode: str, seed: int) -> str | None:
-    """One run of the sweep, in a joblib worker: None when it finished (or was finished), else why not."""
-    try:
-        out = run(load_config([*overrides, f"mode={mode}", f"seed={seed}"]))
-    except Exception as err:  # noqa: BLE001 - one run's failure is reported, the others go on
-        return f"{frozen_row(mode)} seed={seed}: {type(err).__name__}: {err}"
-    print(f"frozen sweep: {frozen_row(mode)} seed={seed} " + ("done" if out else "finished already, skipped"),
-          file=sys.stderr, flush=True)
-    return None
-
-
-def sweep(overrides: list[str], jobs: int = 2, seeds=FROZEN_SEEDS, modes=MODES) -> int:
-    """Every (mode, seed) of the experiment (:func:`sweep_jobs`' order), at most ``jobs`` at once in joblib's
-    worker processes (``loky``); a finished run is skipped by the run itself (:func:`run`), so a sweep that was
-    stopped resumes where it was by being started again. Prints a line per run, and one per failed run.
-
-    Returns:
-        0 when every run finished (or was finished), else 1.
-
-    Raises:
-        ConfigError: when ``overrides`` do not make a valid config (checked for every run before any starts).
-    """
-    from joblib import Parallel, delayed
-
-    todo = sweep_jobs(seeds, modes)
-    for mode, seed in todo:
-        load_config([*overrides, f"mode={mode}", f"seed={seed}"])
-    failed = [f for f in Parallel(n_jobs=jobs, backend="loky")(delayed(_sweep_job)(list(overrides), mode, seed)
-                                                               for mode, seed in todo) if f]
-    for line in failed:
-        print(f"frozen sweep: failed: {line}", file=sys.stderr)
-    return 1 if failed else 0
-
-
-def main(argv: list[str] | None = None) -> int:
-    """``python -m bnrotation.study.frozen run key=value ...`` (one run) or ``... sweep [--jobs n] key=value ...``
-    (every mode and seed of :data:`.rows.FROZEN_ROWS`); exit status 2 with one line naming the bad key."""
-    argv = list(sys.argv[1:] if argv is None else argv)
-    usage = "usage: python -m bnrotation.study.frozen {run|sweep} [--jobs n] [key=value ...]"
-    if not argv or argv[0] not in ("run", "sweep"):
-        print(usage, file=sys.stderr)
-        return 2
-    command, rest = argv[0], argv[1:]
-    jobs = 2
-    if command == "sweep" and "--jobs" in rest:
-        i = rest.index("--jobs")
-        try:
-            jobs = int(rest[i + 1])
-        except (IndexError, ValueError):
-            print(f"--jobs: expected a positive integer; {usage}", file=sys.stderr)
-            return 2
-        rest = rest[:i] + rest[i + 2:]
-    if bad := [a for a in rest if "=" not in a]:
-        print(f"{bad[0]}: expected key=value; {usage}", file=sys.stderr)
-        return 2
-    try:
-        if command == "sweep":
-            if any(a.startswith(("mode=", "seed=")) for a in rest):
-                print("sweep: mode and seed are the sweep's own (every mode, seeds "
-                      f"{', '.join(map(str, FROZEN_SEEDS))}); use run for one", file=sys.stderr)
-                return 2
-            return sweep(rest, jobs)
-        cfg = load_config(rest)
-    except ConfigError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
-    out = run(cfg, progress=True)
-    print(f"{cfg.row} seed={cfg.seed}: " + (f"done, {out}" if out else "finished already, skipped"), file=sys.stderr)
-    return 0
+def sweep_lists() -> str:
+    """Every mode and seed as Hydra sweep overrides, mode by mode (the last key varies fastest), so that parallel
+    workers pre-train different seeds in the first mode and the later modes find the cached backbones
+    (``make frozen`` reads this line: ``python -m bnrotation.study.frozen``)."""
+    return f"mode={','.join(MODES)} seed={','.join(map(str, FROZEN_SEEDS))}"
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    print(sweep_lists())

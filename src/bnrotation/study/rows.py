@@ -186,6 +186,14 @@ FROZEN_ROWS: dict[str, FrozenRow] = {
 FROZEN_MODES = tuple(r.mode for r in FROZEN_ROWS.values())
 FROZEN_SEEDS = SEEDS
 FROZEN_ROOT = "frozen"  # the committed runs: results/reference/frozen/runs/<row>/seed=<s>/
+# The tables a frozen-backbone run writes, each with the columns it must have (more may follow): the analysis's run
+# reader refuses a run without them (bnrotation.study.analysis.results.FROZEN).
+FROZEN_TABLES = {
+    "accuracy": ("row", "seed", "step", "task", "acc_eval_mode", "acc_train_mode", "loss"),
+    "statistics": ("row", "seed", "step", "norm_layer", "drift_sigma_per_100", "displacement_sigma",
+                   "mean_displacement_sigma", "std_displacement_sigma"),
+    "monitor": ("row", "seed", "step", "probe", "norm_layer", "stale", "mode_gap", "lag_median_abs_sigma"),
+}
 
 
 def frozen_row(mode: str) -> str:
@@ -198,6 +206,19 @@ def frozen_row(mode: str) -> str:
         if spec.mode == mode:
             return name
     raise KeyError(f"no frozen-backbone row has mode {mode!r}; expected one of {', '.join(FROZEN_MODES)}")
+
+
+def check_against_frozen_row(info: dict) -> list[str]:
+    """What a frozen-backbone run's ``run.json`` says that contradicts its row (:data:`FROZEN_ROWS`): a row that
+    is not one of them, or another BatchNorm mode than the row's.
+
+    Returns:
+        One line per contradiction; empty when the run is what its row says.
+    """
+    spec = FROZEN_ROWS.get(info.get("row"))
+    if spec is None:
+        return [f"row {info.get('row')!r} is not a frozen-backbone row ({', '.join(FROZEN_ROWS)})"]
+    return [] if info.get("mode") == spec.mode else [f"mode {info.get('mode')!r}, the row means {spec.mode!r}"]
 
 
 def network_label(arch: str) -> str:

@@ -357,18 +357,12 @@ def _monitor_info(monitor: StalenessMonitor | None, refusal: str | None) -> dict
 
 def run_task(cfg) -> "Outcome":
     """Validate the composed config ``cfg``, train the run, report it on stderr and return its
-    :class:`.cli.Outcome`, as the suite's entry point does (:func:`.cli.run_task`): a bad key or value is one line
+    :class:`.cli.Outcome`, as the suite's entry points do (:func:`.cli.run_one`): a bad key or value is one line
     naming it, exit status 2, before any work; a finished run is skipped; a crash is ``failed``, status 1, and its
     folder, without ``DONE``, is rerun by the next sweep."""
-    from .cli import attempt, finished_outcome, validated, where_of
+    from .cli import run_one
 
-    zoo_cfg, failure = validated(cfg, to_zoo_config, lambda z: where_of(z.row, [z.seed]))
-    if failure is not None:
-        return failure
-    out, failure = attempt(where_of(zoo_cfg.row, [zoo_cfg.seed]), lambda: run(zoo_cfg))
-    if failure is not None:
-        return failure
-    return finished_outcome(zoo_cfg.row, zoo_cfg.seed, out)
+    return run_one(cfg, to_zoo_config, run)
 
 
 def sweep_lists() -> str:

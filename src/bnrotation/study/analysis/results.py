@@ -13,6 +13,7 @@ from __future__ import annotations
 import functools
 import json
 import sys
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -21,7 +22,7 @@ import pyarrow.parquet as pq
 import yaml
 
 from ... import records
-from ..rows import ROWS, check_against_row, row_order
+from ..rows import FROZEN_TABLES, ROWS, check_against_frozen_row, check_against_row, row_order
 
 ALL_TABLES = tuple(records.TABLE_COLUMNS)  # every table a run may hold, the optional ones too
 SCALE_KEYS = ("steps", "log_every", "check_start")  # what the table's columns read from config.yaml
@@ -31,6 +32,29 @@ PROTOCOL_KEYS = ("steps", "log_every", "check_start", "check_every", "heldout_si
 
 class BadRunError(ValueError):
     """A run folder cannot be used; the message names the folder and what is wrong."""
+
+
+@dataclass(frozen=True)
+class Layout:
+    """What a finished run folder of one experiment holds, for :func:`load_run` to check: ``columns``, each table
+    it may hold and the columns that table must have; ``required``, the tables every run has; ``scale_keys``, the
+    integer keys of its ``config.yaml``'s ``scale`` section; ``contradicts(info)``, one line per thing its
+    ``run.json`` says against its row."""
+
+    columns: Mapping[str, tuple[str, ...]]
+    required: tuple[str, ...]
+    scale_keys: tuple[str, ...]
+    contradicts: Callable[[dict], list[str]]
+
+
+def _against_registered_row(info: dict) -> list[str]:
+    """A runner's run against its row of :data:`bnrotation.study.rows.ROWS` (an unregistered row: nothing)."""
+    return check_against_row(info, ROWS[info["row"]]) if info["row"] in ROWS else []
+
+
+RUNNER = Layout(records.TABLE_COLUMNS, records.REQUIRED_TABLES, SCALE_KEYS, _against_registered_row)
+# The frozen-backbone experiment's runs (bnrotation.study.frozen): their own tables, no scale section.
+FROZEN = Layout(FROZEN_TABLES, tuple(FROZEN_TABLES), (), check_against_frozen_row)
 
 
 @dataclass
@@ -223,8 +247,9 @@ def describe_root(root: str | Path, asked: bool) -> str:
     return f"reading {root} ({why})"
 
 
-def read_table(path: Path, name: str) -> pd.DataFrame:
-    """Read one parquet table and check its schema version and columns.
+def read_table(path: Path, name: str, columns: tuple[str, ...] | None = None) -> pd.DataFrame:
+    """Read one parquet table and check its schema version and columns (``columns``, by default the runner's
+    table of that name's, :data:`bnrotation.records.TABLE_COLUMNS`).
 
     Raises:
         BadRunError: naming the file, for a missing, unreadable or truncated
@@ -246,7 +271,7 @@ def read_table(path: Path, name: str) -> pd.DataFrame:
         raise BadRunError(f"{path}: schema version {raw.decode(errors='replace')!r}, this suite reads up to "
                           f"{records.SCHEMA_VERSION}; update the suite")
     df = table.to_pandas()
-    missing = [c for c in records.TABLE_COLUMNS[name] if c not in df.columns]
+    missing = [c for c in (records.TABLE_COLUMNS[name] if columns is None else columns) if c not in df.columns]
     if missing:
         raise BadRunError(f"{path}: missing columns {missing}")
     return df
@@ -265,8 +290,9 @@ def _load_yaml(text: str):
     return yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
 
 
-def load_run(path: str | Path, tables: tuple[str, ...] = records.REQUIRED_TABLES) -> Run:
-    """Load and validate one run folder.
+def load_run(path: str | Path, tables: tuple[str, ...] = records.REQUIRED_TABLES, layout: Layout = RUNNER) -> Run:
+    """Load and validate one run folder of ``layout``'s experiment (the runner's by default), with its tables
+    ``tables`` (those of them it holds, and every one it must).
 
     Raises:
         BadRunError: naming the folder and what is wrong.
@@ -290,19 +316,20 @@ def load_run(path: str | Path, tables: tuple[str, ...] = records.REQUIRED_TABLES
         raise BadRunError(f"{path}: run.json says row {info.get('row')!r} seed {info.get('seed')!r}, "
                           "which does not match the folder")
     config = _parse(path / "config.yaml", _load_yaml, yaml.YAMLError)
-    scale = config.get("scale") if isinstance(config, dict) else None
-    if not isinstance(scale, dict) or not all(isinstance(scale.get(k), int) for k in SCALE_KEYS):
-        raise BadRunError(f"{path / 'config.yaml'}: expected integer keys scale.{{{','.join(SCALE_KEYS)}}} "
+    if not isinstance(config, dict):
+        raise BadRunError(f"{path / 'config.yaml'}: expected a mapping of config keys")
+    scale = config.get("scale") if layout.scale_keys else {}
+    if not isinstance(scale, dict) or not all(isinstance(scale.get(k), int) for k in layout.scale_keys):
+        raise BadRunError(f"{path / 'config.yaml'}: expected integer keys scale.{{{','.join(layout.scale_keys)}}} "
                           "(the check window and probe interval)")
-    if info["row"] in ROWS:
-        problems = check_against_row(info, ROWS[info["row"]])
-        if problems:
-            raise BadRunError(f"{path}: what ran contradicts row {info['row']!r}: " + "; ".join(problems))
+    problems = layout.contradicts(info)
+    if problems:
+        raise BadRunError(f"{path}: what ran contradicts row {info['row']!r}: " + "; ".join(problems))
     run = Run(path, info, config)
     for name in tables:
         file = path / f"{name}.parquet"
-        if name in records.REQUIRED_TABLES or file.exists():
-            run.tables[name] = read_table(file, name)
+        if name in layout.required or file.exists():
+            run.tables[name] = read_table(file, name, layout.columns[name])
     return run
 
 

@@ -23,6 +23,7 @@ from ....staleness import Thresholds
 from ..formatting import cell
 from ..results import Run
 from ..tables import calibration as cal
+from ..tables.frozen import load_frozen_runs
 from .evidence import Evidence
 from .kinds import CALIBRATION, Outcome, bespoke
 
@@ -121,9 +122,7 @@ def rule_warns_on_frozen_batchnorm_in_training_mode(ev: Evidence) -> Outcome:
     tolerance = (f"the rule's verdict at the last log point of every `{BN_TRAIN}` run whose original-task mode gap "
                  f"on its held-out set is at least {cell(cal.STALE_RECOVERY, 'pct', digits=0)} (the truth), and at "
                  f"no log point of any `{NORM_EVAL}` run")
-    from ..tables import frozen  # here, as the frozen claim does
-
-    runs, _ = frozen.load_frozen_runs(root) if (root / "runs").is_dir() else ([], [])
+    runs, _ = load_frozen_runs(root) if (root / "runs").is_dir() else ([], [])
     runs = [r for r in runs if r.row in (BN_TRAIN, NORM_EVAL)]
     if not runs:
         return Outcome("no frozen run", tolerance, None)

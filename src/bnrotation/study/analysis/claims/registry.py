@@ -18,16 +18,16 @@ from dataclasses import dataclass
 import numpy as np
 
 from ... import article as A
-from ...rows import FROZEN_ROOT, PUBLISHED_ROWS, ROWS
+from ...rows import PUBLISHED_ROWS, ROWS
 from ..formatting import cell, seed_ranges, spread
 from ..measures import lag, metrics
 from ..measures.dense import DENSE_INTERVALS
 from ..results import Run, count
 from ..stats import SeedStat, half_unit, spearman_rho
 from ..tables.table import COLUMNS as TABLE_COLUMNS
-from . import carryover, outofsample, real_images
+from . import carryover, frozen, outofsample, real_images
 from .evidence import CONV_LAYERS, Evidence, middle_lag_at_failing
-from .kinds import (FAIL, FROZEN, NOT_RUN, Z, Above, Below, Check, Match, MatchesPublished, NotBelow, Outcome, RankOrder,
+from .kinds import (FAIL, NOT_RUN, Z, Above, Below, Check, Match, MatchesPublished, NotBelow, Outcome, RankOrder,
                     RecoveryShare, above, bespoke, match_words, matches, said, table_figure)
 
 SGD, ADAM, ADAMW, PROJ, COS, SMALL_LR, WINDOW = ("sgd", "adam", "adamw", "adam_projected", "adam_cosine",
@@ -353,29 +353,6 @@ def adamw_between_adam_and_sgd(ev: Evidence) -> Outcome:
                    f"{how2}", ok1 and ok2)
 
 
-# ----------------------------------------------------------------------------- the frozen-backbone experiment
-# Beyond the article (bnrotation.study.frozen), fixed before its runs. The runs live under <root>/frozen/ (rows.FROZEN_ROOT)
-# and analysis/tables/frozen.py reads them and states the test (frozen.judge): norm_eval's statistics exactly still (no
-# evaluation-mode pass writes a buffer: tolerance 0); bn_train's displacement from the pre-trained statistics at least
-# the monitor's lag threshold (0.1σ) after subtracting 2 standard errors over seeds; the original task's
-# evaluation-mode accuracy down by at least 1 point and by more than 2 standard errors over seeds (paired within each
-# run: same weights, same held-out set). claims.md lists it in a section of its own, after the ResNet-20 checks.
-@bespoke("Freezing a layer does not freeze its BatchNorm: with every backbone parameter frozen and BatchNorm left in "
-         "training mode while a new head is fine-tuned on noisier data, the running statistics follow the new data "
-         "though no weight moves, and evaluation-mode accuracy on the original task degrades; with BatchNorm in "
-         "evaluation mode (norm_eval) they stay the pre-trained ones.",
-         "beyond the article; pytorch/pytorch#86590, Lightning-AI/pytorch-lightning#15062, lightly-ai/lightly#1438",
-         section=FROZEN)
-def frozen_backbone_batchnorm_follows_new_data(ev: Evidence) -> Outcome:
-    from ..tables import frozen  # here, so that the claim stays one entry
-
-    root = ev.root / FROZEN_ROOT
-    runs, problems = frozen.load_frozen_runs(root) if (root / "runs").is_dir() else ([], [])
-    verdict = frozen.judge(runs, problems)
-    where = f"Runs under `{root}` (`python -m bnrotation.study.analysis.tables.frozen --results {root}`)."
-    return Outcome(verdict.measured, verdict.tolerance, verdict.passed, f"{where} {verdict.note}".strip())
-
-
 # ----------------------------------------------------------------------------- the registry
 CLAIMS = (
     RankOrder("rotation_orders_accuracy", "Sorted by rotation, evaluation-mode accuracy falls in order across the six "
@@ -433,7 +410,7 @@ CLAIMS = (
     *carryover.CHECKS,
     # Does it happen on real images? Fashion-MNIST (its own heading; analysis/claims/real_images.py)
     *real_images.CHECKS,
-    frozen_backbone_batchnorm_follows_new_data,
+    *frozen.CHECKS,  # beyond the article: the frozen-backbone experiment (analysis/claims/frozen.py)
     # The monitor's rule out of sample (issue 38), fixed before its runs (analysis/claims/outofsample.py)
     *outofsample.CHECKS,
 )

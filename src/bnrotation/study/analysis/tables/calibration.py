@@ -59,7 +59,7 @@ import pandas as pd
 from .... import records
 from ....staleness import Thresholds, channel_signals, warmup_steps
 from ..results import BadRunError, Run, find_run_dirs, load_run, once_per_run, read_table
-from .frozen import BadFrozenRun, load_frozen_runs
+from .frozen import load_frozen_runs
 
 __all__ = ["out_of_sample_roots", "load_calibration_runs", "STALE_RECOVERY", "TARGET_RECALL", "IN_SAMPLE_TASK", "SIGNALS", "Signal", "in_sample", "out_of_sample_run", "task_of",
            "log_signals", "truth", "points", "warns_at", "choose_threshold", "score", "lead_times", "chosen_thresholds",
@@ -616,10 +616,7 @@ def write_calibration(results: Path, out_of_sample: list[Path], out: Path, doc: 
     oos, skipped = load_calibration_runs(out_of_sample, out_of_sample_run)
     for p in skipped:
         print(f"warning: out of sample, skipped: {p}", file=sys.stderr)
-    try:
-        frozen = frozen_verdicts(Path(results) / "frozen", Thresholds())
-    except BadFrozenRun as err:
-        raise BadRunError(str(err)) from err
+    frozen = frozen_verdicts(Path(results) / "frozen", Thresholds())
     text = to_markdown(ins, oos, ([results], list(out_of_sample)), frozen)
     path = Path(out) / "calibration.md"
     records.atomic_write_text(path, text)
