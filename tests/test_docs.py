@@ -37,15 +37,18 @@ def _ticked() -> list[str]:
 
 
 def _resolve(name: str):
+    """The object a short dotted name (``rows.check_against_row``) names, in the library (``bnrotation``) or the
+    study (``bnrotation.study``): the longest importable module prefix, then attributes."""
     parts = name.split(".")
-    for cut in range(len(parts), 0, -1):  # the longest importable module prefix, then attributes
-        try:
-            obj = importlib.import_module("bnrotation." + ".".join(parts[:cut]))
-        except ModuleNotFoundError:
-            continue
-        for attr in parts[cut:]:
-            obj = getattr(obj, attr)
-        return obj
+    for root in ("bnrotation.", "bnrotation.study."):
+        for cut in range(len(parts), 0, -1):
+            try:
+                obj = importlib.import_module(root + ".".join(parts[:cut]))
+            except ModuleNotFoundError:
+                continue
+            for attr in parts[cut:]:
+                obj = getattr(obj, attr)
+            return obj
     raise ModuleNotFoundError(name)
 
 

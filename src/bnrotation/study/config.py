@@ -355,7 +355,7 @@ def _reject_unknown_keys(cfg: DictConfig, schema: type = RunConfig) -> None:
         hint = f" (did you mean {parent + '.' if parent else ''}{close[0]}?)" if close else ""
         more = f"; also {', '.join(unknown[1:])}" if len(unknown) > 1 else ""
         raise ConfigError(f"{key}: not a key of the config{hint}{more}; keys are listed in "
-                          "bnrotation/config.py and conf/")
+                          "bnrotation/study/config.py and conf/")
 
 
 def to_config(cfg: DictConfig | dict, schema: type, before=None):
