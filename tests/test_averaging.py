@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import functools
 import math
 
 import pandas as pd
@@ -17,6 +18,7 @@ from bnrotation.averaging import (EMA, POLICIES, average_checkpoints, compare_st
 from bnrotation.bnstats import reestimate, running_stat_layers, weights_fingerprint
 from bnrotation.study.config import ConfigError, ModelConfig, TaskConfig
 from bnrotation.study.model import build_model
+from bnrotation.study.run_averages import RunAverages
 from bnrotation.study.task import NoisyTemplates, generator
 
 TASK = TaskConfig(image_size=8, batch_size=32, probe_size=256)
@@ -329,17 +331,39 @@ def test_checkpoint_of_another_architecture_is_refused(trajectory):
 FAST = ["task.probe_size=128", "task.image_size=8", "task.batch_size=16"]  # a toy size: about a second a run
 
 
+class _Seen(RunAverages):
+    """The runner's averages, keeping what :meth:`after_scoring` is handed (the extension point of
+    ``runner.run(averages=...)``)."""
+
+    built: list[tuple] = []  # (averaging config, model) per call of the factory
+
+    def __init__(self, cfg, model, seen: list[dict]):
+        super().__init__(cfg, model)
+        self.seen = seen
+        _Seen.built.append((cfg, model))
+
+    def after_scoring(self, model, step, x, y, averaged, provenance, *, average, decay, policy):
+        self.seen.append({"step": step, "average": average, "decay": decay, "policy": policy,
+                          "provenance": provenance.policy, "own_copy": averaged is not model,
+                          "fingerprint": provenance.weights_fingerprint, "weights": weights_fingerprint(averaged)})
+
+
 @pytest.fixture(scope="module")
 def averaging_run(tmp_path_factory):
+    """One ``adam`` run with averaging at toy size, its averages built by the factory given to ``runner.run``;
+    returns ``(results root, run folder, what after_scoring saw, the run's config)``."""
     from conftest import run_cfg
     from bnrotation.study.runner import run
     root = tmp_path_factory.mktemp("avg")
-    out = run(run_cfg(["experiment=adam", "averaging.tail_steps=10", "averaging.tail_every=5", *FAST], root))
-    return root, out
+    cfg = run_cfg(["experiment=adam", "averaging.tail_steps=10", "averaging.tail_every=5", *FAST], root)
+    seen: list[dict] = []
+    _Seen.built.clear()
+    out = run(cfg, averages=functools.partial(_Seen, seen=seen))
+    return root, out, pd.DataFrame(seen), cfg
 
 
 def test_runner_writes_the_averaging_table(averaging_run):
-    _, out = averaging_run
+    _, out, *_ = averaging_run
     av = pd.read_parquet(out / "averaging.parquet")
     assert set(records.TABLE_COLUMNS["averaging"]) <= set(av.columns)
     assert sorted(av["step"].unique()) == [10, 20]  # the intervention steps at smoke scale
@@ -356,17 +380,55 @@ def test_runner_writes_the_averaging_table(averaging_run):
     assert live.to_dict() == checks.loc[[10, 20]].to_dict()
 
 
+def test_the_runner_builds_its_averages_with_the_factory_it_is_given(averaging_run):
+    """``runner.run(cfg, averages=factory)``: the factory is called once, with the run's averaging config, and
+    :meth:`RunAverages.after_scoring` is handed every averaged copy the table scores (each EMA and the tail average
+    under each policy, at each averaging step; never the live model), its own module with its own provenance."""
+    from bnrotation.study import runner
+    _, out, seen, cfg = averaging_run
+    assert len(_Seen.built) == 1 and _Seen.built[0][0] == cfg.averaging
+    assert runner.RunAverages is RunAverages  # nothing replaced in the runner's module
+    scored = pd.read_parquet(out / "averaging.parquet")
+    keys = ["step", "average", "decay", "policy"]
+    copies = scored.loc[scored["average"] != "live", keys].reset_index(drop=True)
+    pd.testing.assert_frame_equal(seen[keys], copies)
+    assert (seen["provenance"] == seen["policy"]).all() and seen["own_copy"].all()
+    refreshed = seen[seen["policy"] == "refresh"]
+    assert len(refreshed) == 2 * (2 + 1)  # two steps x (two EMA decays, the tail)
+    assert (refreshed["fingerprint"] == refreshed["weights"]).all()
+
+
+def test_the_averaging_audit_reaches_the_runner_through_its_argument(tmp_path):
+    """``experiments/audit_averaging.py`` audits each copy the run scores, from the run's own averages: one audit
+    row per scored copy, the provenance's verdict ``re-estimated`` for every ``refresh`` copy, and ``audit.csv``
+    beside the tables; the runner's module is left as it was."""
+    import importlib.util
+    from conftest import ROOT, run_cfg
+    from bnrotation.study import runner
+    spec = importlib.util.spec_from_file_location("audit_averaging", ROOT / "experiments" / "audit_averaging.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    folder, audit = script.audit_run(run_cfg(["experiment=adam", "averaging.tail_steps=10", "averaging.tail_every=5",
+                                              *FAST], tmp_path))
+    assert runner.RunAverages is RunAverages
+    scored = pd.read_parquet(folder / "averaging.parquet")
+    keys = ["step", "average", "decay", "policy"]
+    pd.testing.assert_frame_equal(audit[keys], scored.loc[scored["average"] != "live", keys].reset_index(drop=True))
+    assert set(audit.loc[audit["policy"] == "refresh", "verdict_provenance"]) == {"re-estimated"}
+    pd.testing.assert_frame_equal(pd.read_csv(folder / "audit.csv")[keys], audit[keys], check_dtype=False)
+
+
 def test_averaging_changes_nothing_in_the_training_run(averaging_run, tmp_path):
     from conftest import run_cfg
     from bnrotation.study.runner import run
-    _, out = averaging_run
+    _, out, *_ = averaging_run
     off = run(run_cfg(["experiment=adam", "averaging.enabled=false", "interventions=false", *FAST], tmp_path))
     pd.testing.assert_frame_equal(pd.read_parquet(out / "checks.parquet"), pd.read_parquet(off / "checks.parquet"))
     assert pd.read_parquet(off / "averaging.parquet").empty
 
 
 def test_saved_checkpoints_of_a_run_are_averaged(averaging_run):
-    _, out = averaging_run
+    _, out, *_ = averaging_run
     ckpts = saved_checkpoints(out, last=2)
     assert [c["step"] for c in ckpts] == [10, 20]  # the intervention steps, oldest first
     avg, prov = average_checkpoints(build_model(ModelConfig(), TASK.num_classes, 0), ckpts, policy="copy")
@@ -379,7 +441,7 @@ def test_saved_checkpoints_of_a_run_are_averaged(averaging_run):
 
 def test_make_table_writes_averaging_md(averaging_run, tmp_path):
     from bnrotation.study.analysis.tables.table import main as table_main
-    root, _ = averaging_run
+    root, *_ = averaging_run
     assert table_main(["--results", str(root), "--out", str(tmp_path)]) == 0
     md = (tmp_path / "averaging.md").read_text()
     assert "`adam`" in md and "EMA 0.999 refresh" in md and "Tail 10 steps mixture" in md and "Live" in md

@@ -37,22 +37,17 @@ def _ticked() -> list[str]:
 
 
 def _resolve(name: str):
-    """The object a short dotted name of the docs names: a module of the library (``bnrotation.<name>``) or of
-    the study (``bnrotation.study.<name>``), then attributes; a name given in full (``bnrotation.…``) as is."""
+    """The object a short dotted name (``rows.check_against_row``) names, in the library (``bnrotation``) or the
+    study (``bnrotation.study``): the longest importable module prefix, then attributes."""
     parts = name.split(".")
-    if parts[0] == "bnrotation":
-        parts = parts[1:]
-    for package in ("bnrotation.", "bnrotation.study."):
-        for cut in range(len(parts), 0, -1):  # the longest importable module prefix, then attributes
+    for root in ("bnrotation.", "bnrotation.study."):
+        for cut in range(len(parts), 0, -1):
             try:
-                obj = importlib.import_module(package + ".".join(parts[:cut]))
+                obj = importlib.import_module(root + ".".join(parts[:cut]))
             except ModuleNotFoundError:
                 continue
-            try:
-                for attr in parts[cut:]:
-                    obj = getattr(obj, attr)
-            except AttributeError:
-                break
+            for attr in parts[cut:]:
+                obj = getattr(obj, attr)
             return obj
     raise ModuleNotFoundError(name)
 

@@ -81,9 +81,12 @@ def cycle(g: dict[str, set[str]]) -> list[str] | None:
     return None
 
 
+ANALYSIS = ["bnrotation", "study", "analysis"]
+
+
 def layer_of(module: str) -> int | None:
     parts = module.split(".")
-    if parts[:3] != ["bnrotation", "study", "analysis"] or len(parts) < 4:
+    if parts[:3] != ANALYSIS or len(parts) < 4:
         return None
     return LAYERS.index(parts[3])
 
@@ -101,7 +104,7 @@ def test_the_analysis_layers_import_only_downwards():
 
 def test_every_analysis_module_belongs_to_a_layer():
     analysis = [m for m in package_graph() if m.startswith("bnrotation.study.analysis.")]
-    assert analysis and all(m.split(".")[3] in LAYERS for m in analysis)
+    assert analysis and all(m.split(".")[len(ANALYSIS)] in LAYERS for m in analysis)
 
 
 def test_a_circle_is_found(tmp_path):

@@ -33,23 +33,16 @@ from __future__ import annotations
 import copy
 import itertools
 import math
-from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
 
-import numpy as np
-import pandas as pd
 import torch
 import torch.nn as nn
 
 from .bnstats import ReestimationReport, reestimate, running_stat_layers, weights_fingerprint
 from .checkpoints import Checkpoint, checkpoint_path, load_checkpoint, state_of
-from .probes import accuracy, fresh_statistics, lag_sigma
-
-if TYPE_CHECKING:  # the runner's config, for the annotation only: averaging itself needs no Hydra
-    from .study.config import AveragingConfig
+from .probes import fresh_statistics, lag_sigma
 
 __all__ = ["POLICIES", "EMA_POLICIES", "BufferProvenance", "mixture_moments", "policy_buffers",
            "average_checkpoints", "saved_checkpoints", "EMA", "LayerLag", "InferenceStateReport",
@@ -466,93 +459,3 @@ def compare_states(a: Checkpoint, b: Checkpoint, model: nn.Module | None = None)
             continue
         (diff.parameters if name in params else diff.buffers)[name] = _max_abs_diff(ta, tb)
     return diff
-
-
-# ----------------------------------------------------------------------------- the runner's averaging table
-class RunAverages:
-    """What a run keeps for the ``averaging`` table: one :class:`EMA` per decay and the tail snapshots.
-
-    Call :meth:`after_step` after every optimizer step and :meth:`evaluate`
-    at the evaluation steps. Nothing here touches the live model's weights,
-    buffers or random streams, so the training run is the same with or
-    without it.
-    """
-
-    COLUMNS = ("average", "decay", "window_steps", "policy", "constituents", "acc_eval_mode", "lag_median_abs_sigma")
-
-    def __init__(self, cfg: AveragingConfig, model: nn.Module):
-        self.cfg = cfg
-        self.emas = [EMA(model, d) for d in cfg.ema_decays]
-        self.snapshots: deque[tuple[int, dict]] = deque(maxlen=cfg.tail_steps // cfg.tail_every)
-
-    def after_step(self, model: nn.Module, step: int) -> None:
-        """EMA updates; a snapshot (weights and buffers) every ``tail_every`` steps."""
-        for ema in self.emas:
-            ema.update(model)
-        if self.cfg.tail_steps and step % self.cfg.tail_every == 0:
-            self.snapshots.append((step, {k: v.detach().clone() for k, v in model.state_dict().items()}))
-
-    def evaluate(self, model: nn.Module, step: int, x: torch.Tensor, y: torch.Tensor, probe_x: torch.Tensor,
-                 batches: Sequence, chunk: int = 1000, live_accuracy: float | None = None,
-                 live_fresh: Mapping[str, tuple[torch.Tensor, torch.Tensor]] | None = None) -> pd.DataFrame:
-        """Evaluation-mode accuracy on (x, y) of the live model, each EMA and the tail average, per policy.
-
-        Args:
-            batches: the re-estimation batches of this step, used by every ``refresh``.
-            live_accuracy, live_fresh: the live model's evaluation-mode accuracy on (x, y) and its fresh
-                statistics on ``probe_x`` when already measured at this step (the runner's check and
-                monitor); computed here otherwise.
-
-        Returns:
-            DataFrame with :attr:`COLUMNS`: ``average`` live | ema | tail;
-            ``decay`` (NaN but for ema); ``window_steps`` (tail window in
-            steps, -1 otherwise); ``policy`` (none for live);
-            ``constituents`` (snapshots averaged, EMA updates, 1 for live);
-            ``lag_median_abs_sigma`` (median |lag| over every channel on ``probe_x``).
-        """
-        rows = []
-
-        def add(average: str, decay: float, window: int, policy: str, n: int, m: nn.Module, fresh: Mapping,
-                acc: float | None = None) -> None:
-            lag = validate_inference_state(m, probe_x, fresh=fresh).lag_median_abs_sigma
-            rows.append((average, decay, window, policy, n, accuracy(m, x, y, "eval", chunk) if acc is None else acc,
-                         lag))
-
-        add("live", math.nan, -1, "none", 1, model,
-            fresh_statistics(model, probe_x) if live_fresh is None else live_fresh, live_accuracy)
-        for ema in self.emas:
-            fresh = fresh_statistics(ema.module, probe_x)  # the same weights under every policy
-            for policy in EMA_POLICIES:
-                m, _ = ema.averaged(policy, model, batches if policy == "refresh" else None)
-                add("ema", ema.decay, -1, policy, ema.updates, m, fresh)
-        states = [s for t, s in self.snapshots if t > step - self.cfg.tail_steps]
-        fresh = None
-        for policy in POLICIES if states else ():
-            m, _ = average_checkpoints(model, states, policy=policy, batches=batches if policy == "refresh" else None)
-            fresh = fresh_statistics(m, probe_x) if fresh is None else fresh
-            add("tail", math.nan, self.cfg.tail_steps, policy, len(states), m, fresh)
-        df = pd.DataFrame(rows, columns=list(self.COLUMNS))
-        df["constituents"] = df["constituents"].astype(np.int64)
-        df["window_steps"] = df["window_steps"].astype(np.int64)
-        return df
-
-    def state_dict(self) -> dict:
-        """Everything :meth:`load_state_dict` needs to continue exactly: each EMA's weights, buffers and update
-        count, and the tail snapshots (for a resumable run)."""
-        return {"emas": [{"decay": e.decay, "updates": e.updates, "module": e.module.state_dict()} for e in self.emas],
-                "snapshots": [{"step": t, "state": s} for t, s in self.snapshots]}
-
-    def load_state_dict(self, state: Mapping) -> None:
-        """Restore :meth:`state_dict`'s output.
-
-        Raises:
-            ValueError: if the EMA decays differ from this object's.
-        """
-        decays = [e["decay"] for e in state["emas"]]
-        if decays != [e.decay for e in self.emas]:
-            raise ValueError(f"saved EMA decays {decays} differ from {[e.decay for e in self.emas]}")
-        for ema, saved in zip(self.emas, state["emas"]):
-            ema.module.load_state_dict(saved["module"])
-            ema.updates = int(saved["updates"])
-        self.snapshots.clear()
-        self.snapshots.extend((int(s["step"]), dict(s["state"])) for s in state["snapshots"])

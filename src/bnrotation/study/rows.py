@@ -250,7 +250,7 @@ def check_against_row(info: dict, spec: RowSpec) -> list[str]:
     """
     problems = []
     opt = info.get("optimizer", {})
-    unknown = [f"the row's {what} {name!r} has no entry in bnrotation/names.py {table_name} (known: "
+    unknown = [f"the row's {what} {name!r} has no entry in bnrotation/study/names.py {table_name} (known: "
                f"{', '.join(table)}); add the class it builds there"
                for what, name, table, table_name in (
                    ("optimizer", spec.optimizer, OPTIMIZER_CLASSES, "OPTIMIZER_CLASSES"),

@@ -40,7 +40,6 @@ from tqdm.auto import tqdm
 
 from . import ensemble
 from .. import records
-from ..averaging import RunAverages
 from ..bnstats import running_stat_layers
 from ..checkpoints import checkpoint_path, save_checkpoint
 from .config import ConfigError, RunConfig, check_row
@@ -52,6 +51,7 @@ from .optim import build_optimizer, build_schedule
 from ..probes import accuracy, batch_statistics_pass
 from ..provenance import describe_built
 from .rows import ROWS, check_against_row
+from .run_averages import AveragesFactory, RunAverages
 from .rundir import RESUME_FILE, RunLock, config_yaml, prepare_run_dir
 from .runtime import (RunInterrupted, evaluation_compiled, pass_on_to_submitit, resolve_device, resolve_threads,
                       set_determinism, stop_signals)
@@ -178,10 +178,12 @@ def progress_bar(steps: range, start: int, total: int, desc: str, enabled: bool,
 
 
 # ----------------------------------------------------------------------------- the run
-def run(cfg: RunConfig) -> Path | None:
+def run(cfg: RunConfig, *, averages: AveragesFactory = RunAverages) -> Path | None:
     """Train one run (``seed``) and write its folder; returns the folder, or None if it was skipped.
 
-    With ``batch_seeds`` use :func:`run_seeds`.
+    With ``batch_seeds`` use :func:`run_seeds`. ``averages`` builds what the run keeps for its ``averaging``
+    table when ``averaging.enabled`` (:class:`~bnrotation.study.run_averages.RunAverages`, or a subclass that also
+    sees every average it scores, as ``experiments/audit_averaging.py`` passes).
 
     Raises:
         ConfigError: the config keeps a registered row's name but changes what the row means, or asks
@@ -190,10 +192,11 @@ def run(cfg: RunConfig) -> Path | None:
         rundir.RunBusyError: another process is training this run now.
         runtime.RunInterrupted: a stop signal arrived; the resumable state is saved.
     """
-    return run_seeds(dataclasses.replace(cfg, batch_seeds=[cfg.seed]))[cfg.seed]
+    return run_seeds(dataclasses.replace(cfg, batch_seeds=[cfg.seed]), averages=averages)[cfg.seed]
 
 
-def run_seeds(cfg: RunConfig, progress_lines: bool = False) -> dict[int, Path | None]:
+def run_seeds(cfg: RunConfig, progress_lines: bool = False, *,
+              averages: AveragesFactory = RunAverages) -> dict[int, Path | None]:
     """Train the seeds ``batch_seeds`` of one row, each into its own folder, as :func:`run` would one by one.
 
     One seed trains alone. Several train together in this process as one batched model
@@ -203,7 +206,7 @@ def run_seeds(cfg: RunConfig, progress_lines: bool = False) -> dict[int, Path | 
     skips, refuses, locks and resumes exactly as a run alone (a batch resumes when its unfinished seeds
     stopped at the same step). ``progress_lines``: the progress display is a line every
     :data:`PROGRESS_LINE_SECONDS` rather than a bar (:func:`progress_bar`; for a process that shares its terminal
-    with other runs).
+    with other runs). ``averages``: as in :func:`run`, called once per seed.
 
     Returns:
         ``{seed: folder, or None when it was skipped}``.
@@ -232,7 +235,8 @@ def run_seeds(cfg: RunConfig, progress_lines: bool = False) -> dict[int, Path | 
             # included) or step 0's measurements saves the state at step 0, so that a preempted job resumes.
             with stop_signals() as caught:
                 members = [_member(cfgs[s], built[s], out=prepared[s][0], resume=prepared[s][1], device=device,
-                                   determinism=determinism, batched_with=todo) for s in todo]
+                                   determinism=determinism, batched_with=todo,
+                                   averages=averages) for s in todo]
                 with compiled_evaluation(compiled):
                     try:
                         results.update(_train(members, caught, progress_lines))
@@ -294,9 +298,10 @@ class _Member:
 
 
 def _member(cfg: RunConfig, built: _Built, *, out: Path, resume: bool, device: torch.device, determinism: dict,
-            batched_with: list[int]) -> _Member:
+            batched_with: list[int], averages: AveragesFactory) -> _Member:
     """One seed ready to train in ``out``: its data, its state (resumed from ``out`` with ``resume``), and its
-    ``config.yaml`` and first ``run.json`` written; ``batched_with``: the seeds that train with it."""
+    ``config.yaml`` and first ``run.json`` written; ``batched_with``: the seeds that train with it; ``averages``
+    builds its averages (:func:`run`)."""
     started = time.time()
     built.described["threads"] = torch.get_num_threads()
     task = built.task
@@ -308,7 +313,7 @@ def _member(cfg: RunConfig, built: _Built, *, out: Path, resume: bool, device: t
         model, built.optimizer, built.schedule, generator(cfg.seed, "train", device),
         StalenessMonitor(model, x_probe, warn=False, modes=False, running_statistics_only=False),
         records.TableBuffer(cfg.row, cfg.seed),
-        RunAverages(cfg.averaging, model) if cfg.averaging.enabled and has_running else None,
+        averages(cfg.averaging, model) if cfg.averaging.enabled and has_running else None,
         torch.zeros((), dtype=torch.long, device=device))
     if resume:
         state.load(out / RESUME_FILE)
