@@ -52,8 +52,7 @@ import torch.nn as nn
 from .helptext import EXIT_STATUS, EXIT_UNUSABLE, exit_status, plain
 from .averaging import BufferProvenance, EMA, compare_states
 from .bnstats import running_stat_layers
-from .check import CheckInputError, load_batches, load_weights, model_from_factory, parse_model_kwargs
-from .check import _one_line as one_line  # the check's one-line error messages
+from .inputs import InputError, load_batches, load_weights, model_from_factory, one_line, parse_model_kwargs
 from .checkpoints import BadCheckpointError, UnsafeCheckpointError, load_checkpoint, state_dict_of
 from .monitor import MonitorRecord, StalenessMonitor, Thresholds, uncompiled
 
@@ -190,14 +189,13 @@ def _raw_module(raw, template: nn.Module, averaged) -> nn.Module:
 
 
 def _loaded(template: nn.Module, contents: Mapping, argument: str) -> tuple[nn.Module, str]:
-    """A copy of ``template`` holding ``contents`` and what they were (:func:`check.load_weights`: checkpoint
-    entries, wrapper prefixes, one-line errors), its errors naming ``argument`` where the check names
-    ``--weights``."""
+    """A copy of ``template`` holding ``contents`` and what they were (:func:`inputs.load_weights`: checkpoint
+    entries, wrapper prefixes, one-line errors), its errors (:class:`inputs.InputError`) naming ``argument``."""
     module = copy.deepcopy(template)
     try:
         kind = load_weights(module, contents)
-    except ValueError as err:
-        raise ValueError(f"{argument}: {str(err).removeprefix('--weights').lstrip(': ')}") from None
+    except InputError as err:
+        raise InputError(argument, err.message) from None
     return module, kind
 
 
@@ -469,8 +467,17 @@ def _read(path: str, key: str | None, argument: str):
         if key is not None:
             contents, _ = state_dict_of(contents, key)
     except (FileNotFoundError, UnsafeCheckpointError, BadCheckpointError) as err:
-        raise CheckInputError(f"{argument}: {err}") from None
+        raise InputError(argument, f": {err}") from None
     return contents
+
+
+def _named(err: ValueError | TypeError) -> InputError:
+    """``err`` as an :class:`inputs.InputError`: itself, or its message split at the argument it starts with
+    (``raw``, ``averaged``, ``model``, ``probe``)."""
+    if isinstance(err, InputError):
+        return err
+    argument, colon, rest = str(err).partition(":")
+    return InputError(argument, colon + rest) if colon else InputError("", str(err))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -483,21 +490,21 @@ def main(argv: list[str] | None = None) -> int:
         try:
             thresholds = Thresholds(mode_gap=args.mode_gap, lag_sigma=args.lag_sigma)
         except ValueError as err:
-            raise CheckInputError(f"{'--mode-gap' if 'mode_gap' in str(err) else '--lag-sigma'}: {err}") from None
+            raise InputError("--mode-gap" if "mode_gap" in str(err) else "--lag-sigma", f": {err}") from None
         model = model_from_factory(args.model, parse_model_kwargs(args.model_kwargs))
         raw = _read(args.raw, args.raw_key, "raw")
         averaged = _read(args.averaged, args.averaged_key, "averaged")
         try:
             raw_model = _raw_module(raw, model, averaged)
         except (ValueError, TypeError) as err:
-            raise CheckInputError(str(err)) from None
+            raise _named(err) from None
         (x, y), *_ = load_batches(args.batches, args.input_key, args.target_key, 1, "cpu", raw_model)[0]
         try:
             report = audit_averaged(raw_model, averaged, (x, y) if y is not None else x, model=model,
                                     thresholds=thresholds)
         except (ValueError, TypeError) as err:
-            raise CheckInputError(str(err)) from None
-    except CheckInputError as err:
+            raise _named(err) from None
+    except InputError as err:
         print(f"error: {one_line(str(err))}", file=sys.stderr)
         return EXIT_UNUSABLE
     def named(path: str, key: str | None) -> str:

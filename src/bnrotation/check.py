@@ -62,16 +62,9 @@ from __future__ import annotations
 
 import argparse
 import copy
-import importlib
-import itertools
-import json
 import math
-import os
-import re
 import sys
-from collections.abc import Mapping
 from dataclasses import dataclass
-from pathlib import Path
 
 import pandas as pd
 import torch
@@ -79,416 +72,18 @@ import torch.nn as nn
 
 from .helptext import EXIT_STATUS, EXIT_UNUSABLE, exit_status, plain
 from .bnstats import NonFinite, nonfinite_state, reestimate, running_stat_layers, running_stats
-from .checkpoints import (OTHER_COPIES, BadCheckpointError, UnsafeCheckpointError, few, load_checkpoint,
-                          shared_prefixes, state_dict_of, strip_prefix)
+from .inputs import (DEFAULT_MAX_BATCHES, MESSAGE_CHARS, PRETRAINED_WEIGHTS, CheckInputError, InputError, build_model,
+                     first_line, load_batches, load_function, load_weights, model_from_factory, one_line,
+                     parse_device, parse_model_kwargs, pretrained_from_config)
 from .study.interventions import layer_lags
-from .monitor import Thresholds, evaluation_forward, find_pairs, mode_check, smallest_probe, split_probe
-from .monitor import _check_probe as check_probe  # the monitor's validation of a probe, applied to every batch
+from .monitor import Thresholds, check_probe, evaluation_forward, find_pairs, mode_check, smallest_probe, split_probe
 from .probes import batch_statistics_pass
 
-__all__ = ["CheckInputError", "CheckReport", "check_checkpoint", "format_report", "load_batches", "load_weights",
-           "model_from_factory", "build_model", "pretrained_from_config", "probe_size_warning", "PRETRAINED_WEIGHTS",
-           "main"]
-
-DEFAULT_MAX_BATCHES = 100
-# What a Hugging Face folder (save_pretrained, a Trainer's checkpoint-N/ or output folder) holds its weights in, in the
-# order tried; each may be sharded, its shards listed in "<name>.index.json".
-PRETRAINED_WEIGHTS = ("model.safetensors", "pytorch_model.bin")
-SPEC = re.compile(r"[A-Za-z_][\w.]*:[A-Za-z_][\w.]*")  # module:function
-MESSAGE_CHARS = 300  # an error line is cut to this many characters
-
-
-class CheckInputError(ValueError):
-    """An argument of the check cannot be used; the message names it (``--model``, ``--weights``,
-    ``--batches``) and what is wrong, in one line."""
-
-
-# ----------------------------------------------------------------------------- inputs
-def load_function(spec: str, argument: str):
-    """The object named by ``module:function`` (a dotted attribute path after the colon), imported with the
-    current directory on ``sys.path``.
-
-    Raises:
-        CheckInputError: naming ``argument`` when ``spec`` is not ``module:function``, the module does not
-            import, it has no such attribute, or the attribute is not callable.
-    """
-    if not SPEC.fullmatch(spec or ""):
-        raise CheckInputError(f"{argument} {spec!r}: expected module:function (e.g. mynets:make_net)")
-    module_name, attribute = spec.split(":")
-    if os.getcwd() not in sys.path and "" not in sys.path:
-        sys.path.insert(0, os.getcwd())
-    try:
-        obj = importlib.import_module(module_name)
-    except ModuleNotFoundError as err:
-        if err.name is not None and module_name.split(".")[0] != err.name.split(".")[0]:
-            raise CheckInputError(f"{argument} {spec}: {module_name!r} was found but failed while importing: "
-                                  f"ModuleNotFoundError: {_first_line(err)}") from None
-        raise CheckInputError(f"{argument} {spec}: cannot find {module_name!r} in the current directory or "
-                              f"PYTHONPATH ({_first_line(err)})") from None
-    except Exception as err:  # noqa: BLE001 - any import failure is the argument's problem
-        raise CheckInputError(f"{argument} {spec}: {module_name!r} was found but failed while importing "
-                              f"({type(err).__name__}: {_first_line(err)}; docs/troubleshooting.md)") from None
-    for part in attribute.split("."):
-        if not hasattr(obj, part):
-            raise CheckInputError(f"{argument} {spec}: module {module_name!r} has no {attribute!r}")
-        obj = getattr(obj, part)
-    if not callable(obj):
-        raise CheckInputError(f"{argument} {spec}: {attribute!r} is a {type(obj).__name__}, not a function")
-    return obj
-
-
-def parse_model_kwargs(text: str | None) -> dict:
-    """The keyword arguments of ``--model-kwargs``, a JSON object; ``{}`` for None.
-
-    Raises:
-        CheckInputError: naming ``--model-kwargs`` when the text is not JSON or not an object.
-    """
-    if text is None:
-        return {}
-    try:
-        kwargs = json.loads(text)
-    except json.JSONDecodeError as err:
-        raise CheckInputError(f"--model-kwargs {text!r}: not JSON ({err}); expected an object such as "
-                              '\'{"num_classes": 10}\'') from None
-    if not isinstance(kwargs, dict):
-        raise CheckInputError(f"--model-kwargs {text!r}: a JSON {type(kwargs).__name__}; expected an object such "
-                              'as \'{"num_classes": 10}\'')
-    return kwargs
-
-
-def model_from_factory(spec: str, kwargs: Mapping | None = None, weights=None) -> nn.Module:
-    """Call the factory ``module:function`` (``timm:create_model``, ``mynets:make_net``) with ``kwargs``; or build a
-    Hugging Face model class (``transformers:ResNetForImageClassification``) from its config (:func:`build_model`).
-
-    Raises:
-        CheckInputError: as :func:`build_model`.
-    """
-    return build_model(spec, kwargs, weights)[0]
-
-
-def build_model(spec: str, kwargs: Mapping | None = None, weights=None) -> tuple[nn.Module, str]:
-    """The model ``--model spec`` names, and how it was built for the report (``""`` for a factory): the factory
-    ``module:function`` called with ``kwargs``, or a Hugging Face model class built from its config
-    (:func:`pretrained_from_config`: the ``config.json`` of the ``weights`` folder if it holds one, ``kwargs`` as
-    the config's settings).
-
-    Raises:
-        CheckInputError: naming ``--model`` for a factory that does not import, raises (a wrong keyword
-            argument included), or returns anything but an ``nn.Module`` (a model without running statistics is
-            refused by :func:`check_checkpoint`); naming ``--model-kwargs`` for a setting a config lacks.
-    """
-    factory = load_function(spec, "--model")
-    if _pretrained_class(factory):
-        return pretrained_from_config(spec, factory, kwargs, weights)
-    try:
-        model = factory(**dict(kwargs or {}))
-    except Exception as err:  # noqa: BLE001 - the user's factory failed: its problem, reported in one line
-        raise CheckInputError(f"--model {spec}: the factory raised {type(err).__name__}: {_first_line(err)}") from None
-    if not isinstance(model, nn.Module):
-        raise CheckInputError(f"--model {spec}: the factory returned a {type(model).__name__}, not a torch.nn.Module")
-    return model, ""
-
-
-def _pretrained_class(obj) -> bool:
-    """Whether ``obj`` is a Hugging Face model class, built from a config rather than called with keywords: a
-    ``PreTrainedModel`` subclass (its ``config_class``) or an Auto class (``from_config``)."""
-    if not isinstance(obj, type):
-        return False
-    if issubclass(obj, nn.Module):
-        return isinstance(getattr(obj, "config_class", None), type) and hasattr(obj, "from_pretrained")
-    return hasattr(obj, "from_config") and hasattr(obj, "_model_mapping")
-
-
-def _config_file(weights) -> Path | None:
-    """The ``config.json`` of a ``weights`` folder, or beside a ``weights`` file; None when there is none."""
-    if not isinstance(weights, (str, os.PathLike)):
-        return None
-    path = Path(weights)
-    found = (path if path.is_dir() else path.parent) / "config.json"
-    return found if found.is_file() else None
-
-
-def pretrained_from_config(spec: str, cls: type, kwargs: Mapping | None = None, weights=None) -> tuple[nn.Module, str]:
-    """A Hugging Face model of class ``cls`` built from its config, with random weights (to be replaced): the
-    config is the ``config.json`` of the ``weights`` folder (or beside the ``weights`` file) when there is one,
-    else the class's default config, with ``kwargs`` (``--model-kwargs``) as its settings. An Auto class
-    (``AutoModelForImageClassification``) reads the config's ``model_type``. Nothing is downloaded.
-
-    Returns:
-        ``(model, where the config came from)``, the latter for the report: ``"built from out/config.json"``.
-
-    Raises:
-        CheckInputError: naming ``--model-kwargs`` for a setting the config does not have, ``--model`` for an Auto
-            class without a ``model_type``, or for a config or model that cannot be built (in one line).
-    """
-    kwargs = dict(kwargs or {})
-    found = _config_file(weights)
-    try:
-        settings = {**(json.loads(found.read_text()) if found is not None else {}), **kwargs}
-    except (OSError, json.JSONDecodeError) as err:
-        raise CheckInputError(f"--weights: {found}: not a readable config ({_first_line(err)})") from None
-    where = f"built from {found}" if found is not None else "built from its default config"
-    where += f" with --model-kwargs {', '.join(kwargs)}" if kwargs else ""
-    auto = not issubclass(cls, nn.Module)
-    try:
-        if auto:
-            from transformers import AutoConfig
-            model_type = settings.pop("model_type", None)
-            if model_type is None:
-                raise CheckInputError(f"--model {spec}: an Auto class needs the config's model_type: a config.json "
-                                      "beside --weights, or --model-kwargs '{\"model_type\": \"resnet\", ...}'")
-            config_class = type(AutoConfig.for_model(model_type))
-        else:
-            config_class = cls.config_class
-        default = config_class()
-        unknown = [k for k in kwargs if k != "model_type" and not hasattr(default, k)]
-        if unknown:
-            raise CheckInputError(f"--model-kwargs: {unknown[0]!r} is not a setting of {config_class.__name__} "
-                                  f"(--model {spec} takes the settings of its config)")
-        config = config_class.from_dict(settings)
-        model = cls.from_config(config) if auto else cls(config)
-    except CheckInputError:
-        raise
-    except Exception as err:  # noqa: BLE001 - the config or the class refused: reported in one line
-        raise CheckInputError(f"--model {spec}: building it from its config raised {type(err).__name__}: "
-                              f"{_first_line(err)}") from None
-    return model, where
-
-
-def _pretrained_weights(folder: Path, device: str | torch.device = "cpu") -> tuple[dict[str, torch.Tensor], str]:
-    """The state dict a Hugging Face folder holds (:data:`PRETRAINED_WEIGHTS`, its shards merged), and which file.
-
-    Raises:
-        CheckInputError: naming ``--weights`` for a folder that holds none, naming the ``checkpoint-N`` folders
-            a Trainer's output folder holds; for a file that cannot be loaded.
-    """
-    for name in PRETRAINED_WEIGHTS:
-        index = folder / f"{name}.index.json"
-        if (folder / name).is_file():
-            files, what = [folder / name], f"its {name}"
-        elif index.is_file():
-            try:
-                shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
-            except (OSError, json.JSONDecodeError, KeyError, TypeError, AttributeError) as err:
-                raise CheckInputError(f"--weights {index}: not a shard index with a weight_map "
-                                      f"({type(err).__name__}: {_first_line(err)})") from None
-            files, what = [folder / f for f in shards], f"its {name} in {len(shards)} shards"
-        else:
-            continue
-        state: dict[str, torch.Tensor] = {}
-        for f in files:
-            try:
-                contents = load_checkpoint(f, map_location=device)
-            except (FileNotFoundError, UnsafeCheckpointError, BadCheckpointError) as err:
-                raise CheckInputError(f"--weights: {err}") from None
-            state.update(contents if isinstance(contents, Mapping) else {})
-        return state, what
-    steps = sorted((p for p in folder.glob("checkpoint-*") if p.is_dir() and p.name[len("checkpoint-"):].isdigit()),
-                   key=lambda p: int(p.name[len("checkpoint-"):]))  # checkpoint-<optimizer step>, the Trainer's names
-    hint = (f"; it holds the Trainer checkpoints {few([p.name for p in steps])}: name one, e.g. --weights "
-            f"{steps[-1]}" if steps else "")
-    raise CheckInputError(f"--weights {folder}: a folder without {' or '.join(PRETRAINED_WEIGHTS)} (sharded or "
-                          f"not){hint}")
-
-
-def load_weights(model: nn.Module, weights, device: str | torch.device = "cpu", key: str | None = None,
-                 prefix: str | None = None) -> str:
-    """Load ``weights`` (a file, an already loaded state dict or checkpoint dict, or a model) into ``model``.
-
-    Args:
-        weights: a file (:func:`checkpoints.load_checkpoint`), or a Hugging Face folder (``save_pretrained``'s, a
-            ``Trainer``'s ``checkpoint-N/`` or output folder: :data:`PRETRAINED_WEIGHTS`, sharded or not).
-        key: the checkpoint entry that holds the state dict (:func:`checkpoints.state_dict_of`); None: the
-            contents themselves, or their ``"model"`` or ``"state_dict"`` entry.
-        prefix: keep only the keys under this prefix (``"net."``), stripped. None: a prefix shared by every key
-            (``module.``, ``model.``) is stripped when the keys then match the model's exactly, or a prefix every
-            key of the model shares is added when they then match (a model wrapped as ``ModelLogits`` wraps it),
-            and the description says which.
-
-    Returns:
-        What the weights were, for the report: ``"a state dict"``, ``"a checkpoint dict, its 'model' entry"``,
-        with the prefix stripped and the other copies it holds (``state_dict_ema``) named.
-
-    Raises:
-        CheckInputError: naming ``--weights`` and the file, in one line, for a missing, unreadable or unsafe file
-            (:func:`checkpoints.load_checkpoint`), a folder without :data:`PRETRAINED_WEIGHTS` (naming the
-            ``checkpoint-N`` folders it holds), contents that hold no state dict (naming ``--weights-key``),
-            no key under ``prefix``, or weights that do not fit the model: the first missing and the first
-            unexpected key, or the first key whose shape differs, and the ``--strip-prefix`` that would fit.
-    """
-    where = f"--weights {weights}" if isinstance(weights, (str, os.PathLike)) else "--weights"
-    folder = ""
-    if isinstance(weights, (str, os.PathLike)) and Path(weights).is_dir():
-        weights, folder = _pretrained_weights(Path(weights), device)
-    elif isinstance(weights, (str, os.PathLike)):
-        try:
-            weights = load_checkpoint(weights, map_location=device)
-        except (FileNotFoundError, UnsafeCheckpointError, BadCheckpointError) as err:
-            raise CheckInputError(f"--weights: {err}") from None
-    if isinstance(weights, nn.Module):
-        weights = weights.state_dict()
-    try:
-        state, kind = state_dict_of(weights, key)
-    except BadCheckpointError as err:
-        hint = "; --weights-key names the entry that holds the state dict" if isinstance(weights, Mapping) else ""
-        raise CheckInputError(f"{where}: {err}{hint}") from None
-    kind = f"{folder}: {kind}" if folder else kind
-    if key is None and isinstance(weights, Mapping):
-        kind += "".join(f"; it also holds {k!r} (--weights-key {k} checks that copy)" for k in OTHER_COPIES
-                        if k in weights)
-    wanted = set(model.state_dict())
-    if prefix is not None:
-        kept, dropped = strip_prefix(state, prefix)
-        if not kept:
-            raise CheckInputError(f"{where}: --strip-prefix {prefix}: no key starts with it; its keys: "
-                                  f"{few(state)}")
-        state = kept
-        kind += f", its keys under {prefix!r}" + (f" ({dropped} other keys left out)" if dropped else "")
-    elif set(state) != wanted:
-        for shared in shared_prefixes(state):
-            stripped, _ = strip_prefix(state, shared)
-            if set(stripped) == wanted:
-                state = stripped
-                kind += f", the prefix {shared!r} stripped from its keys (as --strip-prefix {shared} does)"
-                break
-        else:
-            for shared in shared_prefixes(wanted):
-                if {shared + k for k in state} == wanted:
-                    state = {shared + k: v for k, v in state.items()}
-                    kind += f", the prefix {shared!r} added to its keys (the model's own keys all start with it)"
-                    break
-    try:
-        missing, unexpected = model.load_state_dict(state, strict=False)
-    except RuntimeError as err:
-        found = re.search(r"size mismatch for ([^:]+): (.*?)(?:\.\n|$)", str(err))
-        what = f"key {found.group(1)!r}: {found.group(2)}" if found else _first_line(err)
-        raise CheckInputError(f"{where}: does not fit the model: {what}") from None
-    if missing or unexpected:
-        parts = [f"{label} key {keys[0]!r}" + (f" (and {len(keys) - 1} more)" if len(keys) > 1 else "")
-                 for label, keys in (("missing", missing), ("unexpected", unexpected)) if keys]
-        hint = _prefix_hint(state, wanted) if prefix is None else ""
-        raise CheckInputError(f"{where}: does not fit the model: " + "; ".join(parts) + hint)
-    return kind
-
-
-def _prefix_hint(state: Mapping[str, torch.Tensor], wanted: set[str]) -> str:
-    """``; its keys under 'net.' fit the model: --strip-prefix net.`` when one first component does."""
-    for first in dict.fromkeys(k.split(".")[0] + "." for k in state if "." in k):
-        if wanted <= set(strip_prefix(state, first)[0]):
-            return f"; its keys under {first!r} fit the model: --strip-prefix {first}"
-    return ""
-
-
-def _items(contents, spec: str) -> list:
-    """The batches in a batch file's contents: a tuple, a tensor or a mapping is one batch, a list is batches."""
-    if isinstance(contents, (torch.Tensor, tuple, Mapping)):
-        return [contents]
-    if isinstance(contents, list):
-        return contents
-    raise CheckInputError(f"--batches {spec}: holds a {type(contents).__name__}; expected a tensor (N, ...), an "
-                          "(x, y) tuple, a dict, or a list of them")
-
-
-def load_batches(batches, input_key: str = "input", target_key: str = "target",
-                 max_batches: int = DEFAULT_MAX_BATCHES, device: str | torch.device = "cpu",
-                 model: nn.Module | None = None) -> tuple[list[tuple[torch.Tensor, torch.Tensor | None]], bool]:
-    """The batches to measure on, as ``(x (N, ...), y (N,) or None)``, and whether there were more than
-    ``max_batches`` (only the first ``max_batches`` are kept; one more is drawn to tell).
-
-    Args:
-        batches: a file name, ``module:function`` (called without arguments, returning an iterable), or an
-            iterable of batches (tensors, ``(x, y)`` tuples or lists, mappings).
-        model: if given, every batch is validated against it as the monitor validates its probe
-            (``monitor._check_probe``: floating-point, finite inputs the model runs on, outputs with a class
-            dim, labels within them).
-
-    Raises:
-        CheckInputError: naming ``--batches`` for a file that is missing, unreadable or unsafe, a factory
-            that does not import or returns no iterable, no batch at all, a batch it cannot read (naming
-            its index; a dict without the input key says how many keys it has and shows a few), a batch of
-            fewer than 2 samples, labels that are not class indices (N,) of the model's outputs, inputs the
-            model cannot run on, or batches with labels mixed with batches without.
-    """
-    spec = batches if isinstance(batches, (str, os.PathLike)) else "(given)"
-    if isinstance(batches, (torch.Tensor, tuple, Mapping)):
-        batches = _items(batches, spec)
-    elif isinstance(batches, (str, os.PathLike)):
-        if Path(batches).exists() or not SPEC.fullmatch(str(batches)):
-            try:
-                batches = _items(load_checkpoint(batches, map_location="cpu"), spec)
-            except FileNotFoundError:
-                raise CheckInputError(f"--batches {spec}: no such file (nor module:function)") from None
-            except (UnsafeCheckpointError, BadCheckpointError) as err:
-                raise CheckInputError(f"--batches: {err}") from None
-        else:
-            loader = load_function(str(batches), "--batches")
-            try:
-                batches = loader()
-                iter(batches)
-            except TypeError:
-                raise CheckInputError(f"--batches {spec}: returned a {type(batches).__name__}, not an iterable "
-                                      "of batches") from None
-            except Exception as err:  # noqa: BLE001 - the user's loader failed: reported in one line
-                raise CheckInputError(f"--batches {spec}: raised {type(err).__name__}: {_first_line(err)}") from None
-    drawn = list(itertools.islice(batches, max_batches + 1))
-    more = len(drawn) > max_batches
-    out = []
-    for i, batch in enumerate(drawn[:max_batches]):
-        if isinstance(batch, Mapping) and not isinstance(batch.get(input_key), torch.Tensor):
-            looks = ("; it looks like a state dict (weights), not a batch" if batch and all(
-                isinstance(v, torch.Tensor) for v in batch.values()) and any("." in str(k) for k in batch) else "")
-            entries = "1 entry" if len(batch) == 1 else f"{len(batch)} entries"
-            raise CheckInputError(f"--batches {spec}: batch {i}: a dict of {entries} ({few(batch)}) "
-                                  f"without a tensor under the input key {input_key!r} (--input-key){looks}")
-        try:
-            x, y = split_probe(batch, input_key, target_key)
-        except (TypeError, ValueError) as err:
-            raise CheckInputError(f"--batches {spec}: batch {i}: {err}") from None
-        if len(x) < 2:
-            raise CheckInputError(f"--batches {spec}: batch {i} has {len(x)} sample(s); training mode (batch "
-                                  "statistics) needs at least 2")
-        if y is not None and (y.dim() != 1 or y.is_floating_point() or y.is_complex()):
-            raise CheckInputError(f"--batches {spec}: batch {i}: labels must be class indices, integers of shape "
-                                  f"(N,), got {y.dtype} {tuple(y.shape)}")
-        x, y = x.to(device), y.to(device) if y is not None else None
-        if model is not None:
-            try:
-                check_probe(model, x, y)
-            except ValueError as err:
-                raise CheckInputError(f"--batches {spec}: batch {i}: {_first_line(err)}") from None
-        out.append((x, y))
-    if not out:
-        raise CheckInputError(f"--batches {spec}: no batches")
-    if len({y is None for _, y in out}) > 1:
-        raise CheckInputError(f"--batches {spec}: some batches have labels and some do not (the first without: "
-                              f"batch {next(i for i, (_, y) in enumerate(out) if y is None)})")
-    return out, more
-
-
-def parse_device(name: str) -> torch.device:
-    """``torch.device(name)``, refused when it names a CUDA device this machine does not have.
-
-    Raises:
-        CheckInputError: naming ``--device``.
-    """
-    try:
-        device = torch.device(name)
-    except RuntimeError as err:
-        raise CheckInputError(f"--device {name}: {_first_line(err)}") from None
-    if device.type == "cuda" and (not torch.cuda.is_available() or (device.index or 0) >= torch.cuda.device_count()):
-        raise CheckInputError(f"--device {name}: torch sees {torch.cuda.device_count()} CUDA device(s) here")
-    return device
-
-
-def _first_line(err: BaseException) -> str:
-    text = str(err).strip()
-    return text.splitlines()[0] if text else ""
-
-
-def _one_line(text: str, limit: int = MESSAGE_CHARS) -> str:
-    """``text`` as one line of at most ``limit`` characters (the rest cut, ending in "…")."""
-    text = " ".join(text.split())
-    return text if len(text) <= limit else text[:limit - 1] + "…"
+# The loaders live in bnrotation.inputs; these names are re-exported for the code and tests that import them from here.
+__all__ = ["CheckInputError", "InputError", "CheckReport", "check_checkpoint", "format_report", "load_batches",
+           "load_weights", "load_function", "model_from_factory", "build_model", "pretrained_from_config",
+           "parse_device", "parse_model_kwargs", "probe_size_warning", "PRETRAINED_WEIGHTS", "DEFAULT_MAX_BATCHES",
+           "MESSAGE_CHARS", "main"]
 
 
 # ----------------------------------------------------------------------------- the check
@@ -618,22 +213,22 @@ def check_checkpoint(model: nn.Module, batches, *, weights=None, weights_key: st
         :func:`monitor.smallest_probe` of the mode-gap threshold), which the command prints on stderr.
 
     Raises:
-        CheckInputError: for inputs it cannot use, before any measurement (naming the argument): among them
-            parameters that hold NaN or infinite values (a diverged model, which re-estimation cannot mend; such
+        InputError: (:mod:`bnrotation.inputs`) for inputs it cannot use, before any measurement (naming the
+            argument): among them parameters that hold NaN or infinite values (a diverged model, which re-estimation cannot mend; such
             running statistics are measured, and reported as stale), and batches the monitor would refuse as a
             probe (labels outside the model's outputs, among others); also for a model that fails on a batch
             (naming the batch).
     """
     if not running_stat_layers(model):
-        raise CheckInputError("--model: the model has no BatchNorm layer with running statistics "
+        raise InputError("--model", ": the model has no BatchNorm layer with running statistics "
                               "(track_running_stats=True): there are no running statistics to go stale")
     model.to(device)
     kind = load_weights(model, weights, device, weights_key, strip_prefix) if weights is not None else ""
     nonfinite = nonfinite_state(model)
     if nonfinite.parameters:
-        raise CheckInputError(f"{'--weights' if weights is not None else '--model'}: NaN or infinite values in "
-                              f"{', '.join(nonfinite.parameters)}: the model itself has diverged, which "
-                              "re-estimating its statistics cannot mend")
+        raise InputError("--weights" if weights is not None else "--model", ": NaN or infinite values in "
+                         f"{', '.join(nonfinite.parameters)}: the model itself has diverged, which "
+                         "re-estimating its statistics cannot mend")
     data, truncated = load_batches(batches, input_key, target_key, max_batches, device, model)
     output = check_probe(model, *data[0])  # validated already: what it returns, said once in the report
     pairing = find_pairs(model, data[0][0])
@@ -644,13 +239,13 @@ def check_checkpoint(model: nn.Module, batches, *, weights=None, weights_key: st
             out_train.append(batch_statistics_pass(model, x, [], keep_frozen=True)[0])
             out_eval.append(evaluation_forward(model, x))
         except (RuntimeError, TypeError) as err:  # TypeError: an output without logits (read_logits)
-            raise CheckInputError(f"--batches: the model fails on batch {i} of shape {tuple(x.shape)}: "
-                                  f"{_first_line(err)}") from None
+            raise InputError("--batches", f": the model fails on batch {i} of shape {tuple(x.shape)}: "
+                                  f"{first_line(err)}") from None
     fresh_model = copy.deepcopy(model)
     try:
         reestimate(fresh_model, [x for x, _ in data])
     except ValueError as err:  # an uninitialised lazy BatchNorm, named by reestimate
-        raise CheckInputError(f"--model: {err}") from None
+        raise InputError("--model", f": {err}") from None
     out_fresh = [evaluation_forward(fresh_model, x) for x, _ in data]
     labelled = data[0][1] is not None
     y = torch.cat([y for _, y in data]) if labelled else None
@@ -739,22 +334,22 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     try:
         if args.max_batches < 1:
-            raise CheckInputError(f"--max-batches {args.max_batches}: expected a whole number >= 1")
+            raise InputError("--max-batches", f" {args.max_batches}: expected a whole number >= 1")
         try:
             thresholds = Thresholds(mode_gap=args.mode_gap, lag_sigma=args.lag_sigma)
         except ValueError as err:
-            raise CheckInputError(f"{'--mode-gap' if 'mode_gap' in str(err) else '--lag-sigma'}: {err}") from None
+            raise InputError("--mode-gap" if "mode_gap" in str(err) else "--lag-sigma", f": {err}") from None
         device = parse_device(args.device)
         model, built = build_model(args.model, parse_model_kwargs(args.model_kwargs), args.weights)
         report = check_checkpoint(model, args.batches, weights=args.weights, weights_key=args.weights_key,
                                   strip_prefix=args.strip_prefix, thresholds=thresholds,
                                   input_key=args.input_key, target_key=args.target_key,
                                   max_batches=args.max_batches, device=device)
-    except CheckInputError as err:
-        print(f"error: {_one_line(str(err))}", file=sys.stderr)
+    except InputError as err:
+        print(f"error: {one_line(str(err))}", file=sys.stderr)
         return EXIT_UNUSABLE
     for warning in report.warnings:  # the verdict stands; these say what makes it less sure
-        print(f"warning: {_one_line(warning)}", file=sys.stderr)
+        print(f"warning: {one_line(warning)}", file=sys.stderr)
     print(format_report(report, f"{args.model} ({built})" if built else args.model, args.weights, args.batches),
           end="")
     return exit_status(report.stale, report.undetermined)

@@ -54,8 +54,9 @@ from torch.nn.modules.batchnorm import _BatchNorm
 from .batches import sample_count, split_batch
 from .bnstats import NonFinite, nonfinite_state
 from .evaluation import eval_chunk, evaluation_forward, evaluation_mode, logits_note, read_logits
-from .pairing import (WEIGHT_LAYERS, NormLeafTracer, NormPair, Pairing, Segment, _buffers_kept, _call, _probe_head,
-                      _rng_devices, channel_axis_after, find_pairs)
+from .lint import findings_line, lint_batchnorm
+from .pairing import (WEIGHT_LAYERS, NormLeafTracer, NormPair, Pairing, Segment, buffers_kept, channel_axis_after,
+                      find_pairs, probe_head, rng_devices)
 from .probes import Scratch, batch_statistics_pass, channel_cosines, drift_sigma_per_step, predicted_lag_sigma, turn_rows
 from .staleness import Thresholds, channel_signals, sigma, warmup_steps
 
@@ -88,7 +89,7 @@ def split_probe(probe, input_key: str | None = "input", target_key: str = "targe
     return split_batch(probe, input_key, target_key, what="probe")
 
 
-def _check_probe(model: nn.Module, x, y: torch.Tensor | None) -> str:
+def check_probe(model: nn.Module, x, y: torch.Tensor | None) -> str:
     """Fail at construction, naming the probe, on what would fail or mislead at the first call: non-finite or
     non-floating inputs (of a mapping: non-finite floating tensors), inputs the model cannot run on (tried on
     two samples in evaluation mode; flags, random streams and buffers restored), outputs that hold no logits
@@ -112,9 +113,9 @@ def _check_probe(model: nn.Module, x, y: torch.Tensor | None) -> str:
         if bad:
             raise ValueError(f"probe{key}: {bad} of {t.numel()} input values are NaN or infinite")
     try:
-        with (torch.no_grad(), torch.random.fork_rng(devices=_rng_devices(model)), evaluation_mode(model),
-              _buffers_kept(model)):
-            out = _call(model, _probe_head(x, 2))  # eagerly: a compiled evaluation would compile a graph for 2
+        with (torch.no_grad(), torch.random.fork_rng(devices=rng_devices(model)), evaluation_mode(model),
+              buffers_kept(model)):
+            out = model(probe_head(x, 2))  # eagerly: a compiled evaluation would compile a graph for 2
     except Exception as e:  # any error the model raises on these inputs, reported as the probe's
         shape = tuple(x.shape) if isinstance(x, torch.Tensor) else f"(a mapping with keys {sorted(map(str, x))})"
         raise ValueError(f"probe: the model cannot run on the probe inputs {shape} "
@@ -459,7 +460,7 @@ class StalenessMonitor:
         if not isinstance(thresholds, Thresholds):
             raise TypeError(f"thresholds: expected a bnrotation.monitor.Thresholds, got {type(thresholds).__name__}"
                             " (write Thresholds(mode_gap=..., lag_sigma=...))")
-        note = _check_probe(model, self.x, self.y)
+        note = check_probe(model, self.x, self.y)
         if note:  # said once, here: every pass of every call reads the logits the same way (read_logits)
             warnings.warn(note, MonitorSetupWarning, stacklevel=_caller_stacklevel())
         self.pairing = find_pairs(model, self.x, running_statistics_only)
@@ -472,7 +473,6 @@ class StalenessMonitor:
                              else warmup_steps)
         if self.pairing.unpaired:
             warnings.warn(self.pairing.unpaired_text(), MonitorSetupWarning, stacklevel=_caller_stacklevel())
-        from .lint import findings_line, lint_batchnorm  # lint builds on find_pairs: imported here, not above
         self.findings = lint_batchnorm(model, pairing=self.pairing)  # BatchNorm settings that break the statistics
         if self.findings:
             warnings.warn(findings_line(self.findings), MonitorSetupWarning, stacklevel=_caller_stacklevel())
@@ -558,7 +558,7 @@ class StalenessMonitor:
         step = int(step)
         if self.previous is not None and step <= self.previous.step:
             raise ValueError(f"step {step} is not after the previous call's step {self.previous.step}")
-        with torch.random.fork_rng(devices=_rng_devices(self.model)):
+        with torch.random.fork_rng(devices=rng_devices(self.model)):
             scratch = Scratch()
             out_train, fresh = batch_statistics_pass(self.model, self.x, [(p.norm, m) for p, m in self.layers],
                                                      keep_frozen=True, scratch=scratch)

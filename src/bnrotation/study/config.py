@@ -52,13 +52,24 @@ class ConfigError(ValueError):
     """
 
 
-def _require(ok: bool, key: str, allowed: str, got: Any) -> None:
+def require(ok: bool, key: str, allowed: str, got: Any) -> None:
+    """Refuse a config value: a :class:`ConfigError` ``<key>: expected <allowed>, got <got>`` unless ``ok``
+    (the validation of every structured config here and in :mod:`bnrotation.study.zoo`).
+
+    Raises:
+        ConfigError: when ``ok`` is false.
+    """
     if not ok:
         raise ConfigError(f"{key}: expected {allowed}, got {got!r}")
 
 
-def _choice(key: str, value: str, allowed: tuple[str, ...]) -> None:
-    _require(value in allowed, key, "one of " + ", ".join(allowed), value)
+def choice(key: str, value: str, allowed: tuple[str, ...]) -> None:
+    """:func:`require` that ``value`` is one of ``allowed``, the message listing them.
+
+    Raises:
+        ConfigError: naming ``key`` and the allowed values.
+    """
+    require(value in allowed, key, "one of " + ", ".join(allowed), value)
 
 
 @dataclass
@@ -79,16 +90,16 @@ class TaskConfig:
     data_dir: str = "/usr/share/datasets/fashion-mnist"  # Fashion-MNIST's idx files (Debian's dataset-fashion-mnist)
 
     def __post_init__(self) -> None:
-        _choice("task.name", self.name, TASKS)
-        _require(self.num_classes >= 2, "task.num_classes", "an integer >= 2", self.num_classes)
+        choice("task.name", self.name, TASKS)
+        require(self.num_classes >= 2, "task.num_classes", "an integer >= 2", self.num_classes)
         if self.name == "fashion_mnist":
-            _require(self.num_classes == 10, "task.num_classes", "10 (Fashion-MNIST's classes)", self.num_classes)
-        _require(self.image_size >= 4, "task.image_size", "an integer >= 4", self.image_size)
-        _require(math.isfinite(self.template_scale) and self.template_scale >= 0, "task.template_scale",
+            require(self.num_classes == 10, "task.num_classes", "10 (Fashion-MNIST's classes)", self.num_classes)
+        require(self.image_size >= 4, "task.image_size", "an integer >= 4", self.image_size)
+        require(math.isfinite(self.template_scale) and self.template_scale >= 0, "task.template_scale",
                  "a finite float >= 0", self.template_scale)
         for key in ("batch_size", "probe_size"):
             value = getattr(self, key)
-            _require(value >= 2, f"task.{key}", "an integer >= 2 (BatchNorm needs two samples)", value)
+            require(value >= 2, f"task.{key}", "an integer >= 2 (BatchNorm needs two samples)", value)
 
     @property
     def in_channels(self) -> int:
@@ -112,14 +123,14 @@ class ModelConfig:
     channels_last: bool = True  # memory format; numerically equivalent, faster on CPU
 
     def __post_init__(self) -> None:
-        _choice("model.arch", self.arch, ARCHS)
-        _choice("model.norm", self.norm, NORMS)
-        _require(len(self.channels) == 3 and all(c >= 1 for c in self.channels),
+        choice("model.arch", self.arch, ARCHS)
+        choice("model.norm", self.norm, NORMS)
+        require(len(self.channels) == 3 and all(c >= 1 for c in self.channels),
                  "model.channels", "three positive integers", list(self.channels))
-        _require(0.0 < self.bn_momentum <= 1.0, "model.bn_momentum", "a float in (0, 1]", self.bn_momentum)
-        _require(math.isfinite(self.bn_eps) and self.bn_eps > 0, "model.bn_eps", "a finite float > 0", self.bn_eps)
+        require(0.0 < self.bn_momentum <= 1.0, "model.bn_momentum", "a float in (0, 1]", self.bn_momentum)
+        require(math.isfinite(self.bn_eps) and self.bn_eps > 0, "model.bn_eps", "a finite float > 0", self.bn_eps)
         if self.norm == "group":
-            _require(self.group_norm_groups >= 1 and all(c % self.group_norm_groups == 0 for c in self.channels),
+            require(self.group_norm_groups >= 1 and all(c % self.group_norm_groups == 0 for c in self.channels),
                      "model.group_norm_groups", f"a divisor of every entry of model.channels {list(self.channels)}",
                      self.group_norm_groups)
 
@@ -140,18 +151,18 @@ class OptimizerConfig:
     wd_ratio: float = 0.1
 
     def __post_init__(self) -> None:
-        _choice("optimizer.name", self.name, OPTIMIZERS)
-        _require(math.isfinite(self.lr) and self.lr > 0, "optimizer.lr", "a finite float > 0", self.lr)
-        _require(0.0 <= self.momentum < 1.0, "optimizer.momentum", "a float in [0, 1)", self.momentum)
-        _require(0.0 <= self.beta1 < 1.0, "optimizer.beta1", "a float in [0, 1)", self.beta1)
-        _require(0.0 <= self.beta2 < 1.0, "optimizer.beta2", "a float in [0, 1)", self.beta2)
-        _require(math.isfinite(self.eps) and self.eps > 0, "optimizer.eps", "a finite float > 0", self.eps)
-        _require(math.isfinite(self.weight_decay) and self.weight_decay >= 0,
+        choice("optimizer.name", self.name, OPTIMIZERS)
+        require(math.isfinite(self.lr) and self.lr > 0, "optimizer.lr", "a finite float > 0", self.lr)
+        require(0.0 <= self.momentum < 1.0, "optimizer.momentum", "a float in [0, 1)", self.momentum)
+        require(0.0 <= self.beta1 < 1.0, "optimizer.beta1", "a float in [0, 1)", self.beta1)
+        require(0.0 <= self.beta2 < 1.0, "optimizer.beta2", "a float in [0, 1)", self.beta2)
+        require(math.isfinite(self.eps) and self.eps > 0, "optimizer.eps", "a finite float > 0", self.eps)
+        require(math.isfinite(self.weight_decay) and self.weight_decay >= 0,
                  "optimizer.weight_decay", "a finite float >= 0", self.weight_decay)
-        _require(self.delta > 0, "optimizer.delta", "a float > 0 (inf: always project)", self.delta)
-        _require(0.0 <= self.wd_ratio <= 1.0, "optimizer.wd_ratio", "a float in [0, 1]", self.wd_ratio)
+        require(self.delta > 0, "optimizer.delta", "a float > 0 (inf: always project)", self.delta)
+        require(0.0 <= self.wd_ratio <= 1.0, "optimizer.wd_ratio", "a float in [0, 1]", self.wd_ratio)
         if self.name == "adam_projected":
-            _require(self.weight_decay == 0.0, "optimizer.weight_decay",
+            require(self.weight_decay == 0.0, "optimizer.weight_decay",
                      "0.0 for adam_projected (the study's variant has no weight decay)", self.weight_decay)
 
 
@@ -162,7 +173,7 @@ class ScheduleConfig:
     name: str = "constant"  # constant | cosine (decay to 0 over all steps)
 
     def __post_init__(self) -> None:
-        _choice("schedule.name", self.name, SCHEDULES)
+        choice("schedule.name", self.name, SCHEDULES)
 
 
 @dataclass
@@ -189,18 +200,18 @@ class ScaleConfig:
     dense_length: int = 128
 
     def __post_init__(self) -> None:
-        _require(self.steps >= 1, "scale.steps", "an integer >= 1", self.steps)
+        require(self.steps >= 1, "scale.steps", "an integer >= 1", self.steps)
         for key in ("log_every", "check_every", "intervene_every", "reestimate_batches"):
             value = getattr(self, key)
-            _require(value >= 1, f"scale.{key}", "an integer >= 1", value)
-        _require(self.steps % self.log_every == 0, "scale.log_every",
+            require(value >= 1, f"scale.{key}", "an integer >= 1", value)
+        require(self.steps % self.log_every == 0, "scale.log_every",
                  f"a divisor of scale.steps={self.steps}, so that every probe interval is log_every steps",
                  self.log_every)
-        _require(0 <= self.check_start <= self.steps, "scale.check_start",
+        require(0 <= self.check_start <= self.steps, "scale.check_start",
                  f"a step inside the run, 0..scale.steps={self.steps}", self.check_start)
-        _require(self.heldout_size >= 2, "scale.heldout_size", "an integer >= 2", self.heldout_size)
-        _require(self.dense_length >= 1, "scale.dense_length", "an integer >= 1", self.dense_length)
-        _require(all(0 <= w and w + self.dense_length <= self.steps for w in self.dense_windows)
+        require(self.heldout_size >= 2, "scale.heldout_size", "an integer >= 2", self.heldout_size)
+        require(self.dense_length >= 1, "scale.dense_length", "an integer >= 1", self.dense_length)
+        require(all(0 <= w and w + self.dense_length <= self.steps for w in self.dense_windows)
                  and len(set(self.dense_windows)) == len(self.dense_windows), "scale.dense_windows",
                  f"distinct start steps w with 0 <= w and w + scale.dense_length <= scale.steps={self.steps}",
                  list(self.dense_windows))
@@ -227,13 +238,13 @@ class AveragingConfig:
     at: str = "interventions"  # interventions | checks | last
 
     def __post_init__(self) -> None:
-        _require(all(isinstance(d, float) and 0.0 < d < 1.0 for d in self.ema_decays)
+        require(all(isinstance(d, float) and 0.0 < d < 1.0 for d in self.ema_decays)
                  and len(set(self.ema_decays)) == len(self.ema_decays),
                  "averaging.ema_decays", "distinct floats in (0, 1)", list(self.ema_decays))
-        _require(self.tail_every >= 1, "averaging.tail_every", "an integer >= 1", self.tail_every)
-        _require(self.tail_steps >= 0 and self.tail_steps % self.tail_every == 0, "averaging.tail_steps",
+        require(self.tail_every >= 1, "averaging.tail_every", "an integer >= 1", self.tail_every)
+        require(self.tail_steps >= 0 and self.tail_steps % self.tail_every == 0, "averaging.tail_steps",
                  f"0 (off) or a positive multiple of averaging.tail_every={self.tail_every}", self.tail_steps)
-        _choice("averaging.at", self.at, AVERAGING_AT)
+        choice("averaging.at", self.at, AVERAGING_AT)
 
 
 @dataclass
@@ -266,15 +277,15 @@ class RunConfig:
     averaging: AveragingConfig = field(default_factory=AveragingConfig)
 
     def __post_init__(self) -> None:
-        _require(ROW_NAME.fullmatch(self.row) is not None,
+        require(ROW_NAME.fullmatch(self.row) is not None,
                  "row", "a row name of letters, digits, _ . + - (it names the results folder): "
                  "pick one with experiment=<row> (see conf/experiment/)", self.row)
-        _require(0 <= self.seed <= SEED_MAX, "seed", f"an integer in 0..{SEED_MAX}", self.seed)
-        _choice("device", self.device, DEVICES)
-        _choice("eval_backend", self.eval_backend, EVAL_BACKENDS)
-        _choice("dtype", self.dtype, DTYPES)
-        _require(self.threads >= 0, "threads", "an integer >= 0 (0: the launcher's or torch's default)", self.threads)
-        _require(all(0 <= s <= SEED_MAX for s in self.batch_seeds) and len(set(self.batch_seeds)) ==
+        require(0 <= self.seed <= SEED_MAX, "seed", f"an integer in 0..{SEED_MAX}", self.seed)
+        choice("device", self.device, DEVICES)
+        choice("eval_backend", self.eval_backend, EVAL_BACKENDS)
+        choice("dtype", self.dtype, DTYPES)
+        require(self.threads >= 0, "threads", "an integer >= 0 (0: the launcher's or torch's default)", self.threads)
+        require(all(0 <= s <= SEED_MAX for s in self.batch_seeds) and len(set(self.batch_seeds)) ==
                  len(self.batch_seeds), "batch_seeds", f"distinct integers in 0..{SEED_MAX} (empty: just `seed`)",
                  list(self.batch_seeds))
 

@@ -75,7 +75,7 @@ import torch.nn.functional as F
 from .. import records
 from .analysis.tables.calibration import STALE_RECOVERY  # the truth's X, fixed in sample before any zoo run
 from ..bnstats import reestimate, running_stat_layers
-from .config import SEED_MAX, ConfigError, OptimizerConfig, TaskConfig, _choice, _require
+from .config import SEED_MAX, ConfigError, OptimizerConfig, TaskConfig, choice, require
 from ..evaluation import eval_chunk
 from ..monitor import StalenessMonitor
 from .optim import build_optimizer
@@ -146,24 +146,24 @@ class ZooConfig:
     progress: bool = True  # one line per check on stderr
 
     def __post_init__(self) -> None:
-        _choice("arch", self.arch, ZOO_ARCHS)
-        _choice("optimizer.name", self.optimizer.name, OPTIMIZERS)
+        choice("arch", self.arch, ZOO_ARCHS)
+        choice("optimizer.name", self.optimizer.name, OPTIMIZERS)
         want = optimizer_config(self.optimizer.name)
         for key in vars(want):
             got, wanted = getattr(self.optimizer, key), getattr(want, key)
-            _require(got == wanted, f"optimizer.{key}",
+            require(got == wanted, f"optimizer.{key}",
                      f"{wanted!r}: the zoo trains with the study's {self.optimizer.name} settings (its row in "
                      "bnrotation.study.rows.ROWS)", got)
-        _require(0 <= self.seed <= SEED_MAX, "seed", f"an integer in 0..{SEED_MAX}", self.seed)
-        _require(self.steps >= 1, "steps", "an integer >= 1", self.steps)
-        _require(1 <= self.check_every <= self.steps, "check_every", f"an integer in 1..steps={self.steps}",
+        require(0 <= self.seed <= SEED_MAX, "seed", f"an integer in 0..{SEED_MAX}", self.seed)
+        require(self.steps >= 1, "steps", "an integer >= 1", self.steps)
+        require(1 <= self.check_every <= self.steps, "check_every", f"an integer in 1..steps={self.steps}",
                  self.check_every)
-        _require(self.heldout_size >= 2, "heldout_size", "an integer >= 2", self.heldout_size)
-        _require(self.reestimate_batches >= 1, "reestimate_batches", "an integer >= 1", self.reestimate_batches)
-        _require(math.isfinite(self.stale_recovery) and 0 < self.stale_recovery <= 1, "stale_recovery",
+        require(self.heldout_size >= 2, "heldout_size", "an integer >= 2", self.heldout_size)
+        require(self.reestimate_batches >= 1, "reestimate_batches", "an integer >= 1", self.reestimate_batches)
+        require(math.isfinite(self.stale_recovery) and 0 < self.stale_recovery <= 1, "stale_recovery",
                  "a fraction in (0, 1] (5 points: 0.05)", self.stale_recovery)
-        _require(self.threads >= 0, "threads", "an integer >= 0 (0: the launcher's or torch's default)", self.threads)
-        _choice("task.name", self.task.name, ("fashion_mnist",))
+        require(self.threads >= 0, "threads", "an integer >= 0 (0: the launcher's or torch's default)", self.threads)
+        choice("task.name", self.task.name, ("fashion_mnist",))
 
     @property
     def row(self) -> str:
