@@ -433,7 +433,8 @@ def format_audit(report: AuditReport, averaged: str = "", raw: str = "") -> str:
     modes = (f"training mode {c['acc_train_mode']:.1%}, evaluation mode {c['acc_eval_mode']:.1%}"
              if not math.isnan(c["acc_eval_mode"]) else f"{1 - c['mode_agreement']:.1%} of predictions change")
     out += ["", f"The copy on the probe ({int(c['probe_size'])} samples): {modes}; mode gap {r.mode_gap:.3f}, worst "
-            f"median |lag| {r.lag_sigma:.3f}σ (rule: {t.mode_gap:g} and {t.lag_sigma:g}σ)."]
+            f"median |lag| {r.lag_sigma:.3f}σ, worst median E {r.copy.worst_median_eval_error_sigma:.3f}σ (rule: "
+            f"{t.mode_gap:g} and {t.eval_error_sigma:g}σ of E or {t.lag_sigma:g}σ of lag)."]
     out.append("STALE: the copy's buffers do not fit its weights; re-estimate them "
                "(bnrotation.reestimate_if_stale) before evaluating or saving it." if r.stale
                else "Not stale: the copy's buffers fit its weights on this probe.")

@@ -37,21 +37,24 @@ Works on any model (:mod:`bnrotation.monitor`'s semantics; nothing here knows th
 A model whose output is a mapping or a transformers ``ModelOutput`` is read through its ``logits``
 (:func:`evaluation.read_logits`), and the report says so.
 
-What it measures on those batches:
+What it measures on those batches: it asks the monitor (:class:`monitor.StalenessMonitor`, the batches as its
+probe, their fresh statistics pooled as :func:`bnstats.reestimate` pools them), re-estimates the running
+statistics on a copy, and asks the monitor again (:class:`CheckReport`'s ``before`` and ``after`` records, in the
+monitor's column schema):
 
-* per BatchNorm layer, the lag of the stored running mean behind the fresh one, ``(stored - fresh mean) /
-  fresh std`` in σ (median |lag| over channels, and the worst channel), where the fresh statistics are those
-  re-estimated on the batches (:func:`bnstats.reestimate` on a copy: the definition ``make diagnose``
-  uses; on a single batch they equal the monitor's batch statistics of its probe);
+* per BatchNorm layer (``norm_layer``; ``layer`` is the weight layer feeding it), the lag of the stored running
+  mean behind the fresh one, ``(stored - fresh mean) / fresh σ`` (median |lag| over channels, and the worst
+  channel), and E, the RMS error of the evaluation-mode normalised activation (:mod:`bnrotation.staleness`);
+  every σ is the layer's own sqrt(var + eps);
 * the mode gap (:func:`monitor.mode_check`): training-mode (each batch's own statistics) minus
   evaluation-mode accuracy with labels, else the share of samples whose predicted class differs between
   the modes;
 * the evaluation-mode accuracy (or the mode gap) after re-estimation. Re-estimated and evaluated on the
   same batches, it is a diagnostic of the statistics, not a held-out score.
 
-The statistics are stale when the monitor's rule (:class:`monitor.Thresholds`) fires on the mode gap and
-the worst layer's median |lag|; the verdict is undetermined when, not stale, the gap or every lag is NaN
-(activations that overflow). The exit status is the one every judging command shares
+The statistics are stale when the monitor's rule (:class:`monitor.Thresholds`, the one every tool applies) fires:
+the mode gap, and the worst layer's median E or median |lag|; the verdict is undetermined when, not stale, the
+gap or every lag is NaN (activations that overflow). The exit status is the one every judging command shares
 (:data:`helptext.EXIT_STATUS`, at the end of ``--help``): 0 not stale; 1 stale; 2 undetermined, or bad input,
 one line naming the argument or file, before any measurement. Fewer samples than the mode-gap threshold needs
 (one sample moves the gap by 1/N; :func:`monitor.smallest_probe`, 20 at the default 0.05) are still judged, with
@@ -64,6 +67,7 @@ import argparse
 import copy
 import math
 import sys
+import warnings
 from dataclasses import dataclass
 
 import pandas as pd
@@ -71,13 +75,11 @@ import torch
 import torch.nn as nn
 
 from .helptext import EXIT_STATUS, EXIT_UNUSABLE, exit_status, plain
-from .bnstats import NonFinite, nonfinite_state, reestimate, running_stat_layers, running_stats
+from .bnstats import NonFinite, nonfinite_state, reestimate, running_stat_layers
 from .inputs import (DEFAULT_MAX_BATCHES, MESSAGE_CHARS, PRETRAINED_WEIGHTS, CheckInputError, InputError, build_model,
                      first_line, load_batches, load_function, load_weights, model_from_factory, one_line,
                      parse_device, parse_model_kwargs, pretrained_from_config)
-from .study.interventions import layer_lags
-from .monitor import Thresholds, check_probe, evaluation_forward, find_pairs, mode_check, smallest_probe, split_probe
-from .probes import batch_statistics_pass
+from .monitor import MonitorRecord, MonitorSetupWarning, StalenessMonitor, Thresholds, check_probe, smallest_probe
 
 # The loaders live in bnrotation.inputs; these names are re-exported for the code and tests that import them from here.
 __all__ = ["CheckInputError", "InputError", "CheckReport", "check_checkpoint", "format_report", "load_batches",
@@ -105,27 +107,21 @@ def probe_size_warning(samples: int, mode_gap: float, batches: int, truncated: b
 
 @dataclass
 class CheckReport:
-    """What :func:`check_checkpoint` measured.
+    """What :func:`check_checkpoint` measured: two records of the monitor (:class:`monitor.MonitorRecord`), one
+    with the stored running statistics and one after re-estimation, and the check's verdict on the first.
 
     Attributes:
-        layers: one line per BatchNorm layer with running statistics, in the model's order:
-            :func:`interventions.layer_lags`'s columns (``layer`` is the norm layer, ``median_abs_lag_sigma``,
-            ``worst_channel``, ``worst_lag_sigma`` in σ, ...) and ``weight_layer``, the convolution or linear
-            layer feeding it (:func:`monitor.find_pairs`; "" when unpaired).
-        mode_gap: with the stored statistics, training- minus evaluation-mode accuracy, or without labels the
-            share of samples predicted differently in the two modes (:func:`monitor.mode_check`), a fraction.
-        acc_train_mode, acc_eval_mode: accuracies over all samples (fractions; NaN without labels); training
-            mode normalises each batch with its own statistics.
-        mode_gap_reestimated, acc_eval_mode_reestimated: the same after re-estimation on the same batches: a
-            diagnostic of the statistics, not a held-out score.
-        stale: whether the thresholds' rule fires on ``mode_gap`` and :attr:`worst_median_lag_sigma`, or a running
-            statistic holds NaN or infinite values.
+        before: the monitor's record of the model as loaded, on every batch (the probe, pooled as
+            :func:`bnstats.reestimate` pools them): its ``layers`` and ``channels`` in the monitor's column
+            schema (``norm_layer`` the BatchNorm layer, ``layer`` the convolution or linear layer feeding it, ""
+            when unpaired; ``lag_median_abs_sigma``, ``eval_error_median_sigma``, ...), its ``checks`` the mode
+            gap and accuracies, its ``stale`` the monitor's rule (:class:`monitor.Thresholds`).
+        after: the same on a copy whose running statistics were re-estimated on the same batches: a diagnostic
+            of the statistics, not a held-out score.
         thresholds: the :class:`monitor.Thresholds` used.
         batches, samples: how many were measured; truncated: whether more batches were offered (``max_batches``).
         labelled: whether the batches had labels.
-        weights: what the weights loaded were (:func:`load_weights`); "" when none were given.
-        nonfinite: the running statistics that hold NaN or infinite values (:class:`.bnstats.NonFinite`); their
-            layers' lags are NaN.
+        weights: what the weights loaded were (:func:`inputs.load_weights`); "" when none were given.
         warnings: what makes the verdict less sure without making the input unusable, one line each, naming the
             argument to change (``bnrotation-check`` prints each on stderr as ``warning: ...``): batches too few
             for the mode-gap threshold (:func:`probe_size_warning`).
@@ -133,22 +129,74 @@ class CheckReport:
             (:func:`evaluation.logits_note`).
     """
 
-    layers: pd.DataFrame
-    mode_gap: float
-    acc_train_mode: float
-    acc_eval_mode: float
-    mode_gap_reestimated: float
-    acc_eval_mode_reestimated: float
-    stale: bool
+    before: MonitorRecord
+    after: MonitorRecord
     thresholds: Thresholds
     batches: int
     samples: int
     labelled: bool
     truncated: bool = False
     weights: str = ""
-    nonfinite: NonFinite = NonFinite()
     warnings: tuple[str, ...] = ()
     output: str = ""
+
+    @property
+    def layers(self) -> pd.DataFrame:
+        """:attr:`before`'s layer table, one line per BatchNorm layer in the model's order (the monitor's columns)."""
+        return self.before.layers
+
+    @property
+    def nonfinite(self) -> NonFinite:
+        """The running statistics that hold NaN or infinite values (:class:`.bnstats.NonFinite`)."""
+        return self.before.nonfinite
+
+    @property
+    def stale(self) -> bool:
+        """The monitor's rule on :attr:`before`: the mode gap, with E or the lag, crossed its thresholds, or a
+        running statistic holds NaN or infinite values (:attr:`monitor.MonitorRecord.stale`)."""
+        return bool(self.before.stale)
+
+    @property
+    def mode_gap(self) -> float:
+        """With the stored statistics, training- minus evaluation-mode accuracy, or without labels the share of
+        samples predicted differently in the two modes (:func:`monitor.mode_check`), a fraction."""
+        return self.before.mode_gap
+
+    @property
+    def acc_train_mode(self) -> float:
+        """Training-mode accuracy over all samples (each batch's own statistics), a fraction; NaN without labels."""
+        return float(self.before.checks["acc_train_mode"].iloc[0])
+
+    @property
+    def acc_eval_mode(self) -> float:
+        """Evaluation-mode accuracy with the stored statistics, a fraction; NaN without labels."""
+        return self.before.acc_eval_mode
+
+    @property
+    def mode_gap_reestimated(self) -> float:
+        """:attr:`mode_gap` after re-estimation on the same batches."""
+        return self.after.mode_gap
+
+    @property
+    def acc_eval_mode_reestimated(self) -> float:
+        """:attr:`acc_eval_mode` after re-estimation on the same batches."""
+        return self.after.acc_eval_mode
+
+    @property
+    def worst_median_lag_sigma(self) -> float:
+        """The largest, over layers, median |lag| in σ (:attr:`monitor.MonitorRecord.worst_median_lag_sigma`)."""
+        return self.before.worst_median_lag_sigma
+
+    @property
+    def worst_median_eval_error_sigma(self) -> float:
+        """The largest, over layers, median E in σ (:attr:`monitor.MonitorRecord.worst_median_eval_error_sigma`)."""
+        return self.before.worst_median_eval_error_sigma
+
+    @property
+    def worst_layer(self) -> str:
+        """The norm layer of :attr:`worst_median_lag_sigma`; "" when no layer's lag is finite."""
+        lag = self.layers["lag_median_abs_sigma"]
+        return str(self.layers.loc[lag.idxmax(), "norm_layer"]) if lag.notna().any() else ""
 
     @property
     def undetermined(self) -> bool:
@@ -157,24 +205,15 @@ class CheckReport:
         return not self.stale and (math.isnan(self.mode_gap) or math.isnan(self.worst_median_lag_sigma))
 
     @property
-    def worst_median_lag_sigma(self) -> float:
-        """The largest, over layers, median |lag| in σ: the lag the rule reads."""
-        return float(self.layers["median_abs_lag_sigma"].max())
-
-    @property
-    def worst_layer(self) -> str:
-        """The layer of :attr:`worst_median_lag_sigma`; "" when no layer's lag is finite."""
-        lag = self.layers["median_abs_lag_sigma"]
-        return str(self.layers.loc[lag.idxmax(), "layer"]) if lag.notna().any() else ""
-
-    @property
     def summary(self) -> str:
-        """The verdict in one line, as the report ends: ``STALE: ...`` with the rule's two numbers against their
+        """The verdict in one line, as the report ends: ``STALE: ...`` with the rule's numbers against their
         thresholds and what to do, ``Not stale: ...``, or ``Undetermined: ...`` (:attr:`undetermined`)."""
         t = self.thresholds
+        lag, err = self.worst_median_lag_sigma, self.worst_median_eval_error_sigma
         rule = (f"mode gap {self.mode_gap:.3f} {'≥' if self.mode_gap >= t.mode_gap else '<'} {t.mode_gap:g} and "
-                f"worst median |lag| {self.worst_median_lag_sigma:.3f}σ ({self.worst_layer}) "
-                f"{'≥' if self.worst_median_lag_sigma >= t.lag_sigma else '<'} {t.lag_sigma:g}σ")
+                f"worst median E {err:.3f}σ {'≥' if err >= t.eval_error_sigma else '<'} {t.eval_error_sigma:g}σ or "
+                f"worst median |lag| {lag:.3f}σ ({self.worst_layer}) {'≥' if lag >= t.lag_sigma else '<'} "
+                f"{t.lag_sigma:g}σ")
         advice = "Re-estimate the running statistics (bnrotation.reestimate) before evaluating or saving this model."
         if self.nonfinite:
             return (f"STALE: NaN or infinite running statistics in {self.nonfinite} (evaluation mode is unusable); "
@@ -182,12 +221,19 @@ class CheckReport:
         if self.stale:
             return f"STALE: {rule}. {advice}"
         if self.undetermined:
-            nan = [what for what, value in (("the mode gap", self.mode_gap),
-                                            ("every layer's median |lag|", self.worst_median_lag_sigma))
+            nan = [what for what, value in (("the mode gap", self.mode_gap), ("every layer's median |lag|", lag))
                    if math.isnan(value)]
             return (f"Undetermined: {' and '.join(nan)} {'is' if len(nan) == 1 else 'are'} NaN, which no threshold "
                     "judges; the batches' activations may overflow (fresh statistics that are not finite).")
-        return f"Not stale: {rule} (both are needed to warn)."
+        return f"Not stale: {rule} (the gap and one of the others are needed to warn)."
+
+
+def _record(model: nn.Module, data: list, thresholds: Thresholds) -> MonitorRecord:
+    """The monitor's record of ``model`` on the batches ``data`` (one probe, pooled), at step 0, without warnings:
+    the check reports what the monitor would warn about (its setup warnings too: pairing, lint, probe size)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", MonitorSetupWarning)
+        return StalenessMonitor(model, list(data), thresholds=thresholds, warn=False, warmup_steps=0)(0)
 
 
 @torch.no_grad()
@@ -195,16 +241,17 @@ def check_checkpoint(model: nn.Module, batches, *, weights=None, weights_key: st
                      strip_prefix: str | None = None, thresholds: Thresholds = Thresholds(),
                      input_key: str = "input", target_key: str = "target", max_batches: int = DEFAULT_MAX_BATCHES,
                      device: str | torch.device = "cpu") -> CheckReport:
-    """Measure how stale ``model``'s running statistics are on ``batches``.
+    """Measure how stale ``model``'s running statistics are on ``batches``: load, ask the monitor, re-estimate on
+    a copy, ask the monitor again.
 
     Args:
         model: any ``nn.Module`` with BatchNorm layers that keep running statistics; moved to ``device``.
             Its buffers, parameters and flags are left as they are (re-estimation runs on a copy).
-        batches: a batch file, ``module:function``, or an iterable of batches (see :func:`load_batches`).
-        weights: if given, a weights file, state dict or checkpoint dict loaded first (:func:`load_weights`).
+        batches: a batch file, ``module:function``, or an iterable of batches (see :func:`inputs.load_batches`).
+        weights: if given, a weights file, state dict or checkpoint dict loaded first (:func:`inputs.load_weights`).
         weights_key, strip_prefix: where in ``weights`` the state dict is, and the prefix of its keys to keep
-            (:func:`load_weights`'s ``key`` and ``prefix``).
-        thresholds: when the statistics count as stale (:class:`monitor.Thresholds`).
+            (:func:`inputs.load_weights`'s ``key`` and ``prefix``).
+        thresholds: the monitor's rule (:class:`monitor.Thresholds`).
         input_key, target_key: where a mapping batch holds the inputs and labels.
         max_batches: read at most this many batches.
 
@@ -214,14 +261,14 @@ def check_checkpoint(model: nn.Module, batches, *, weights=None, weights_key: st
 
     Raises:
         InputError: (:mod:`bnrotation.inputs`) for inputs it cannot use, before any measurement (naming the
-            argument): among them parameters that hold NaN or infinite values (a diverged model, which re-estimation cannot mend; such
-            running statistics are measured, and reported as stale), and batches the monitor would refuse as a
-            probe (labels outside the model's outputs, among others); also for a model that fails on a batch
-            (naming the batch).
+            argument): among them parameters that hold NaN or infinite values (a diverged model, which
+            re-estimation cannot mend; such running statistics are measured, and reported as stale), and batches
+            the monitor would refuse as a probe (labels outside the model's outputs, among others); also for a
+            model that fails on the batches.
     """
     if not running_stat_layers(model):
         raise InputError("--model", ": the model has no BatchNorm layer with running statistics "
-                              "(track_running_stats=True): there are no running statistics to go stale")
+                         "(track_running_stats=True): there are no running statistics to go stale")
     model.to(device)
     kind = load_weights(model, weights, device, weights_key, strip_prefix) if weights is not None else ""
     nonfinite = nonfinite_state(model)
@@ -231,36 +278,19 @@ def check_checkpoint(model: nn.Module, batches, *, weights=None, weights_key: st
                          "re-estimating its statistics cannot mend")
     data, truncated = load_batches(batches, input_key, target_key, max_batches, device, model)
     output = check_probe(model, *data[0])  # validated already: what it returns, said once in the report
-    pairing = find_pairs(model, data[0][0])
-    feeding = {p.norm: p.weight or "" for p in pairing.pairs + pairing.unpaired}
-    out_train, out_eval = [], []
-    for i, (x, _) in enumerate(data):
-        try:
-            out_train.append(batch_statistics_pass(model, x, [], keep_frozen=True)[0])
-            out_eval.append(evaluation_forward(model, x))
-        except (RuntimeError, TypeError) as err:  # TypeError: an output without logits (read_logits)
-            raise InputError("--batches", f": the model fails on batch {i} of shape {tuple(x.shape)}: "
-                                  f"{first_line(err)}") from None
-    fresh_model = copy.deepcopy(model)
     try:
+        before = _record(model, data, thresholds)
+        fresh_model = copy.deepcopy(model)
         reestimate(fresh_model, [x for x, _ in data])
-    except ValueError as err:  # an uninitialised lazy BatchNorm, named by reestimate
+        after = _record(fresh_model, data, thresholds)
+    except (RuntimeError, TypeError) as err:  # TypeError: an output without logits (read_logits)
+        raise InputError("--batches", f": the model fails on the batches: {first_line(err)}") from None
+    except ValueError as err:  # an uninitialised lazy BatchNorm, named by the monitor or reestimate
         raise InputError("--model", f": {err}") from None
-    out_fresh = [evaluation_forward(fresh_model, x) for x, _ in data]
-    labelled = data[0][1] is not None
-    y = torch.cat([y for _, y in data]) if labelled else None
-    train = torch.cat(out_train)
-    stored = mode_check(0, train, torch.cat(out_eval), y).iloc[0]
-    fresh = mode_check(0, train, torch.cat(out_fresh), y).iloc[0]
-    layers = layer_lags(running_stats(model), running_stats(fresh_model))
-    layers.insert(1, "weight_layer", layers["layer"].map(feeding).fillna(""))
-    gap = float(stored["mode_gap"])
-    stale = thresholds.crossed(gap, float(layers["median_abs_lag_sigma"].max())) or bool(nonfinite)
-    samples = int(stored["probe_size"])
+    samples = int(before.checks["probe_size"].iloc[0])
     small = probe_size_warning(samples, thresholds.mode_gap, len(data), truncated)
-    return CheckReport(layers, gap, float(stored["acc_train_mode"]), float(stored["acc_eval_mode"]),
-                       float(fresh["mode_gap"]), float(fresh["acc_eval_mode"]), stale, thresholds, len(data),
-                       samples, labelled, truncated, kind, nonfinite, (small,) if small else (), output)
+    return CheckReport(before, after, thresholds, len(data), samples, data[0][1] is not None, truncated, kind,
+                       (small,) if small else (), output)
 
 
 # ----------------------------------------------------------------------------- the report
@@ -275,12 +305,18 @@ def format_report(report: CheckReport, model: str = "the model", weights: str = 
            + (f" (stopped after the first {r.batches}: --max-batches)" if r.truncated else "") + ".",
            *([f"Note: {r.output}."] if r.output else []),
            "",
-           "Running-mean lag = (stored − fresh mean) / fresh std, in σ; fresh: re-estimated on these batches:",
-           "| norm layer | after | channels | median abs lag (σ) | worst channel | its lag (σ) |",
-           "|---|---|---:|---:|---:|---:|"]
+           "Running-mean lag = (stored − fresh mean) / fresh σ; E = RMS error of the evaluation-mode normalised "
+           "activation, in running σ; fresh: the batch statistics of these batches, pooled as re-estimation pools "
+           "them:",
+           "| norm layer | after | channels | median abs lag (σ) | median E (σ) | worst channel | its lag (σ) |",
+           "|---|---|---:|---:|---:|---:|---:|"]
+    channels = r.before.channels
     for _, s in r.layers.iterrows():
-        out.append(f"| {s['layer']} | {s['weight_layer'] or '–'} | {s['channels']} | {s['median_abs_lag_sigma']:.3f} | "
-                   f"{s['worst_channel']} | {s['worst_lag_sigma']:+.3f} |")
+        mine = channels[channels["norm_layer"] == s["norm_layer"]]
+        worst = int(s["worst_channel"])
+        lag = float(mine["lag_sigma"].iloc[worst]) if worst >= 0 else math.nan
+        out.append(f"| {s['norm_layer']} | {s['layer'] or '–'} | {len(mine)} | {s['lag_median_abs_sigma']:.3f} | "
+                   f"{s['eval_error_median_sigma']:.3f} | {worst} | {lag:+.3f} |")
     out.append("")
     if r.labelled:
         out += [f"Mode gap on these batches: training mode {r.acc_train_mode:.1%} (each batch's own statistics), "
@@ -322,6 +358,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help=f"mode gap threshold, a fraction (default {Thresholds().mode_gap:g})")
     p.add_argument("--lag-sigma", type=float, default=Thresholds().lag_sigma,
                    help=f"worst layer's median |lag| threshold, in σ (default {Thresholds().lag_sigma:g})")
+    p.add_argument("--eval-error-sigma", type=float, default=Thresholds().eval_error_sigma,
+                   help=f"worst layer's median E threshold, in σ (default {Thresholds().eval_error_sigma:g})")
     p.add_argument("--device", default="cpu", help="cpu (default), cuda, cuda:1, ...")
     return p.parse_args(argv)
 
@@ -336,9 +374,11 @@ def main(argv: list[str] | None = None) -> int:
         if args.max_batches < 1:
             raise InputError("--max-batches", f" {args.max_batches}: expected a whole number >= 1")
         try:
-            thresholds = Thresholds(mode_gap=args.mode_gap, lag_sigma=args.lag_sigma)
+            thresholds = Thresholds(mode_gap=args.mode_gap, lag_sigma=args.lag_sigma,
+                                    eval_error_sigma=args.eval_error_sigma)
         except ValueError as err:
-            raise InputError("--mode-gap" if "mode_gap" in str(err) else "--lag-sigma", f": {err}") from None
+            key = str(err).split(":")[0].removeprefix("Thresholds.")
+            raise InputError("--" + key.replace("_", "-"), f": {err}") from None
         device = parse_device(args.device)
         model, built = build_model(args.model, parse_model_kwargs(args.model_kwargs), args.weights)
         report = check_checkpoint(model, args.batches, weights=args.weights, weights_key=args.weights_key,
