@@ -523,7 +523,7 @@ def test_load_function_puts_the_current_directory_first_on_the_path_once(tmp_pat
 
 
 def test_the_readers_messages_name_their_option_and_give_the_example_whole():
-    from bnrotation.check import _items, model_from_factory
+    from bnrotation.inputs import _items, model_from_factory
     with pytest.raises(CheckInputError) as caught:
         parse_model_kwargs("[1]")
     assert str(caught.value) == "--model-kwargs '[1]': a JSON list; expected an object such as '{\"num_classes\": 10}'"

@@ -52,8 +52,7 @@ import torch.nn as nn
 from .helptext import EXIT_STATUS, EXIT_UNUSABLE, exit_status, plain
 from .averaging import BufferProvenance, EMA, compare_states
 from .bnstats import running_stat_layers
-from .check import CheckInputError, load_batches, load_weights, model_from_factory, parse_model_kwargs
-from .check import _one_line as one_line  # the check's one-line error messages
+from .inputs import InputError, load_batches, load_weights, model_from_factory, one_line, parse_model_kwargs
 from .checkpoints import BadCheckpointError, UnsafeCheckpointError, load_checkpoint, state_dict_of
 from .monitor import MonitorRecord, StalenessMonitor, Thresholds, uncompiled
 
@@ -190,14 +189,13 @@ def _raw_module(raw, template: nn.Module, averaged) -> nn.Module:
 
 
 def _loaded(template: nn.Module, contents: Mapping, argument: str) -> tuple[nn.Module, str]:
-    """A copy of ``template`` holding ``contents`` and what they were (:func:`check.load_weights`: checkpoint
-    entries, wrapper prefixes, one-line errors), its errors naming ``argument`` where the check names
-    ``--weights``."""
+    """A copy of ``template`` holding ``contents`` and what they were (:func:`inputs.load_weights`: checkpoint
+    entries, wrapper prefixes, one-line errors), its errors (:class:`inputs.InputError`) naming ``argument``."""
     module = copy.deepcopy(template)
     try:
         kind = load_weights(module, contents)
-    except ValueError as err:
-        raise ValueError(f"{argument}: {str(err).removeprefix('--weights').lstrip(': ')}") from None
+    except InputError as err:
+        raise InputError(argument, err.message) from None
     return module, kind
 
 
@@ -435,7 +433,8 @@ def format_audit(report: AuditReport, averaged: str = "", raw: str = "") -> str:
     modes = (f"training mode {c['acc_train_mode']:.1%}, evaluation mode {c['acc_eval_mode']:.1%}"
              if not math.isnan(c["acc_eval_mode"]) else f"{1 - c['mode_agreement']:.1%} of predictions change")
     out += ["", f"The copy on the probe ({int(c['probe_size'])} samples): {modes}; mode gap {r.mode_gap:.3f}, worst "
-            f"median |lag| {r.lag_sigma:.3f}σ (rule: {t.mode_gap:g} and {t.lag_sigma:g}σ)."]
+            f"median |lag| {r.lag_sigma:.3f}σ, worst median E {r.copy.worst_median_eval_error_sigma:.3f}σ (rule: "
+            f"{t.mode_gap:g} and {t.eval_error_sigma:g}σ of E or {t.lag_sigma:g}σ of lag)."]
     out.append("STALE: the copy's buffers do not fit its weights; re-estimate them "
                "(bnrotation.reestimate_if_stale) before evaluating or saving it." if r.stale
                else "Not stale: the copy's buffers fit its weights on this probe.")
@@ -469,8 +468,17 @@ def _read(path: str, key: str | None, argument: str):
         if key is not None:
             contents, _ = state_dict_of(contents, key)
     except (FileNotFoundError, UnsafeCheckpointError, BadCheckpointError) as err:
-        raise CheckInputError(f"{argument}: {err}") from None
+        raise InputError(argument, f": {err}") from None
     return contents
+
+
+def _named(err: ValueError | TypeError) -> InputError:
+    """``err`` as an :class:`inputs.InputError`: itself, or its message split at the argument it starts with
+    (``raw``, ``averaged``, ``model``, ``probe``)."""
+    if isinstance(err, InputError):
+        return err
+    argument, colon, rest = str(err).partition(":")
+    return InputError(argument, colon + rest) if colon else InputError("", str(err))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -483,21 +491,21 @@ def main(argv: list[str] | None = None) -> int:
         try:
             thresholds = Thresholds(mode_gap=args.mode_gap, lag_sigma=args.lag_sigma)
         except ValueError as err:
-            raise CheckInputError(f"{'--mode-gap' if 'mode_gap' in str(err) else '--lag-sigma'}: {err}") from None
+            raise InputError("--mode-gap" if "mode_gap" in str(err) else "--lag-sigma", f": {err}") from None
         model = model_from_factory(args.model, parse_model_kwargs(args.model_kwargs))
         raw = _read(args.raw, args.raw_key, "raw")
         averaged = _read(args.averaged, args.averaged_key, "averaged")
         try:
             raw_model = _raw_module(raw, model, averaged)
         except (ValueError, TypeError) as err:
-            raise CheckInputError(str(err)) from None
+            raise _named(err) from None
         (x, y), *_ = load_batches(args.batches, args.input_key, args.target_key, 1, "cpu", raw_model)[0]
         try:
             report = audit_averaged(raw_model, averaged, (x, y) if y is not None else x, model=model,
                                     thresholds=thresholds)
         except (ValueError, TypeError) as err:
-            raise CheckInputError(str(err)) from None
-    except CheckInputError as err:
+            raise _named(err) from None
+    except InputError as err:
         print(f"error: {one_line(str(err))}", file=sys.stderr)
         return EXIT_UNUSABLE
     def named(path: str, key: str | None) -> str:

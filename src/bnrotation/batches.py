@@ -2,7 +2,7 @@
 
 One reader for the three places that take a user's batches: the monitor's probe
 (:func:`bnrotation.monitor.split_probe`), the check's ``--batches``
-(:func:`bnrotation.check.load_batches`) and re-estimation's loader
+(:func:`bnrotation.inputs.load_batches`) and re-estimation's loader
 (:func:`bnrotation.bnstats.reestimate`). The shapes are those of a PyTorch
 ``DataLoader``'s default collation: a tensor (N, ...), a tuple or list whose
 first item is the input (N, ...) and second the targets (N,), or a dict.

@@ -42,7 +42,7 @@ import torch.nn as nn
 from torch.nn.modules.batchnorm import _BatchNorm
 
 from .bnstats import running_stat_layers
-from .pairing import TEXT_WIDTH, Pairing, _examples, find_pairs
+from .pairing import TEXT_WIDTH, Pairing, examples, find_pairs
 
 __all__ = ["lint_batchnorm", "Finding", "RULES", "INVERTED_MOMENTUM", "findings_line"]
 
@@ -180,7 +180,7 @@ def findings_line(findings: list[Finding]) -> str:
     lines = [f"BatchNorm settings: {len(findings)} finding(s) under {len(by_rule)} rule(s), from "
              "bnrotation.lint_batchnorm (every one in its list, or in monitor.findings):"]
     for rule, found in by_rule.items():
-        lines.append(f"  [{rule}] {len(found)} layer{'s' * (len(found) > 1)}: {_examples([f.layer for f in found])}")
+        lines.append(f"  [{rule}] {len(found)} layer{'s' * (len(found) > 1)}: {examples([f.layer for f in found])}")
         lines += textwrap.wrap(f"{found[0].layer}: {found[0].message}", TEXT_WIDTH - 40, initial_indent="    ",
                                subsequent_indent="    ")
     return "\n".join(lines)

@@ -54,13 +54,14 @@ from torch.nn.modules.batchnorm import _BatchNorm
 from .batches import sample_count, split_batch
 from .bnstats import NonFinite, nonfinite_state
 from .evaluation import eval_chunk, evaluation_forward, evaluation_mode, logits_note, read_logits
-from .pairing import (WEIGHT_LAYERS, NormLeafTracer, NormPair, Pairing, Segment, _buffers_kept, _call, _probe_head,
-                      _rng_devices, channel_axis_after, find_pairs)
+from .lint import findings_line, lint_batchnorm
+from .pairing import (WEIGHT_LAYERS, NormLeafTracer, NormPair, Pairing, Segment, buffers_kept, channel_axis_after,
+                      find_pairs, probe_head, rng_devices)
 from .probes import Scratch, batch_statistics_pass, channel_cosines, drift_sigma_per_step, predicted_lag_sigma, turn_rows
 from .staleness import Thresholds, channel_signals, sigma, warmup_steps
 
 __all__ = ["StalenessMonitor", "MonitorRecord", "Thresholds", "StaleStatisticsWarning", "MonitorSetupWarning",
-           "find_pairs", "Pairing", "NormPair", "NormLeafTracer", "channel_axis_after", "split_probe", "mode_check",
+           "find_pairs", "Pairing", "NormPair", "NormLeafTracer", "channel_axis_after", "split_probe", "split_probes", "pooled_moments", "check_probe", "mode_check",
            "uncompiled", "default_warmup_steps", "smallest_probe", "WEIGHT_LAYERS", "Segment"]
 
 
@@ -88,7 +89,40 @@ def split_probe(probe, input_key: str | None = "input", target_key: str = "targe
     return split_batch(probe, input_key, target_key, what="probe")
 
 
-def _check_probe(model: nn.Module, x, y: torch.Tensor | None) -> str:
+def split_probes(probe, input_key: str | None = "input", target_key: str = "target") -> list[tuple]:
+    """The probe's batches as ``[(x, y)]``: one batch (:func:`split_probe`), or several, a list whose every item
+    is a batch of its own (an ``(x, y)`` tuple or list, or a mapping; bare tensors ``[x, y]`` stay one batch).
+
+    Raises:
+        TypeError, ValueError: as :func:`split_probe`, naming the batch; ValueError for an empty list, or batches
+            with labels mixed with batches without.
+    """
+    several = (isinstance(probe, list) and probe
+               and all(isinstance(b, (tuple, list, Mapping)) for b in probe))
+    if isinstance(probe, list) and not probe:
+        raise ValueError("probe: an empty list of batches")
+    if not several:
+        return [split_probe(probe, input_key, target_key)]
+    out = [split_batch(b, input_key, target_key, what=f"probe batch {i}") for i, b in enumerate(probe)]
+    if len({y is None for _, y in out}) > 1:
+        raise ValueError("probe: some batches have labels and some do not")
+    return out
+
+
+def pooled_moments(per_batch: list[dict[str, tuple[torch.Tensor, torch.Tensor]]]
+                   ) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+    """Each layer's fresh statistics over several batches, pooled as :func:`bnstats.reestimate` pools them
+    (``momentum=None``: PyTorch's cumulative average over batches, as ``torch.optim.swa_utils.update_bn``): the
+    mean over batches of each batch's mean, and of each batch's unbiased variance, every batch weighted alike
+    whatever its size. ``{layer: (mean (C,), var (C,))}`` of one batch is returned as it is."""
+    if len(per_batch) == 1:
+        return per_batch[0]
+    n = len(per_batch)
+    return {name: (sum(b[name][0] for b in per_batch) / n, sum(b[name][1] for b in per_batch) / n)
+            for name in per_batch[0]}
+
+
+def check_probe(model: nn.Module, x, y: torch.Tensor | None) -> str:
     """Fail at construction, naming the probe, on what would fail or mislead at the first call: non-finite or
     non-floating inputs (of a mapping: non-finite floating tensors), inputs the model cannot run on (tried on
     two samples in evaluation mode; flags, random streams and buffers restored), outputs that hold no logits
@@ -112,9 +146,9 @@ def _check_probe(model: nn.Module, x, y: torch.Tensor | None) -> str:
         if bad:
             raise ValueError(f"probe{key}: {bad} of {t.numel()} input values are NaN or infinite")
     try:
-        with (torch.no_grad(), torch.random.fork_rng(devices=_rng_devices(model)), evaluation_mode(model),
-              _buffers_kept(model)):
-            out = _call(model, _probe_head(x, 2))  # eagerly: a compiled evaluation would compile a graph for 2
+        with (torch.no_grad(), torch.random.fork_rng(devices=rng_devices(model)), evaluation_mode(model),
+              buffers_kept(model)):
+            out = model(probe_head(x, 2))  # eagerly: a compiled evaluation would compile a graph for 2
     except Exception as e:  # any error the model raises on these inputs, reported as the probe's
         shape = tuple(x.shape) if isinstance(x, torch.Tensor) else f"(a mapping with keys {sorted(map(str, x))})"
         raise ValueError(f"probe: the model cannot run on the probe inputs {shape} "
@@ -399,7 +433,10 @@ class StalenessMonitor:
             is, said once in a :class:`MonitorSetupWarning`).
         probe: a tensor, an ``(x, y)`` tuple, or a mapping holding the input under ``input_key`` and the
             labels under ``target_key``; labels are optional. With ``input_key=None`` the mapping goes to the
-            model whole (``model(batch)``), labels still read from ``target_key``. Keep it fixed across
+            model whole (``model(batch)``), labels still read from ``target_key``. Or several
+            such batches, a list of ``(x, y)`` tuples or mappings (:func:`split_probes`): each goes through its
+            own passes, the fresh statistics are pooled as :func:`bnstats.reestimate` pools them
+            (:func:`pooled_moments`), and the mode check reads every sample. Keep it fixed across
             calls: the drift and the lag compare statistics of the same inputs. Inputs (N, ...) on the
             model's device. The mode gap moves by 1/N per sample: warns at construction
             (:class:`MonitorSetupWarning`) when that is above ``thresholds.mode_gap``, naming the smallest
@@ -445,10 +482,16 @@ class StalenessMonitor:
             raise TypeError(f"model: expected a torch.nn.Module, got {type(model).__name__}")
         model = uncompiled(model)
         self.model = model
-        self.x, self.y = split_probe(probe, input_key, target_key)
-        n = sample_count(self.x)
-        if n < 2:
-            raise ValueError(f"probe: BatchNorm needs at least 2 samples for batch statistics, got {n}")
+        self.batches = split_probes(probe, input_key, target_key)  # [(x (N_b, ...), y (N_b,) or None)]
+        self.x = self.batches[0][0]  # what the pairing traces
+        ys = [y for _, y in self.batches]
+        self.y = ys[0] if len(ys) == 1 or ys[0] is None else torch.cat(ys)  # (N,) over every batch
+        for i, (x, _) in enumerate(self.batches):
+            if sample_count(x) < 2:
+                where = f" batch {i}" if len(self.batches) > 1 else ""
+                raise ValueError(f"probe{where}: BatchNorm needs at least 2 samples for batch statistics, got "
+                                 f"{sample_count(x)}")
+        n = sum(sample_count(x) for x, _ in self.batches)
         if warmup_steps is not None and (isinstance(warmup_steps, bool) or not isinstance(warmup_steps, int)
                                          or warmup_steps < 0):
             raise ValueError(f"warmup_steps: expected an int >= 0 or None, got {warmup_steps!r}")
@@ -459,7 +502,8 @@ class StalenessMonitor:
         if not isinstance(thresholds, Thresholds):
             raise TypeError(f"thresholds: expected a bnrotation.monitor.Thresholds, got {type(thresholds).__name__}"
                             " (write Thresholds(mode_gap=..., lag_sigma=...))")
-        note = _check_probe(model, self.x, self.y)
+        note = [check_probe(model, x, y) for x, y in self.batches][0]
+        self.output_note = note  # "" for a model that returns a tensor
         if note:  # said once, here: every pass of every call reads the logits the same way (read_logits)
             warnings.warn(note, MonitorSetupWarning, stacklevel=_caller_stacklevel())
         self.pairing = find_pairs(model, self.x, running_statistics_only)
@@ -472,7 +516,6 @@ class StalenessMonitor:
                              else warmup_steps)
         if self.pairing.unpaired:
             warnings.warn(self.pairing.unpaired_text(), MonitorSetupWarning, stacklevel=_caller_stacklevel())
-        from .lint import findings_line, lint_batchnorm  # lint builds on find_pairs: imported here, not above
         self.findings = lint_batchnorm(model, pairing=self.pairing)  # BatchNorm settings that break the statistics
         if self.findings:
             warnings.warn(findings_line(self.findings), MonitorSetupWarning, stacklevel=_caller_stacklevel())
@@ -558,14 +601,21 @@ class StalenessMonitor:
         step = int(step)
         if self.previous is not None and step <= self.previous.step:
             raise ValueError(f"step {step} is not after the previous call's step {self.previous.step}")
-        with torch.random.fork_rng(devices=_rng_devices(self.model)):
+        with torch.random.fork_rng(devices=rng_devices(self.model)):
             scratch = Scratch()
-            out_train, fresh = batch_statistics_pass(self.model, self.x, [(p.norm, m) for p, m in self.layers],
-                                                     keep_frozen=True, scratch=scratch)
-            if isinstance(self.x, torch.Tensor):
-                self.eval_chunk = eval_chunk(self.x.device, len(self.x), self.weight_bytes,
-                                             scratch.largest // max(len(self.x), 1))
-            out_eval = self._eval_forward() if self.modes else None
+            outs, moments, evals = [], [], []
+            for x, _ in self.batches:  # one batch: the probe; several: pooled as re-estimation pools them
+                out, fresh = batch_statistics_pass(self.model, x, [(p.norm, m) for p, m in self.layers],
+                                                   keep_frozen=True, scratch=scratch)
+                if isinstance(x, torch.Tensor):
+                    self.eval_chunk = eval_chunk(x.device, len(x), self.weight_bytes,
+                                                 scratch.largest // max(len(x), 1))
+                outs.append(out)
+                moments.append(fresh)
+                evals.append(self._eval_forward(x) if self.modes else None)
+            out_train = outs[0] if len(outs) == 1 else torch.cat(outs)
+            fresh = pooled_moments(moments)
+            out_eval = None if not self.modes else evals[0] if len(evals) == 1 else torch.cat(evals)
         checks = self._checks(step, out_train, out_eval)
         prev = self.previous
         interval = step - prev.step if prev is not None else None
@@ -606,8 +656,8 @@ class StalenessMonitor:
         return record
 
     # ------------------------------------------------------------------------- parts of a call
-    def _eval_forward(self) -> torch.Tensor:
-        return evaluation_forward(self.model, self.x, self.eval_chunk)
+    def _eval_forward(self, x=None) -> torch.Tensor:
+        return evaluation_forward(self.model, self.x if x is None else x, self.eval_chunk)
 
     def _checks(self, step: int, out_train: torch.Tensor, out_eval: torch.Tensor | None) -> pd.DataFrame:
         return mode_check(step, out_train, out_eval, self.y)

@@ -31,7 +31,7 @@ WEIGHT_LAYERS = (nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.Linear)
 EXAMPLE_LAYERS, TEXT_WIDTH, SHOWN_REASONS = 3, 160, 5
 
 
-def _examples(names: list[str], limit: int = EXAMPLE_LAYERS, width: int = TEXT_WIDTH) -> str:
+def examples(names: list[str], limit: int = EXAMPLE_LAYERS, width: int = TEXT_WIDTH) -> str:
     """``a, b, c … and 4 more``: the first of ``names``, at most ``limit`` of them and as many as fit in about
     ``width`` characters (at least one), for a warning that must stay short whatever the model's size."""
     shown: list[str] = []
@@ -49,13 +49,13 @@ def _cut(text: str, width: int = TEXT_WIDTH) -> str:
 
 
 
-def _rng_devices(model: nn.Module) -> list[int]:
+def rng_devices(model: nn.Module) -> list[int]:
     """The CUDA devices ``model``'s parameters live on: the random streams a probe pass must leave as it found."""
     return sorted({t.device.index or 0 for t in model.parameters() if t.device.type == "cuda"})
 
 
 @contextmanager
-def _buffers_kept(model: nn.Module):
+def buffers_kept(model: nn.Module):
     """Every buffer of ``model`` (running statistics, ``num_batches_tracked``, any other) is put back as it was
     on exit, whatever ran inside: a trace or a pass through third-party layers that write their buffers."""
     saved = [(b, b.detach().clone()) for b in model.buffers()]
@@ -67,7 +67,7 @@ def _buffers_kept(model: nn.Module):
                 b.copy_(v)
 
 
-def _probe_head(x, n: int):
+def probe_head(x, n: int):
     """The first ``n`` samples of probe inputs: of a tensor, or of every tensor of a mapping that has one
     value per sample (other values as they are)."""
     if isinstance(x, torch.Tensor):
@@ -75,11 +75,6 @@ def _probe_head(x, n: int):
     total = sample_count(x)
     return {k: v[:n] if isinstance(v, torch.Tensor) and v.dim() > 0 and len(v) == total else v
             for k, v in x.items()}
-
-
-def _call(model: nn.Module, x):
-    """The model on probe inputs: ``model(x)``, a mapping passed whole as the one argument."""
-    return model(x)
 
 
 # ----------------------------------------------------------------------------- pairing
@@ -196,7 +191,7 @@ class Pairing:
         lines = [f"{len(self.unpaired)} of {total} normalisation layer(s) left unpaired, for {len(groups)} "
                  f"reason{'s' * (len(groups) > 1)} (their lag is measured, their rotation is not):"]
         for reason, norms in list(groups.items())[:SHOWN_REASONS]:
-            lines += [_cut(f"  {len(norms)} layer{'s' * (len(norms) > 1)}: {reason}"), f"    {_examples(norms)}"]
+            lines += [_cut(f"  {len(norms)} layer{'s' * (len(norms) > 1)}: {reason}"), f"    {examples(norms)}"]
         if len(groups) > SHOWN_REASONS:
             hidden = sum(len(n) for n in list(groups.values())[SHOWN_REASONS:])
             lines.append(f"  … and {len(groups) - SHOWN_REASONS} more reasons, {hidden} layers")
@@ -458,7 +453,7 @@ def _fx_placements(model: nn.Module, norms: dict[str, nn.Module], x) -> tuple[di
         try:
             # ShapeProp prints the traceback of a node that fails before it raises: kept off the user's stderr
             with torch.no_grad(), batch_statistics(model), redirect_stderr(io.StringIO()):
-                ShapeProp(module).propagate(_probe_head(x, 2))
+                ShapeProp(module).propagate(probe_head(x, 2))
         except Exception:  # noqa: BLE001 - a graph that does not run: the layers that need shapes fall back
             for node in graph.nodes:
                 node.meta.pop("tensor_meta", None)
@@ -588,10 +583,10 @@ def _execution_placements(model: nn.Module, norms: dict[str, nn.Module], x) -> t
         if name in norms:
             hooks.append(m.register_forward_pre_hook(
                 lambda mod, inp, name=name: found.setdefault(name, []).append(mode.of(inp[0] if inp else None))))
-    head = _probe_head(x, 2)  # outside the mode: the model's input, not a slice it saw made
+    head = probe_head(x, 2)  # outside the mode: the model's input, not a slice it saw made
     try:
         with torch.no_grad(), batch_statistics(model), mode:
-            _call(model, head)
+            model(head)  # a mapping goes whole, as the one argument
     finally:
         for h in hooks:
             h.remove()
@@ -633,7 +628,7 @@ def find_pairs(model: nn.Module, x=None, running_statistics_only: bool = True) -
         raise ValueError(f"the model has no {what} (BatchNorm1d/2d/3d, SyncBatchNorm or a subclass with "
                          "track_running_stats=True): there are no running statistics to go stale")
     norms = dict(layers)
-    with _buffers_kept(model), torch.random.fork_rng(devices=_rng_devices(model)):
+    with buffers_kept(model), torch.random.fork_rng(devices=rng_devices(model)):
         placements, order = _fx_placements(model, norms, x)
         methods = {name: "fx" for name in placements}
         rest = [n for n in norms if n not in placements]

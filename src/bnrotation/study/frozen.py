@@ -96,7 +96,7 @@ from ..evaluation import eval_chunk
 from ..monitor import StalenessMonitor
 from ..probes import accuracy
 from ..provenance import describe_built, git_state
-from .config import ModelConfig, OptimizerConfig, TaskConfig, _choice, _require, semantic_dict, to_config
+from .config import ModelConfig, OptimizerConfig, TaskConfig, choice, require, semantic_dict, to_config
 from .model import ConvNet, build_model
 from .optim import build_optimizer
 from .rows import FROZEN_MODES, FROZEN_SEEDS, FROZEN_TABLES, frozen_row
@@ -119,9 +119,9 @@ CACHE = Path("checkpoints") / "pretrained"  # under the results root; checkpoint
 
 # ----------------------------------------------------------------------------- config
 def _steps_and_lr(prefix: str, steps: int, lr: float, momentum: float) -> None:
-    _require(steps >= 1, f"{prefix}.steps", "an integer >= 1", steps)
-    _require(math.isfinite(lr) and lr > 0, f"{prefix}.lr", "a finite float > 0", lr)
-    _require(0 <= momentum < 1, f"{prefix}.momentum", "a float in [0, 1)", momentum)
+    require(steps >= 1, f"{prefix}.steps", "an integer >= 1", steps)
+    require(math.isfinite(lr) and lr > 0, f"{prefix}.lr", "a finite float > 0", lr)
+    require(0 <= momentum < 1, f"{prefix}.momentum", "a float in [0, 1)", momentum)
 
 
 @dataclass
@@ -135,7 +135,7 @@ class PretrainConfig:
 
     def __post_init__(self) -> None:
         _steps_and_lr("pretrain", self.steps, self.lr, self.momentum)
-        _require(self.reestimate_batches >= 1, "pretrain.reestimate_batches", "an integer >= 1",
+        require(self.reestimate_batches >= 1, "pretrain.reestimate_batches", "an integer >= 1",
                  self.reestimate_batches)
 
 
@@ -150,7 +150,7 @@ class FinetuneConfig:
 
     def __post_init__(self) -> None:
         _steps_and_lr("finetune", self.steps, self.lr, self.momentum)
-        _require(1 <= self.log_every <= self.steps, "finetune.log_every",
+        require(1 <= self.log_every <= self.steps, "finetune.log_every",
                  f"an integer in [1, finetune.steps={self.steps}]", self.log_every)
 
 
@@ -162,7 +162,7 @@ class ShiftConfig:
     noise_std: float = 2.0
 
     def __post_init__(self) -> None:
-        _require(math.isfinite(self.noise_std) and self.noise_std > 0 and self.noise_std != 1.0, "shift.noise_std",
+        require(math.isfinite(self.noise_std) and self.noise_std > 0 and self.noise_std != 1.0, "shift.noise_std",
                  "a finite float > 0 other than 1 (1 is the original task)", self.noise_std)
 
 
@@ -187,15 +187,15 @@ class FrozenConfig:
     progress: bool = True  # a line per log point on stderr
 
     def __post_init__(self) -> None:
-        _choice("mode", self.mode, MODES)
-        _require(0 <= self.seed < SHIFT_SEED_OFFSET, "seed", "an integer in [0, 2**40)", self.seed)
-        _choice("task.name", self.task.name, ("noisy_templates",))
-        _require(self.model.arch == "convnet" and self.model.norm == "batch", "model",
+        choice("mode", self.mode, MODES)
+        require(0 <= self.seed < SHIFT_SEED_OFFSET, "seed", "an integer in [0, 2**40)", self.seed)
+        choice("task.name", self.task.name, ("noisy_templates",))
+        require(self.model.arch == "convnet" and self.model.norm == "batch", "model",
                  "the study's ConvNet with BatchNorm (model.arch=convnet, model.norm=batch)",
                  f"arch={self.model.arch}, norm={self.model.norm}")
         for key in ("heldout_size", "reestimate_batches"):
-            _require(getattr(self, key) >= 1, key, "an integer >= 1", getattr(self, key))
-        _require(self.threads >= 0, "threads", "an integer >= 0", self.threads)
+            require(getattr(self, key) >= 1, key, "an integer >= 1", getattr(self, key))
+        require(self.threads >= 0, "threads", "an integer >= 0", self.threads)
 
     @property
     def row(self) -> str:
