@@ -26,10 +26,6 @@ from test_imports import package_graph as import_graph
 
 PACKAGE = ROOT / "src" / "bnrotation"
 STUDY = "bnrotation.study"
-# A library module's import of the study that another change removes (issue 39, item 2: the check measures through
-# the monitor and no longer borrows the study's intervention code). Each entry must still be true: once the import
-# is gone, test_the_library_imports_nothing_of_the_study fails until its line here is deleted.
-PENDING = {"bnrotation.check": {"bnrotation.study.interventions"}}
 
 
 def _in_study(module: str) -> bool:
@@ -76,10 +72,7 @@ def study_imports(src: Path = SRC) -> dict[str, set[str]]:
 def test_the_library_imports_nothing_of_the_study():
     """The library is what a practitioner installs; the study is built on it, never the other way round
     (docs/extending.md, "Two products")."""
-    found = study_imports()
-    assert {m: s for m, s in found.items() if s - PENDING.get(m, set())} == {}
-    stale = {m: s for m, s in PENDING.items() if not s <= found.get(m, set())}
-    assert not stale, f"these imports are gone: delete their lines from PENDING in tests/test_layout.py: {stale}"
+    assert study_imports() == {}
 
 
 def test_the_public_names_live_in_the_library():
@@ -118,23 +111,12 @@ def test_an_import_of_the_study_is_found_in_every_form(tmp_path):
                      "bnrotation.sub.deep": {"bnrotation.study.config"}}
 
 
-def _reaches(module: str, targets: set[str]) -> bool:
-    g, seen, todo = import_graph(), set(), [module]
-    while todo:
-        m = todo.pop()
-        if m in targets:
-            return True
-        todo += sorted(g.get(m, set()) - seen)
-        seen |= g.get(m, set())
-    return False
-
-
 @pytest.mark.slow
 def test_importing_the_library_loads_no_study_module():
     """In a fresh interpreter: ``import bnrotation``, then each library module in turn (each public name with
     it); after each, no ``bnrotation.study`` module is in ``sys.modules``. The first module that loads one is named,
-    with what it loaded. (A module that reaches a :data:`PENDING` import waits for that change.)"""
-    modules = [m for m in library_modules() if not _reaches(m, set(PENDING))]
+    with what it loaded."""
+    modules = library_modules()
     assert "bnrotation.monitor" in modules and "bnrotation.averaging" in modules
     # Lightning's adapter imports Lightning, which imports torchvision: the shim it needs beside the CPU-only torch
     # (bnrotation.study.thirdparty) is loaded from its file under a name of its own, so that it loads no study module.

@@ -11,7 +11,7 @@ The public API, importable from the package itself::
   finds them stale (:mod:`bnrotation.refresh`): :func:`reestimate_if_stale`, :class:`GatedReestimation`;
 - the check of a saved checkpoint (:mod:`bnrotation.check`): :func:`check_checkpoint`, :class:`CheckReport`;
 - weight averaging with a declared BatchNorm buffer policy (:mod:`bnrotation.averaging`): :class:`EMA`,
-  :func:`average_checkpoints`, :func:`validate_inference_state`, :func:`compare_states`,
+  :func:`average_checkpoints`, :func:`compare_states`,
   :class:`BufferProvenance`, :data:`POLICIES`;
 - the BatchNorm settings lint (:mod:`bnrotation.lint`): :func:`lint_batchnorm`, :class:`Finding`;
 - the agreement of running statistics across ``torch.distributed`` ranks (:mod:`bnrotation.distributed`):
@@ -32,7 +32,7 @@ _PUBLIC = {
     "bnstats": ("reestimate", "ReestimationReport", "SavedBuffers"),
     "refresh": ("reestimate_if_stale", "GatedReestimation"),
     "check": ("check_checkpoint", "CheckReport"),
-    "averaging": ("EMA", "average_checkpoints", "validate_inference_state", "compare_states", "BufferProvenance",
+    "averaging": ("EMA", "average_checkpoints", "compare_states", "BufferProvenance",
                   "POLICIES"),
     "lint": ("lint_batchnorm", "Finding"),
     "distributed": ("ranks_agree", "RankAgreement"),

@@ -34,7 +34,7 @@ import copy
 import itertools
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -42,11 +42,9 @@ import torch.nn as nn
 
 from .bnstats import ReestimationReport, reestimate, running_stat_layers, weights_fingerprint
 from .checkpoints import Checkpoint, checkpoint_path, load_checkpoint, state_of
-from .probes import fresh_statistics, lag_sigma
 
 __all__ = ["POLICIES", "EMA_POLICIES", "BufferProvenance", "mixture_moments", "policy_buffers",
-           "average_checkpoints", "saved_checkpoints", "EMA", "LayerLag", "InferenceStateReport",
-           "validate_inference_state", "StateDiff", "compare_states"]
+           "average_checkpoints", "saved_checkpoints", "EMA", "StateDiff", "compare_states"]
 
 POLICIES = ("copy", "average", "mixture", "refresh")
 EMA_POLICIES = ("copy", "average", "refresh")
@@ -310,106 +308,6 @@ class EMA:
         report = reestimate(out, batches, input_key=input_key)
         return out, BufferProvenance("refresh", f"re-estimated on the EMA weights ({report.batches} batches)",
                                      report.weights_fingerprint, report)
-
-
-# ----------------------------------------------------------------------------- validation of inference state
-@dataclass
-class LayerLag:
-    """Stored versus fresh statistics of one BatchNorm layer on a probe batch.
-
-    Attributes:
-        lag_median_abs_sigma, lag_max_abs_sigma: median and max over channels
-            of |running_mean - fresh_mean| / fresh_std (:func:`probes.lag_sigma`).
-        var_ratio_median: median over channels of running_var / fresh_var.
-    """
-
-    lag_median_abs_sigma: float
-    lag_max_abs_sigma: float
-    var_ratio_median: float
-
-
-@dataclass
-class InferenceStateReport:
-    """What :func:`validate_inference_state` found, parameters and buffers apart.
-
-    ``problems`` holds one sentence per finding; ``ok`` is True when it is empty.
-    """
-
-    weights_fingerprint: str
-    parameters: int  # number of parameter tensors
-    nonfinite_parameters: list[str]
-    buffers: int  # number of buffer tensors
-    nonfinite_buffers: list[str]
-    provenance: str  # not recorded | matches the weights | estimated for other weights | blends several networks
-    layers: dict[str, LayerLag]
-    lag_median_abs_sigma: float  # over every channel of every BatchNorm layer
-    problems: list[str] = field(default_factory=list)
-
-    @property
-    def ok(self) -> bool:
-        return not self.problems
-
-
-def _provenance_status(provenance: BufferProvenance | None, current: str) -> tuple[str, str | None]:
-    if provenance is None:
-        return "not recorded", None
-    if provenance.weights_fingerprint is None:
-        return "blends several networks", (f"buffers blend the statistics of several networks "
-                                           f"({provenance.source}); they were estimated for none of them")
-    if provenance.weights_fingerprint != current:
-        return "estimated for other weights", (f"buffers were estimated for weights {provenance.weights_fingerprint}, "
-                                               f"these weights are {current} ({provenance.source})")
-    return "matches the weights", None
-
-
-def validate_inference_state(model: nn.Module, probe_x: torch.Tensor, provenance: BufferProvenance | None = None,
-                             lag_tolerance_sigma: float = 0.25,
-                             fresh: Mapping[str, tuple[torch.Tensor, torch.Tensor]] | None = None
-                             ) -> InferenceStateReport:
-    """Check a model about to be evaluated or exported: parameters and buffers separately.
-
-    Reports non-finite parameters; non-finite buffers; buffers whose recorded
-    provenance does not name the current weights (:func:`bnstats.weights_fingerprint`);
-    and, per BatchNorm layer, the stored-versus-fresh lag on ``probe_x``
-    (:func:`probes.fresh_statistics`, which changes no buffer). A layer whose
-    largest |lag| exceeds ``lag_tolerance_sigma`` is a problem; the default,
-    0.25 sigma, is the article's predicted lag under Adam and well above
-    the sampling error of a probe of a few hundred samples.
-
-    Args:
-        probe_x: (N, ...) inputs from the training distribution.
-        provenance: the buffers' provenance, as :func:`average_checkpoints` or
-            :meth:`EMA.averaged` return it; None when unknown.
-        fresh: ``fresh_statistics(model, probe_x)`` if already computed: it
-            depends on the weights only, not on the buffers, so models that
-            share weights and differ in buffers can share it.
-
-    Returns:
-        An :class:`InferenceStateReport`. The model is not changed.
-    """
-    current = weights_fingerprint(model)
-    params = list(model.named_parameters())
-    buffers = list(model.named_buffers())
-    bad_params = [n for n, p in params if p.is_floating_point() and not torch.isfinite(p).all()]
-    bad_buffers = [n for n, b in buffers if b.is_floating_point() and not torch.isfinite(b).all()]
-    problems = [f"parameter {n} is not finite" for n in bad_params]
-    problems += [f"buffer {n} is not finite" for n in bad_buffers]
-    status, problem = _provenance_status(provenance, current)
-    problems += [problem] if problem else []
-    fresh = fresh_statistics(model, probe_x) if fresh is None else fresh
-    layers, all_lags = {}, []
-    for name, m in running_stat_layers(model):
-        f_mean, f_var = fresh[name]  # (C,) float64
-        lag = lag_sigma(m.running_mean.detach(), f_mean, f_var).abs().cpu()  # (C,)
-        ratio = (m.running_var.detach().double() / f_var).cpu()  # (C,)
-        layers[name] = LayerLag(float(lag.median()), float(lag.max()), float(ratio.median()))
-        all_lags.append(lag)
-        if not layers[name].lag_max_abs_sigma <= lag_tolerance_sigma:
-            problems.append(f"{name}: running mean lags the fresh mean by up to {layers[name].lag_max_abs_sigma:.3g} "
-                            f"sigma (tolerance {lag_tolerance_sigma})")
-    median = float(torch.cat(all_lags).median()) if all_lags else math.nan
-    return InferenceStateReport(current, len(params), bad_params, len(buffers), bad_buffers, status, layers,
-                                median, problems)
 
 
 @dataclass

@@ -21,12 +21,25 @@ import pandas as pd
 import torch
 import torch.nn as nn
 
-from ..averaging import (EMA, EMA_POLICIES, POLICIES, BufferProvenance, average_checkpoints,
-                         validate_inference_state)
-from ..probes import accuracy, fresh_statistics
+from ..averaging import EMA, EMA_POLICIES, POLICIES, BufferProvenance, average_checkpoints
+from ..bnstats import running_stat_layers
+from ..probes import accuracy, fresh_statistics, lag_sigma
 from .config import AveragingConfig
 
-__all__ = ["RunAverages", "AveragesFactory"]
+__all__ = ["RunAverages", "AveragesFactory", "lag_median_abs_sigma"]
+
+
+def lag_median_abs_sigma(model: nn.Module, fresh: Mapping[str, tuple[torch.Tensor, torch.Tensor]]) -> float:
+    """The averaging table's ``lag_median_abs_sigma``: the median, over every channel of every BatchNorm layer
+    with running statistics, of |running mean - fresh mean| / fresh std (:func:`probes.lag_sigma`), in σ; NaN
+    for a model without such layers.
+
+    Args:
+        fresh: ``{norm layer: (mean, var)}``, each (C,), :func:`probes.fresh_statistics` of the model's weights
+            on the probe (it depends on the weights only, so copies that share weights share it).
+    """
+    lags = [lag_sigma(m.running_mean.detach(), *fresh[name]).abs().cpu() for name, m in running_stat_layers(model)]
+    return float(torch.cat(lags).median()) if lags else math.nan
 
 
 class RunAverages:
@@ -75,7 +88,7 @@ class RunAverages:
 
         def add(average: str, decay: float, window: int, policy: str, n: int, m: nn.Module, fresh: Mapping,
                 acc: float | None = None, provenance: BufferProvenance | None = None) -> None:
-            lag = validate_inference_state(m, probe_x, fresh=fresh).lag_median_abs_sigma
+            lag = lag_median_abs_sigma(m, fresh)
             rows.append((average, decay, window, policy, n, accuracy(m, x, y, "eval", chunk) if acc is None else acc,
                          lag))
             if provenance is not None:  # an averaged copy, not the live model
