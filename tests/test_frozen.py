@@ -86,7 +86,7 @@ def test_the_command_refuses_a_misspelt_key_or_a_bad_value_in_one_line_before_an
     """A misspelt key, in a single run and in a sweep (before Hydra composes anything: cli.stop_on_unknown_keys),
     and a value out of range (the schema's check, before any work)."""
     misspelt = ("error: bad config: finetune.stepz: not a key of the config (did you mean finetune.steps?); keys are "
-                "listed in bnrotation/config.py and conf/")
+                "listed in bnrotation/study/config.py and conf/")
     for args, said in ((("finetune.stepz=3",), misspelt), (("-m", "seed=0,1", "finetune.stepz=3"), misspelt),
                        (("mode=nope",), "error: bad config: mode: expected one of bn_train, norm_eval, reestimate, "
                                         "got 'nope'")):

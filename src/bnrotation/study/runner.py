@@ -240,12 +240,13 @@ def run_seeds(cfg: RunConfig, progress_lines: bool = False, *,
                 with compiled_evaluation(compiled):
                     try:
                         results.update(_train(members, caught, progress_lines))
-                    except RunInterrupted:
-                        raise
-                    except BaseException:  # a crash is rerun from scratch, not from its last periodic state
-                        for m in members:
-                            if not m.finished:
-                                (m.out / RESUME_FILE).unlink(missing_ok=True)
+                    except Exception:
+                        # A crash is rerun from scratch, not from its last periodic state; a stop (RunInterrupted,
+                        # or submitit's requeue after a preemption signal) keeps the state it has just saved.
+                        if caught["signum"] is None:
+                            for m in members:
+                                if not m.finished:
+                                    (m.out / RESUME_FILE).unlink(missing_ok=True)
                         raise
             if caught["signum"] is not None:
                 # It arrived after the last step boundary, so every run finished and is complete. Pass it on to
