@@ -1,8 +1,8 @@
 """``make mutants``: which functions mutmut mutates, and its report (``results/mutants/report.md``).
 
 ``python tests/mutants_report.py --names`` prints the mutant-name patterns ``mutmut run`` takes: the pure-logic
-functions of the pairing, the lint, the refresh, the claim kinds' judges and verdicts, and the check's input
-readers. Text-only functions (a warning's wording, a claim's sentences) are left out: a mutant there changes a
+functions of the pairing, the lint, the refresh, the claim kinds' judges and verdicts, and the commands'
+input readers (``bnrotation.inputs``). Text-only functions (a warning's wording, a claim's sentences) are left out: a mutant there changes a
 message, which the suite checks only where a message is the promise. ``--out FILE`` reads mutmut's results under
 ``mutants/`` and writes the score, per module and in all, and every surviving mutant with its diff.
 
@@ -47,9 +47,10 @@ NAMES = {
                      "bnrotation.study.analysis.claims.kinds.xǁ*ǁjudge__mutmut_*",
                      "bnrotation.study.analysis.claims.kinds.xǁOrderingǁmeans__mutmut_*",
                      "bnrotation.study.analysis.claims.kinds.xǁRankOrderǁrows_with_runs__mutmut_*"],
-    "check (readers)": [f"bnrotation.check.x_{f}__mutmut_*" for f in (
-        "load_batches", "load_weights", "load_function", "model_from_factory", "_prefix_hint", "parse_device",
-        "parse_model_kwargs", "_items")],
+    "inputs (the readers)": [f"bnrotation.inputs.x_{f}__mutmut_*" for f in (
+        "load_batches", "load_weights", "load_function", "model_from_factory", "build_model", "_prefix_hint",
+        "parse_device", "parse_model_kwargs", "_items", "first_line", "one_line")]
+                           + ["bnrotation.inputs.xǁInputErrorǁ*"],
 }
 
 # Mutants no input can tell from the original: excluded from the score, each with its reason.

@@ -54,7 +54,7 @@ from .averaging import BufferProvenance, EMA, compare_states
 from .bnstats import running_stat_layers
 from .inputs import InputError, load_batches, load_weights, model_from_factory, one_line, parse_model_kwargs
 from .checkpoints import BadCheckpointError, UnsafeCheckpointError, load_checkpoint, state_dict_of
-from .monitor import MonitorRecord, StalenessMonitor, Thresholds, uncompiled
+from .monitor import MonitorRecord, StalenessMonitor, Thresholds, record_field, uncompiled
 
 __all__ = ["BUFFER_POLICIES", "AveragedCopy", "AuditReport", "audit_averaged", "unwrap_averaged", "format_audit",
            "main"]
@@ -283,6 +283,9 @@ class AuditReport:
         copy, raw: the monitor's records (:class:`monitor.MonitorRecord`) of the copy and of the raw model on the
             probe, each against its own weights.
         thresholds: the rule that judged them.
+
+    ``stale``, ``mode_gap``, ``acc_eval_mode`` and ``lag_sigma`` (its ``worst_median_lag_sigma``) read
+    :attr:`copy` (:func:`monitor.record_field`).
     """
 
     policy: str
@@ -298,26 +301,10 @@ class AuditReport:
     raw: MonitorRecord
     thresholds: Thresholds
 
-    @property
-    def stale(self) -> bool:
-        """Whether the monitor's rule fires on the copy: its buffers do not fit its weights."""
-        return bool(self.copy.stale)
-
-    @property
-    def mode_gap(self) -> float:
-        """The copy's mode gap on the probe, a fraction (:attr:`monitor.MonitorRecord.mode_gap`)."""
-        return self.copy.mode_gap
-
-    @property
-    def acc_eval_mode(self) -> float:
-        """The copy's evaluation-mode accuracy on the probe, a fraction; NaN without labels."""
-        return self.copy.acc_eval_mode
-
-    @property
-    def lag_sigma(self) -> float:
-        """The copy's worst layer's median |running-mean lag| against its own weights, in σ (the lag the rule
-        reads)."""
-        return self.copy.worst_median_lag_sigma
+    stale = record_field("copy", "stale", bool)  # the monitor's rule on the copy: its buffers do not fit its weights
+    mode_gap = record_field("copy", "mode_gap")
+    acc_eval_mode = record_field("copy", "acc_eval_mode")
+    lag_sigma = record_field("copy", "worst_median_lag_sigma")  # the copy's lag against its own weights
 
     @property
     def judged(self) -> bool:

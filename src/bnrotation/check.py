@@ -79,7 +79,8 @@ from .bnstats import NonFinite, nonfinite_state, reestimate, running_stat_layers
 from .inputs import (DEFAULT_MAX_BATCHES, MESSAGE_CHARS, PRETRAINED_WEIGHTS, CheckInputError, InputError, build_model,
                      first_line, load_batches, load_function, load_weights, model_from_factory, one_line,
                      parse_device, parse_model_kwargs, pretrained_from_config)
-from .monitor import MonitorRecord, MonitorSetupWarning, StalenessMonitor, Thresholds, check_probe, smallest_probe
+from .monitor import (MonitorRecord, MonitorSetupWarning, StalenessMonitor, Thresholds, check_probe, record_field,
+                      smallest_probe)
 
 # The loaders live in bnrotation.inputs; these names are re-exported for the code and tests that import them from here.
 __all__ = ["CheckInputError", "InputError", "CheckReport", "check_checkpoint", "format_report", "load_batches",
@@ -127,6 +128,10 @@ class CheckReport:
             for the mode-gap threshold (:func:`probe_size_warning`).
         output: ``""`` for a model that returns a tensor, else the line saying that its ``logits`` were read
             (:func:`evaluation.logits_note`).
+
+    The numbers are the records' own (:func:`monitor.record_field`): ``layers``, ``nonfinite``, ``stale``,
+    ``mode_gap``, ``acc_eval_mode``, ``worst_median_lag_sigma`` and ``worst_median_eval_error_sigma`` read
+    :attr:`before`; ``mode_gap_reestimated`` and ``acc_eval_mode_reestimated`` read :attr:`after`.
     """
 
     before: MonitorRecord
@@ -140,57 +145,20 @@ class CheckReport:
     warnings: tuple[str, ...] = ()
     output: str = ""
 
-    @property
-    def layers(self) -> pd.DataFrame:
-        """:attr:`before`'s layer table, one line per BatchNorm layer in the model's order (the monitor's columns)."""
-        return self.before.layers
-
-    @property
-    def nonfinite(self) -> NonFinite:
-        """The running statistics that hold NaN or infinite values (:class:`.bnstats.NonFinite`)."""
-        return self.before.nonfinite
-
-    @property
-    def stale(self) -> bool:
-        """The monitor's rule on :attr:`before`: the mode gap, with E or the lag, crossed its thresholds, or a
-        running statistic holds NaN or infinite values (:attr:`monitor.MonitorRecord.stale`)."""
-        return bool(self.before.stale)
-
-    @property
-    def mode_gap(self) -> float:
-        """With the stored statistics, training- minus evaluation-mode accuracy, or without labels the share of
-        samples predicted differently in the two modes (:func:`monitor.mode_check`), a fraction."""
-        return self.before.mode_gap
+    layers = record_field("before", "layers")  # one line per BatchNorm layer in the model's order
+    nonfinite = record_field("before", "nonfinite")
+    stale = record_field("before", "stale", bool)  # the monitor's rule, with NaN or infinite statistics as stale
+    mode_gap = record_field("before", "mode_gap")
+    acc_eval_mode = record_field("before", "acc_eval_mode")
+    mode_gap_reestimated = record_field("after", "mode_gap")  # after re-estimation on the same batches
+    acc_eval_mode_reestimated = record_field("after", "acc_eval_mode")
+    worst_median_lag_sigma = record_field("before", "worst_median_lag_sigma")
+    worst_median_eval_error_sigma = record_field("before", "worst_median_eval_error_sigma")
 
     @property
     def acc_train_mode(self) -> float:
         """Training-mode accuracy over all samples (each batch's own statistics), a fraction; NaN without labels."""
         return float(self.before.checks["acc_train_mode"].iloc[0])
-
-    @property
-    def acc_eval_mode(self) -> float:
-        """Evaluation-mode accuracy with the stored statistics, a fraction; NaN without labels."""
-        return self.before.acc_eval_mode
-
-    @property
-    def mode_gap_reestimated(self) -> float:
-        """:attr:`mode_gap` after re-estimation on the same batches."""
-        return self.after.mode_gap
-
-    @property
-    def acc_eval_mode_reestimated(self) -> float:
-        """:attr:`acc_eval_mode` after re-estimation on the same batches."""
-        return self.after.acc_eval_mode
-
-    @property
-    def worst_median_lag_sigma(self) -> float:
-        """The largest, over layers, median |lag| in σ (:attr:`monitor.MonitorRecord.worst_median_lag_sigma`)."""
-        return self.before.worst_median_lag_sigma
-
-    @property
-    def worst_median_eval_error_sigma(self) -> float:
-        """The largest, over layers, median E in σ (:attr:`monitor.MonitorRecord.worst_median_eval_error_sigma`)."""
-        return self.before.worst_median_eval_error_sigma
 
     @property
     def worst_layer(self) -> str:

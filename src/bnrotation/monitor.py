@@ -42,7 +42,7 @@ import math
 import numbers
 import sys
 import warnings
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -279,6 +279,26 @@ class MonitorRecord:
             return None
         line = ch.loc[ch["lag_sigma"].abs().idxmax()]
         return str(line["norm_layer"]), int(line["channel"]), float(line["lag_sigma"])
+
+
+def record_field(record: str, name: str, convert: Callable | None = None) -> property:
+    """A read-only property that reads ``name`` of the :class:`MonitorRecord` held in the attribute ``record``,
+    for the reports built on the monitor's records (:class:`bnrotation.check.CheckReport`,
+    :class:`bnrotation.audit.AuditReport`): one definition of each number, the monitor's, and its docstring.
+
+    Args:
+        record: the attribute that holds the record (``"before"``, ``"copy"``).
+        name: the record's attribute or property to read (``"mode_gap"``, ``"stale"``).
+        convert: applied to the value read (``bool``), or None to return it as it is.
+    """
+    def get(self):
+        value = getattr(getattr(self, record), name)
+        return value if convert is None else convert(value)
+
+    attr = getattr(MonitorRecord, name, None)
+    own = attr.__doc__ if isinstance(attr, property) else None
+    doc = f"``{record}.{name}`` (:attr:`monitor.MonitorRecord.{name}`)" + (f": {own}" if own else ".")
+    return property(get, doc=doc)
 
 
 @dataclass

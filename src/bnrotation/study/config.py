@@ -301,9 +301,26 @@ class RunConfig:
 warnings.filterwarnings("ignore", message=r"(?s).*hydra/launcher/.*validated against ConfigStore schema")
 
 
-def register_configs() -> None:
-    """Register the schema with Hydra's ConfigStore (idempotent)."""
-    ConfigStore.instance().store(name="run_schema", node=RunConfig)
+@dataclass(frozen=True)
+class Schema:
+    """A run config's dataclass ``node`` under its ``name`` in Hydra's ConfigStore (``defaults: [<name>]`` in its
+    YAML), for each entry point: the suite's runs, the frozen backbone, the zoo.
+
+    ``register()`` stores it (idempotent); ``validate(cfg)`` is :func:`to_config` with it (raises ConfigError, one
+    line naming the first bad key and what it expects)."""
+
+    name: str
+    node: type
+
+    def register(self) -> None:
+        ConfigStore.instance().store(name=self.name, node=self.node)
+
+    def validate(self, cfg: DictConfig | dict):
+        return to_config(cfg, self.node)
+
+
+RUN_SCHEMA = Schema("run_schema", RunConfig)
+register_configs = RUN_SCHEMA.register  # the suite's RunConfig as run_schema (experiments/train.py)
 
 
 # Keys that say where and how a run is executed, not what it computes.

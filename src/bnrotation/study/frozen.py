@@ -87,7 +87,6 @@ import numpy as np
 import pandas as pd
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 import yaml
 
 from .. import records
@@ -96,12 +95,12 @@ from ..evaluation import eval_chunk
 from ..monitor import StalenessMonitor
 from ..probes import accuracy
 from ..provenance import describe_built, git_state
-from .config import ModelConfig, OptimizerConfig, TaskConfig, choice, require, semantic_dict, to_config
+from .config import ModelConfig, OptimizerConfig, Schema, TaskConfig, choice, require, semantic_dict
 from .model import ConvNet, build_model
-from .optim import build_optimizer
+from .optim import build_optimizer, cross_entropy_step
 from .rows import FROZEN_MODES, FROZEN_SEEDS, FROZEN_TABLES, frozen_row
 from .rundir import RunLock, config_yaml, prepare_run_dir
-from .runtime import resolve_threads
+from .runtime import StepClock, measured_steps, resolve_threads
 from .task import NoisyTemplates, generator, stream_seed
 
 if TYPE_CHECKING:
@@ -203,20 +202,9 @@ class FrozenConfig:
         return frozen_row(self.mode)
 
 
-def register_frozen_config() -> None:
-    """Register :class:`FrozenConfig` with Hydra's ConfigStore as ``frozen_schema`` (idempotent)."""
-    from hydra.core.config_store import ConfigStore
-
-    ConfigStore.instance().store(name="frozen_schema", node=FrozenConfig)
-
-
-def to_frozen_config(cfg) -> FrozenConfig:
-    """The composed config (a ``DictConfig`` or a nested dict) as a validated :class:`FrozenConfig`.
-
-    Raises:
-        ConfigError: one line naming the first bad key and what it expects.
-    """
-    return to_config(cfg, FrozenConfig)
+FROZEN_SCHEMA = Schema("frozen_schema", FrozenConfig)
+register_frozen_config = FROZEN_SCHEMA.register  # FrozenConfig as frozen_schema in Hydra's ConfigStore
+to_frozen_config = FROZEN_SCHEMA.validate  # a composed config as a validated FrozenConfig (ConfigError: one line)
 
 
 # ----------------------------------------------------------------------------- the shifted task
@@ -307,10 +295,7 @@ def pretrain(cfg: FrozenConfig, data: _Data | None = None) -> tuple[ConvNet, dic
     model.train()
     for _ in range(cfg.pretrain.steps):
         x, y = data.original.sample(cfg.task.batch_size, g)
-        loss = F.cross_entropy(model(x.contiguous(memory_format=torch.channels_last)), y)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        optimizer.step()
+        loss = cross_entropy_step(model, optimizer, x.contiguous(memory_format=torch.channels_last), y)
     g_re = generator(cfg.seed, "reestimate")
     reestimate(model, (data.original.sample(cfg.task.batch_size, g_re)[0].contiguous(memory_format=torch.channels_last)
                        for _ in range(cfg.pretrain.reestimate_batches)))
@@ -553,24 +538,15 @@ def finetune(cfg: FrozenConfig) -> tuple[dict[str, pd.DataFrame], dict]:
     monitors = {probe: StalenessMonitor(model, data.probe[probe], warn=False) for probe in ("shifted", "original")}
     buffers = {t: [] for t in FROZEN_TABLES}
     previous = None
-    loss = math.nan
     log = set(range(0, cfg.finetune.steps + 1, cfg.finetune.log_every)) | {cfg.finetune.steps}
-    t_train = t_measure = 0.0
-    for step in range(cfg.finetune.steps + 1):
-        if step > 0:
-            t0 = time.perf_counter()
-            x, y = data.shifted.sample(cfg.task.batch_size, g_train)
-            out_logits = model(x.contiguous(memory_format=torch.channels_last))
-            loss_t = F.cross_entropy(out_logits, y)
-            optimizer.zero_grad(set_to_none=True)
-            loss_t.backward()
-            optimizer.step()
-            t_train += time.perf_counter() - t0
-        if step not in log:
-            continue
+    clock, t_measure = StepClock(), 0.0
+
+    def train_step() -> torch.Tensor:
+        x, y = data.shifted.sample(cfg.task.batch_size, g_train)
+        return cross_entropy_step(model, optimizer, x.contiguous(memory_format=torch.channels_last), y)
+
+    for step, loss in measured_steps(cfg.finetune.steps, train_step, log, clock):
         t0 = time.perf_counter()
-        if step > 0:
-            loss = float(loss_t.detach())
         assert_backbone_unchanged(model, reference)
         buffers["statistics"] += _statistics_lines(model, step, previous, pretrained)
         previous = (step, {n: (m.running_mean.detach().clone(), m.running_var.detach().clone())
@@ -594,7 +570,7 @@ def finetune(cfg: FrozenConfig) -> tuple[dict[str, pd.DataFrame], dict]:
                     "trainable_parameters": trainable, "backbone_unchanged": True, "pretrained": pre_info,
                     "reestimation": dataclasses.asdict(report) if report is not None else None,
                     "bn_training_flags": {n: m.training for n, m in running_stat_layers(model)},
-                    "timings_s": {"finetune_steps": round(t_train, 3), "measurements": round(t_measure, 3)}}
+                    "timings_s": {"finetune_steps": round(clock.train_s, 3), "measurements": round(t_measure, 3)}}
 
 
 def run(cfg: FrozenConfig) -> Path | None:

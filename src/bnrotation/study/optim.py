@@ -17,6 +17,7 @@ from collections.abc import Iterable
 
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
 
 from .config import OptimizerConfig, ScheduleConfig
 
@@ -152,6 +153,18 @@ class ProjectedAdam(torch.optim.Optimizer):
 def scale_invariant_params(model: nn.Module) -> list[str]:
     """Names of the conv weights: the scale-invariant parameters behind BatchNorm."""
     return [f"{name}.weight" for name, m in model.named_modules() if isinstance(m, nn.Conv2d)]
+
+
+def cross_entropy_step(model: nn.Module, optimizer: torch.optim.Optimizer, x: torch.Tensor,
+                       y: torch.Tensor) -> torch.Tensor:
+    """One optimizer step on the mean cross-entropy of ``model(x)`` (logits, (N, classes)) against the labels
+    ``y`` ((N,), int64): gradients zeroed (set to None), backward, step. Returns the loss, a scalar tensor whose
+    graph is freed."""
+    loss = F.cross_entropy(model(x), y)
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    optimizer.step()
+    return loss
 
 
 def build_optimizer(cfg: OptimizerConfig, model: nn.Module, members: int = 1) -> torch.optim.Optimizer:

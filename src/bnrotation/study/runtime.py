@@ -8,10 +8,13 @@ boundary, which saves a resumable state and raises :class:`RunInterrupted`.
 
 from __future__ import annotations
 
+import math
 import os
 import signal
 import time
+from collections.abc import Callable, Container, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -34,6 +37,29 @@ class RunInterrupted(Exception):
     def __init__(self, signum: int, step: int, path: Path):
         self.signum, self.step, self.path = signum, step, path
         super().__init__(f"stopped by {signal.Signals(signum).name} after step {step}; resumable state in {path}")
+
+
+@dataclass
+class StepClock:
+    """Seconds spent in training steps, summed by :func:`measured_steps` (wall clock, ``time.perf_counter``)."""
+
+    train_s: float = 0.0
+
+
+def measured_steps(steps: int, train_step: Callable[[], torch.Tensor], at: Container[int],
+                   clock: StepClock) -> Iterator[tuple[int, float]]:
+    """The training loop of a run that measures at some steps (the zoo's, the frozen backbone's): for each step
+    k = 1 .. ``steps``, ``train_step()`` (one optimizer step, returning its loss tensor) timed into ``clock``;
+    at each step in ``at``, 0 included, yields ``(step, loss)``: the last step's loss as a float (NaN at step 0),
+    read only there, so the loop does not wait for each loss. Breaking out of the loop stops training."""
+    loss = None
+    for step in range(steps + 1):
+        if step > 0:
+            t0 = time.perf_counter()
+            loss = train_step()
+            clock.train_s += time.perf_counter() - t0
+        if step in at:
+            yield step, math.nan if loss is None else float(loss.detach())
 
 
 def resolve_threads(threads: int) -> int:

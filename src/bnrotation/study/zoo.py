@@ -70,20 +70,19 @@ import numpy as np
 import pandas as pd
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 
 from .. import records
 from .analysis.tables.calibration import STALE_RECOVERY  # the truth's X, fixed in sample before any zoo run
 from ..bnstats import reestimate, running_stat_layers
-from .config import SEED_MAX, ConfigError, OptimizerConfig, TaskConfig, choice, require
+from .config import SEED_MAX, ConfigError, OptimizerConfig, Schema, TaskConfig, choice, require
 from ..evaluation import eval_chunk
 from ..monitor import StalenessMonitor
-from .optim import build_optimizer
+from .optim import build_optimizer, cross_entropy_step
 from ..probes import accuracy
 from ..provenance import describe_built
 from .rows import ROWS
 from .rundir import RunLock, config_yaml, prepare_run_dir
-from .runtime import resolve_threads
+from .runtime import StepClock, measured_steps, resolve_threads
 from .task import build_task, generator, stream_seed
 from .thirdparty import torchvision_shim
 
@@ -171,22 +170,9 @@ class ZooConfig:
         return f"{self.arch}-{self.optimizer.name}"
 
 
-def register_zoo_config() -> None:
-    """Register :class:`ZooConfig` with Hydra's ConfigStore as ``zoo_schema`` (idempotent)."""
-    from hydra.core.config_store import ConfigStore
-
-    ConfigStore.instance().store(name="zoo_schema", node=ZooConfig)
-
-
-def to_zoo_config(cfg) -> ZooConfig:
-    """The composed config (a ``DictConfig`` or a nested dict) as a validated :class:`ZooConfig`.
-
-    Raises:
-        ConfigError: one line naming the first bad key and what it expects.
-    """
-    from .config import to_config
-
-    return to_config(cfg, ZooConfig)
+ZOO_SCHEMA = Schema("zoo_schema", ZooConfig)
+register_zoo_config = ZOO_SCHEMA.register  # ZooConfig as zoo_schema in Hydra's ConfigStore
+to_zoo_config = ZOO_SCHEMA.validate  # a composed config as a validated ZooConfig (ConfigError: one line)
 
 
 def build_model(arch: str, seed: int) -> nn.Module:
@@ -287,24 +273,16 @@ def run(cfg: ZooConfig) -> Path | None:
         g_train, g_re = generator(cfg.seed, "train"), generator(cfg.seed, "reestimate")
         tables = records.TableBuffer(cfg.row, cfg.seed)
         checks = set(check_steps(cfg))
-        loss, diverged_at, t_train, t_checks = math.nan, None, 0.0, 0.0
-        for step in range(cfg.steps + 1):
-            if step > 0:
-                t0 = time.perf_counter()
-                x, y = task.sample(cfg.task.batch_size, g_train)
-                loss_t = F.cross_entropy(model(x), y)
-                optimizer.zero_grad(set_to_none=True)
-                loss_t.backward()
-                optimizer.step()
-                t_train += time.perf_counter() - t0
-            if step not in checks:
-                continue
+        diverged_at, clock, t_checks = None, StepClock(), 0.0
+
+        def train_step() -> torch.Tensor:
+            return cross_entropy_step(model, optimizer, *task.sample(cfg.task.batch_size, g_train))
+
+        for step, loss in measured_steps(cfg.steps, train_step, checks, clock):
             t0 = time.perf_counter()
-            if step > 0:
-                loss = float(loss_t.detach())
-                if not math.isfinite(loss):
-                    diverged_at = step
-                    break
+            if step > 0 and not math.isfinite(loss):
+                diverged_at = step
+                break
             line, layers, channels = _monitor_lines(monitor, step)
             acc_eval = accuracy(model, x_held, y_held, "eval", chunk)
             acc_train = accuracy(model, x_held, y_held, "train")
@@ -339,9 +317,9 @@ def run(cfg: ZooConfig) -> Path | None:
                     status="diverged" if diverged_at is not None else "done",
                     ended_at=dt.datetime.fromtimestamp(ended, dt.timezone.utc).isoformat(),
                     wall_seconds=round(ended - started, 3),
-                    timings_s={"train": round(t_train, 3), "checks": round(t_checks, 3),
+                    timings_s={"train": round(clock.train_s, 3), "checks": round(t_checks, 3),
                                "cpu": round(time.process_time() - cpu_started, 3)},
-                    ms_per_step=round(1e3 * t_train / max(cfg.steps if diverged_at is None else diverged_at - 1, 1), 2))
+                    ms_per_step=round(1e3 * clock.train_s / max(cfg.steps if diverged_at is None else diverged_at - 1, 1), 2))
         records.write_json(out / "run.json", info)
         records.mark_done(out)
     return out
@@ -389,10 +367,7 @@ def costs(image_size: int, batch_size: int, archs=ZOO_ARCHS, cfg: ZooConfig | No
         spent = []
         for _ in range(4):
             t0 = time.process_time()
-            loss = F.cross_entropy(model(x), y)
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            optimizer.step()
+            cross_entropy_step(model, optimizer, x, y)
             spent.append(time.process_time() - t0)
         xh, yh = torch.randn(cfg.heldout_size, *shape, generator=g), torch.randint(0, NUM_CLASSES, (cfg.heldout_size,))
         probe = (torch.randn(cfg.task.probe_size, *shape, generator=g),

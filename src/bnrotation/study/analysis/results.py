@@ -80,22 +80,23 @@ class Run:
     def arch(self) -> str:
         """The network the run trained: ``model.arch`` in its ``config.yaml`` (``convnet``, ``resnet20``); where
         the config does not say (runs written before the suite had two networks), its row's, else ``convnet``."""
-        arch = (self.config.get("model") or {}).get("arch")
-        if arch:
-            return str(arch)
-        spec = ROWS.get(self.row)
-        return spec.arch if spec else "convnet"
+        return self._configured("model", "arch", "convnet")
 
     @property
     def task(self) -> str:
         """The task the run trained on: ``task.name`` in its ``config.yaml`` (``noisy_templates``,
         ``fashion_mnist``); where the config does not say (runs written before the suite had two tasks), its
         row's (:attr:`bnrotation.study.rows.RowSpec.task`), else ``noisy_templates``."""
-        task = (self.config.get("task") or {}).get("name")
-        if task:
-            return str(task)
+        return self._configured("task", "name", "noisy_templates", "task")
+
+    def _configured(self, group: str, key: str, default: str, field: str | None = None) -> str:
+        """``<group>.<key>`` of the run's ``config.yaml``; else its row's ``field`` (``key`` when None); else
+        ``default``."""
+        value = (self.config.get(group) or {}).get(key)
+        if value:
+            return str(value)
         spec = ROWS.get(self.row)
-        return spec.task if spec else "noisy_templates"
+        return getattr(spec, field or key) if spec else default
 
     @property
     def diverged(self) -> bool:

@@ -59,6 +59,11 @@ def _points(fraction: float) -> str:
     return f"{fraction * 100:g} points"
 
 
+def adam_and_sgd(claim: str, published: str):
+    """:func:`.kinds.bespoke` in this section, on the Fashion-MNIST twins of ``adam`` and ``sgd``."""
+    return bespoke(claim, published, rows=(F_ADAM, F_SGD), section=FASHION_MNIST)
+
+
 def _label(row: str) -> str:
     """The row's setting without its task: ``Adam, lr 3e-3``."""
     return ROWS[row].label.split(", ", 1)[1]
@@ -70,12 +75,11 @@ def _beside(ev: Evidence, row: str, column: str, unit: str) -> str:
 
 
 # ----------------------------------------------------------------------------- the collapse
-@bespoke(f"On {NAME}, {_label(F_ADAM)}'s evaluation-mode accuracy falls below its own training-mode accuracy "
-         f"on the same held-out images and below SGD's evaluation-mode accuracy, while its training mode stays "
-         f"high (not below SGD's by more than {_points(TRAIN_MARGIN)}).",
-         f"beyond the article (a synthetic task): there, training 100%, evaluation "
-         f"{cell(ROWS[ADAM].published.acc_eval_mode, 'pct')} for {ROWS[ADAM].label}", rows=(F_ADAM, F_SGD),
-         section=FASHION_MNIST)
+@adam_and_sgd(f"On {NAME}, {_label(F_ADAM)}'s evaluation-mode accuracy falls below its own training-mode "
+              f"accuracy on the same held-out images and below SGD's evaluation-mode accuracy, while its training "
+              f"mode stays high (not below SGD's by more than {_points(TRAIN_MARGIN)}).",
+              f"beyond the article (a synthetic task): there, training 100%, evaluation "
+              f"{cell(ROWS[ADAM].published.acc_eval_mode, 'pct')} for {ROWS[ADAM].label}")
 def fmnist_adam_evaluation_mode_falls(ev: Evidence) -> Outcome:
     tr, evaluation = ev.stat(F_ADAM, "acc_train_mode"), ev.stat(F_ADAM, "acc_eval_mode")
     sgd_tr, sgd_ev = ev.stat(F_SGD, "acc_train_mode"), ev.stat(F_SGD, "acc_eval_mode")
@@ -93,11 +97,10 @@ def fmnist_adam_evaluation_mode_falls(ev: Evidence) -> Outcome:
                    own and sgd and high)
 
 
-@bespoke(f"On {NAME} too, Adam rotates the last conv layer's weights faster than SGD: {_label(F_ADAM)}'s rotation "
-         f"per 100 steps is above {_label(F_SGD)}'s.",
-         f"beyond the article; on the templates: {cell(ROWS[ADAM].published.rotation_deg_per_100, 'deg')} against "
-         f"{cell(ROWS[SGD].published.rotation_deg_per_100, 'deg')} per 100 steps", rows=(F_ADAM, F_SGD),
-         section=FASHION_MNIST)
+@adam_and_sgd(f"On {NAME} too, Adam rotates the last conv layer's weights faster than SGD: {_label(F_ADAM)}'s "
+              f"rotation per 100 steps is above {_label(F_SGD)}'s.",
+              f"beyond the article; on the templates: {cell(ROWS[ADAM].published.rotation_deg_per_100, 'deg')} "
+              f"against {cell(ROWS[SGD].published.rotation_deg_per_100, 'deg')} per 100 steps")
 def fmnist_adam_rotates_faster(ev: Evidence) -> Outcome:
     adam, sgd = ev.stat(F_ADAM, "rotation_per_100_deg"), ev.stat(F_SGD, "rotation_per_100_deg")
     faster, how = above(adam, sgd)

@@ -281,24 +281,44 @@ def _accuracy_scatter(d: Data, x: str, published_attr: str, xlabel: str, log: bo
     return fig
 
 
+_FIGURES: list[tuple[str, str, Callable[[Data], tuple[plt.Figure, str]]]] = []
+
+
+def figure(name: str, title: str):
+    """Register a figure's drawing function under ``name`` (its file, ``figures/<name>.png``) and ``title``, in the
+    order of definition: :data:`FIGURES`."""
+    def register(draw: Callable[[Data], tuple[plt.Figure, str]]):
+        _FIGURES.append((name, title, draw))
+        return draw
+
+    return register
+
+
+def _scatter_figure(d: Data, against: str, columns: tuple[str, str], axis: str, log: bool,
+                    caption: str) -> tuple[plt.Figure, str]:
+    """Figures 1 and 2: evaluation-mode accuracy against ``against`` (the words), with their shared key."""
+    key = (f"one filled point per run ({runs_text(d.per_run)}), coloured by row; squares: rows without running "
+           "statistics (GroupNorm, LayerNorm); hollow markers are the article's row means")
+    return (_accuracy_scatter(d, *columns, axis, log=log),
+            f"Evaluation-mode accuracy against {against}, {key}{caption}")
+
+
+@figure("01_accuracy_vs_rotation", "Evaluation-mode accuracy against rotation")
 def fig_accuracy_vs_rotation(d: Data) -> tuple[plt.Figure, str]:
-    fig = _accuracy_scatter(d, "rotation_per_100_deg", "rotation_deg_per_100",
-                            "rotation of the last conv layer per 100 steps (degrees, log scale)", log=True)
-    return fig, (f"Evaluation-mode accuracy against rotation, one filled point per run ({runs_text(d.per_run)}), "
-                 "coloured by row; squares: rows without running statistics (GroupNorm, LayerNorm); hollow markers are the "
-                 "article's row means (3 seeds each). Accuracy: mean of "
-                 "the checks in the check window; rotation: per 100-step interval ending in that window, the "
-                 "median over the last conv layer's channels of the angle each channel turned, averaged over "
-                 "the intervals. The article's central figure: accuracy falls with rotation.")
+    return _scatter_figure(d, "rotation", ("rotation_per_100_deg", "rotation_deg_per_100"),
+                           "rotation of the last conv layer per 100 steps (degrees, log scale)", True,
+                           " (3 seeds each). Accuracy: mean of the checks in the check window; rotation: per 100-step "
+                           "interval ending in that window, the median over the last conv layer's channels of the "
+                           "angle each channel turned, averaged over the intervals. The article's central figure: "
+                           "accuracy falls with rotation.")
 
 
+@figure("02_accuracy_vs_norm_growth", "Evaluation-mode accuracy against norm growth")
 def fig_accuracy_vs_norm_growth(d: Data) -> tuple[plt.Figure, str]:
-    fig = _accuracy_scatter(d, "norm_growth", "norm_growth",
-                            "norm growth of the last conv layer, ‖W(end)‖ / ‖W(0)‖ (×)", log=False)
-    return fig, (f"Evaluation-mode accuracy against norm growth, one filled point per run ({runs_text(d.per_run)}), "
-                 "coloured by row; squares: rows without running statistics (GroupNorm, LayerNorm); hollow markers are "
-                 "the article's row means. The relation the article rejects: "
-                 "the row with the radial part projected out grows less than Adam and does worse.")
+    return _scatter_figure(d, "norm growth", ("norm_growth", "norm_growth"),
+                           "norm growth of the last conv layer, ‖W(end)‖ / ‖W(0)‖ (×)", False,
+                           ". The relation the article rejects: the row with the radial part projected out grows "
+                           "less than Adam and does worse.")
 
 
 # ----------------------------------------------------------------------------- 3: accuracy over steps
@@ -307,6 +327,7 @@ def _band(ax, steps, mean, lo, hi, color, label, ls="-"):
     ax.fill_between(steps, lo, hi, color=color, alpha=0.2, lw=0)
 
 
+@figure("03_accuracy_over_steps", "Training- and evaluation-mode accuracy over steps")
 def fig_accuracy_over_steps(d: Data) -> tuple[plt.Figure, str]:
     checks = d.table("checks")
     rows = d.rows
@@ -362,6 +383,7 @@ def theory_by_row(d: Data) -> dict[str, tuple[theory.Prediction, pd.DataFrame]]:
     return out
 
 
+@figure("04_rotation_over_steps", "Rotation over steps, with the learning rate and the equilibrium prediction")
 def fig_rotation_over_steps(d: Data) -> tuple[plt.Figure, str]:
     rot = _rotation_frame(d)
     checks = d.table("checks")
@@ -413,6 +435,7 @@ def fig_rotation_over_steps(d: Data) -> tuple[plt.Figure, str]:
 
 
 # ----------------------------------------------------------------------------- 5: lag, measured vs predicted
+@figure("05_lag_measured_vs_predicted", "Running-mean lag per channel, measured against predicted")
 def fig_lag_measured_vs_predicted(d: Data) -> tuple[plt.Figure, str]:
     ch = d.table("channels")
     ch = ch[(ch["layer"] == metrics.MIDDLE_CONV) & ch["in_window"] & (ch["step"] > 0)]
@@ -466,6 +489,7 @@ def failing_lines(d: Data) -> pd.DataFrame:
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
 
 
+@figure("06_single_layer_fresh_statistics", "Fresh statistics for one layer at a time, at the failing checks")
 def fig_single_layer(d: Data) -> tuple[plt.Figure, str]:
     wide = metrics.failing_checks(d.runs, FAIL_BELOW)
     if wide.empty:
@@ -519,6 +543,7 @@ def fig_single_layer(d: Data) -> tuple[plt.Figure, str]:
                  "for the middle layer (bn2) alone.")
 
 
+@figure("07_top_k_channels", "Accuracy against the number of top-lag channels given fresh statistics")
 def fig_top_k(d: Data) -> tuple[plt.Figure, str]:
     iv = failing_lines(d)
     if iv.empty:
@@ -583,6 +608,7 @@ def fig_top_k(d: Data) -> tuple[plt.Figure, str]:
 
 
 # ----------------------------------------------------------------------------- 8: drift per channel
+@figure("08_drift_per_channel", "Drift per channel of the middle layer")
 def fig_drift(d: Data) -> tuple[plt.Figure, str]:
     ch = d.table("channels")
     ch = ch[(ch["layer"] == metrics.MIDDLE_CONV) & ch["in_window"] & (ch["drift_sigma_per_step"] > 0)]
@@ -622,6 +648,7 @@ def fig_drift(d: Data) -> tuple[plt.Figure, str]:
 
 
 # ----------------------------------------------------------------------------- 9: weight averaging
+@figure("09_averaging", "Weight averaging (EMA, tail average) and BatchNorm statistics policies")
 def fig_averaging(d: Data) -> tuple[plt.Figure, str]:
     frames = [averaging_report.run_values(r).assign(row=r.row, seed=r.seed) for r in d.runs]
     frames = [f for f in frames if not f.empty]
@@ -665,6 +692,7 @@ def fig_averaging(d: Data) -> tuple[plt.Figure, str]:
 
 
 # ----------------------------------------------------------------------------- 10: lag against depth (ResNet-20)
+@figure("10_lag_by_depth", "ResNet-20: running-mean lag against depth, per BatchNorm layer")
 def fig_lag_by_depth(d: Data) -> tuple[plt.Figure, str]:
     rows = [r for r in d.rows if d.arch(r) == "resnet20"]
     runs = {row: [r for r in d.runs if r.row == row] for row in rows}
@@ -714,6 +742,7 @@ def fig_lag_by_depth(d: Data) -> tuple[plt.Figure, str]:
 
 
 # ----------------------------------------------------------------------------- 11: cosine decay, mid-run
+@figure("11_cosine_mid_run", "Cosine decay: accuracy and lag against the learning rate at each check")
 def fig_cosine_mid_run(d: Data) -> tuple[plt.Figure, str]:
     rows = [r for r in d.rows if r in ROWS and ROWS[r].schedule == "cosine"]
     if not rows:
@@ -768,6 +797,7 @@ def fig_cosine_mid_run(d: Data) -> tuple[plt.Figure, str]:
 
 
 # ----------------------------------------------------------------------------- 12: top-k, both networks
+@figure("12_top_k_both_networks", "How many channels carry the damage, both networks side by side")
 def fig_top_k_networks(d: Data) -> tuple[plt.Figure, str]:
     iv = failing_lines(d)
     top = iv[iv["intervention"] == "top_k"] if len(iv) else iv
@@ -824,6 +854,8 @@ def fig_top_k_networks(d: Data) -> tuple[plt.Figure, str]:
 # ----------------------------------------------------------------------------- 13: both tasks
 
 
+@figure("13_accuracy_vs_rotation_both_tasks", "Evaluation-mode accuracy against rotation, the templates and "
+        "Fashion-MNIST")
 def fig_accuracy_vs_rotation_by_task(d: Data) -> tuple[plt.Figure, str]:
     """The article's seven rows on both tasks: evaluation-mode accuracy against the last conv layer's rotation,
     one point per run, circles on the templates and diamonds on Fashion-MNIST, each pair of twins in one colour.
@@ -865,27 +897,7 @@ def fig_accuracy_vs_rotation_by_task(d: Data) -> tuple[plt.Figure, str]:
                  "`claims.md`, section \"Does it happen on real images? Fashion-MNIST\", weighs it.")
 
 
-FIGURES: tuple[tuple[str, str, Callable[[Data], tuple[plt.Figure, str]]], ...] = (
-    ("01_accuracy_vs_rotation", "Evaluation-mode accuracy against rotation", fig_accuracy_vs_rotation),
-    ("02_accuracy_vs_norm_growth", "Evaluation-mode accuracy against norm growth", fig_accuracy_vs_norm_growth),
-    ("03_accuracy_over_steps", "Training- and evaluation-mode accuracy over steps", fig_accuracy_over_steps),
-    ("04_rotation_over_steps", "Rotation over steps, with the learning rate and the equilibrium prediction",
-     fig_rotation_over_steps),
-    ("05_lag_measured_vs_predicted", "Running-mean lag per channel, measured against predicted",
-     fig_lag_measured_vs_predicted),
-    ("06_single_layer_fresh_statistics", "Fresh statistics for one layer at a time, at the failing checks",
-     fig_single_layer),
-    ("07_top_k_channels", "Accuracy against the number of top-lag channels given fresh statistics", fig_top_k),
-    ("08_drift_per_channel", "Drift per channel of the middle layer", fig_drift),
-    ("09_averaging", "Weight averaging (EMA, tail average) and BatchNorm statistics policies", fig_averaging),
-    ("10_lag_by_depth", "ResNet-20: running-mean lag against depth, per BatchNorm layer", fig_lag_by_depth),
-    ("11_cosine_mid_run", "Cosine decay: accuracy and lag against the learning rate at each check",
-     fig_cosine_mid_run),
-    ("12_top_k_both_networks", "How many channels carry the damage, both networks side by side",
-     fig_top_k_networks),
-    ("13_accuracy_vs_rotation_both_tasks", "Evaluation-mode accuracy against rotation, the templates and "
-     "Fashion-MNIST", fig_accuracy_vs_rotation_by_task),
-)
+FIGURES: tuple[tuple[str, str, Callable[[Data], tuple[plt.Figure, str]]], ...] = tuple(_FIGURES)
 
 
 def save(fig: plt.Figure, out: Path, name: str) -> None:
