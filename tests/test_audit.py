@@ -412,3 +412,41 @@ def test_the_command_line_exits_0_for_a_fitting_copy_1_for_a_stale_one_and_2_whe
     assert audit_module.main(["raw.pt", "swa.pt", "--model", "audit_nets:nope", "--batches", "probe.pt"]) == 2
     assert "--model audit_nets:nope" in capsys.readouterr().err
     sys.modules.pop("audit_nets", None)
+
+
+def test_the_command_line_probes_with_every_batch_it_reads_and_names_its_rules_flags(tmp_path, monkeypatch, capsys):
+    """The second batch counts: a file of two batches is the monitor's pooled probe (the same report as
+    audit_averaged on the list), not its first batch; --max-batches 1 is the first batch alone; the check's
+    threshold flags are the audit's, a bad one named."""
+    (tmp_path / "audit_nets.py").write_text(NETS)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    raw = _net()
+    teacher = copy.deepcopy(raw)
+
+    def update():
+        with torch.no_grad():
+            for t, s in zip(teacher.parameters(), raw.parameters()):
+                t.lerp_(s, 0.5)
+
+    _train(raw, 40, update)
+    torch.save(raw.state_dict(), tmp_path / "raw.pt")
+    torch.save(teacher.state_dict(), tmp_path / "teacher.pt")
+    x, y = _data()
+    batches = [(x[:32], y[:32]), (x[64:], y[64:])]  # unlike halves: the first alone measures other statistics
+    torch.save(batches, tmp_path / "two.pt")
+    args = ["raw.pt", "teacher.pt", "--model", "audit_nets:make", "--batches", "two.pt", "--mode-gap", "1"]
+    assert audit_module.main(args) == 0
+    pooled_out = capsys.readouterr().out
+    assert audit_module.main([*args, "--max-batches", "1"]) == 0
+    first_out = capsys.readouterr().out
+    pooled = audit_averaged(raw, teacher, batches)
+    first = audit_averaged(raw, teacher, batches[0])
+    assert pooled.lag_sigma != first.lag_sigma
+    assert f"{pooled.lag_sigma:.3f}" in pooled_out and f"{first.lag_sigma:.3f}" in first_out
+    assert "The copy on the probe (64 samples)" in pooled_out and "(32 samples)" in first_out
+    for flag, value in (("--eval-error-sigma", "-1"), ("--lag-sigma", "nan"), ("--max-batches", "0")):
+        assert audit_module.main([*args, flag, value]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"error: {flag}") and len(err.strip().splitlines()) == 1, err
+    sys.modules.pop("audit_nets", None)

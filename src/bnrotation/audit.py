@@ -52,7 +52,8 @@ import torch.nn as nn
 from .helptext import EXIT_STATUS, EXIT_UNUSABLE, exit_status, plain
 from .averaging import BufferProvenance, EMA, compare_states
 from .bnstats import running_stat_layers
-from .inputs import InputError, load_batches, load_weights, model_from_factory, one_line, parse_model_kwargs
+from .inputs import (InputError, add_batch_arguments, batch_limit, load_batches, load_weights, model_from_factory,
+                     one_line, parse_model_kwargs, thresholds_from)
 from .checkpoints import BadCheckpointError, UnsafeCheckpointError, load_checkpoint, state_dict_of
 from .monitor import MonitorRecord, StalenessMonitor, Thresholds, record_field, uncompiled
 
@@ -440,12 +441,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--raw-key", metavar="KEY", help="the raw file's entry holding its state dict")
     p.add_argument("--averaged-key", metavar="KEY", help="the averaged file's entry holding its state dict "
                    "(state_dict_ema: timm's EMA copy)")
-    p.add_argument("--batches", required=True, help="probe file (a tensor, an (x, y) tuple, a dict), or "
-                   "module:function; the first batch is the probe")
-    p.add_argument("--input-key", default="input", help="input key of a dict batch (default: input)")
-    p.add_argument("--target-key", default="target", help="label key of a dict batch (default: target)")
-    p.add_argument("--mode-gap", type=float, default=Thresholds().mode_gap, help="mode gap threshold, a fraction")
-    p.add_argument("--lag-sigma", type=float, default=Thresholds().lag_sigma, help="lag threshold, in σ")
+    add_batch_arguments(p, "probe file (a tensor, an (x, y) tuple, a dict, or a list of them), or module:function "
+                        "returning an iterable of batches; every batch read is the probe, pooled as re-estimation "
+                        "pools them")
     return p.parse_args(argv)
 
 
@@ -475,10 +473,7 @@ def main(argv: list[str] | None = None) -> int:
     input (one line on stderr, before any measurement)."""
     args = parse_args(argv)
     try:
-        try:
-            thresholds = Thresholds(mode_gap=args.mode_gap, lag_sigma=args.lag_sigma)
-        except ValueError as err:
-            raise InputError("--mode-gap" if "mode_gap" in str(err) else "--lag-sigma", f": {err}") from None
+        max_batches, thresholds = batch_limit(args), thresholds_from(args)
         model = model_from_factory(args.model, parse_model_kwargs(args.model_kwargs))
         raw = _read(args.raw, args.raw_key, "raw")
         averaged = _read(args.averaged, args.averaged_key, "averaged")
@@ -486,9 +481,10 @@ def main(argv: list[str] | None = None) -> int:
             raw_model = _raw_module(raw, model, averaged)
         except (ValueError, TypeError) as err:
             raise _named(err) from None
-        (x, y), *_ = load_batches(args.batches, args.input_key, args.target_key, 1, "cpu", raw_model)[0]
+        batches, _ = load_batches(args.batches, args.input_key, args.target_key, max_batches, "cpu", raw_model)
+        probe = [(x, y) if y is not None else {"input": x} for x, y in batches]
         try:
-            report = audit_averaged(raw_model, averaged, (x, y) if y is not None else x, model=model,
+            report = audit_averaged(raw_model, averaged, probe if len(probe) > 1 else probe[0], model=model,
                                     thresholds=thresholds)
         except (ValueError, TypeError) as err:
             raise _named(err) from None

@@ -76,9 +76,10 @@ import torch.nn as nn
 
 from .helptext import EXIT_STATUS, EXIT_UNUSABLE, exit_status, plain
 from .bnstats import NonFinite, nonfinite_state, reestimate, running_stat_layers
-from .inputs import (DEFAULT_MAX_BATCHES, MESSAGE_CHARS, PRETRAINED_WEIGHTS, CheckInputError, InputError, build_model,
-                     first_line, load_batches, load_function, load_weights, model_from_factory, one_line,
-                     parse_device, parse_model_kwargs, pretrained_from_config)
+from .inputs import (DEFAULT_MAX_BATCHES, MESSAGE_CHARS, PRETRAINED_WEIGHTS, CheckInputError, InputError,
+                     add_batch_arguments, batch_limit, build_model, first_line, load_batches, load_function,
+                     load_weights, model_from_factory, one_line, parse_device, parse_model_kwargs,
+                     pretrained_from_config, thresholds_from)
 from .monitor import (MonitorRecord, MonitorSetupWarning, StalenessMonitor, Thresholds, check_probe, record_field,
                       smallest_probe)
 
@@ -317,17 +318,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    "file itself, or its 'model' or 'state_dict' entry); state_dict_ema: timm's EMA copy")
     p.add_argument("--strip-prefix", metavar="PREFIX", help="keep only the keys under this prefix, stripped (net., "
                    "module.); by default a prefix every key shares is stripped when the rest fits the model")
-    p.add_argument("--batches", required=True, help="batch file, or module:function returning an iterable")
-    p.add_argument("--input-key", default="input", help="input key of a dict batch (default: input)")
-    p.add_argument("--target-key", default="target", help="label key of a dict batch (default: target)")
-    p.add_argument("--max-batches", type=int, default=DEFAULT_MAX_BATCHES,
-                   help=f"read at most this many batches (default {DEFAULT_MAX_BATCHES})")
-    p.add_argument("--mode-gap", type=float, default=Thresholds().mode_gap,
-                   help=f"mode gap threshold, a fraction (default {Thresholds().mode_gap:g})")
-    p.add_argument("--lag-sigma", type=float, default=Thresholds().lag_sigma,
-                   help=f"worst layer's median |lag| threshold, in σ (default {Thresholds().lag_sigma:g})")
-    p.add_argument("--eval-error-sigma", type=float, default=Thresholds().eval_error_sigma,
-                   help=f"worst layer's median E threshold, in σ (default {Thresholds().eval_error_sigma:g})")
+    add_batch_arguments(p, "batch file, or module:function returning an iterable")
     p.add_argument("--device", default="cpu", help="cpu (default), cuda, cuda:1, ...")
     return p.parse_args(argv)
 
@@ -339,20 +330,13 @@ def main(argv: list[str] | None = None) -> int:
     ``warning: ...``, and changes neither the report nor the status."""
     args = parse_args(argv)
     try:
-        if args.max_batches < 1:
-            raise InputError("--max-batches", f" {args.max_batches}: expected a whole number >= 1")
-        try:
-            thresholds = Thresholds(mode_gap=args.mode_gap, lag_sigma=args.lag_sigma,
-                                    eval_error_sigma=args.eval_error_sigma)
-        except ValueError as err:
-            key = str(err).split(":")[0].removeprefix("Thresholds.")
-            raise InputError("--" + key.replace("_", "-"), f": {err}") from None
+        max_batches, thresholds = batch_limit(args), thresholds_from(args)
         device = parse_device(args.device)
         model, built = build_model(args.model, parse_model_kwargs(args.model_kwargs), args.weights)
         report = check_checkpoint(model, args.batches, weights=args.weights, weights_key=args.weights_key,
                                   strip_prefix=args.strip_prefix, thresholds=thresholds,
                                   input_key=args.input_key, target_key=args.target_key,
-                                  max_batches=args.max_batches, device=device)
+                                  max_batches=max_batches, device=device)
     except InputError as err:
         print(f"error: {one_line(str(err))}", file=sys.stderr)
         return EXIT_UNUSABLE

@@ -18,6 +18,7 @@ each command prints it under its own name for that argument (:meth:`InputError.n
 
 from __future__ import annotations
 
+import argparse
 import importlib
 import itertools
 import json
@@ -33,10 +34,12 @@ import torch.nn as nn
 from .checkpoints import (OTHER_COPIES, BadCheckpointError, UnsafeCheckpointError, few, load_checkpoint,
                           shared_prefixes, state_dict_of, strip_prefix)
 from .monitor import check_probe, split_probe
+from .staleness import Thresholds
 
 __all__ = ["InputError", "CheckInputError", "load_function", "parse_model_kwargs", "model_from_factory",
            "build_model", "pretrained_from_config", "load_weights", "load_batches", "parse_device", "one_line",
-           "first_line", "PRETRAINED_WEIGHTS", "DEFAULT_MAX_BATCHES", "MESSAGE_CHARS"]
+           "first_line", "add_batch_arguments", "batch_limit", "thresholds_from", "PRETRAINED_WEIGHTS",
+           "DEFAULT_MAX_BATCHES", "MESSAGE_CHARS"]
 
 DEFAULT_MAX_BATCHES = 100
 # What a Hugging Face folder (save_pretrained, a Trainer's checkpoint-N/ or output folder) holds its weights in, in the
@@ -431,6 +434,50 @@ def load_batches(batches, input_key: str = "input", target_key: str = "target",
         raise InputError("--batches", f" {spec}: some batches have labels and some do not (the first without: "
                               f"batch {next(i for i, (_, y) in enumerate(out) if y is None)})")
     return out, more
+
+
+def add_batch_arguments(p: argparse.ArgumentParser, batches_help: str) -> None:
+    """The flags every judging command shares (``bnrotation-check``, ``python -m bnrotation.audit``): the batches
+    to measure on (``--batches`` with ``batches_help``, ``--input-key``, ``--target-key``, ``--max-batches``) and
+    the monitor's rule (``--mode-gap``, ``--lag-sigma``, ``--eval-error-sigma``: :class:`staleness.Thresholds`,
+    its defaults shown). Read them back with :func:`batch_limit` and :func:`thresholds_from`."""
+    t = Thresholds()
+    p.add_argument("--batches", required=True, help=batches_help)
+    p.add_argument("--input-key", default="input", help="input key of a dict batch (default: input)")
+    p.add_argument("--target-key", default="target", help="label key of a dict batch (default: target)")
+    p.add_argument("--max-batches", type=int, default=DEFAULT_MAX_BATCHES,
+                   help=f"read at most this many batches (default {DEFAULT_MAX_BATCHES})")
+    p.add_argument("--mode-gap", type=float, default=t.mode_gap,
+                   help=f"mode gap threshold, a fraction (default {t.mode_gap:g})")
+    p.add_argument("--lag-sigma", type=float, default=t.lag_sigma,
+                   help=f"worst layer's median |lag| threshold, in σ (default {t.lag_sigma:g})")
+    p.add_argument("--eval-error-sigma", type=float, default=t.eval_error_sigma,
+                   help=f"worst layer's median E threshold, in σ (default {t.eval_error_sigma:g})")
+
+
+def batch_limit(args: argparse.Namespace) -> int:
+    """``--max-batches`` of :func:`add_batch_arguments`.
+
+    Raises:
+        InputError: naming ``--max-batches`` when it is below 1.
+    """
+    if args.max_batches < 1:
+        raise InputError("--max-batches", f" {args.max_batches}: expected a whole number >= 1")
+    return args.max_batches
+
+
+def thresholds_from(args: argparse.Namespace) -> Thresholds:
+    """The monitor's rule from the flags of :func:`add_batch_arguments`.
+
+    Raises:
+        InputError: naming the flag (``--mode-gap``, ``--lag-sigma``, ``--eval-error-sigma``) whose value
+            :class:`staleness.Thresholds` refuses, with its reason.
+    """
+    try:
+        return Thresholds(mode_gap=args.mode_gap, lag_sigma=args.lag_sigma, eval_error_sigma=args.eval_error_sigma)
+    except ValueError as err:
+        key = str(err).split(":")[0].removeprefix("Thresholds.")
+        raise InputError("--" + key.replace("_", "-"), f": {err}") from None
 
 
 def parse_device(name: str) -> torch.device:
