@@ -20,6 +20,7 @@ from omegaconf import DictConfig
 
 from bnrotation.audit import audit_averaged
 from bnrotation.study import runner
+from bnrotation.study.cli import stop_on_unknown_keys
 from bnrotation.study.config import RunConfig, register_configs, to_run_config
 from bnrotation.study.run_averages import RunAverages
 
@@ -75,4 +76,5 @@ def main(cfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
+    stop_on_unknown_keys(RunConfig, groups=("experiment",))  # a misspelt key: one line, exit 2, before Hydra
     main()

@@ -9,8 +9,8 @@ Parses the config and calls bnrotation.study.runner.run; nothing else lives here
 import hydra
 from omegaconf import DictConfig
 
-from bnrotation.study.cli import finish_job, run_task
-from bnrotation.study.config import register_configs
+from bnrotation.study.cli import finish_job, run_task, stop_on_unknown_keys
+from bnrotation.study.config import RunConfig, register_configs
 
 register_configs()
 
@@ -21,4 +21,5 @@ def main(cfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
+    stop_on_unknown_keys(RunConfig, groups=("experiment",))  # a misspelt key: one line, exit 2, before Hydra
     main()

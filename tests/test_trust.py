@@ -17,7 +17,7 @@ from bnrotation import records
 from bnrotation.study import cli
 from bnrotation.study.analysis import results as results_mod
 from bnrotation.study.analysis.tables.table import main as table_main
-from bnrotation.study.config import ConfigError, check_row, to_run_config
+from bnrotation.study.config import ConfigError, RunConfig, check_row, to_run_config
 from bnrotation.study.runner import run
 
 from conftest import ROOT, compose_cfg
@@ -379,3 +379,30 @@ def test_make_reproduce_keeps_each_scale_in_its_own_root(scale, root):
     for module in ("tables.table", "tables.figures", "claims"):
         line = next(line for line in lines if f"bnrotation.study.analysis.{module}" in line)
         assert f"--results {root} " in line
+
+
+@pytest.mark.parametrize("argv, said", [
+    (["scale=smoke", "optimzer.lr=1"], "optimzer: not a key of the config (did you mean optimizer?)"),
+    (["-m", "experiment=adam,sgd", "scale=smoke", "scale.stepz=3"], "scale.stepz: not a key of the config (did "
+                                                                    "you mean scale.steps?)"),
+    (["experiment=adam", "+foo=1"], "foo: not a key of the config"),
+])
+def test_a_misspelt_key_of_a_run_is_one_line_and_exit_2_before_hydra(argv, said, capsys):
+    """The second key of a sweep too, and one under a group's choice (scale=smoke scale.stepz=3)."""
+    with pytest.raises(SystemExit) as stop:
+        cli.stop_on_unknown_keys(RunConfig, argv, groups=("experiment",))
+    err = capsys.readouterr().err
+    assert stop.value.code == 2 and err.startswith(f"error: bad config: {said}") and err.count("\n") == 1, err
+
+
+def test_the_choices_of_config_groups_and_hydras_own_keys_pass():
+    cli.stop_on_unknown_keys(RunConfig, ["-m", "experiment=adam,sgd", "scale=smoke", "scale.steps=3",
+                                         "task=fashion_mnist", "hydra/launcher=joblib", "hydra.launcher.n_jobs=2",
+                                         "~averaging", "seed=0,1"], groups=("experiment",))
+
+
+def test_experiments_train_py_stops_a_misspelt_key_in_one_line():
+    done = train("experiment=adam", "scale=smoke", "optimizer.lrr=0.1")
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.strip() == ("error: bad config: optimizer.lrr: not a key of the config (did you mean "
+                                   "optimizer.lr?); keys are listed in bnrotation/study/config.py and conf/")

@@ -179,10 +179,11 @@ def run_one(cfg: DictConfig, convert, train) -> Outcome:
     return finished_outcome(converted.row, converted.seed, out)
 
 
-def stop_on_unknown_keys(schema: type, argv: list[str] | None = None) -> None:
+def stop_on_unknown_keys(schema: type, argv: list[str] | None = None, groups: tuple[str, ...] = ()) -> None:
     """Before Hydra composes the config: stop with one line naming it and exit status 2 when a command-line
     override (``key=value``, a sweep's ``key=a,b`` too) names a key ``schema`` lacks, as :func:`validated` reports a
     bad value, where Hydra would print its own five lines and exit 1. Hydra's own keys (``hydra.``, ``hydra/``),
+    the choice of a config group in ``groups`` that is not a key (``experiment=adam``: ``conf/experiment/``),
     deletions (``~key``) and arguments it cannot parse are left to it."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
@@ -196,12 +197,14 @@ def stop_on_unknown_keys(schema: type, argv: list[str] | None = None) -> None:
     given: dict = {}
     for o in overrides:
         key = o.key_or_group
-        if o.is_delete() or key.split("/")[0].split(".")[0] == "hydra":
+        if o.is_delete() or key.split("/")[0].split(".")[0] == "hydra" or key in groups:
             continue
         *parents, leaf = key.split(".")
         node = given
-        for part in parents:
-            node = node.setdefault(part, {})
+        for part in parents:  # a group's choice (scale=smoke) and a key under it (scale.steps=3) together
+            if not isinstance(node.get(part), dict):
+                node[part] = {}
+            node = node[part]
         node.setdefault(leaf, None)
     try:
         check_known_keys(given, schema)
