@@ -98,9 +98,9 @@ def test_a_copy_identical_to_the_raw_model_is_not_judged():
     assert "no buffer policy shows" in a.reason
 
 
-def test_a_parameters_only_average_whose_buffers_never_moved_is_never_updated_and_stale():
-    """A Mean-Teacher style EMA of the parameters alone: its BatchNorm buffers stay at their initial values while
-    the raw model trains; against its own (trained) weights they are stale."""
+def _raw_and_teacher() -> tuple[nn.Module, nn.Module]:
+    """A raw model after 40 Adam steps, and a Mean-Teacher style EMA of its parameters alone (rate 0.5 a step),
+    whose BatchNorm buffers never moved."""
     raw = _net()
     teacher = copy.deepcopy(raw)
 
@@ -110,6 +110,13 @@ def test_a_parameters_only_average_whose_buffers_never_moved_is_never_updated_an
                 t.lerp_(s, 0.5)
 
     _train(raw, 40, update)
+    return raw, teacher
+
+
+def test_a_parameters_only_average_whose_buffers_never_moved_is_never_updated_and_stale():
+    """A Mean-Teacher style EMA of the parameters alone: its BatchNorm buffers stay at their initial values while
+    the raw model trains; against its own (trained) weights they are stale."""
+    raw, teacher = _raw_and_teacher()
     a = audit_averaged(raw, teacher, _probe())
     assert (a.policy, a.since_count, a.declared) == ("never updated", 0, None)
     assert a.lag_sigma >= 0.1 and a.stale, format_audit(a)
@@ -421,15 +428,7 @@ def test_the_command_line_probes_with_every_batch_it_reads_and_names_its_rules_f
     (tmp_path / "audit_nets.py").write_text(NETS)
     monkeypatch.chdir(tmp_path)
     monkeypatch.syspath_prepend(str(tmp_path))
-    raw = _net()
-    teacher = copy.deepcopy(raw)
-
-    def update():
-        with torch.no_grad():
-            for t, s in zip(teacher.parameters(), raw.parameters()):
-                t.lerp_(s, 0.5)
-
-    _train(raw, 40, update)
+    raw, teacher = _raw_and_teacher()
     torch.save(raw.state_dict(), tmp_path / "raw.pt")
     torch.save(teacher.state_dict(), tmp_path / "teacher.pt")
     x, y = _data()
