@@ -60,6 +60,8 @@ UNREAD_SOURCE = ("the source of a placement or piece that holds a weight layer's
 WHOLE_BRANCH = ("a piece has no size only when placed without shapes, and _fx_placements never concatenates without "
                 "shapes (execution order always has them); with a size the rebuilt piece equals the part's one piece "
                 "(offset 0, the same size and via) but for its source, which is never read")
+ZERO_OFFSET = ("every piece starts at its weight layer's output channel 0: pairing makes a piece with offset 0 or "
+               "copies one, and sees through no operation that slices channels")
 EQUIVALENT: dict[str, str] = {
     "bnrotation.refresh.x_reestimate_if_stale__mutmut_22": "warn=None for warn=False: the monitor reads warn only as "
                                                            "a truth value",
@@ -77,6 +79,10 @@ EQUIVALENT: dict[str, str] = {
         "concatenated shapes (a norm layer fed by one piece is paired without sizes)",
     **{f"bnrotation.pairing.x__concatenated__mutmut_{i}": WHOLE_BRANCH
        for i in (8, 9, 10, 11, 13, 15, *range(17, 30))},
+    "bnrotation.pairing.x__decide__mutmut_67": ZERO_OFFSET + ": a segment's offset is always Segment's default, 0",
+    "bnrotation.pairing.x__concatenated__mutmut_50": ZERO_OFFSET + ": a piece without a weight layer is never made "
+                                                   "a segment, and its offset (None) is the same in every call's key",
+    "bnrotation.pairing.x__concatenated__mutmut_58": ZERO_OFFSET + ": as _50, with offset 1 in every call's key",
 }
 
 KILLED = {"killed", "timeout"}

@@ -740,3 +740,109 @@ def test_the_momentum_findings_say_what_is_wrong_and_the_fix_whole():
 def test_findings_line_wraps_at_its_width_exactly():
     text = findings_line([Finding("momentum-zero", "a", "x" * 113 + " y")]).splitlines()
     assert text[2] == "    a: " + "x" * 113 and text[3] == "    y"  # 120 characters: TEXT_WIDTH - 40
+
+
+# ----------------------------------------------------------------------------- pairing: an operation's name
+@pytest.mark.parametrize("target, name", [
+    ("view", "view"), ("__add__", "add"), ("__iadd__", "add_"), ("__radd__", "add"), ("__imatmul__", "matmul_"),
+    ("__rtruediv__", "truediv"), ("__or__", "or"), ("__ror__", "or"), ("__ior__", "or_"),
+    ("__getitem__", "__getitem__"), ("__i__", "__i__"), ("__radd", "radd"), ("_foo_", "foo_"),
+    (torch.Tensor.__add__, "add"), (torch.Tensor.__iadd__, "add_"), (torch.Tensor.__rmul__, "mul"),
+    (torch.relu, "relu"), (torch.Tensor.view, "view"),
+    (nn.ReLU(), "relu"), (nn.AdaptiveAvgPool2d(1), "adaptive_avg_pool2d"), (nn.Linear(2, 2), "Linear"),
+])
+def test_an_operations_name_for_the_see_through_rule(target, name):
+    """Tensor's operator methods by their arithmetic (in place: a trailing _; reflected: the same), other dunder
+    names as they are, a leading _ dropped, a see-through module by its function's name, another by its class."""
+    from bnrotation.pairing import _op_name
+    assert _op_name(target) == name
+
+
+def test_an_operation_without_a_name_is_named_by_its_type():
+    import functools
+    from bnrotation.pairing import _op_name
+
+    assert _op_name(functools.partial(torch.relu)) == "partial"
+
+
+# ----------------------------------------------------------------------------- pairing: each reason, to the letter
+class _CatByAxis(nn.Module):
+    """torch.cat's numpy alias: ``axis=1`` is the channel dim, as ``dim=1`` is."""
+
+    def __init__(self):
+        super().__init__()
+        self.a, self.b, self.bn = nn.Conv2d(3, 2, 1), nn.Conv2d(3, 4, 1), nn.BatchNorm2d(6)
+
+    def forward(self, x):
+        return self.bn(torch.cat([self.a(x), self.b(x)], axis=1))
+
+
+class _Reordered(nn.Module):
+    """One BatchNorm called on cat(a, a, b) and on cat(a, b, a): the same layers, other channels."""
+
+    def __init__(self):
+        super().__init__()
+        self.a, self.b, self.bn = nn.Conv2d(3, 2, 1), nn.Conv2d(3, 4, 1), nn.BatchNorm2d(8)
+
+    def forward(self, x):
+        a, b = self.a(x), self.b(x)
+        return self.bn(torch.cat([a, a, b], 1)) + self.bn(torch.cat([a, b, a], 1))
+
+
+class _Shared(nn.Module):
+    """One BatchNorm called on the outputs of two convolutions."""
+
+    def __init__(self):
+        super().__init__()
+        self.a, self.b, self.bn = nn.Conv2d(3, 4, 1), nn.Conv2d(3, 4, 1), nn.BatchNorm2d(4)
+
+    def forward(self, x):
+        return self.bn(self.a(x)) + self.bn(self.b(x))
+
+
+class _WithInputs(nn.Module):
+    """A BatchNorm over a convolution's 4 channels and ``k`` copies of the 3-channel input; none at all with
+    ``conv=False``."""
+
+    def __init__(self, k: int, conv: bool = True):
+        super().__init__()
+        self.k, self.a, self.bn = k, nn.Conv2d(3, 4, 1) if conv else None, nn.BatchNorm2d(4 * conv + 3 * k)
+
+    def forward(self, x):
+        return self.bn(torch.cat(([self.a(x)] if self.a is not None else []) + [x] * self.k, 1))
+
+
+class _Transposed(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a, self.bn = nn.Conv1d(3, 8, 1), nn.BatchNorm1d(5)
+
+    def forward(self, x):  # (N, 3, 5) -> (N, 8, 5) -> (N, 5, 8): the norm's channels are the length dim
+        return self.bn(self.a(x).transpose(1, 2))
+
+
+INPUT_REASON = "not from a convolution or linear layer through operations that keep each channel apart"
+
+
+@pytest.mark.parametrize("model, shape, reason", [
+    (_Reordered(), (4, 3, 5, 5), "called 2 times on different channels of cat(a, b)"),
+    (_Shared(), (4, 3, 5, 5), "called 2 times on the outputs of different layers (a, b)"),
+    (_WithInputs(1), (4, 3, 5, 5), f"its channels [4, 7) come from the model's input, {INPUT_REASON}"),
+    (_WithInputs(2), (4, 3, 5, 5), f"its channels [4, 7) come from the model's input, {INPUT_REASON} (and 1 more "
+                                   "channel ranges)"),
+    (_WithInputs(3), (4, 3, 5, 5), f"its channels [4, 7) come from the model's input, {INPUT_REASON} (and 2 more "
+                                   "channel ranges)"),
+    (_WithInputs(2, conv=False), (4, 3, 5, 5), f"its input comes from cat, {INPUT_REASON}"),
+    (_Transposed(), (4, 3, 5), "its input comes from a, but its channel dim holds dim 2's channels"),
+])
+def test_each_reason_a_layer_is_left_unpaired_is_given_to_the_letter(model, shape, reason):
+    """The second call, the second layer, the second (and third) loose channel range: each gives its own reason,
+    and the norm layer keeps its name."""
+    found = find_pairs(model, torch.randn(*shape))
+    assert found.pairs == [] and [(u.norm, u.weight, u.reason) for u in found.unpaired] == [("bn", None, reason)]
+
+
+def test_a_concatenation_by_axis_is_paired_per_segment_with_no_reason():
+    found = find_pairs(_CatByAxis(), torch.randn(4, 3, 5, 5))
+    assert found.pairs == [NormPair("bn", "cat(a, b)", "", (Segment(0, 2, "a"), Segment(2, 6, "b")))]
+    assert found.pairs[0].reason == "" and found.unpaired == []
