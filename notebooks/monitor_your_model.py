@@ -64,7 +64,7 @@ LR = 1e-2  # Adam, constant: high for this network
 BN_MOMENTUM = 0.03  # the study's (a window of about 1 / 0.03 = 33 steps); PyTorch's default is 0.1
 torch.manual_seed(0)
 torch.set_num_threads(1)  # a tiny network: one thread is the fastest on a CPU, and gives the same numbers anywhere
-print(f"scale {SCALE}: {S}")
+print(f"scale {SCALE}: {S}; torch {torch.__version__}, CPU kernels {torch.backends.cpu.get_cpu_capability()}")
 
 # %% [markdown]
 # ## A task and a network the suite never saw
