@@ -449,3 +449,20 @@ def test_the_command_line_probes_with_every_batch_it_reads_and_names_its_rules_f
         err = capsys.readouterr().err
         assert err.startswith(f"error: {flag}") and len(err.strip().splitlines()) == 1, err
     sys.modules.pop("audit_nets", None)
+
+
+def test_the_copys_frozen_parameters_are_not_a_lint_warning_but_the_raw_models_findings_still_are():
+    """An averaged copy's parameters are frozen by construction (timm's ModelEmaV2 sets requires_grad off): the
+    lint's frozen-weights-training-bn is no news there. Another finding on the raw model still warns."""
+    import warnings as w
+
+    from bnrotation.monitor import MonitorSetupWarning
+    raw = _net()
+    ema = copy.deepcopy(raw).requires_grad_(False).train()
+    with w.catch_warnings(record=True) as caught:
+        w.simplefilter("always")
+        audit_averaged(raw, ema, _probe())
+    assert not [c for c in caught if issubclass(c.category, MonitorSetupWarning)], [str(c.message) for c in caught]
+    raw[1].momentum = 0.0  # momentum-zero: training never updates the raw model's first running statistics
+    with pytest.warns(MonitorSetupWarning, match="momentum-zero"):
+        audit_averaged(raw, ema, _probe())

@@ -42,6 +42,7 @@ import argparse
 import copy
 import math
 import sys
+import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -55,7 +56,7 @@ from .bnstats import running_stat_layers
 from .inputs import (InputError, add_batch_arguments, batch_limit, load_batches, load_weights, model_from_factory,
                      one_line, parse_model_kwargs, thresholds_from)
 from .checkpoints import BadCheckpointError, UnsafeCheckpointError, load_checkpoint, state_dict_of
-from .monitor import MonitorRecord, StalenessMonitor, Thresholds, record_field, uncompiled
+from .monitor import MonitorRecord, MonitorSetupWarning, StalenessMonitor, Thresholds, record_field, uncompiled
 
 __all__ = ["BUFFER_POLICIES", "AveragedCopy", "AuditReport", "audit_averaged", "unwrap_averaged", "format_audit",
            "main"]
@@ -322,6 +323,11 @@ def _whole(policies: list[str], candidates: list[tuple[str, ...]]) -> tuple[str,
     return "mixed", ()
 
 
+# The lint's line when its only finding on the copy is frozen-weights-training-bn (bnrotation.lint.findings_line):
+# true of every averaged copy, whose parameters no optimizer steps, so the audit does not warn of it.
+COPY_IS_FROZEN = r"(?s)BatchNorm settings: \d+ finding\(s\) under 1 rule\(s\).*\[frozen-weights-training-bn\]"
+
+
 @torch.no_grad()
 def audit_averaged(raw, averaged, probe, *, model: nn.Module | None = None,
                    provenance: BufferProvenance | None = None, thresholds: Thresholds = Thresholds(),
@@ -364,8 +370,10 @@ def audit_averaged(raw, averaged, probe, *, model: nn.Module | None = None,
                          if missing else "averaged: the copy has no BatchNorm layer with running statistics")
     diff = compare_states(raw_model.state_dict(), held.module.state_dict(), held.module)
     same_weights = diff.same_parameters
-    monitor_copy = StalenessMonitor(held.module, probe, input_key=input_key, target_key=target_key,
-                                    thresholds=thresholds, warn=False)
+    with warnings.catch_warnings():  # an averaged copy's parameters are frozen by construction, not a mistake
+        warnings.filterwarnings("ignore", COPY_IS_FROZEN, MonitorSetupWarning)
+        monitor_copy = StalenessMonitor(held.module, probe, input_key=input_key, target_key=target_key,
+                                        thresholds=thresholds, warn=False)
     monitor_raw = StalenessMonitor(raw_model, probe, input_key=input_key, target_key=target_key,
                                    thresholds=thresholds, warn=False)
     rec_copy, rec_raw = monitor_copy(0), monitor_raw(0)
