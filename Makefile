@@ -212,9 +212,10 @@ frozen: $(VENV)/.installed ## the frozen-backbone experiment: a Hydra multirun o
 # The staleness zoo (src/bnrotation/study/zoo.py, conf/zoo.yaml): every architecture x optimizer x seed of bnrotation.study.zoo
 # (`python -m bnrotation.study.zoo` prints the sweep) as one Hydra multirun, JOBS joblib workers of one thread each. A
 # finished run is skipped (FORCE=1 reruns), one without DONE rerun; a sweep that lost a run exits 1.
-zoo: $(VENV)/.installed data ## the staleness zoo: timm architectures x sgd,adam x 3 seeds on Fashion-MNIST and the GroupNorm control (resumable; RESULTS=<root> [results/zoo]; JOBS=n; FORCE=1; ARGS)
+zoo: $(VENV)/.installed data ## the staleness zoo: timm architectures x sgd,adam x 3 seeds on Fashion-MNIST and the GroupNorm control (resumable; RESULTS=<root> [results/zoo]; JOBS=n; FORCE=1; ARGS), then <root>/zoo.md and zoo.png
 	sweep=$$($(PY) -m bnrotation.study.zoo) && $(PY) experiments/zoo.py -m $$sweep results_root=$(or $(RESULTS),results/zoo) \
 		force=$(force_flag) threads=1 hydra/launcher=joblib hydra.launcher.n_jobs=$(JOBS) $(ARGS)
+	$(PY) -m bnrotation.study.analysis.tables.zoo_report --results $(or $(RESULTS),results/zoo)
 
 notebooks: $(VENV)/.installed ## run every notebooks/*.py as a script against the results (RESULTS=<root>)
 	@for nb in notebooks/*.py; do echo "$$nb"; \

@@ -1,0 +1,180 @@
+"""The staleness zoo's table and figure: per architecture and optimizer, what the runs of ``make zoo`` measured.
+
+Reads the finished runs under ``<root>/runs/<arch>-<optimizer>/seed=<s>/`` (:mod:`bnrotation.study.zoo`'s layout,
+read as :func:`.calibration.load_calibration_runs` reads it) and writes ``<root>/zoo.md`` and ``<root>/zoo.png`` (and ``.pdf``)::
+
+    python -m bnrotation.study.analysis.tables.zoo_report --results results/reference/zoo
+
+Per run, from its checks (``checks.parquet``: step 0, every ``check_every`` steps and the last) and its per-layer
+records (``layers.parquet``):
+
+* the final evaluation-mode accuracy on the held-out images and the final held-out mode gap (training- minus
+  evaluation-mode accuracy, the same images);
+* the worst E: the largest, over the checks past the monitor's warm-up, of the worst layer's median E (:mod:`bnrotation.staleness`, in units
+  of the running σ);
+* the accuracy re-estimation recovers (re-estimated minus stored, held-out), at the last check and at its
+  largest over the checks;
+* the truth's stale checks (re-estimation recovers at least the run's ``stale_recovery``) and the rule's warnings
+  at them (recall) and elsewhere (false alarms), from each check's ``stale`` and ``rule_stale``, with checks inside
+  the monitor's warm-up left out of the rule's columns.
+
+A row of the table is the mean ± sample standard deviation over seeds (n); the counts are summed over seeds. An
+architecture without BatchNorm (the GroupNorm control) has no running statistics: the monitor refuses it, and its
+row says so (the refusal run.json records). Exit status 2 with one line when the root has no ``runs/`` folder or
+no finished zoo run; 1 when a folder was refused (named on stderr); else 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+from pathlib import Path
+
+import pandas as pd
+
+from bnrotation import records
+from bnrotation.helptext import plain
+from bnrotation.study.analysis.formatting import cell
+from bnrotation.study.analysis.results import Run
+from bnrotation.study.analysis.stats import SeedStat
+from bnrotation.study.analysis.tables.calibration import load_calibration_runs
+
+__all__ = ["COLUMNS", "load_zoo_runs", "per_run", "table_markdown", "main"]
+
+# (per-run column, title, unit): the table's mean ± sd columns, in order
+COLUMNS = (("acc_eval_mode", "eval-mode acc., final", "pct"),
+           ("gap", "mode gap, final", "pct"),
+           ("worst_e", "worst median E", "sigma"),
+           ("recovered", "recovered by re-est., final", "pct"),
+           ("recovered_max", "recovered, largest", "pct"))
+
+
+def load_zoo_runs(root: str | Path) -> tuple[list[Run], list[str]]:
+    """The finished, non-diverged zoo runs under ``root`` (their ``run.json`` names an ``arch``), and one line per
+    folder refused."""
+    return load_calibration_runs([root], lambda r: "arch" in r.info)
+
+
+def per_run(runs: list[Run]) -> pd.DataFrame:
+    """One line per run: ``arch``, ``optimizer``, ``seed``, ``refused`` (the monitor's refusal, or None), the
+    :data:`COLUMNS` (fractions 0..1 and σ; NaN where the run has no BatchNorm), and the counts ``checks``,
+    ``stale``, ``warned_stale`` (the rule at a stale check), ``fresh`` and ``warned_fresh``, over the checks past the
+    monitor's warm-up."""
+    lines = []
+    for r in runs:
+        checks = r.tables["checks"].sort_values("step")
+        last = checks.iloc[-1]
+        judged = checks[~checks["warming_up"].astype(bool)] if "warming_up" in checks else checks
+        layers = r.tables.get("layers", pd.DataFrame())
+        layers = layers[layers["step"].isin(judged["step"])] if len(layers) else layers
+        worst = (layers.groupby("step")["eval_error_median_sigma"].max().max()
+                 if len(layers) and "eval_error_median_sigma" in layers else math.nan)
+        stale, warned = judged["stale"].astype(bool), judged["rule_stale"].fillna(False).astype(bool)
+        lines.append({
+            "arch": r.info["arch"], "optimizer": r.info["optimizer_name"], "seed": r.seed,
+            "refused": r.info.get("monitor", {}).get("refused"),
+            "acc_eval_mode": float(last["acc_eval_mode"]),
+            "gap": float(last["acc_train_mode"] - last["acc_eval_mode"]),
+            "worst_e": float(worst),
+            "recovered": float(last["recovered"]),
+            "recovered_max": float(checks["recovered"].max()),
+            "checks": len(judged), "stale": int(stale.sum()), "warned_stale": int((stale & warned).sum()),
+            "fresh": int((~stale).sum()), "warned_fresh": int((~stale & warned).sum())})
+    return pd.DataFrame(lines)
+
+
+def _count(k: int, n: int) -> str:
+    return f"{k}/{n}" if n else "–"
+
+
+def table_markdown(runs: list[Run], root: str | Path) -> str:
+    """The zoo as a markdown table: one line per architecture and optimizer, in the order the runs sort."""
+    frame = per_run(runs)
+    out = [f"The staleness zoo: {len(runs)} finished runs under `{root}` (`make zoo`; `bnrotation.study.zoo`). "
+           "Held-out accuracies at the last check; mode gap: training- minus evaluation-mode accuracy on the same "
+           "held-out images; worst median E: the largest over the checks past the warm-up of the worst layer's median E, in running "
+           "σ; recovered: re-estimated minus stored evaluation-mode accuracy. Mean ± sample standard deviation "
+           "over seeds (n). Stale: checks where re-estimation recovers at least 5 points (the truth); the rule's "
+           "warnings at stale checks (recall) and at fresh ones (false alarms), checks in the monitor's warm-up "
+           "left out, summed over seeds.\n",
+           "| architecture | optimizer | seeds | " + " | ".join(t for _, t, _ in COLUMNS)
+           + " | stale checks | rule at stale | rule at fresh |",
+           "|---|---|---:|" + "---:|" * (len(COLUMNS) + 3)]
+    for (arch, opt), g in frame.groupby(["arch", "optimizer"], sort=True):
+        refused = g["refused"].dropna()
+        cells = [cell(SeedStat.of(g[k]).mean, unit, SeedStat.of(g[k]).sd, spread_sign=False) for k, _, unit in COLUMNS]
+        if len(refused):
+            cells[1:] = ["–"] * (len(COLUMNS) - 1)
+            counts = ["the monitor refuses it: no running statistics", "–", "–"]
+        else:
+            counts = [_count(int(g["stale"].sum()), int(g["checks"].sum())),
+                      _count(int(g["warned_stale"].sum()), int(g["stale"].sum())),
+                      _count(int(g["warned_fresh"].sum()), int(g["fresh"].sum()))]
+        out.append(f"| `{arch}` | {opt} | {len(g)} | " + " | ".join(cells + counts) + " |")
+    return "\n".join(out) + "\n"
+
+
+def figure(runs: list[Run], path: Path) -> Path:
+    """``path`` (``.png``, and its ``.pdf`` twin: :func:`.figures.save`): per run with BatchNorm, the worst median E against the largest accuracy re-estimation
+    recovers, a colour per architecture and a marker per optimizer, the truth's 5-point line and the rule's E threshold dashed."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from bnrotation.monitor import Thresholds
+    from bnrotation.study.analysis.tables.figures import apply_style, save
+    from bnrotation.study.zoo import STALE_RECOVERY
+
+    frame = per_run(runs)
+    frame = frame[frame["refused"].isna()]
+    apply_style()
+    fig, ax = plt.subplots(figsize=(7.2, 4.4), constrained_layout=True)
+    colours = dict(zip(sorted(frame["arch"].unique()), plt.get_cmap("tab10").colors))
+    markers = {"sgd": "o", "adam": "^"}
+    for (arch, opt), part in frame.groupby(["arch", "optimizer"], sort=True):
+        ax.scatter(part["worst_e"], 100 * part["recovered_max"], marker=markers.get(opt, "s"),
+                   color=colours[arch], alpha=0.85, label=f"{arch}, {opt}")
+    ax.axhline(100 * STALE_RECOVERY, ls="--", lw=0.8, color="grey")
+    ax.axvline(Thresholds().eval_error_sigma, ls=":", lw=0.8, color="grey")
+    ax.set_xscale("log")
+    ax.set_xlabel("worst layer's median E, largest over the checks (running σ)")
+    ax.set_ylabel("accuracy re-estimation recovers, largest (points)")
+    ax.set_title("The staleness zoo: one point per run")
+    ax.legend(fontsize=6, ncol=2, loc="upper left", title="architecture, optimizer (o SGD, ^ Adam)",
+              title_fontsize=7)
+    save(fig, path.parent, path.stem)
+    plt.close(fig)
+    return path
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Write ``<results>/zoo.md`` and ``zoo.png`` (or under ``--out``) and print the table; exit status as the module
+    docstring says."""
+    p = argparse.ArgumentParser(description=plain(__doc__), formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--results", default="results/zoo", help="the zoo's results root, holding runs/<arch>-<opt>/seed=<s>/")
+    p.add_argument("--out", default=None, help="where to write zoo.md and zoo.png (default: the results root)")
+    args = p.parse_args(argv)
+    root = Path(args.results)
+    if not (root / "runs").is_dir():
+        print(f"error: --results {root}: no runs/ folder (expected <root>/runs/<arch>-<optimizer>/seed=<s>/)",
+              file=sys.stderr)
+        return 2
+    runs, problems = load_zoo_runs(root)
+    for line in problems:
+        print(f"refused: {line}", file=sys.stderr)
+    if not runs:
+        print(f"error: --results {root}: no finished zoo run", file=sys.stderr)
+        return 2
+    out = Path(args.out) if args.out else root
+    text = table_markdown(runs, root) + "\n![The staleness zoo](zoo.png)\n"
+    records.atomic_write_text(out / "zoo.md", text)
+    figure(runs, out / "zoo.png")
+    print(text)
+    print(f"wrote {out / 'zoo.md'} and {out / 'zoo.png'} from {len(runs)} runs", file=sys.stderr)
+    return 1 if problems else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

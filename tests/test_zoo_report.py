@@ -1,0 +1,102 @@
+"""The staleness zoo's table (bnrotation.study.analysis.tables.zoo_report) on runs built by hand, whose every figure
+follows from their checks: the last check, the worst median E past the warm-up, the truth's stale checks and the
+rule's recall and false alarms; the GroupNorm control's refusal; a root without runs refused in one line.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pandas as pd
+import pytest
+
+from bnrotation import records
+from bnrotation.study.analysis.results import Run
+from bnrotation.study.analysis.tables import zoo_report
+
+
+def _run(arch: str, opt: str, seed: int, checks: list[dict], e: dict[int, list[float]], refused=None) -> Run:
+    """A zoo run: ``checks`` its check lines (step, accuracies, stale, rule_stale, warming_up), ``e`` per step the
+    median E of each of its layers."""
+    frame = pd.DataFrame([{"acc_eval_mode_reestimated": c["acc_eval_mode"] + c["recovered"], **c} for c in checks])
+    layers = pd.DataFrame([{"step": step, "norm_layer": f"bn{i}", "eval_error_median_sigma": v}
+                           for step, values in e.items() for i, v in enumerate(values)])
+    info = {"row": f"{arch}-{opt}", "seed": seed, "arch": arch, "optimizer_name": opt, "monitor": {"refused": refused}}
+    return Run(records.run_dir("zoo", f"{arch}-{opt}", seed), info, {}, {"checks": frame, "layers": layers})
+
+
+def _check(step, train, evaluated, recovered, stale, rule, warming=False) -> dict:
+    return {"step": step, "acc_train_mode": train, "acc_eval_mode": evaluated, "recovered": recovered,
+            "stale": stale, "rule_stale": rule, "warming_up": warming}
+
+
+# seed 0: a warm-up check (ignored by the rule's columns and the worst E), a stale check caught, a stale check
+# missed, a fresh check warned at (a false alarm) and a fresh one left alone
+SEED0 = [_check(0, 0.10, 0.10, 0.00, False, True, warming=True), _check(10, 0.80, 0.60, 0.20, True, True),
+         _check(20, 0.85, 0.78, 0.06, True, False), _check(30, 0.86, 0.84, 0.01, False, True),
+         _check(40, 0.88, 0.87, 0.00, False, False)]
+SEED1 = [_check(0, 0.10, 0.10, 0.00, False, False, warming=True), _check(10, 0.82, 0.82, 0.00, False, False),
+         _check(20, 0.84, 0.70, 0.14, True, True), _check(30, 0.86, 0.85, 0.02, False, False),
+         _check(40, 0.90, 0.85, 0.05, True, True)]
+E0 = {0: [9.0, 9.0], 10: [0.3, 0.5], 20: [0.2, 0.1], 30: [0.1, 0.1], 40: [0.05, 0.04]}
+E1 = {0: [7.0, 7.0], 10: [0.1, 0.2], 20: [0.4, 0.9], 30: [0.1, 0.1], 40: [0.2, 0.1]}
+
+
+def test_per_run_reads_the_last_check_the_worst_e_past_the_warm_up_and_the_counts():
+    frame = zoo_report.per_run([_run("lcnet_050", "adam", 0, SEED0, E0)])
+    line = frame.iloc[0]
+    assert (line["acc_eval_mode"], line["gap"]) == pytest.approx((0.87, 0.01))
+    assert line["worst_e"] == 0.5  # step 0's 9.0 is inside the warm-up: the initial statistics, not staleness
+    assert (line["recovered"], line["recovered_max"]) == pytest.approx((0.00, 0.20))
+    assert (line["checks"], line["stale"], line["warned_stale"], line["fresh"], line["warned_fresh"]) == (4, 2, 1, 2, 1)
+
+
+def test_the_table_sums_counts_and_gives_mean_and_spread_over_seeds():
+    runs = [_run("lcnet_050", "adam", 0, SEED0, E0), _run("lcnet_050", "adam", 1, SEED1, E1)]
+    text = zoo_report.table_markdown(runs, "zoo")
+    (line,) = [x for x in text.splitlines() if x.startswith("| `lcnet_050`")]
+    cells = [c.strip() for c in line.strip("|").split("|")]
+    assert cells[:3] == ["`lcnet_050`", "adam", "2"]
+    assert cells[3] == "86.0% ± 1.4"  # 0.87 and 0.85: mean 0.86, sample sd sqrt(2) points
+    assert cells[5] == "0.7σ ± 0.28"  # worst E 0.5 and 0.9
+    assert cells[-3:] == ["4/8", "3/4", "1/4"]  # stale 2 + 2 of 4 + 4; caught 1 + 2; false alarms 1 + 0
+
+
+def test_a_refused_architecture_keeps_its_accuracy_and_says_why():
+    control = [_check(0, 0.1, 0.1, float("nan"), False, None, warming=True), _check(10, 0.8, 0.8, float("nan"),
+                                                                                     False, None)]
+    run = _run("resnet10t_gn", "sgd", 0, control, {}, refused="no BatchNorm layer with running statistics")
+    (line,) = [x for x in zoo_report.table_markdown([run], "zoo").splitlines() if x.startswith("| `resnet10t_gn`")]
+    cells = [c.strip() for c in line.strip("|").split("|")]
+    assert cells[3] == "80.0%" and set(cells[4:8]) == {"–"}
+    assert cells[8] == "the monitor refuses it: no running statistics"
+
+
+def test_a_root_without_runs_or_without_a_finished_run_exits_2_in_one_line(tmp_path, capsys):
+    assert zoo_report.main(["--results", str(tmp_path / "nowhere")]) == 2
+    assert "no runs/ folder" in capsys.readouterr().err
+    (tmp_path / "runs" / "lcnet_050-sgd" / "seed=0").mkdir(parents=True)
+    assert zoo_report.main(["--results", str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1] == f"error: --results {tmp_path}: no finished zoo run"
+    assert not (tmp_path / "zoo.md").exists()
+
+
+def test_a_finished_run_on_disk_gives_the_table_and_the_figure(tmp_path, capsys):
+    """The reader's path: a run folder as the zoo writes it (run.json, config.yaml, checks and layers, DONE)."""
+    run = _run("lcnet_050", "sgd", 0, SEED0, E0)
+    path = records.run_dir(tmp_path, "lcnet_050-sgd", 0)
+    path.mkdir(parents=True)
+    records.write_json(path / "run.json", {"schema_version": records.SCHEMA_VERSION, "status": "done", **run.info})
+    (path / "config.yaml").write_text("arch: lcnet_050\n")
+    filler = {"checks": {"lr": 0.05, "loss": 1.0}, "layers": {"layer": "conv", "weight_norm": 1.0, "update_cos": 0.0,
+                                                            "grad_cos": 0.0}}
+    for name, extra in filler.items():
+        records.write_table(run.tables[name].assign(row=run.row, seed=0, **extra), path / f"{name}.parquet", name)
+    records.mark_done(path)
+    code = zoo_report.main(["--results", str(tmp_path)])
+    out = capsys.readouterr()
+    assert code == 0, out.err
+    assert "| `lcnet_050` | sgd | 1 | 87.0% |" in (tmp_path / "zoo.md").read_text()
+    assert (tmp_path / "zoo.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert json.loads((path / "run.json").read_text())["arch"] == "lcnet_050"
