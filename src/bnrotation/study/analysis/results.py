@@ -190,6 +190,16 @@ def check_one_scale(runs: list[Run]) -> None:
                               "results root (results_root=...)")
 
 
+def say_refused(problems: list[str], runs: list, empty: str) -> bool:
+    """Print each of ``problems`` (a folder refused, one line each) on stderr as ``refused: <line>``, then
+    ``error: <empty>`` when ``runs`` is empty; True when it is (the command then exits 2, having judged nothing)."""
+    for line in problems:
+        print(f"refused: {line}", file=sys.stderr)
+    if not runs:
+        print(f"error: {empty}", file=sys.stderr)
+    return not runs
+
+
 def find_run_dirs(root: str | Path) -> list[Path]:
     """Every ``runs/<row>/seed=<s>`` folder under ``root``, in row-registry order."""
     dirs = [p for p in Path(root).glob("runs/*/seed=*") if p.is_dir()]

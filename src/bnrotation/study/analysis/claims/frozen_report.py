@@ -13,7 +13,7 @@ from pathlib import Path
 from .... import records
 from ....helptext import plain
 from ...rows import FROZEN_ROOT, FROZEN_ROWS, FROZEN_SEEDS
-from ..results import Run
+from ..results import Run, say_refused
 from ..tables.frozen import load_frozen_runs, table_markdown
 from .frozen import judge
 
@@ -42,10 +42,7 @@ def main(argv: list[str] | None = None) -> int:
               f"{', '.join(FROZEN_ROWS)})", file=sys.stderr)
         return 2
     runs, problems = load_frozen_runs(root)
-    for line in problems:
-        print(f"refused: {line}", file=sys.stderr)
-    if not runs:
-        print(f"error: {root}: no finished frozen-backbone run", file=sys.stderr)
+    if say_refused(problems, runs, f"{root}: no finished frozen-backbone run"):
         return 2
     text = report(runs, root)
     out = Path(args.out) if args.out else root

@@ -33,12 +33,12 @@ from pathlib import Path
 
 import pandas as pd
 
-from bnrotation import records
-from bnrotation.helptext import plain
-from bnrotation.study.analysis.formatting import cell
-from bnrotation.study.analysis.results import Run
-from bnrotation.study.analysis.stats import SeedStat
-from bnrotation.study.analysis.tables.calibration import load_calibration_runs
+from .... import records
+from ....helptext import plain
+from ..formatting import cell
+from ..results import Run, say_refused
+from ..stats import SeedStat
+from .calibration import load_calibration_runs
 
 __all__ = ["COLUMNS", "load_zoo_runs", "per_run", "table_markdown", "main"]
 
@@ -116,16 +116,17 @@ def table_markdown(runs: list[Run], root: str | Path) -> str:
 
 
 def figure(runs: list[Run], path: Path) -> Path:
-    """``path`` (``.png``, and its ``.pdf`` twin: :func:`.figures.save`): per run with BatchNorm, the worst median E against the largest accuracy re-estimation
-    recovers, a colour per architecture and a marker per optimizer, the truth's 5-point line and the rule's E threshold dashed."""
+    """``path`` (``.png``, and its ``.pdf`` twin: :func:`.figures.save`): per run with BatchNorm, the worst median E
+    against the largest accuracy re-estimation recovers, a colour per architecture and a marker per optimizer, the
+    truth's 5-point line dashed and the rule's E threshold dotted."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from bnrotation.monitor import Thresholds
-    from bnrotation.study.analysis.tables.figures import apply_style, save
-    from bnrotation.study.zoo import STALE_RECOVERY
+    from ....monitor import Thresholds
+    from ...zoo import STALE_RECOVERY
+    from .figures import apply_style, save
 
     frame = per_run(runs)
     frame = frame[frame["refused"].isna()]
@@ -162,10 +163,7 @@ def main(argv: list[str] | None = None) -> int:
               file=sys.stderr)
         return 2
     runs, problems = load_zoo_runs(root)
-    for line in problems:
-        print(f"refused: {line}", file=sys.stderr)
-    if not runs:
-        print(f"error: --results {root}: no finished zoo run", file=sys.stderr)
+    if say_refused(problems, runs, f"--results {root}: no finished zoo run"):
         return 2
     out = Path(args.out) if args.out else root
     text = table_markdown(runs, root) + "\n![The staleness zoo](zoo.png)\n"
