@@ -6,9 +6,11 @@ input readers (``bnrotation.inputs``). Text-only functions (a warning's wording,
 message, which the suite checks only where a message is the promise. ``--out FILE`` reads mutmut's results under
 ``mutants/`` and writes the score, per module and in all, and every surviving mutant with its diff.
 
-The score is killed / (mutants − equivalent − not checked), with a timeout counted as killed and a mutant that no selected test
-reaches ("no tests") counted as surviving. :data:`EQUIVALENT` lists the mutants excluded as equivalent (no input
-can tell them from the original), each with the reason.
+The score is killed / (mutants − equivalent − CPU only − not checked), with a timeout counted as killed and a
+mutant that no selected test reaches ("no tests") counted as surviving. :data:`EQUIVALENT` lists the mutants
+excluded as equivalent (no input can tell them from the original), each with the reason; :data:`CPU_ONLY` those
+excluded because only a machine with CUDA devices can tell them apart (``make mutants`` runs on the CPU-only torch
+of the lock file), each with the machine that would.
 
 mutmut 3 does not mutate decorated functions (``@property``, ``@dataclass`` fields' defaults): the judges'
 ``passed`` and ``tolerance`` properties are not in the score; tests/test_claims.py and
@@ -60,6 +62,10 @@ UNREAD_SOURCE = ("the source of a placement or piece that holds a weight layer's
 WHOLE_BRANCH = ("a piece has no size only when placed without shapes, and _fx_placements never concatenates without "
                 "shapes (execution order always has them); with a size the rebuilt piece equals the part's one piece "
                 "(offset 0, the same size and via) but for its source, which is never read")
+STAGED = ("the default device (the CPU) for --device: the loaded tensors are only staged on the device before "
+          "load_state_dict copies them into the model's own, so the model ends up the same for every device they "
+          "load onto (only a device torch cannot load onto, which parse_device refuses first for the commands, "
+          "would make the original refuse the file where the mutant reads it)")
 ZERO_OFFSET = ("every piece starts at its weight layer's output channel 0: pairing makes a piece with offset 0 or "
                "copies one, and sees through no operation that slices channels")
 EQUIVALENT: dict[str, str] = {
@@ -83,7 +89,28 @@ EQUIVALENT: dict[str, str] = {
     "bnrotation.pairing.x__concatenated__mutmut_50": ZERO_OFFSET + ": a piece without a weight layer is never made "
                                                    "a segment, and its offset (None) is the same in every call's key",
     "bnrotation.pairing.x__concatenated__mutmut_58": ZERO_OFFSET + ": as _50, with offset 1 in every call's key",
+    "bnrotation.inputs.x_load_function__mutmut_4": "spec or 'XXXX' for spec or '': an empty or None spec matches "
+        "SPEC neither way (module:function needs a colon), and the refusal quotes spec itself",
+    "bnrotation.inputs.x_load_weights__mutmut_7": "folder = None for folder = '': folder is read only as a truth "
+        "value until a Hugging Face folder replaces it with the file read",
+    "bnrotation.inputs.x_load_weights__mutmut_15": STAGED + ": _pretrained_weights(folder) stages them there",
+    "bnrotation.inputs.x_load_weights__mutmut_21": STAGED + ": load_checkpoint(weights) stages them there",
+    "bnrotation.inputs.x_load_weights__mutmut_103": "strict=None for strict=False: nn.Module.load_state_dict reads "
+        "strict only as a truth value (if strict:)",
+    "bnrotation.inputs.x_load_batches__mutmut_15": "_items(batches, None) for a tensor, tuple or mapping: _items "
+        "returns [batches] for those without reading spec (it names spec only when refusing any other type)",
+    "bnrotation.inputs.x_load_batches__mutmut_31": "load_checkpoint(batches) for load_checkpoint(batches, "
+        "map_location='cpu'): 'cpu' is load_checkpoint's default",
 }
+
+# Mutants only a machine with CUDA devices can tell from the original: every tensor of make mutants is on the CPU
+# (the lock file's torch is CPU-only). Excluded from the score as the equivalent ones are, each with its reason.
+CPU_ONLY: dict[str, str] = {
+    "bnrotation.inputs.x_parse_device__mutmut_17": "(device.index or 1) for (device.index or 0): killable only where "
+        "torch sees exactly one CUDA device (cuda and cuda:0 then refused): with none every cuda device is refused "
+        "before its index is read, with two or more index 0 and 1 are both below the count",
+}
+EXCLUDED = {**EQUIVALENT, **CPU_ONLY}
 
 KILLED = {"killed", "timeout"}
 
@@ -108,9 +135,9 @@ def results(folder: Path) -> dict[str, str]:
 
 
 def score(found: dict[str, str]) -> tuple[int, int]:
-    """(killed, non-equivalent total), over the mutants mutmut got to ("not checked" left out: a run stopped
-    part-way says so in its table)."""
-    judged = {k: v for k, v in found.items() if k not in EQUIVALENT and v != "not checked"}
+    """(killed, total less the equivalent and CPU-only mutants), over the mutants mutmut got to ("not checked" left
+    out: a run stopped part-way says so in its table)."""
+    judged = {k: v for k, v in found.items() if k not in EXCLUDED and v != "not checked"}
     return sum(v in KILLED for v in judged.values()), len(judged)
 
 
@@ -131,24 +158,27 @@ def write_report(out: Path, folder: Path, note: str = "") -> str:
              f"Made by `make mutants` (mutmut {_version()}) on {dt.date.today().isoformat()}, commit "
              f"{_commit()}: `mutmut run` over the functions of tests/mutants_report.py (NAMES), each mutant "
              "with the tests of pyproject.toml's `[tool.mutmut]` that reach its function. Score: killed (a timeout "
-             "counts as killed) / mutants less the equivalent ones and those not checked; a mutant no selected test "
-             "reaches counts as surviving." + (f" {note}" if note else ""), "",
-             "| module | killed | total | equivalent | score | survived | no tests | not checked |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|"]
+             "counts as killed) / mutants less the equivalent ones, those only a CUDA machine can tell apart (CPU "
+             "only) and those not checked; a mutant no selected test reaches counts as surviving."
+             + (f" {note}" if note else ""), "",
+             "| module | killed | total | equivalent | CPU only | score | survived | no tests | not checked |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for module in list(NAMES) + ["all"]:
         part = {k: v for k, v in found.items() if module == "all" or module_of(k) == module}
         killed, total = score(part)
-        counts = Counter(v for k, v in part.items() if k not in EQUIVALENT)
-        eq = sum(k in EQUIVALENT for k in part)
-        lines.append(f"| {module} | {killed} | {total} | {eq} | {killed / total:.1%} | {counts['survived']} | "
+        counts = Counter(v for k, v in part.items() if k not in EXCLUDED)
+        eq, cpu = sum(k in EQUIVALENT for k in part), sum(k in CPU_ONLY for k in part)
+        lines.append(f"| {module} | {killed} | {total} | {eq} | {cpu} | {killed / total:.1%} | {counts['survived']} | "
                      f"{counts['no tests']} | {counts['not checked']} |" if total
-                     else f"| {module} | 0 | 0 | {eq} | – | 0 | 0 | {counts['not checked']} |")
+                     else f"| {module} | 0 | 0 | {eq} | {cpu} | – | 0 | 0 | {counts['not checked']} |")
     others = Counter(v for v in found.values() if v not in KILLED | {"survived", "no tests", "not checked"})
     if others:
         lines += ["", "Other outcomes: " + ", ".join(f"{n} {s}" for s, n in sorted(others.items()))]
     lines += ["", "## Equivalent mutants excluded", ""]
     lines += [f"- `{k}`: {why}" for k, why in EQUIVALENT.items()] or ["None."]
-    survivors = [k for k, v in found.items() if v in ("survived", "no tests") and k not in EQUIVALENT]
+    lines += ["", "## Mutants only a CUDA machine can tell apart, excluded (CPU only)", ""]
+    lines += [f"- `{k}`: {why}" for k, why in CPU_ONLY.items()] or ["None."]
+    survivors = [k for k, v in found.items() if v in ("survived", "no tests") and k not in EXCLUDED]
     lines += ["", f"## Surviving mutants ({len(survivors)})", ""]
     for name in survivors:
         lines += [f"### `{name}` ({found[name]})", "", "```diff", diff(name), "```", ""]

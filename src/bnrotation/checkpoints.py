@@ -172,7 +172,8 @@ def state_dict_of(contents, key: str | None = None) -> tuple[dict[str, torch.Ten
 
     Returns:
         ``(state dict, description)``; the description reads ``"a state dict"`` or ``"a checkpoint dict, its
-        'state_dict' entry"``, and names the other copies of the weights it holds (``state_dict_ema``).
+        'state_dict' entry"`` (the other copies of the weights it holds, :data:`OTHER_COPIES`, are named by the
+        commands' reader, :func:`bnrotation.inputs.load_weights`, with the ``--weights-key`` that checks each).
 
     Raises:
         BadCheckpointError: in one line, when ``key`` is not an entry or holds no state dict, or when no state dict
@@ -192,9 +193,7 @@ def state_dict_of(contents, key: str | None = None) -> tuple[dict[str, torch.Ten
         return dict(contents), "a state dict"
     for entry in STATE_DICT_ENTRIES:
         if _is_state_dict(contents.get(entry)):
-            others = [k for k in OTHER_COPIES if _is_state_dict(contents.get(k))]
-            also = f"; it also holds {few(others)}" if others else ""
-            return dict(contents[entry]), f"a checkpoint dict, its {entry!r} entry{also}"
+            return dict(contents[entry]), f"a checkpoint dict, its {entry!r} entry"
     raise BadCheckpointError(f"holds no state dict: a dict of {len(contents)} entries ({few(contents, 6)}), "
                              f"none of them {' or '.join(map(repr, STATE_DICT_ENTRIES))} holding one")
 

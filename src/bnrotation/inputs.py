@@ -375,12 +375,14 @@ def load_batches(batches, input_key: str = "input", target_key: str = "target",
 
     Raises:
         InputError: naming ``--batches`` for a file that is missing, unreadable or unsafe, a factory
-            that does not import or returns no iterable, no batch at all, a batch it cannot read (naming
+            that does not import, returns no iterable or raises (when called, or while its batches are drawn:
+            naming the batch), no batch at all, a batch it cannot read (naming
             its index; a dict without the input key says how many keys it has and shows a few), a batch of
             fewer than 2 samples, labels that are not class indices (N,) of the model's outputs, inputs the
             model cannot run on, or batches with labels mixed with batches without.
     """
     spec = batches if isinstance(batches, (str, os.PathLike)) else "(given)"
+    loader = None
     if isinstance(batches, (torch.Tensor, tuple, Mapping)):
         batches = _items(batches, spec)
     elif isinstance(batches, (str, os.PathLike)):
@@ -401,7 +403,14 @@ def load_batches(batches, input_key: str = "input", target_key: str = "target",
                                       "of batches") from None
             except Exception as err:  # noqa: BLE001 - the user's loader failed: reported in one line
                 raise InputError("--batches", f" {spec}: raised {type(err).__name__}: {first_line(err)}") from None
-    drawn = list(itertools.islice(batches, max_batches + 1))
+    drawn: list = []
+    try:
+        drawn.extend(itertools.islice(batches, max_batches + 1))
+    except Exception as err:  # noqa: BLE001 - the user's loader (a generator) failed while drawn from: one line
+        if loader is None:
+            raise
+        raise InputError("--batches", f" {spec}: batch {len(drawn)}: raised {type(err).__name__}: "
+                              f"{first_line(err)}") from None
     more = len(drawn) > max_batches
     out = []
     for i, batch in enumerate(drawn[:max_batches]):
