@@ -100,3 +100,18 @@ def test_a_finished_run_on_disk_gives_the_table_and_the_figure(tmp_path, capsys)
     assert "| `lcnet_050` | sgd | 1 | 87.0% |" in (tmp_path / "zoo.md").read_text()
     assert (tmp_path / "zoo.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert json.loads((path / "run.json").read_text())["arch"] == "lcnet_050"
+
+
+def test_the_calibration_truth_of_a_run_without_running_statistics_is_empty_not_an_error():
+    """The GroupNorm control records a NaN re-estimated accuracy at every check: it has no truth to score (before
+    the fix, ``calibration.truth`` raised KeyError on the committed control runs)."""
+    from bnrotation.study.analysis.tables import calibration
+
+    iv = pd.DataFrame({"step": [0, 0, 75, 75], "intervention": ["none", "reestimate"] * 2, "k": -1, "layer": "",
+                       "acc_eval_mode": [0.09, float("nan"), 0.51, float("nan")]})
+    run = _run("resnet10t_gn", "sgd", 0, SEED0, {}, refused="no BatchNorm")
+    run.tables["interventions"] = iv
+    assert calibration.truth(run).empty
+    run = _run("lcnet_050", "sgd", 0, SEED0, E0)
+    run.tables["interventions"] = iv.assign(acc_eval_mode=[0.5, 0.6, 0.7, 0.7])
+    assert calibration.truth(run)["recovery"].tolist() == pytest.approx([0.1, 0.0])

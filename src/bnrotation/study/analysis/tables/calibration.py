@@ -191,12 +191,16 @@ def _with_gap_and_warmup(run: Run, layers: dict[str, dict], out: pd.DataFrame) -
 def truth(run: Run) -> pd.DataFrame:
     """Per intervention step: ``acc_stored`` and ``acc_reestimated`` (evaluation-mode accuracy on the held-out
     set with the stored and the re-estimated statistics, fractions), ``recovery`` (their difference) and
-    ``stale`` (``recovery >= STALE_RECOVERY``). Empty without interventions."""
+    ``stale`` (``recovery >= STALE_RECOVERY``). Empty without interventions, or without a re-estimated accuracy
+    (a run without running statistics records NaN there)."""
+    empty = pd.DataFrame(columns=["step", "acc_stored", "acc_reestimated", "recovery", "stale"])
     iv = run.tables.get("interventions")
     if iv is None or iv.empty:
-        return pd.DataFrame(columns=["step", "acc_stored", "acc_reestimated", "recovery", "stale"])
+        return empty
     both = iv[iv["intervention"].isin(["none", "reestimate"])]
     wide = both.pivot_table(index="step", columns="intervention", values="acc_eval_mode").dropna()
+    if not {"none", "reestimate"} <= set(wide.columns):  # no running statistics (the GroupNorm control): NaN
+        return empty
     wide = wide.rename(columns={"none": "acc_stored", "reestimate": "acc_reestimated"}).reset_index()
     wide["recovery"] = wide["acc_reestimated"] - wide["acc_stored"]
     return wide.assign(stale=wide["recovery"] >= STALE_RECOVERY)[["step", "acc_stored", "acc_reestimated",
