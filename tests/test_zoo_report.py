@@ -21,7 +21,8 @@ def _run(arch: str, opt: str, seed: int, checks: list[dict], e: dict[int, list[f
     frame = pd.DataFrame([{"acc_eval_mode_reestimated": c["acc_eval_mode"] + c["recovered"], **c} for c in checks])
     layers = pd.DataFrame([{"step": step, "norm_layer": f"bn{i}", "eval_error_median_sigma": v}
                            for step, values in e.items() for i, v in enumerate(values)])
-    info = {"row": f"{arch}-{opt}", "seed": seed, "arch": arch, "optimizer_name": opt, "monitor": {"refused": refused}}
+    info = {"row": f"{arch}-{opt}", "seed": seed, "arch": arch, "optimizer_name": opt, "monitor": {"refused": refused},
+            "stale_recovery": 0.05}
     return Run(records.run_dir("zoo", f"{arch}-{opt}", seed), info, {}, {"checks": frame, "layers": layers})
 
 
@@ -60,6 +61,7 @@ def test_the_table_sums_counts_and_gives_mean_and_spread_over_seeds():
     assert cells[3] == "86.0% ± 1.4"  # 0.87 and 0.85: mean 0.86, sample sd sqrt(2) points
     assert cells[5] == "0.7σ ± 0.28"  # worst E 0.5 and 0.9
     assert cells[-3:] == ["4/8", "3/4", "1/4"]  # stale 2 + 2 of 4 + 4; caught 1 + 2; false alarms 1 + 0
+    assert "recovers at least 5 points (the truth)" in text
 
 
 def test_a_refused_architecture_keeps_its_accuracy_and_says_why():

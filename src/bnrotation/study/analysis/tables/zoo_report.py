@@ -1,7 +1,8 @@
 """The staleness zoo's table and figure: per architecture and optimizer, what the runs of ``make zoo`` measured.
 
 Reads the finished runs under ``<root>/runs/<arch>-<optimizer>/seed=<s>/`` (:mod:`bnrotation.study.zoo`'s layout,
-read as :func:`.calibration.load_calibration_runs` reads it) and writes ``<root>/zoo.md`` and ``<root>/zoo.png`` (and ``.pdf``)::
+read as :func:`.calibration.load_calibration_runs` reads it) and writes ``<root>/zoo.md`` and ``<root>/zoo.png``
+(and ``.pdf``)::
 
     python -m bnrotation.study.analysis.tables.zoo_report --results results/reference/zoo
 
@@ -10,8 +11,8 @@ records (``layers.parquet``):
 
 * the final evaluation-mode accuracy on the held-out images and the final held-out mode gap (training- minus
   evaluation-mode accuracy, the same images);
-* the worst E: the largest, over the checks past the monitor's warm-up, of the worst layer's median E (:mod:`bnrotation.staleness`, in units
-  of the running σ);
+* the worst E: the largest, over the checks past the monitor's warm-up, of the worst layer's median E
+  (:mod:`bnrotation.staleness`, in units of the running σ);
 * the accuracy re-estimation recovers (re-estimated minus stored, held-out), at the last check and at its
   largest over the checks;
 * the truth's stale checks (re-estimation recovers at least the run's ``stale_recovery``) and the rule's warnings
@@ -91,19 +92,22 @@ def _count(k: int, n: int) -> str:
 def table_markdown(runs: list[Run], root: str | Path) -> str:
     """The zoo as a markdown table: one line per architecture and optimizer, in the order the runs sort."""
     frame = per_run(runs)
+    truth = " or ".join(cell(x, "pct", digits=0).replace("%", " points")
+                        for x in sorted({r.info["stale_recovery"] for r in runs}))  # each run's own X
     out = [f"The staleness zoo: {len(runs)} finished runs under `{root}` (`make zoo`; `bnrotation.study.zoo`). "
            "Held-out accuracies at the last check; mode gap: training- minus evaluation-mode accuracy on the same "
-           "held-out images; worst median E: the largest over the checks past the warm-up of the worst layer's median E, in running "
-           "σ; recovered: re-estimated minus stored evaluation-mode accuracy. Mean ± sample standard deviation "
-           "over seeds (n). Stale: checks where re-estimation recovers at least 5 points (the truth); the rule's "
-           "warnings at stale checks (recall) and at fresh ones (false alarms), checks in the monitor's warm-up "
-           "left out, summed over seeds.\n",
+           "held-out images; worst median E: the largest over the checks past the warm-up of the worst layer's "
+           "median E, in running σ; recovered: re-estimated minus stored evaluation-mode accuracy. Mean ± sample "
+           f"standard deviation over seeds (n). Stale: checks where re-estimation recovers at least {truth} (the "
+           "truth); the rule's warnings at stale checks (recall) and at fresh ones (false alarms), checks in the "
+           "monitor's warm-up left out, summed over seeds.\n",
            "| architecture | optimizer | seeds | " + " | ".join(t for _, t, _ in COLUMNS)
            + " | stale checks | rule at stale | rule at fresh |",
            "|---|---|---:|" + "---:|" * (len(COLUMNS) + 3)]
     for (arch, opt), g in frame.groupby(["arch", "optimizer"], sort=True):
         refused = g["refused"].dropna()
-        cells = [cell(SeedStat.of(g[k]).mean, unit, SeedStat.of(g[k]).sd, spread_sign=False) for k, _, unit in COLUMNS]
+        stats = [(SeedStat.of(g[k]), unit) for k, _, unit in COLUMNS]
+        cells = [cell(stat.mean, unit, stat.sd, spread_sign=False) for stat, unit in stats]
         if len(refused):
             cells[1:] = ["–"] * (len(COLUMNS) - 1)
             counts = ["the monitor refuses it: no running statistics", "–", "–"]
@@ -154,7 +158,8 @@ def main(argv: list[str] | None = None) -> int:
     """Write ``<results>/zoo.md`` and ``zoo.png`` (or under ``--out``) and print the table; exit status as the module
     docstring says."""
     p = argparse.ArgumentParser(description=plain(__doc__), formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--results", default="results/zoo", help="the zoo's results root, holding runs/<arch>-<opt>/seed=<s>/")
+    p.add_argument("--results", default="results/zoo",
+                   help="the zoo's results root, holding runs/<arch>-<opt>/seed=<s>/")
     p.add_argument("--out", default=None, help="where to write zoo.md and zoo.png (default: the results root)")
     args = p.parse_args(argv)
     root = Path(args.results)
