@@ -66,7 +66,7 @@ from bnrotation.monitor import StalenessMonitor
 from bnrotation.bnstats import batch_statistics
 from bnrotation.study.optim import build_optimizer
 from bnrotation.evaluation import CompiledEvaluation, eval_chunk
-from bnrotation.probes import accuracy, channel_dims, fresh_statistics, input_moments
+from bnrotation.probes import accuracy, channel_dims, fresh_statistics, input_moments, pooled_chunk_moments
 from bnrotation.study.rows import RESNET_ROWS, ROWS, SEEDS, SETS, SWEEP_ROWS
 from bnrotation.study.runner import averaging_steps, check_steps, intervention_steps, log_steps, run
 from bnrotation.study.runtime import evaluation_compiled, resolve_device
@@ -376,16 +376,6 @@ def report_processes(ctx: Context, b: dict) -> list[str]:
 
 
 # ----------------------------------------------------------------------------- (c) probes and the monitor
-def _pooled_moments(parts: list[tuple[int, torch.Tensor, torch.Tensor]]) -> tuple[int, torch.Tensor, torch.Tensor]:
-    """Count, mean and sum of squared deviations of chunks pooled, from each chunk's ``(n, mean, m2)``
-    (Chan, Golub and LeVeque 1983, the pairwise update), in float64."""
-    n, mean, m2 = parts[0]
-    for nb, mb, m2b in parts[1:]:
-        delta, total = mb - mean, n + nb
-        mean, m2, n = mean + delta * (nb / total), m2 + m2b + delta * delta * (n * nb / total), total
-    return n, mean, m2
-
-
 @torch.no_grad()
 def layerwise_chunked_forward(model: nn.Module, x: torch.Tensor, chunk: int) -> torch.Tensor:
     """The training-mode (batch statistics) output on ``x`` (N, ...), computed in chunks of ``chunk`` samples:
@@ -414,8 +404,10 @@ def layerwise_chunked_forward(model: nn.Module, x: torch.Tensor, chunk: int) -> 
         pooled = {}
         for node in segment:
             if node in norms:
-                n, mean, m2 = _pooled_moments(parts.pop(node))
-                pooled[node] = (mean.float(), (m2 / n).float())  # BatchNorm normalises with the biased variance
+                chunks = parts.pop(node)
+                n = sum(k for k, _, _ in chunks)
+                mean, var = pooled_chunk_moments(chunks)
+                pooled[node] = (mean.float(), (var * (n - 1) / n).float())  # BatchNorm normalises with the biased variance
             env[node] = getattr(gm, node.target) if node.op == "get_attr" else [None] * len(xs)
         for i in range(len(xs)):
             for node in segment:
@@ -438,7 +430,7 @@ def layerwise_chunked_forward(model: nn.Module, x: torch.Tensor, chunk: int) -> 
                 if node in feeds:
                     mean, var = input_moments(value)
                     count = value.numel() // value.shape[1]
-                    parts[feeds[node]].append((count, mean, var * (count - 1)))
+                    parts[feeds[node]].append((count, mean, var))
     return torch.cat(env[nodes[-1]])
 
 
@@ -474,9 +466,15 @@ def measure_probes(ctx: Context) -> dict:
         before = monitor.snapshot()
         calls = iter(range(100, 10 ** 9, 100))
         monitor.measure(0)
-        call = timed(lambda: monitor.measure(next(calls), before), args.reps, ctx.sync)
+        path_monitor = StalenessMonitor(model, x_probe, warn=False, evaluation_path=True)
+        path_monitor.measure(0)
+        plain, path = [], []
+        for r in range(args.reps):  # interleaved, so that load shifts hit both alike
+            for m, into in ((monitor, plain), (path_monitor, path))[:: 1 if r % 2 == 0 else -1]:
+                into.append(timed(lambda: m.measure(next(calls), before), 1, ctx.sync))
+        call, call_path = statistics.median(plain), statistics.median(path)
         monitors[arch] = {"step": step, "call": call, "share": call / (100 * step), "probe": len(x_probe),
-                          "layers": len(monitor.layers)}
+                          "layers": len(monitor.layers), "call_path": call_path}
         if arch == "the study's network":
             rows += [("fresh statistics (probe set, one pass in training mode)", full.logs,
                       timed(lambda: fresh_statistics(model, x_probe), args.reps, ctx.sync)),
@@ -530,11 +528,16 @@ def report_probes(ctx: Context, c: dict) -> list[str]:
     lines += ["", "**The monitor's overhead** (`StalenessMonitor`, one call: a training-mode and an evaluation-mode "
               "pass over its probe batch and a pass over the paired weights) at one call per 100 training steps, "
               "against the time of those 100 steps; the target is at most 3%:", "",
-              "| network | probe batch | norm layers | training step | monitor call | share of training |",
-              "|---|---:|---:|---:|---:|---:|"]
+              "| network | probe batch | norm layers | training step | monitor call | share of training | "
+              "call with `evaluation_path=True` | its cost over the call |",
+              "|---|---:|---:|---:|---:|---:|---:|---:|"]
     for arch, m in c["monitors"].items():
         lines.append(f"| {arch} | {m['probe']} | {m['layers']} | {fmt_s(m['step'])} | {fmt_s(m['call'])} | "
-                     f"{100 * m['share']:.1f}% |")
+                     f"{100 * m['share']:.1f}% | {fmt_s(m['call_path'])} | "
+                     f"{100 * (m['call_path'] / m['call'] - 1):+.0f}% |")
+    lines += ["", "`evaluation_path=True`: the same call measuring each layer's input moments along the evaluation "
+              "path too (`probes.evaluation_path_pass`: its evaluation-mode pass run eagerly, with a hook per layer); "
+              f"the two monitors' calls interleaved, the median of {ctx.args.reps} each."]
     best = min(c["chunks"], key=c["chunks"].get)
     lines += ["", f"Evaluation-mode accuracy on the {c['heldout']:,} held-out samples by chunk size (median of "
               f"{ctx.args.reps}, interleaved; the runner uses {c['chunk']}; training mode is one pass by the "

@@ -57,7 +57,8 @@ from .evaluation import eval_chunk, evaluation_forward, evaluation_mode, logits_
 from .lint import findings_line, lint_batchnorm
 from .pairing import (WEIGHT_LAYERS, NormLeafTracer, NormPair, Pairing, Segment, buffers_kept, channel_axis_after,
                       find_pairs, probe_head, rng_devices)
-from .probes import Scratch, batch_statistics_pass, channel_cosines, drift_sigma_per_step, predicted_lag_sigma, turn_rows
+from .probes import (Scratch, batch_statistics_pass, channel_cosines, drift_sigma_per_step, evaluation_path_pass,
+                     predicted_lag_sigma, turn_rows)
 from .staleness import Thresholds, channel_signals, sigma, warmup_steps
 
 __all__ = ["StalenessMonitor", "MonitorRecord", "Thresholds", "StaleStatisticsWarning", "MonitorSetupWarning",
@@ -211,15 +212,19 @@ class MonitorRecord:
             ``lag_max_abs_sigma``, ``worst_channel``, ``channels_above_1_sigma``, and the median and maximum
             over channels of |d|, |log s| and E (:mod:`bnrotation.staleness`): ``mean_shift_median_abs_sigma``,
             ``mean_shift_max_abs_sigma``, ``log_std_ratio_median_abs``, ``log_std_ratio_max_abs``,
-            ``eval_error_median_sigma``, ``eval_error_max_sigma``.
+            ``eval_error_median_sigma``, ``eval_error_max_sigma``; with ``evaluation_path``, also the median
+            and maximum of E along the evaluation path, ``eval_path_error_median_sigma`` and
+            ``eval_path_error_max_sigma``.
         channels: one line per channel, the suite's ``channels`` columns: ``step``, ``layer`` (the weight
             layer of the channel's segment), ``norm_layer``, ``channel``, ``rotation_deg`` (since the previous call), ``rotation_deg_per_100``,
             ``weight_norm``, ``update_cos``, ``running_mean``, ``running_var``, ``fresh_mean``, ``fresh_var``,
             ``lag_sigma``, ``drift_sigma_per_step``, ``predicted_lag_sigma``, ``abs_mean_over_std``, and the
             variance-aware signal of :mod:`bnrotation.staleness`: ``mean_shift_sigma`` (d, running σ),
             ``log_std_ratio`` (log s) and ``eval_error_sigma`` (E, the RMS error of the evaluation-mode
-            normalised activation against the training-mode one, running σ). Every σ is the layer's own
-            sqrt(var + eps).
+            normalised activation against the training-mode one, running σ); with ``evaluation_path``, also
+            ``eval_path_mean`` and ``eval_path_var`` (the layer's input moments with the network upstream in
+            evaluation mode) and ``eval_path_error_sigma`` (E of the running statistics against them). Every σ
+            is the layer's own sqrt(var + eps).
         stale: the rule's verdict, at any step: whether the thresholds were crossed, or a running statistic
             holds NaN or infinite values. During the monitor's warm-up it is not announced: see :attr:`flagged`.
         summary: one line for a progress bar; it starts with ``STALE`` when :attr:`flagged`, and during the
@@ -473,6 +478,13 @@ class StalenessMonitor:
             running statistics hold less than 1% of their initial values (44 at PyTorch's default momentum of
             0.1); before that, a lag measures the initialisation, and an untrained model's two modes differ by
             chance alone.
+        evaluation_path: also measure each layer's input moments with the network upstream in evaluation mode
+            (:func:`bnrotation.probes.evaluation_path_pass`; Huang et al., CVPR 2022, "expected" statistics), and E
+            of the running statistics against them: the lag a layer meets at evaluation time, its own and what
+            the layers above it carry through depth, beside E against the training-path statistics, its own. The
+            evaluation-mode pass of the mode check measures them (run eagerly, with hooks; without ``modes`` that
+            pass is made for them alone). Adds the ``eval_path_*`` columns of :class:`MonitorRecord`; ``make
+            bench``, section (c), gives its cost.
 
     Unpaired layers (:attr:`pairing`, :func:`find_pairs`) are counted by reason, with a few of each reason's
     layers, in one :class:`MonitorSetupWarning` at construction (:meth:`Pairing.unpaired_text`; every one in
@@ -491,13 +503,14 @@ class StalenessMonitor:
             values, of a shape the model cannot run on, or with labels that are not the output's class
             indices; for a model whose output holds no logits (a tuple, say; the message names the wrapper that
             fixes it, ``ModelLogits``); for a ``warmup_steps`` that is not an int >= 0 or None.
-        TypeError: for a model that is not an ``nn.Module``, a probe it cannot read, or ``thresholds`` that are
-            not a :class:`Thresholds`.
+        TypeError: for a model that is not an ``nn.Module``, a probe it cannot read, ``thresholds`` that are
+            not a :class:`Thresholds`, or an ``evaluation_path`` that is not a bool.
     """
 
     def __init__(self, model: nn.Module, probe, *, input_key: str | None = "input", target_key: str = "target",
                  thresholds: Thresholds = Thresholds(), warn: bool = True, modes: bool = True,
-                 running_statistics_only: bool = True, warmup_steps: int | None = None):
+                 running_statistics_only: bool = True, warmup_steps: int | None = None,
+                 evaluation_path: bool = False):
         if not isinstance(model, nn.Module):
             raise TypeError(f"model: expected a torch.nn.Module, got {type(model).__name__}")
         model = uncompiled(model)
@@ -519,6 +532,8 @@ class StalenessMonitor:
             if isinstance(m, nn.modules.lazy.LazyModuleMixin) and m.has_uninitialized_params():
                 raise ValueError(f"{name or 'model'}: an uninitialised lazy module; run one forward pass before "
                                  "attaching the monitor")
+        if not isinstance(evaluation_path, bool):
+            raise TypeError(f"evaluation_path: expected a bool, got {evaluation_path!r}")
         if not isinstance(thresholds, Thresholds):
             raise TypeError(f"thresholds: expected a bnrotation.monitor.Thresholds, got {type(thresholds).__name__}"
                             " (write Thresholds(mode_gap=..., lag_sigma=...))")
@@ -532,6 +547,7 @@ class StalenessMonitor:
         # every weight layer of a paired layer's segments, once: the weight pass measures each once per call
         self.weight_layers = {w: modules[w] for p in self.pairing.pairs for w in p.weights}
         self.thresholds, self.warn, self.modes = thresholds, warn, modes
+        self.evaluation_path = evaluation_path
         self.warmup_steps = (default_warmup_steps([m for _, m in self.layers]) if warmup_steps is None
                              else warmup_steps)
         if self.pairing.unpaired:
@@ -623,18 +639,24 @@ class StalenessMonitor:
             raise ValueError(f"step {step} is not after the previous call's step {self.previous.step}")
         with torch.random.fork_rng(devices=rng_devices(self.model)):
             scratch = Scratch()
-            outs, moments, evals = [], [], []
+            outs, moments, evals, paths = [], [], [], []
+            layers = [(p.norm, m) for p, m in self.layers]
             for x, _ in self.batches:  # one batch: the probe; several: pooled as re-estimation pools them
-                out, fresh = batch_statistics_pass(self.model, x, [(p.norm, m) for p, m in self.layers],
-                                                   keep_frozen=True, scratch=scratch)
+                out, fresh = batch_statistics_pass(self.model, x, layers, keep_frozen=True, scratch=scratch)
                 if isinstance(x, torch.Tensor):
                     self.eval_chunk = eval_chunk(x.device, len(x), self.weight_bytes,
                                                  scratch.largest // max(len(x), 1))
                 outs.append(out)
                 moments.append(fresh)
-                evals.append(self._eval_forward(x) if self.modes else None)
+                if self.evaluation_path:  # the mode check's evaluation-mode pass measures them
+                    out_eval, path = evaluation_path_pass(self.model, x, layers, self.eval_chunk, scratch)
+                    paths.append(path)
+                    evals.append(out_eval if self.modes else None)
+                else:
+                    evals.append(self._eval_forward(x) if self.modes else None)
             out_train = outs[0] if len(outs) == 1 else torch.cat(outs)
             fresh = pooled_moments(moments)
+            path = pooled_moments(paths) if paths else None
             out_eval = None if not self.modes else evals[0] if len(evals) == 1 else torch.cat(evals)
         checks = self._checks(step, out_train, out_eval)
         prev = self.previous
@@ -645,6 +667,8 @@ class StalenessMonitor:
             layer_rows, channel_columns = [], []
             for pair, norm in self.layers:
                 layer_line, channels = self._layer(step, interval, pair, norm, fresh[pair.norm], rows)
+                if path is not None:
+                    self._eval_path_columns(norm, path.get(pair.norm), layer_line, channels)
                 layer_rows.append(layer_line)
                 channel_columns.append(channels)
         except BaseException:
@@ -748,6 +772,22 @@ class StalenessMonitor:
             **_median_max("eval_error", "_sigma", signals.eval_error_sigma),
         }
         return line, channels
+
+    @staticmethod
+    def _eval_path_columns(norm: nn.Module, moments: tuple[torch.Tensor, torch.Tensor] | None, line: dict,
+                           channels: dict) -> None:
+        """Add the evaluation path's columns to one layer's line and channel columns, in place: its input moments
+        with the network upstream in evaluation mode, and E of the running statistics against them (NaN for a
+        layer without running statistics, or one the pass did not reach)."""
+        c = len(channels["channel"])
+        nan = torch.full((c,), math.nan, dtype=torch.float64)
+        p_mean, p_var = (t.cpu() for t in moments) if moments is not None else (nan, nan)
+        eps = float(getattr(norm, "eps", 0.0))
+        error = channel_signals(torch.from_numpy(channels["running_mean"]), torch.from_numpy(channels["running_var"]),
+                                p_mean, p_var, eps).eval_error_sigma
+        channels.update({"eval_path_mean": p_mean.numpy(), "eval_path_var": p_var.numpy(),
+                         "eval_path_error_sigma": error.numpy()})
+        line.update(_median_max("eval_path_error", "_sigma", error))
 
     def _stale(self, record: MonitorRecord) -> bool:
         return (self.thresholds.crossed(record.mode_gap, record.worst_median_lag_sigma,

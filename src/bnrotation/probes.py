@@ -223,6 +223,86 @@ def batch_statistics_pass(model: nn.Module, x: torch.Tensor, layers: list[tuple[
     return out, moments
 
 
+def pooled_chunk_moments(parts: list[tuple[int, torch.Tensor, torch.Tensor]]) -> tuple[torch.Tensor, torch.Tensor]:
+    """The mean and unbiased variance (C,) of one layer's input over several chunks of a batch, from each chunk's
+    ``(n, mean (C,), var (C,))`` (n: values per channel), exactly as over the whole batch: the pairwise update of
+    Chan, Golub and LeVeque (1983), ``M2 = Σ M2_c + Σ n_c (mean_c - mean)²``, in float64. One chunk is returned as
+    it is.
+
+    Raises:
+        ValueError: for no chunks, or fewer than 2 values per channel in all.
+    """
+    if not parts:
+        raise ValueError("pooled_chunk_moments: no chunks")
+    if len(parts) == 1:
+        return parts[0][1], parts[0][2]
+    n = sum(k for k, _, _ in parts)
+    if n < 2:
+        raise ValueError(f"pooled_chunk_moments: {n} values per channel, at least 2 needed for a variance")
+    mean = sum(k * m.double() for k, m, _ in parts) / n
+    m2 = sum((k - 1) * v.double() + k * (m.double() - mean).square() for k, m, v in parts)
+    return mean, m2 / (n - 1)
+
+
+@torch.no_grad()
+def evaluation_path_pass(model: nn.Module, x, layers: list[tuple[str, nn.Module]] | None = None,
+                         chunk: int | None = None, scratch: Scratch | None = None
+                         ) -> tuple[torch.Tensor, dict[str, tuple[torch.Tensor, torch.Tensor]]]:
+    """One forward pass in evaluation mode (running statistics in every layer): the output, and the mean and
+    variance of each normalisation layer's *input* with the network upstream in evaluation mode.
+
+    These are the "expected" statistics of Huang et al., "Delving into the Estimation Shift of Batch
+    Normalization in a Network" (CVPR 2022): what a layer meets at evaluation time, where the upstream layers
+    normalise with their own running statistics. :func:`batch_statistics_pass` gives the statistics with the
+    network upstream in training mode, which the running statistics estimate. A layer's running statistics
+    against the latter measure its own lag; against these, the lag it meets, its own and what the layers above
+    it carry through depth. For the first normalisation layer on a path the two are the same inputs.
+
+    The pass runs eagerly (hooks do not reach a compiled graph), in chunks of ``chunk`` samples as
+    :func:`.evaluation.evaluation_forward` (each sample's evaluation-mode output is its own); each layer's
+    moments are reduced inside its forward pre-hook per chunk (:func:`input_moments`) and pooled over the chunks
+    exactly (:func:`pooled_chunk_moments`). A layer called more than once per pass keeps its last call's input,
+    as in :func:`batch_statistics_pass`. No buffer changes; every module's training flag is restored.
+
+    Args:
+        x: (N, ...) inputs, or a mapping the model reads whole (one pass).
+        layers: ``[(name, module)]`` whose inputs to measure; default every norm layer
+            (:func:`bnstats.norm_layers`).
+        chunk: samples per chunk (None or >= N: one pass).
+        scratch: the buffer to lend (:class:`Scratch`).
+
+    Returns:
+        The model's logits on ``x`` in evaluation mode (:func:`.evaluation.read_logits`), and ``{layer name:
+        (mean (C,), var (C,))}`` in float64, for every layer the pass reached.
+
+    Raises:
+        TypeError: for an output that holds no logits (:func:`.evaluation.read_logits`).
+    """
+    layers = norm_layers(model) if layers is None else layers
+    scratch = Scratch() if scratch is None else scratch
+    parts: dict[str, dict[int, tuple[int, torch.Tensor, torch.Tensor]]] = {name: {} for name, _ in layers}
+    at = [0]  # the chunk being run
+
+    def hook(mod, inp, name):
+        z = inp[0]
+        parts[name][at[0]] = (z.numel() // z.shape[1], *input_moments(z, scratch))
+
+    hooks = [m.register_forward_pre_hook(lambda mod, inp, name=name: hook(mod, inp, name)) for name, m in layers]
+    try:
+        with evaluation_mode(model):
+            if not isinstance(x, torch.Tensor) or chunk is None or chunk >= len(x):
+                out = model_logits(model, x)
+            else:
+                outs = []
+                for at[0], c in enumerate(x.split(max(1, chunk))):
+                    outs.append(model_logits(model, c))
+                out = torch.cat(outs)
+    finally:
+        for h in hooks:
+            h.remove()
+    return out, {name: pooled_chunk_moments(list(p.values())) for name, p in parts.items() if p}
+
+
 def fresh_statistics(model: nn.Module, x: torch.Tensor) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
     """Per channel mean and variance of each norm layer's *input* under the current weights.
 
