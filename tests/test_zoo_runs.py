@@ -106,8 +106,18 @@ def test_a_toy_run_writes_its_tables_and_is_skipped_rerun_or_refused(tmp_path):
     assert run(cfg) == out and (out / records.DONE).exists()  # no DONE: rerun from scratch
     with pytest.raises(RunExistsError):
         run(toy(tmp_path, arch=CHEAP, optimizer=SGD, heldout_size=40))
-    assert run(toy(tmp_path, arch=CHEAP, optimizer=SGD, heldout_size=40, force=True, channels=True)) == out
-    assert set(records.TABLE_COLUMNS["channels"]) - {"row", "seed"} <= set(pd.read_parquet(out / "channels.parquet"))
+    assert not any(c.startswith("eval_path") for c in layers.columns)  # off by default
+    # a run's config.yaml written before evaluation_path was a key: the same config (the key at its default)
+    saved = (out / "config.yaml").read_text()
+    (out / "config.yaml").write_text("\n".join(l for l in saved.splitlines() if not l.startswith("evaluation_path")))
+    assert run(cfg) is None
+    assert run(toy(tmp_path, arch=CHEAP, optimizer=SGD, heldout_size=40, force=True, channels=True,
+                   evaluation_path=True)) == out
+    channels = pd.read_parquet(out / "channels.parquet")
+    assert set(records.TABLE_COLUMNS["channels"]) - {"row", "seed"} <= set(channels)
+    assert {"eval_path_mean", "eval_path_var", "eval_path_error_sigma"} <= set(channels)
+    layers = pd.read_parquet(out / "layers.parquet")
+    assert layers[["eval_path_error_median_sigma", "eval_path_error_max_sigma"]].notna().all().all()
 
 
 @pytest.mark.slow

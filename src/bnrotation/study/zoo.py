@@ -33,6 +33,11 @@ BatchNorm layer per check, thousands to tens of thousands a check on these netwo
 zoo tens of times larger than the per-layer table, which already holds each layer's median and maximum of every
 signal the monitor records. ``channels=true`` stores it (for a run looked at closely).
 
+**The evaluation path.** ``evaluation_path=true`` has the monitor measure each layer's statistics with the network
+upstream in evaluation mode too (:func:`.probes.evaluation_path_pass`), adding its ``eval_path_*`` columns to the
+``layers`` table: the lag a layer meets at evaluation time beside its own. Off by default; the committed zoo ran
+without it.
+
 **Sizing** (the defaults below and in ``conf/zoo.yaml``): 16x16 images (Fashion-MNIST's 28x28 resized bilinearly
 with antialiasing, :func:`.task._grey_images`), batches of 64, 1,200 steps and a check every 75 (17 checks a run,
 for recall and lead time), so that the whole zoo (:func:`sweep_lists`) finishes in about 4 hours on 2 cores with 2
@@ -138,6 +143,7 @@ class ZooConfig:
     reestimate_batches: int = 20
     stale_recovery: float = STALE_RECOVERY
     channels: bool = False  # also store the monitor's channels table (large: see the module docstring)
+    evaluation_path: bool = False  # the monitor's statistics along the evaluation path too (its eval_path_* columns)
     task: TaskConfig = field(default_factory=_zoo_task)
     results_root: str = "results/zoo"
     threads: int = 1  # torch intra-op threads (0: the launcher's or torch's default)
@@ -197,12 +203,13 @@ def build_model(arch: str, seed: int) -> nn.Module:
     return model.train()
 
 
-def monitor_or_refusal(model: nn.Module, probe: tuple[torch.Tensor, torch.Tensor]
+def monitor_or_refusal(model: nn.Module, probe: tuple[torch.Tensor, torch.Tensor], evaluation_path: bool = False
                        ) -> tuple[StalenessMonitor | None, str | None]:
     """``(monitor, None)``, or ``(None, refusal)`` where the monitor refuses the model (a model without BatchNorm
-    running statistics: the control): ``refusal`` is the first line of its ``ValueError``."""
+    running statistics: the control): ``refusal`` is the first line of its ``ValueError``. ``evaluation_path``:
+    the monitor's option of that name (its ``eval_path_*`` columns)."""
     try:
-        return StalenessMonitor(model, probe, warn=False), None
+        return StalenessMonitor(model, probe, warn=False, evaluation_path=evaluation_path), None
     except ValueError as err:
         return None, str(err).splitlines()[0]
 
@@ -269,7 +276,7 @@ def run(cfg: ZooConfig) -> Path | None:
         chunk = eval_chunk(x_held.device, len(y_held))
         model = build_model(cfg.arch, cfg.seed)
         optimizer = build_optimizer(cfg.optimizer, model)
-        monitor, refusal = monitor_or_refusal(model, probe)
+        monitor, refusal = monitor_or_refusal(model, probe, cfg.evaluation_path)
         g_train, g_re = generator(cfg.seed, "train"), generator(cfg.seed, "reestimate")
         tables = records.TableBuffer(cfg.row, cfg.seed)
         checks = set(check_steps(cfg))
