@@ -15,11 +15,14 @@ from bnrotation.study.analysis.results import Run
 from bnrotation.study.analysis.tables import zoo_report
 
 
-def _run(arch: str, opt: str, seed: int, checks: list[dict], e: dict[int, list[float]], refused=None) -> Run:
+def _run(arch: str, opt: str, seed: int, checks: list[dict], e: dict[int, list[float]], refused=None,
+         met: dict[int, list[float]] | None = None) -> Run:
     """A zoo run: ``checks`` its check lines (step, accuracies, stale, rule_stale, warming_up), ``e`` per step the
-    median E of each of its layers."""
+    median E of each of its layers, ``met`` (a run made with ``evaluation_path=true``) the same along the
+    evaluation path."""
     frame = pd.DataFrame([{"acc_eval_mode_reestimated": c["acc_eval_mode"] + c["recovered"], **c} for c in checks])
-    layers = pd.DataFrame([{"step": step, "norm_layer": f"bn{i}", "eval_error_median_sigma": v}
+    layers = pd.DataFrame([{"step": step, "norm_layer": f"bn{i}", "eval_error_median_sigma": v,
+                            **({"eval_path_error_median_sigma": met[step][i]} if met else {})}
                            for step, values in e.items() for i, v in enumerate(values)])
     info = {"row": f"{arch}-{opt}", "seed": seed, "arch": arch, "optimizer_name": opt, "monitor": {"refused": refused},
             "stale_recovery": 0.05}
@@ -102,6 +105,49 @@ def test_a_finished_run_on_disk_gives_the_table_and_the_figure(tmp_path, capsys)
     assert "| `lcnet_050` | sgd | 1 | 87.0% |" in (tmp_path / "zoo.md").read_text()
     assert (tmp_path / "zoo.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert json.loads((path / "run.json").read_text())["arch"] == "lcnet_050"
+
+
+# along the evaluation path: at step 10 bn0 is stale on its own and bn1 meets its lag (carried); at step 20 the
+# lag is bn1's own; at step 40 nothing is over the threshold on either path
+MET0 = {0: [9.0, 9.0], 10: [0.3, 0.9], 20: [0.2, 0.1], 30: [0.1, 0.1], 40: [0.05, 0.06]}
+E0_LOW = {0: [9.0, 9.0], 10: [0.3, 0.01], 20: [0.01, 0.1], 30: [0.01, 0.01], 40: [0.05, 0.04]}
+
+
+def test_depth_split_counts_own_met_and_carried_layers_past_the_warm_up():
+    frame = zoo_report.depth_split([_run("regnetx_002", "adam", 0, SEED0, E0_LOW, met=MET0),
+                                    _run("lcnet_050", "adam", 0, SEED0, E0)], threshold=0.069)
+    assert frame["step"].tolist() == [10, 20, 30, 40]  # the run without the evaluation path is left out
+    assert frame["own"].tolist() == [0.3, 0.1, 0.01, 0.05] and frame["met"].tolist() == [0.9, 0.2, 0.1, 0.06]
+    assert frame["over_own"].tolist() == [1, 1, 0, 0] and frame["over_met"].tolist() == [2, 2, 2, 0]
+    assert frame["carried"].tolist() == [1, 1, 2, 0]  # step 20: bn0 met 0.2 over, own 0.01 under
+    assert frame["stale"].tolist() == [True, True, False, False]
+    assert zoo_report.depth_split([_run("lcnet_050", "adam", 0, SEED0, E0)]).empty
+
+
+def test_depth_markdown_gives_one_line_per_truth_and_nothing_without_the_evaluation_path():
+    assert zoo_report.depth_markdown([_run("lcnet_050", "adam", 0, SEED0, E0)]) == ""
+    text = zoo_report.depth_markdown([_run("regnetx_002", "adam", 0, SEED0, E0_LOW, met=MET0)])
+    lines = [x for x in text.splitlines() if x.startswith("| `regnetx_002`")]
+    # stale checks 10 and 20: own worst 0.3 and 0.1 (mean 0.2σ), met 0.9 and 0.2; over own 1/2 each, met 2/2,
+    # carried 1/2; fresh checks 30 and 40: own 0.01 and 0.05, met 0.1 and 0.06, over met 2/2 then 0/2
+    assert lines == ["| `regnetx_002` | adam | fresh | 2 | 0.03σ | 0.08σ | 0% | 50% | 50% |",
+                     "| `regnetx_002` | adam | stale | 2 | 0.2σ | 0.55σ | 50% | 100% | 50% |"]
+    assert "(1 run)" in text and "0.069σ" in text
+
+
+def test_a_run_with_the_evaluation_path_on_disk_adds_its_table_and_figure(tmp_path, capsys):
+    run = _run("regnetx_002", "adam", 0, SEED0, E0_LOW, met=MET0)
+    path = records.run_dir(tmp_path, "regnetx_002-adam", 0)
+    path.mkdir(parents=True)
+    records.write_json(path / "run.json", {"schema_version": records.SCHEMA_VERSION, "status": "done", **run.info})
+    (path / "config.yaml").write_text("arch: regnetx_002\n")
+    for name in ("checks", "layers"):
+        records.write_table(run.tables[name].assign(row=run.row, seed=0, lr=0.1, loss=1.0, layer="c", weight_norm=1.0,
+                                                    update_cos=0.0, grad_cos=0.0), path / f"{name}.parquet", name)
+    records.mark_done(path)
+    assert zoo_report.main(["--results", str(tmp_path)]) == 0, capsys.readouterr().err
+    assert "## A layer's own lag, or lag carried through depth" in (tmp_path / "zoo.md").read_text()
+    assert (tmp_path / "zoo_eval_path.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 def test_the_calibration_truth_of_a_run_without_running_statistics_is_empty_not_an_error():

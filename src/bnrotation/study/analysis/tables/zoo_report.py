@@ -21,7 +21,14 @@ records (``layers.parquet``):
 
 A row of the table is the mean ± sample standard deviation over seeds (n); the counts are summed over seeds. An
 architecture without BatchNorm (the GroupNorm control) has no running statistics: the monitor refuses it, and its
-row says so (the refusal run.json records). Exit status 2 with one line when the root has no ``runs/`` folder or
+row says so (the refusal run.json records).
+
+Runs made with ``evaluation_path=true`` (their ``layers`` table holds ``eval_path_error_median_sigma``) add a second
+table and figure, ``zoo_eval_path.png``: a layer's own lag, or lag carried through depth (:func:`depth_split`). Per
+check past the warm-up, each layer's median E against its training-path statistics (its own lag) and along the
+evaluation path (the lag it meets: its own and what the layers above it carry); a layer is over when its median E
+is at least the rule's E threshold (:class:`bnrotation.monitor.Thresholds`), and carried when it is over along the
+evaluation path but not on its own. Exit status 2 with one line when the root has no ``runs/`` folder or
 no finished zoo run; 1 when a folder was refused (named on stderr); else 0.
 """
 
@@ -41,7 +48,8 @@ from ..results import Run, say_refused
 from ..stats import SeedStat
 from .calibration import load_calibration_runs
 
-__all__ = ["COLUMNS", "load_zoo_runs", "per_run", "table_markdown", "main"]
+__all__ = ["COLUMNS", "load_zoo_runs", "per_run", "table_markdown", "depth_split", "depth_markdown", "depth_figure",
+           "main"]
 
 # (per-run column, title, unit): the table's mean ± sd columns, in order
 COLUMNS = (("acc_eval_mode", "eval-mode acc., final", "pct"),
@@ -119,6 +127,105 @@ def table_markdown(runs: list[Run], root: str | Path) -> str:
     return "\n".join(out) + "\n"
 
 
+def depth_split(runs: list[Run], threshold: float | None = None) -> pd.DataFrame:
+    """One line per check past the warm-up of each run whose ``layers`` table holds the evaluation path: ``arch``,
+    ``optimizer``, ``seed``, ``step``, the truth's ``stale`` and ``recovered``, ``layers`` (its BatchNorm layers),
+    ``own`` and ``met`` (the worst layer's median E, in running σ, against the training-path statistics and along
+    the evaluation path), ``over_own`` and ``over_met`` (layers whose median E is at least ``threshold``, by default
+    the rule's, on each path), and ``carried`` (layers over along the evaluation path and not on their own).
+    Empty without such runs."""
+    from ....monitor import Thresholds
+
+    t = Thresholds().eval_error_sigma if threshold is None else threshold
+    lines = []
+    for r in runs:
+        layers = r.tables.get("layers", pd.DataFrame())
+        if "eval_path_error_median_sigma" not in layers:
+            continue
+        checks = r.tables["checks"]
+        judged = checks[~checks["warming_up"].astype(bool)] if "warming_up" in checks else checks
+        for _, c in judged.sort_values("step").iterrows():
+            at = layers[layers["step"] == c["step"]]
+            own, met = at["eval_error_median_sigma"], at["eval_path_error_median_sigma"]
+            lines.append({"arch": r.info["arch"], "optimizer": r.info["optimizer_name"], "seed": r.seed,
+                          "step": int(c["step"]), "stale": bool(c["stale"]), "recovered": float(c["recovered"]),
+                          "layers": len(at), "own": float(own.max()), "met": float(met.max()),
+                          "over_own": int((own >= t).sum()), "over_met": int((met >= t).sum()),
+                          "carried": int(((met >= t) & (own < t)).sum())})
+    return pd.DataFrame(lines)
+
+
+def _runs(n: int) -> str:
+    return f"{n} run{'s' * (n != 1)}"
+
+
+def depth_markdown(runs: list[Run]) -> str:
+    """:func:`depth_split` as a markdown table: per architecture, optimizer and truth (stale or fresh checks), the
+    mean over its checks of the worst median E on each path and of the share of layers over the threshold; ``""``
+    without runs that measured the evaluation path."""
+    from ....monitor import Thresholds
+
+    frame = depth_split(runs)
+    if frame.empty:
+        return ""
+    t = Thresholds().eval_error_sigma
+    out = ["## A layer's own lag, or lag carried through depth\n",
+           f"The runs made with `evaluation_path=true` ({_runs(frame.groupby(['arch', 'optimizer', 'seed']).ngroups)}). "
+           "Per check past the warm-up, each BatchNorm layer's median E against its training-path statistics (own) "
+           "and along the evaluation path, with every layer above it normalising with its running statistics (met; "
+           f"Huang et al., CVPR 2022). Over: at least the rule's E threshold, {cell(t, 'sigma')}; carried: over "
+           "along the evaluation path but not on its own. Means over the checks of each truth, seeds pooled.\n",
+           "| architecture | optimizer | truth | checks | worst median E, own | worst median E, met | layers over, own "
+           "| layers over, met | layers carried |",
+           "|---|---|---|---:|---:|---:|---:|---:|---:|"]
+    for (arch, opt, stale), g in frame.groupby(["arch", "optimizer", "stale"], sort=True):
+        share = lambda k: cell(float((g[k] / g["layers"]).mean()), "pct", digits=0)
+        out.append(f"| `{arch}` | {opt} | {'stale' if stale else 'fresh'} | {len(g)} | {cell(g['own'].mean(), 'sigma')} "
+                   f"| {cell(g['met'].mean(), 'sigma')} | {share('over_own')} | {share('over_met')} | "
+                   f"{share('carried')} |")
+    return "\n".join(out) + "\n"
+
+
+def depth_figure(runs: list[Run], path: Path) -> Path | None:
+    """``path`` (``.png`` and ``.pdf``): for each architecture and optimizer that measured the evaluation path, at
+    the check where re-estimation recovered the most (over its seeds), each layer's median E on both paths in the
+    order the monitor lists the layers (the order of the forward pass), the rule's E threshold dotted. None
+    without such runs."""
+    frame = depth_split(runs)
+    if frame.empty:
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from ....monitor import Thresholds
+    from .figures import apply_style, save
+
+    by_run = {(r.info["arch"], r.info["optimizer_name"], r.seed): r for r in runs}
+    groups = list(frame.groupby(["arch", "optimizer"], sort=True))
+    apply_style()
+    fig, axes = plt.subplots(len(groups), 1, figsize=(7.2, 2.2 * len(groups)), constrained_layout=True,
+                             squeeze=False)
+    for ax, ((arch, opt), g) in zip(axes[:, 0], groups):
+        worst = g.loc[g["recovered"].idxmax()]
+        layers = by_run[(arch, opt, worst["seed"])].tables["layers"]
+        at = layers[layers["step"] == worst["step"]].reset_index(drop=True)
+        ax.plot(at.index, at["eval_error_median_sigma"], marker=".", lw=1, label="own (training path)")
+        ax.plot(at.index, at["eval_path_error_median_sigma"], marker=".", lw=1, label="met (evaluation path)")
+        ax.axhline(Thresholds().eval_error_sigma, ls=":", lw=0.8, color="grey")
+        ax.set_yscale("log")
+        own_worst = at.loc[at["eval_error_median_sigma"].idxmax(), "norm_layer"]
+        ax.set_title(f"{arch}, {opt}, seed {worst['seed']}, step {worst['step']}: re-estimation recovers "
+                     f"{100 * worst['recovered']:.0f} points; the worst own E at {own_worst}", fontsize=8)
+        ax.set_ylabel("median E (running σ)", fontsize=7)
+        ax.legend(fontsize=6, loc="upper left")
+    axes[-1, 0].set_xlabel("BatchNorm layer, in forward order")
+    save(fig, path.parent, path.stem)
+    plt.close(fig)
+    return path
+
+
 def figure(runs: list[Run], path: Path) -> Path:
     """``path`` (``.png``, and its ``.pdf`` twin: :func:`.figures.save`): per run with BatchNorm, the worst median E
     against the largest accuracy re-estimation recovers, a colour per architecture and a marker per optimizer, the
@@ -172,8 +279,13 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     out = Path(args.out) if args.out else root
     text = table_markdown(runs, root) + "\n![The staleness zoo](zoo.png)\n"
+    depth = depth_markdown(runs)
+    if depth:
+        text += "\n" + depth + "\n![Own and met E by depth](zoo_eval_path.png)\n"
     records.atomic_write_text(out / "zoo.md", text)
     figure(runs, out / "zoo.png")
+    if depth:
+        depth_figure(runs, out / "zoo_eval_path.png")
     print(text)
     print(f"wrote {out / 'zoo.md'} and {out / 'zoo.png'} from {len(runs)} runs", file=sys.stderr)
     return 1 if problems else 0
