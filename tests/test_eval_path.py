@@ -236,3 +236,58 @@ def test_torchvisions_resnet_first_layer_agrees_on_both_paths_and_deeper_layers_
     deep = lines.loc["layer4.1.bn2"]
     assert deep["eval_path_error_median_sigma"] != pytest.approx(deep["eval_error_median_sigma"], rel=1e-2)
     assert np.isfinite(lines["eval_path_error_median_sigma"]).all()
+
+
+# ----------------------------------------------------------------------------- layers a pass does not reach
+class _Branches(nn.Module):
+    """conv-BN twice, a BatchNorm never called (``unused``), and a third conv-BN (``b3``) run only on batches of
+    more than ``big`` samples, or only while ``b2`` is in training mode (``eval_skips``)."""
+
+    def __init__(self, big: int = 10 ** 9, eval_skips: bool = False):
+        super().__init__()
+        torch.manual_seed(0)
+        self.c1, self.b1 = nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8)
+        self.c2, self.b2 = nn.Conv2d(8, 8, 3, padding=1), nn.BatchNorm2d(8)
+        self.c3, self.b3 = nn.Conv2d(8, 8, 3, padding=1), nn.BatchNorm2d(8)
+        self.unused = nn.BatchNorm2d(8)
+        self.head = nn.Linear(8, 4)
+        self.big, self.eval_skips = big, eval_skips
+
+    def forward(self, x):
+        x = torch.relu(self.b2(self.c2(torch.relu(self.b1(self.c1(x))))))
+        if len(x) > self.big or (self.eval_skips and self.b2.training):
+            x = torch.relu(self.b3(self.c3(x)))
+        return self.head(x.mean((2, 3)))
+
+
+@pytest.mark.parametrize("evaluation_path", [False, True])
+def test_a_layer_never_called_gives_nan_not_an_error(evaluation_path):
+    """The monitor says at construction that it measures the lag of a layer 'not called on the probe batch'; a call
+    then gave a KeyError (found by a new user's trial): now its measures are NaN."""
+    net = _staled(_Branches())
+    x = torch.randn(32, 3, 8, 8)
+    with pytest.warns(UserWarning, match="not called on the probe batch"):
+        monitor = StalenessMonitor(net, x, warn=False, evaluation_path=evaluation_path)
+    lines = monitor(1).layers.set_index("norm_layer")
+    assert lines.loc[["unused", "b3"], "eval_error_median_sigma"].isna().all()
+    assert np.isfinite(lines.loc[["b1", "b2"], "eval_error_median_sigma"]).all()
+
+
+def test_a_layer_some_probe_batches_reach_is_pooled_over_those():
+    net = _staled(_Branches(big=40))
+    small, large = torch.randn(32, 3, 8, 8), torch.randn(48, 3, 8, 8)
+    probe = [(small, torch.randint(0, 4, (32,))), (large, torch.randint(0, 4, (48,)))]
+    record = StalenessMonitor(net, probe, warn=False, evaluation_path=True)(1)
+    ch = record.channels.set_index(["norm_layer", "channel"])
+    _, alone = batch_statistics_pass(net, large)  # b3 saw the large batch only
+    np.testing.assert_allclose(ch.loc["b3", "fresh_mean"], alone["b3"][0].numpy(), rtol=0, atol=1e-12)
+    _, path = evaluation_path_pass(net, large)
+    np.testing.assert_allclose(ch.loc["b3", "eval_path_mean"], path["b3"][0].numpy(), rtol=0, atol=1e-12)
+
+
+def test_a_layer_the_evaluation_pass_skips_has_nan_on_that_path_only():
+    net = _staled(_Branches(eval_skips=True))
+    lines = StalenessMonitor(net, torch.randn(32, 3, 8, 8), warn=False,
+                             evaluation_path=True)(1).layers.set_index("norm_layer")
+    assert np.isfinite(lines.loc["b3", "eval_error_median_sigma"])
+    assert math.isnan(lines.loc["b3", "eval_path_error_median_sigma"])

@@ -115,12 +115,17 @@ def pooled_moments(per_batch: list[dict[str, tuple[torch.Tensor, torch.Tensor]]]
     """Each layer's fresh statistics over several batches, pooled as :func:`bnstats.reestimate` pools them
     (``momentum=None``: PyTorch's cumulative average over batches, as ``torch.optim.swa_utils.update_bn``): the
     mean over batches of each batch's mean, and of each batch's unbiased variance, every batch weighted alike
-    whatever its size. ``{layer: (mean (C,), var (C,))}`` of one batch is returned as it is."""
+    whatever its size. A layer that some batches did not reach (a branch the model takes for some inputs only)
+    is pooled over the batches that reached it, as re-estimation's forward passes update it only then.
+    ``{layer: (mean (C,), var (C,))}`` of one batch is returned as it is."""
     if len(per_batch) == 1:
         return per_batch[0]
-    n = len(per_batch)
-    return {name: (sum(b[name][0] for b in per_batch) / n, sum(b[name][1] for b in per_batch) / n)
-            for name in per_batch[0]}
+    names = dict.fromkeys(name for b in per_batch for name in b)  # every layer reached, in the order first seen
+    pooled = {}
+    for name in names:
+        reached = [b[name] for b in per_batch if name in b]
+        pooled[name] = (sum(m for m, _ in reached) / len(reached), sum(v for _, v in reached) / len(reached))
+    return pooled
 
 
 def check_probe(model: nn.Module, x, y: torch.Tensor | None) -> str:
@@ -381,6 +386,19 @@ def _median_max(name: str, unit: str, values: torch.Tensor) -> dict[str, float]:
     # the median of an even count is the mean of the two middle values, as numpy and pandas take it (the
     # analysis recomputes these offline); torch.median would take the lower one
     return {f"{name}_median{unit}": float(finite.quantile(0.5)), f"{name}_max{unit}": float(finite.max())}
+
+
+def _channel_count(norm: nn.Module) -> int:
+    """The channels a normalisation layer normalises: its running mean's, else its ``num_features`` or
+    ``num_channels``, else its affine weight's elements (0 when it says none of these)."""
+    running = getattr(norm, "running_mean", None)
+    if isinstance(running, torch.Tensor):
+        return running.numel()
+    for key in ("num_features", "num_channels"):
+        if isinstance(getattr(norm, key, None), int):
+            return getattr(norm, key)
+    weight = getattr(norm, "weight", None)
+    return weight.numel() if isinstance(weight, torch.Tensor) else 0
 
 
 def _flat_rows(w: torch.Tensor) -> torch.Tensor:
@@ -666,7 +684,7 @@ class StalenessMonitor:
             rows = self._weight_pass(weights_before_step, kept)  # kept now holds this call's weights
             layer_rows, channel_columns = [], []
             for pair, norm in self.layers:
-                layer_line, channels = self._layer(step, interval, pair, norm, fresh[pair.norm], rows)
+                layer_line, channels = self._layer(step, interval, pair, norm, fresh.get(pair.norm), rows)
                 if path is not None:
                     self._eval_path_columns(norm, path.get(pair.norm), layer_line, channels)
                 layer_rows.append(layer_line)
@@ -718,7 +736,12 @@ class StalenessMonitor:
         return rows
 
     def _layer(self, step: int, interval: int | None, pair: NormPair, norm: nn.Module,
-               moments: tuple[torch.Tensor, torch.Tensor], weights: dict[str, "_Rows"]):
+               moments: tuple[torch.Tensor, torch.Tensor] | None, weights: dict[str, "_Rows"]):
+        """One layer's line and channel columns; ``moments`` None for a layer the probe's training-mode pass did not
+        reach (never called, or behind a branch not taken): its fresh measures are NaN."""
+        if moments is None:
+            c = _channel_count(norm)
+            moments = (torch.full((c,), math.nan, dtype=torch.float64),) * 2
         f_mean, f_var = (t.cpu() for t in moments)  # (C,) float64
         c = f_mean.numel()
         nan = torch.full((c,), math.nan, dtype=torch.float64)
