@@ -198,6 +198,7 @@ def depth_figure(runs: list[Run], path: Path) -> Path | None:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
     from ....monitor import Thresholds
     from .figures import apply_style, save
@@ -215,6 +216,9 @@ def depth_figure(runs: list[Run], path: Path) -> Path | None:
         ax.plot(at.index, at["eval_path_error_median_sigma"], marker=".", lw=1, label="met (evaluation path)")
         ax.axhline(Thresholds().eval_error_sigma, ls=":", lw=0.8, color="grey")
         ax.set_yscale("log")
+        ax.yaxis.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0)))
+        ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+        ax.yaxis.set_minor_formatter(NullFormatter())
         own_worst = at.loc[at["eval_error_median_sigma"].idxmax(), "norm_layer"]
         ax.set_title(f"{arch}, {opt}, seed {worst['seed']}, step {worst['step']}: re-estimation recovers "
                      f"{100 * worst['recovered']:.0f} points; the worst own E at {own_worst}", fontsize=8)
