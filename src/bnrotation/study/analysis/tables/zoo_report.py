@@ -49,7 +49,7 @@ from ..stats import SeedStat
 from .calibration import load_calibration_runs
 
 __all__ = ["COLUMNS", "load_zoo_runs", "per_run", "table_markdown", "depth_split", "depth_markdown", "depth_figure",
-           "main"]
+           "report_text", "main"]
 
 # (per-run column, title, unit): the table's mean ± sd columns, in order
 COLUMNS = (("acc_eval_mode", "eval-mode acc., final", "pct"),
@@ -230,6 +230,14 @@ def depth_figure(runs: list[Run], path: Path) -> Path | None:
     return path
 
 
+def report_text(runs: list[Run], root: str | Path) -> str:
+    """``zoo.md``: :func:`table_markdown` and its figure, and :func:`depth_markdown` and its figure where runs
+    measured the evaluation path."""
+    text = table_markdown(runs, root) + "\n![The staleness zoo](zoo.png)\n"
+    depth = depth_markdown(runs)
+    return text + ("\n" + depth + "\n![Own and met E by depth](zoo_eval_path.png)\n" if depth else "")
+
+
 def figure(runs: list[Run], path: Path) -> Path:
     """``path`` (``.png``, and its ``.pdf`` twin: :func:`.figures.save`): per run with BatchNorm, the worst median E
     against the largest accuracy re-estimation recovers, a colour per architecture and a marker per optimizer, the
@@ -282,14 +290,10 @@ def main(argv: list[str] | None = None) -> int:
     if say_refused(problems, runs, f"--results {root}: no finished zoo run"):
         return 2
     out = Path(args.out) if args.out else root
-    text = table_markdown(runs, root) + "\n![The staleness zoo](zoo.png)\n"
-    depth = depth_markdown(runs)
-    if depth:
-        text += "\n" + depth + "\n![Own and met E by depth](zoo_eval_path.png)\n"
+    text = report_text(runs, root)
     records.atomic_write_text(out / "zoo.md", text)
     figure(runs, out / "zoo.png")
-    if depth:
-        depth_figure(runs, out / "zoo_eval_path.png")
+    depth_figure(runs, out / "zoo_eval_path.png")
     print(text)
     print(f"wrote {out / 'zoo.md'} and {out / 'zoo.png'} from {len(runs)} runs", file=sys.stderr)
     return 1 if problems else 0
