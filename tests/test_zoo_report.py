@@ -63,7 +63,11 @@ def test_the_table_sums_counts_and_gives_mean_and_spread_over_seeds():
     assert cells[:3] == ["`lcnet_050`", "adam", "2"]
     assert cells[3] == "86.0% ± 1.4"  # 0.87 and 0.85: mean 0.86, sample sd sqrt(2) points
     assert cells[5] == "0.7σ ± 0.28"  # worst E 0.5 and 0.9
-    assert cells[-3:] == ["4/8", "3/4", "1/4"]  # stale 2 + 2 of 4 + 4; caught 1 + 2; false alarms 1 + 0
+    assert cells[-4:-1] == ["4/8", "3/4", "1/4"]  # stale 2 + 2 of 4 + 4; caught 1 + 2; false alarms 1 + 0
+    assert cells[-1] == "–"  # runs built by hand record no CPU time
+    runs[0].info["timings_s"], runs[1].info["timings_s"] = {"cpu": 100.2}, {"cpu": 120.0}
+    line = [x for x in zoo_report.table_markdown(runs, "zoo").splitlines() if x.startswith("| `lcnet_050`")][0]
+    assert line.rstrip(" |").endswith("| 110")  # the mean over seeds, whole seconds
     assert "recovers at least 5 points (the truth)" in text
 
 

@@ -69,7 +69,8 @@ def per_run(runs: list[Run]) -> pd.DataFrame:
     """One line per run: ``arch``, ``optimizer``, ``seed``, ``refused`` (the monitor's refusal, or None), the
     :data:`COLUMNS` (fractions 0..1 and σ; NaN where the run has no BatchNorm), and the counts ``checks``,
     ``stale``, ``warned_stale`` (the rule at a stale check), ``fresh`` and ``warned_fresh``, over the checks past the
-    monitor's warm-up."""
+    monitor's warm-up; ``cpu_s``, the run's CPU seconds (``run.json``'s ``timings_s.cpu``: this process's, one
+    thread; NaN where it is not recorded)."""
     lines = []
     for r in runs:
         checks = r.tables["checks"].sort_values("step")
@@ -89,7 +90,8 @@ def per_run(runs: list[Run]) -> pd.DataFrame:
             "recovered": float(last["recovered"]),
             "recovered_max": float(checks["recovered"].max()),
             "checks": len(judged), "stale": int(stale.sum()), "warned_stale": int((stale & warned).sum()),
-            "fresh": int((~stale).sum()), "warned_fresh": int((~stale & warned).sum())})
+            "fresh": int((~stale).sum()), "warned_fresh": int((~stale & warned).sum()),
+            "cpu_s": float(r.info.get("timings_s", {}).get("cpu", math.nan))})
     return pd.DataFrame(lines)
 
 
@@ -108,10 +110,11 @@ def table_markdown(runs: list[Run], root: str | Path) -> str:
            "median E, in running σ; recovered: re-estimated minus stored evaluation-mode accuracy. Mean ± sample "
            f"standard deviation over seeds (n). Stale: checks where re-estimation recovers at least {truth} (the "
            "truth); the rule's warnings at stale checks (recall) and at fresh ones (false alarms), checks in the "
-           "monitor's warm-up left out, summed over seeds.\n",
+           "monitor's warm-up left out, summed over seeds. CPU s: what a run costs, its process's CPU seconds on one "
+           "thread (run.json), mean over seeds.\n",
            "| architecture | optimizer | seeds | " + " | ".join(t for _, t, _ in COLUMNS)
-           + " | stale checks | rule at stale | rule at fresh |",
-           "|---|---|---:|" + "---:|" * (len(COLUMNS) + 3)]
+           + " | stale checks | rule at stale | rule at fresh | CPU s |",
+           "|---|---|---:|" + "---:|" * (len(COLUMNS) + 4)]
     for (arch, opt), g in frame.groupby(["arch", "optimizer"], sort=True):
         refused = g["refused"].dropna()
         stats = [(SeedStat.of(g[k]), unit) for k, _, unit in COLUMNS]
@@ -123,7 +126,8 @@ def table_markdown(runs: list[Run], root: str | Path) -> str:
             counts = [_count(int(g["stale"].sum()), int(g["checks"].sum())),
                       _count(int(g["warned_stale"].sum()), int(g["stale"].sum())),
                       _count(int(g["warned_fresh"].sum()), int(g["fresh"].sum()))]
-        out.append(f"| `{arch}` | {opt} | {len(g)} | " + " | ".join(cells + counts) + " |")
+        cost = cell(float(g["cpu_s"].mean()), "plain", digits=0)
+        out.append(f"| `{arch}` | {opt} | {len(g)} | " + " | ".join(cells + counts + [cost]) + " |")
     return "\n".join(out) + "\n"
 
 
