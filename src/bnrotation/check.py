@@ -53,12 +53,14 @@ monitor's column schema):
   same batches, it is a diagnostic of the statistics, not a held-out score.
 
 The statistics are stale when the monitor's rule (:class:`monitor.Thresholds`, the one every tool applies) fires:
-the mode gap, and the worst layer's median E or median |lag|; the verdict is undetermined when, not stale, the
-gap or every lag is NaN (activations that overflow). The exit status is the one every judging command shares
+the mode gap, and the worst layer's median E or median |lag|. The verdict is undetermined when the rule cannot
+judge (:attr:`monitor.MonitorRecord.undetermined`): fewer samples than the mode-gap threshold needs (one sample
+moves the gap by 1/N; :func:`monitor.smallest_probe`, 20 at the default 0.05), with one ``warning: --batches:
+...`` line on stderr naming the smallest size and the argument that sets it; or, not stale, a gap or every lag
+that is NaN (activations that overflow). The exit status is the one every judging command shares
 (:data:`helptext.EXIT_STATUS`, at the end of ``--help``): 0 not stale; 1 stale; 2 undetermined, or bad input,
-one line naming the argument or file, before any measurement. Fewer samples than the mode-gap threshold needs
-(one sample moves the gap by 1/N; :func:`monitor.smallest_probe`, 20 at the default 0.05) are still judged, with
-one ``warning: --batches: ...`` line on stderr naming the smallest size and the argument that sets it.
+one line naming the argument or file, before any measurement. Everything is measured in float32 whatever
+autocast context :func:`check_checkpoint` is called in.
 """
 
 from __future__ import annotations
@@ -76,6 +78,7 @@ import torch.nn as nn
 
 from .helptext import EXIT_STATUS, EXIT_UNUSABLE, exit_status, plain
 from .bnstats import NonFinite, nonfinite_state, reestimate, running_stat_layers
+from .evaluation import without_autocast
 from .inputs import (DEFAULT_MAX_BATCHES, MESSAGE_CHARS, PRETRAINED_WEIGHTS, CheckInputError, InputError,
                      add_batch_arguments, batch_limit, build_model, first_line, load_batches, load_function,
                      load_weights, model_from_factory, one_line, parse_device, parse_model_kwargs,
@@ -168,10 +171,18 @@ class CheckReport:
         return str(self.layers.loc[lag.idxmax(), "norm_layer"]) if lag.notna().any() else ""
 
     @property
-    def undetermined(self) -> bool:
-        """Whether the rule cannot give a verdict: not :attr:`stale`, while the mode gap or every layer's lag is NaN
-        (the batches' activations overflow, say, so the fresh statistics are not finite)."""
-        return not self.stale and (math.isnan(self.mode_gap) or math.isnan(self.worst_median_lag_sigma))
+    def undetermined(self) -> str:
+        """Why the rule cannot give a verdict, or "" when it can: the monitor's own reason
+        (:attr:`monitor.MonitorRecord.undetermined`: a probe smaller than :func:`monitor.smallest_probe`, a mode gap
+        that is NaN, no finite lag or E), or, not :attr:`stale`, every layer's lag NaN (the batches' activations
+        overflow, say, so the fresh statistics are not finite)."""
+        if self.stale:
+            return ""
+        if self.before.undetermined:
+            return self.before.undetermined
+        if math.isnan(self.worst_median_lag_sigma):
+            return "every layer's median |lag| is NaN; the batches' activations may overflow"
+        return ""
 
     @property
     def summary(self) -> str:
@@ -190,10 +201,7 @@ class CheckReport:
         if self.stale:
             return f"STALE: {rule}. {advice}"
         if self.undetermined:
-            nan = [what for what, value in (("the mode gap", self.mode_gap), ("every layer's median |lag|", lag))
-                   if math.isnan(value)]
-            return (f"Undetermined: {' and '.join(nan)} {'is' if len(nan) == 1 else 'are'} NaN, which no threshold "
-                    "judges; the batches' activations may overflow (fresh statistics that are not finite).")
+            return f"Undetermined: {self.undetermined}, so no threshold judges it ({rule})."
         return f"Not stale: {rule} (the gap and one of the others are needed to warn)."
 
 
@@ -248,10 +256,11 @@ def check_checkpoint(model: nn.Module, batches, *, weights=None, weights_key: st
     data, truncated = load_batches(batches, input_key, target_key, max_batches, device, model)
     output = check_probe(model, *data[0])  # validated already: what it returns, said once in the report
     try:
-        before = _record(model, data, thresholds)
-        fresh_model = copy.deepcopy(model)
-        reestimate(fresh_model, [x for x, _ in data])
-        after = _record(fresh_model, data, thresholds)
+        with without_autocast(model):  # float32 whatever autocast context the caller is in
+            before = _record(model, data, thresholds)
+            fresh_model = copy.deepcopy(model)
+            reestimate(fresh_model, [x for x, _ in data])
+            after = _record(fresh_model, data, thresholds)
     except (RuntimeError, TypeError) as err:  # TypeError: an output without logits (read_logits)
         raise InputError("--batches", f": the model fails on the batches: {first_line(err)}") from None
     except ValueError as err:  # an uninitialised lazy BatchNorm, named by the monitor or reestimate
@@ -326,8 +335,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     """Print the report; the exit status of every judging command (:func:`helptext.exit_status`): 0 not stale, 1
     stale, 2 undetermined (:attr:`CheckReport.undetermined`) or bad input (one line on stderr). A warning
-    (:attr:`CheckReport.warnings`: too few samples for the mode-gap threshold) is one line on stderr,
-    ``warning: ...``, and changes neither the report nor the status."""
+    (:attr:`CheckReport.warnings`: too few samples for the mode-gap threshold, which also makes the verdict
+    undetermined) is one line on stderr, ``warning: ...``, naming what sets the size."""
     args = parse_args(argv)
     try:
         max_batches, thresholds = batch_limit(args), thresholds_from(args)
@@ -344,7 +353,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"warning: {one_line(warning)}", file=sys.stderr)
     print(format_report(report, f"{args.model} ({built})" if built else args.model, args.weights, args.batches),
           end="")
-    return exit_status(report.stale, report.undetermined)
+    return exit_status(report.stale, bool(report.undetermined))
 
 
 if __name__ == "__main__":

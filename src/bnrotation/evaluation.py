@@ -9,6 +9,7 @@ decision.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import warnings
 from collections.abc import Callable, Iterator, Mapping
@@ -19,7 +20,7 @@ import torch.nn as nn
 
 from .provenance import compile_cache_per_kernel_path
 
-__all__ = ["EVAL_CHUNK", "EVAL_CHUNK_BYTES", "eval_chunk", "CompiledEvaluation", "compiled_evaluation", "compiled_evaluation_active",
+__all__ = ["without_autocast", "EVAL_CHUNK", "EVAL_CHUNK_BYTES", "eval_chunk", "CompiledEvaluation", "compiled_evaluation", "compiled_evaluation_active",
            "evaluation_call", "evaluation_mode", "evaluation_forward", "LOGITS_KEY", "read_logits", "model_logits",
            "logits_note"]
 
@@ -182,6 +183,21 @@ def compiled_evaluation_active() -> bool:
 def evaluation_call(model: nn.Module) -> Callable[[torch.Tensor], torch.Tensor]:
     """The callable an evaluation-mode pass uses: compiled inside :func:`compiled_evaluation`, else the model."""
     return _compiled.forward(model) if _compiled is not None else model
+
+
+@contextmanager
+def without_autocast(model: nn.Module) -> Iterator[None]:
+    """Autocast off inside the block, on the CPU and on every device type ``model``'s parameters live on, so that a
+    measurement called inside a caller's ``torch.autocast(...)`` (mixed-precision training) runs in the model's
+    own dtype (float32 for a float32 model) rather than in bfloat16 or float16, whose rounding moves a lag by a
+    sizeable share of its threshold. A model whose parameters are themselves half precision stays so."""
+    types = {"cpu"} | {p.device.type for p in model.parameters()}
+    with contextlib.ExitStack() as stack:
+        for t in sorted(types):
+            if t == "cuda" and not torch.cuda.is_available():
+                continue
+            stack.enter_context(torch.autocast(device_type=t, enabled=False))
+        yield
 
 
 @contextmanager

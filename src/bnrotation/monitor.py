@@ -53,7 +53,8 @@ from torch.nn.modules.batchnorm import _BatchNorm
 
 from .batches import sample_count, split_batch
 from .bnstats import NonFinite, nonfinite_state
-from .evaluation import eval_chunk, evaluation_forward, evaluation_mode, logits_note, read_logits
+from .evaluation import (eval_chunk, evaluation_forward, evaluation_mode, logits_note, read_logits,
+                         without_autocast)
 from .lint import findings_line, lint_batchnorm
 from .pairing import (WEIGHT_LAYERS, NormLeafTracer, NormPair, Pairing, Segment, buffers_kept, channel_axis_after,
                       find_pairs, probe_head, rng_devices)
@@ -240,6 +241,12 @@ class MonitorRecord:
             out of the summary's medians, which name them instead.
         warming_up: whether the step is below the monitor's ``warmup_steps``, where the rule's verdict is kept
             in :attr:`stale` but not announced.
+        undetermined: why the rule could not judge this call, in one line, or "" when it could: a probe smaller
+            than :func:`smallest_probe` of the gap threshold (one sample could cross it), no mode gap measured
+            (``modes=False``) or a NaN one, or no layer whose lag or E is finite. Then :attr:`stale` is False
+            (unless a running statistic is non-finite, which is stale whatever else) and :attr:`summary` starts
+            with ``UNDETERMINED``: a quantity that is NaN or meaningless by construction is never read as "not
+            stale".
     """
 
     step: int
@@ -250,6 +257,7 @@ class MonitorRecord:
     summary: str
     nonfinite: NonFinite = field(default_factory=NonFinite)
     warming_up: bool = False
+    undetermined: str = ""
 
     @property
     def flagged(self) -> bool:
@@ -655,6 +663,10 @@ class StalenessMonitor:
         step = int(step)
         if self.previous is not None and step <= self.previous.step:
             raise ValueError(f"step {step} is not after the previous call's step {self.previous.step}")
+        with without_autocast(self.model):  # float32 whatever autocast context the caller trains in
+            return self._measure(step, weights_before_step)
+
+    def _measure(self, step: int, weights_before_step: Mapping[str, torch.Tensor] | None) -> MonitorRecord:
         with torch.random.fork_rng(devices=rng_devices(self.model)):
             scratch = Scratch()
             outs, moments, evals, paths = [], [], [], []
@@ -698,6 +710,7 @@ class StalenessMonitor:
         channels = pd.DataFrame({k: np.concatenate([c[k] for c in channel_columns]) for k in channel_columns[0]})
         record = MonitorRecord(step, checks, pd.DataFrame(layer_rows), channels, False, "",
                                nonfinite_state(self.model), warming_up=step < self.warmup_steps)
+        record.undetermined = self._undetermined(record)
         record.stale = self._stale(record)
         record.summary = self._summary(record)
         if record.nonfinite.parameters and self.warn:
@@ -812,10 +825,26 @@ class StalenessMonitor:
                          "eval_path_error_sigma": error.numpy()})
         line.update(_median_max("eval_path_error", "_sigma", error))
 
+    def _undetermined(self, record: MonitorRecord) -> str:
+        """Why the rule cannot judge ``record`` (:attr:`MonitorRecord.undetermined`), or ""."""
+        n = int(record.checks["probe_size"].iloc[0])
+        smallest = smallest_probe(self.thresholds.mode_gap)
+        if not self.modes:
+            return "no mode gap measured (modes=False), and the rule needs it"
+        if n < smallest:
+            return (f"a probe of {n} samples: one sample moves the mode gap by {1 / n:.1%}, more than the "
+                    f"{self.thresholds.mode_gap:.1%} threshold; the rule needs at least {smallest}")
+        if math.isnan(record.mode_gap):
+            return "the mode gap is NaN (outputs that are not finite)"
+        if math.isnan(record.worst_median_lag_sigma) and math.isnan(record.worst_median_eval_error_sigma):
+            return "no layer's lag or E is finite (no running statistics measured, or fresh statistics not finite)"
+        return ""
+
     def _stale(self, record: MonitorRecord) -> bool:
-        return (self.thresholds.crossed(record.mode_gap, record.worst_median_lag_sigma,
-                                        record.worst_median_eval_error_sigma)
-                or bool(record.nonfinite.running_statistics))
+        if record.nonfinite.running_statistics:
+            return True
+        return not record.undetermined and self.thresholds.crossed(record.mode_gap, record.worst_median_lag_sigma,
+                                                                   record.worst_median_eval_error_sigma)
 
     def _rotation_text(self, record: MonitorRecord) -> str:
         """The summary's rotation: the median over paired layers, how many of the layers they are when some are
@@ -853,6 +882,8 @@ class StalenessMonitor:
         text = " | ".join(t for t in (bad, modes, rot_text, lag_text, err_text) if t)
         if record.flagged:
             return "STALE " + text
+        if record.undetermined:
+            return " | ".join(t for t in (f"UNDETERMINED ({record.undetermined})", text) if t)
         if record.warming_up:  # the rule's verdict is held back: say so, and what it is
             left = self.warmup_steps - record.step
             held = f"warming up, {left} step{'s' * (left != 1)} left"

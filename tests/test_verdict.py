@@ -1,0 +1,213 @@
+"""Never silently "not stale" (issue 48, item 5): a wrapper that hides the model's mode, an autocast context, a
+probe too small to decide the gap, and every other path where the rule reads a quantity that is NaN or zero by
+construction. Each case is built on the wrappers people use (timm's ``ModelEmaV3`` as timm leaves it,
+``torch.optim.swa_utils.AveragedModel``) and on one of our own, and each was seen failing before its fix."""
+
+from __future__ import annotations
+
+import copy
+import math
+import warnings
+
+import pytest
+import torch
+import torch.nn as nn
+
+from bnrotation import StalenessMonitor
+from bnrotation.bnstats import frozen_layers
+from bnrotation.check import check_checkpoint, main as check_main
+from bnrotation.monitor import MonitorSetupWarning, smallest_probe
+from bnrotation.staleness import Thresholds
+
+from thirdparty import import_timm
+
+
+def _net() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(),
+                         nn.Conv2d(8, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(),
+                         nn.Flatten(), nn.Linear(8 * 8 * 8, 4))
+
+
+def _probe(n: int = 64, seed: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, 3, 8, 8, generator=g)
+    return x, torch.randint(0, 4, (n,), generator=g)
+
+
+def _stale(model: nn.Module) -> nn.Module:
+    """``model`` with running statistics that describe another network: evaluation mode is far off, training mode
+    (batch statistics) is not."""
+    with torch.no_grad():
+        for m in model.modules():
+            if isinstance(m, nn.BatchNorm2d):
+                m.running_mean.fill_(3.0)
+                m.running_var.fill_(0.05)
+    return model
+
+
+def _labels_of(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """Labels that training mode (batch statistics) gets right on ``x``: a gap is then evaluation mode's loss."""
+    from bnrotation.bnstats import batch_statistics
+    with torch.no_grad(), batch_statistics(model):
+        return model(x).argmax(1)
+
+
+def _quiet(model, probe, **kw):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", MonitorSetupWarning)
+        return StalenessMonitor(model, probe, warn=False, warmup_steps=0, **kw)
+
+
+# ----------------------------------------------------------------------------- wrappers that hide the mode
+class Shadow(nn.Module):
+    """A wrapper of our own in the ModelEmaV3 pattern: the wrapper as built (training mode), its copy in
+    evaluation mode."""
+
+    def __init__(self, model: nn.Module):
+        super().__init__()
+        self.shadow = copy.deepcopy(model).eval()
+
+    def forward(self, x):
+        return self.shadow(x)
+
+
+def _reference_gap(inner: nn.Module, probe) -> float:
+    """The gap measured on the inner model put in evaluation mode: what the wrapper must give."""
+    return _quiet(copy.deepcopy(inner).eval(), probe)(0).mode_gap
+
+
+@pytest.mark.parametrize("wrap", ["timm_ema_v3", "shadow"])
+def test_a_wrapper_in_training_mode_over_an_evaluation_mode_copy_is_measured_as_that_copy(wrap):
+    """ModelEmaV3 leaves the wrapper in training mode and its ``module`` in evaluation mode: every BatchNorm layer
+    then looks frozen, and before the fix the training-mode pass used the running statistics too (gap 0.000, not
+    stale, on an evaluation mode at chance)."""
+    model = _stale(_net())
+    x, _ = _probe()
+    y = _labels_of(model, x)
+    if wrap == "timm_ema_v3":
+        timm = import_timm()
+        wrapper = timm.utils.ModelEmaV3(model, decay=0.9)
+        assert wrapper.training and not wrapper.module.training  # as timm leaves it
+        inner = wrapper.module
+    else:
+        wrapper = Shadow(model)
+        inner = wrapper.shadow
+    record = _quiet(wrapper, (x, y))(0)
+    want = _reference_gap(inner, (x, y))
+    assert want >= 0.5  # the case is a stale one
+    assert record.mode_gap == pytest.approx(want, abs=1e-12)
+    assert record.stale and not record.undetermined
+    assert wrapper.training and not inner.training  # the flags are left as they were
+
+
+def test_averaged_model_is_measured_in_its_own_mode():
+    """``AveragedModel``'s module follows the model it copied: in training mode the gap is the batch- against the
+    running-statistics one, and it is the same as the plain model's."""
+    from torch.optim.swa_utils import AveragedModel
+
+    model = _stale(_net())
+    x, _ = _probe()
+    y = _labels_of(model, x)
+    avg = AveragedModel(model)
+    assert _quiet(avg, (x, y))(0).mode_gap == pytest.approx(_quiet(model, (x, y))(0).mode_gap, abs=1e-12)
+    assert _quiet(avg, (x, y))(0).stale
+
+
+def test_one_frozen_layer_beside_a_training_one_stays_frozen():
+    """The second case: a fine-tune that freezes some BatchNorm layers, not all, keeps them frozen (they normalise
+    with running statistics in its own training steps)."""
+    model = _net().train()
+    model[1].eval()
+    assert [n for n, _ in frozen_layers(model)] == ["1"]
+    model[4].eval()  # every layer now: the model is in evaluation mode whatever its root says
+    assert frozen_layers(model) == []
+
+
+# ----------------------------------------------------------------------------- autocast
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_the_monitor_measures_in_float32_inside_an_autocast_context(dtype):
+    model = _stale(_net())
+    for m in model.modules():  # a lag that the rounding of bf16 would move
+        if isinstance(m, nn.BatchNorm2d):
+            with torch.no_grad():
+                m.running_mean.fill_(0.01)
+                m.running_var.fill_(1.0)
+    x, y = _probe()
+    outside = _quiet(copy.deepcopy(model), (x, y))(0)
+    with torch.autocast("cpu", dtype=dtype):
+        inside = _quiet(copy.deepcopy(model), (x, y))(0)
+    cols = ["lag_median_abs_sigma", "eval_error_median_sigma", "mean_shift_max_abs_sigma"]
+    assert (inside.layers[cols].to_numpy() == outside.layers[cols].to_numpy()).all()
+    assert inside.mode_gap == outside.mode_gap
+
+
+def test_the_check_measures_in_float32_inside_an_autocast_context():
+    model = _stale(_net())
+    x, y = _probe()
+    outside = check_checkpoint(copy.deepcopy(model), [(x, y)])
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        inside = check_checkpoint(copy.deepcopy(model), [(x, y)])
+    assert inside.worst_median_lag_sigma == outside.worst_median_lag_sigma
+    assert inside.worst_median_eval_error_sigma == outside.worst_median_eval_error_sigma
+
+
+# ----------------------------------------------------------------------------- probes too small to decide
+def test_below_the_smallest_probe_the_verdict_is_undetermined():
+    model = _stale(_net())
+    n = smallest_probe(Thresholds().mode_gap) - 1  # 19 at the default 5%: the boundary, one below
+    x, _ = _probe(n)
+    record = _quiet(model, (x, _labels_of(model, x)))(0)
+    assert record.undetermined and "probe" in record.undetermined
+    assert not record.stale and not record.flagged
+    assert record.summary.startswith("UNDETERMINED")
+    x, _ = _probe(n + 1)  # at the smallest probe the rule judges
+    record = _quiet(model, (x, _labels_of(model, x)))(0)
+    assert not record.undetermined and record.stale
+
+
+def test_the_check_of_a_probe_too_small_exits_2(tmp_path, capsys):
+    """8 unlabelled samples: a gap of 1/8 per sample. Before the fix the check reported a verdict and exited 1."""
+    model = _stale(_net())
+    torch.save(model.state_dict(), tmp_path / "w.pt")
+    x, _ = _probe(8)
+    torch.save(x, tmp_path / "b.pt")
+    (tmp_path / "mynet.py").write_text(
+        "import torch.nn as nn, torch\n"
+        "def make():\n"
+        "    torch.manual_seed(0)\n"
+        "    return nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(),\n"
+        "        nn.Conv2d(8, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(),\n"
+        "        nn.Flatten(), nn.Linear(8 * 8 * 8, 4))\n")
+    import sys
+    sys.path.insert(0, str(tmp_path))
+    try:
+        rc = check_main(["--model", "mynet:make", "--weights", str(tmp_path / "w.pt"), "--batches",
+                         str(tmp_path / "b.pt")])
+    finally:
+        sys.path.remove(str(tmp_path))
+        sys.modules.pop("mynet", None)
+    out = capsys.readouterr().out
+    assert rc == 2
+    assert "Undetermined" in out and "probe" in out
+
+
+# ----------------------------------------------------------------------------- the second case: other NaN paths
+def test_without_the_mode_check_the_verdict_is_undetermined():
+    """``modes=False`` measures no gap: the rule, which needs it, cannot fire, so it must not read "not stale"."""
+    model = _stale(_net())
+    x, y = _probe()
+    record = _quiet(model, (x, y), modes=False)(0)
+    assert math.isnan(record.mode_gap)
+    assert record.undetermined and "gap" in record.undetermined
+    assert not record.stale
+
+
+def test_a_model_without_running_statistics_measured_by_choice_is_undetermined():
+    """``running_statistics_only=False`` on a GroupNorm network: every lag and E is NaN by construction."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.GroupNorm(2, 8), nn.ReLU(), nn.AdaptiveAvgPool2d(1),
+                          nn.Flatten(), nn.Linear(8, 4))
+    x, y = _probe()
+    record = _quiet(model, (x, y), running_statistics_only=False)(0)
+    assert record.undetermined and not record.stale
