@@ -79,13 +79,65 @@ def test_signals_and_truth_from_a_runs_tables():
     # σ = sqrt(var + eps) = 1 exactly: d = -0.5, s = 1, E = 0.5 at step 200
     assert sig.loc[200, "eval_error_median_sigma"] == pytest.approx(0.5, rel=1e-12)
     assert sig.loc[200, "lag_sigma"] == pytest.approx(0.5, rel=1e-12)
-    assert sig.loc[200, "mode_gap"] == pytest.approx(0.3) and math.isnan(sig.loc[0, "mode_gap"])
+    # the held-out gap is the reference line; the probe gap is what ships, and this run logged none
+    assert sig.loc[200, "heldout_mode_gap"] == pytest.approx(0.3) and math.isnan(sig.loc[0, "heldout_mode_gap"])
+    assert sig["mode_gap"].isna().all()
     assert sig.loc[0, "warming_up"] and not sig.loc[100, "warming_up"]  # 44 steps at momentum 0.1
     want = channel_signals(0.01, 1.0 - 1e-5, 0.0, 1.0 - 1e-5, 1e-5).eval_error_sigma
     assert sig.loc[100, "eval_error_max_sigma"] == pytest.approx(want, rel=1e-12)
     t = cal.truth(run).set_index("step")
     assert t.loc[200, "stale"] and not t.loc[100, "stale"]
     assert t.loc[100, "recovery"] == pytest.approx(0.01)
+
+
+def test_the_rule_as_it_ships_reads_the_probe_gap_never_the_held_out_one():
+    """Issue 48: a run that logged the monitor's probe gap is scored on it. The two gaps differ here, so the wrong
+    one gives another verdict: held-out 0.3 at step 200 (the truth's own), probe 0.02 (below the 0.05 threshold)."""
+    run = _run()
+    run.tables["checks"] = run.tables["checks"].assign(mode_gap=[0.0, 0.02], mode_agreement=[1.0, 0.9])
+    sig = cal.log_signals(run).set_index("step")
+    assert sig.loc[200, "mode_gap"] == pytest.approx(0.02) and sig.loc[200, "heldout_mode_gap"] == pytest.approx(0.3)
+    t = Thresholds()
+    shipped = cal.score_of([run], cal.RULE, t)
+    reference = cal.score_of([run], cal.RULE_HELDOUT, t)
+    assert (shipped["stale"], shipped["caught"]) == (1, 0)  # the probe gap is below the threshold: a miss
+    assert (reference["stale"], reference["caught"]) == (1, 1)
+    assert sig.loc[200, "probe_disagreement"] == pytest.approx(0.1)
+    # a run that logged no probe gap is left out of the shipped rule's score, not counted as a miss
+    assert cal.score_of([_run()], cal.RULE, t)["stale"] == 0 and cal.score_of([_run()], cal.RULE_HELDOUT, t)["stale"]
+
+
+def test_the_forecasters_signals_from_a_runs_tables():
+    """E's slope between calls (σ per 100 steps) and the rotation within the running statistics' memory
+    (rotation per step × 1/momentum): at momentum 0.1 the memory is 10 steps, so 3°/100 steps is 0.3°; the worst
+    of two layers is read, not the first."""
+    run = _run()
+    run.tables["layers"] = pd.DataFrame({"step": [0, 0, 100, 100, 200, 200], "norm_layer": "bn",
+                                         "rotation_deg_per_100": [np.nan, np.nan, 1.0, 3.0, 2.0, 0.5]})
+    run.info["norm_layers"]["bn2"] = run.info["norm_layers"]["bn"]
+    run.tables["layers"]["norm_layer"] = ["bn", "bn2"] * 3
+    sig = cal.log_signals(run).set_index("step")
+    e100, e200 = sig.loc[100, "eval_error_median_sigma"], sig.loc[200, "eval_error_median_sigma"]
+    assert sig.loc[200, "e_slope_per_100"] == pytest.approx(e200 - e100, rel=1e-12)
+    assert math.isnan(sig.loc[0, "e_slope_per_100"])
+    assert sig.loc[100, "rotation_in_memory_deg"] == pytest.approx(0.3) and sig.loc[200, "rotation_in_memory_deg"] == \
+        pytest.approx(0.2)
+
+
+def test_a_forecasters_threshold_holds_false_alarms_and_early_means_before_the_first_stale_point():
+    # fresh values 0..19 (20 points): at most 5% may warn, so one: t = 19; stale values do not move it
+    values, stale = np.r_[np.arange(20.0), 30.0, 5.0], np.r_[np.zeros(20, bool), True, True]
+    assert cal.forecast_threshold(values, stale, 0.05) == 19.0
+    assert cal.forecast_threshold(values, stale, 0.10) == 18.0  # the second case: two may warn
+    assert cal.forecast_threshold([0.0123, 0.5], [False, True], 0.0) == pytest.approx(0.5)
+    assert cal._round_up(0.01231) == 0.013 and cal._round_up(0.013) == 0.013
+    run = _run()  # stale at 200, fresh at 100
+    run.tables["checks"] = run.tables["checks"].assign(mode_agreement=[0.7, 0.2])
+    early = cal.early_warning([run], "probe_disagreement", 0.25)  # warns at 100 (0.3) and 200 (0.8)
+    assert (early["runs"], early["early"], early["median_lead_steps"]) == (1, 1, 100.0)
+    assert (early["fresh"], early["false_alarms"]) == (1, 1)
+    late = cal.early_warning([run], "probe_disagreement", 0.5)  # warns at 200 only: on time, not early
+    assert (late["early"], late["median_lead_steps"], late["false_alarms"]) == (0, 0.0, 0)
 
 
 def test_a_run_without_norm_layers_in_its_run_json_is_refused_by_name():
@@ -118,7 +170,9 @@ def test_the_committed_thresholds_are_the_methods_in_sample_choices(written):
     runs, _ = cal.load_calibration_runs([ROOT / REFERENCE], cal.in_sample)
     chosen = cal.chosen_thresholds(cal.points(runs))
     t = Thresholds()
-    assert (t.mode_gap, t.eval_error_sigma) == (chosen["mode_gap"], chosen["eval_error_median_sigma"])
+    # the gap threshold was chosen on the held-out gap, the only one the synthetic runs logged
+    assert (t.mode_gap, t.eval_error_sigma) == (chosen[cal.HELDOUT_GAP.column], chosen["eval_error_median_sigma"])
+    assert math.isnan(chosen["mode_gap"])
 
 
 def test_calibration_md_is_what_make_calibrate_writes(written):
@@ -175,10 +229,10 @@ def test_the_out_of_sample_false_alarm_claim_just_inside_and_just_outside(tmp_pa
 
 
 def test_the_monitor_doc_block_is_what_make_calibrate_writes(written):
-    runs, _ = cal.load_calibration_runs([ROOT / REFERENCE], cal.in_sample)
-    oos, _ = cal.load_calibration_runs(cal.out_of_sample_roots(ROOT / REFERENCE), cal.out_of_sample_run)
+    samples, _ = cal.load_samples(ROOT / REFERENCE, cal.out_of_sample_roots(ROOT / REFERENCE),
+                                  cal.second_zoo_roots(ROOT / REFERENCE))
     doc = (ROOT / "docs" / "monitor.md").read_text()
-    assert cal.fill_doc(doc, cal.doc_block(runs, oos), "docs/monitor.md") == doc, "rerun `make calibrate`"
+    assert cal.fill_doc(doc, cal.doc_block(samples), "docs/monitor.md") == doc, "rerun `make calibrate`"
     with pytest.raises(ValueError, match="x.md: no block"):
         cal.fill_doc("no block here", "", "x.md")
 

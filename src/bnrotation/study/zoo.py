@@ -94,7 +94,7 @@ from .thirdparty import torchvision_shim
 if TYPE_CHECKING:
     from .cli import Outcome
 
-__all__ = ["ARCHS", "CONTROL", "ZOO_ARCHS", "OPTIMIZERS", "SEEDS", "STALE_RECOVERY", "ZooConfig", "register_zoo_config",
+__all__ = ["ARCHS", "CONTROL", "ZOO_ARCHS", "SecondZoo", "SECOND_ZOO", "OPTIMIZERS", "SEEDS", "STALE_RECOVERY", "ZooConfig", "register_zoo_config",
            "to_zoo_config", "optimizer_config", "build_model", "monitor_or_refusal", "check_steps", "run", "run_task",
            "sweep_lists", "costs"]
 
@@ -108,6 +108,23 @@ CONTROL_GROUPS = 8
 ZOO_ARCHS = ARCHS + (CONTROL,)
 OPTIMIZERS = ("sgd", "adam")  # the study's rows of these names give each its learning rate and settings
 SEEDS = (0, 1, 2)
+
+
+@dataclass(frozen=True)
+class SecondZoo:
+    """The second zoo (issue 48): the rule, its thresholds, the scoring, the forecasters and their claims were
+    committed before its first run, so that it scores them on data none of them was chosen on. Eight timm BatchNorm
+    architectures not in :data:`ARCHS` (other families, or other members of one), new seeds, and runs four times
+    as long as the first zoo's, so that staleness may arrive late. The costliest first."""
+
+    archs: tuple[str, ...] = ("resnet14t", "repvgg_a0", "mnasnet_small", "regnetx_004", "semnasnet_050",
+                              "regnety_002", "tinynet_e", "mobilenetv2_050")
+    seeds: tuple[int, ...] = (10, 11, 12)
+    steps: int = 4800
+    check_every: int = 200  # 25 checks a run
+
+
+SECOND_ZOO = SecondZoo()
 NUM_CLASSES = 10  # Fashion-MNIST's
 
 
@@ -151,7 +168,7 @@ class ZooConfig:
     progress: bool = True  # one line per check on stderr
 
     def __post_init__(self) -> None:
-        choice("arch", self.arch, ZOO_ARCHS)
+        choice("arch", self.arch, ZOO_ARCHS + SECOND_ZOO.archs)
         choice("optimizer.name", self.optimizer.name, OPTIMIZERS)
         want = optimizer_config(self.optimizer.name)
         for key in vars(want):
@@ -189,8 +206,8 @@ def build_model(arch: str, seed: int) -> nn.Module:
     Raises:
         ValueError: for a name not in :data:`ZOO_ARCHS`.
     """
-    if arch not in ZOO_ARCHS:
-        raise ValueError(f"arch: expected one of {', '.join(ZOO_ARCHS)}, got {arch!r}")
+    if arch not in ZOO_ARCHS + SECOND_ZOO.archs:
+        raise ValueError(f"arch: expected one of {', '.join(ZOO_ARCHS + SECOND_ZOO.archs)}, got {arch!r}")
     torchvision_shim()
     import timm
 
@@ -226,11 +243,12 @@ def _monitor_lines(monitor: StalenessMonitor | None, step: int) -> tuple[dict, p
     if monitor is None:
         return ({"probe_acc_train_mode": math.nan, "probe_acc_eval_mode": math.nan, "mode_agreement": math.nan,
                  "mode_gap": math.nan, "probe_size": 0, "rule_stale": False, "rule_flagged": False,
-                 "warming_up": False}, None, None)
+                 "warming_up": False, "rule_undetermined": "no monitor"}, None, None)
     record = monitor(step)
     line = record.checks.iloc[0].drop("step").to_dict()
     line = {("probe_" + k if k.startswith("acc_") else k): v for k, v in line.items()}
-    line.update(rule_stale=bool(record.stale), rule_flagged=bool(record.flagged), warming_up=bool(record.warming_up))
+    line.update(rule_stale=bool(record.stale), rule_flagged=bool(record.flagged), warming_up=bool(record.warming_up),
+                rule_undetermined=record.undetermined)
     return line, record.layers, record.channels
 
 
@@ -350,9 +368,14 @@ def run_task(cfg) -> "Outcome":
     return run_one(cfg, to_zoo_config, run)
 
 
-def sweep_lists() -> str:
+def sweep_lists(second: bool = False) -> str:
     """The whole zoo as Hydra sweep overrides: every architecture (the control too), both optimizers, every seed
-    (``make zoo`` reads this line: ``python -m bnrotation.study.zoo``)."""
+    (``make zoo`` reads this line: ``python -m bnrotation.study.zoo``); with ``second``, the second zoo's
+    (:data:`SECOND_ZOO`, ``make zoo2``: ``python -m bnrotation.study.zoo --second``), its length and checks too."""
+    if second:
+        z = SECOND_ZOO
+        return (f"arch={','.join(z.archs)} optimizer={','.join(OPTIMIZERS)} seed={','.join(map(str, z.seeds))} "
+                f"steps={z.steps} check_every={z.check_every}")
     return f"arch={','.join(ZOO_ARCHS)} optimizer={','.join(OPTIMIZERS)} seed={','.join(map(str, SEEDS))}"
 
 
@@ -405,4 +428,4 @@ if __name__ == "__main__":
         runs = len(OPTIMIZERS) * len(SEEDS)
         print(f"the zoo ({runs} runs an architecture): {runs * table['run_cpu_s'].sum() / 3600:.2f} CPU hours")
     else:
-        print(sweep_lists())
+        print(sweep_lists(second=sys.argv[1:2] == ["--second"]))

@@ -8,6 +8,14 @@ zoo under ``<root>/zoo`` (:func:`..tables.calibration.out_of_sample_roots`; a ru
 training data recovers at least 5 points of held-out evaluation-mode accuracy. A FAIL is a finding, not a bug.
 They are NOT RUN until their runs exist, and a rate over fewer than :data:`MIN_POINTS` points is not judged.
 
+The first two checks keep their history: they were judged, for issue 38, with the rule fed the *held-out* gap,
+training- minus evaluation-mode accuracy on the images the truth is measured on, which is the truth by construction
+(``calibration.md``'s reference line). Issue 48 adds the same claims scored as the monitor ships, with its gap on
+its probe batch of training images: on the runs already looked at (the first zoo, the only ones there that logged
+it), and on the second zoo (``<root>/zoo2``, :func:`..tables.calibration.second_zoo_roots`), run after these claims
+and the forecasters were committed. One more asks whether any registered forecaster
+(:data:`..tables.calibration.FORECASTERS`) warns early there.
+
 The frozen case closes the section: with the original task's probe, the rule must warn on the rows with
 BatchNorm in training mode (whose running σ moved while the mean barely did) and stay silent on ``norm_eval``.
 """
@@ -15,6 +23,7 @@ BatchNorm in training mode (whose running σ moved while the mean barely did) an
 from __future__ import annotations
 
 import functools
+import math
 
 import numpy as np
 
@@ -53,47 +62,106 @@ def _committed() -> dict[str, float]:
     return {"mode_gap": t.mode_gap, "lag_sigma": t.lag_sigma, E: t.eval_error_sigma}
 
 
-def _rule_score(ev: Evidence):
-    """(score of the rule on the out-of-sample points, the points, the runs), or None without such points."""
-    runs = _out_of_sample(ev)
-    pts = cal.points(runs)
-    if pts.empty:
-        return None
-    w = cal.warns_at(pts, cal.RULE, Thresholds(), _committed())
-    return cal.score(w, pts["stale"]), pts, runs
+def _second_zoo(ev: Evidence) -> list[Run]:
+    """The second zoo's runs (``ev.root/zoo2``), read once."""
+    return list(_zoo(str(ev.root / cal.SECOND_ZOO)))
 
 
-def _where(pts, runs) -> str:
+def _where(runs: list[Run], s: dict, history: bool) -> str:
     rows = sorted({r.row for r in runs})
-    return (f"{len(pts)} intervention points of {len(runs)} runs ({', '.join(f'`{r}`' for r in rows[:6])}"
-            f"{' …' if len(rows) > 6 else ''})")
+    return (f"{s['stale'] + s['fresh']} intervention points{'' if history else ' past the warm-up'} of {len(runs)} runs "
+            f"({', '.join(f'`{r}`' for r in rows[:6])}{' …' if len(rows) > 6 else ''})")
 
 
-def _rule_rate(ev: Evidence, rate: str, caught: str, points: str, name: str, passes) -> Outcome:
-    """The rule's out-of-sample ``rate`` (``recall`` or ``far``) judged by ``passes(rate)``: NOT RUN without
-    out-of-sample runs or with fewer than :data:`MIN_POINTS` ``points`` (``stale`` or ``fresh``)."""
-    found = _rule_score(ev)
+def _rule_rate(runs: list[Run], what: str, rate: str, caught: str, points: str, name: str, passes,
+               history: bool = False) -> Outcome:
+    """The rule's ``rate`` (``recall`` or ``far``) on ``runs``, fed the gap ``what`` reads (:data:`cal.RULE`: the
+    probe gap, as it ships; :data:`cal.RULE_HELDOUT`: the held-out one), judged by ``passes(rate)``: NOT RUN
+    without such runs or with fewer than :data:`MIN_POINTS` ``points`` (``stale`` or ``fresh``). ``history``:
+    over every point, the warm-up's too, as issue 38 scored it."""
+    mine = cal.logged(runs, cal.GAP_OF[what])
     limit = OOS_RECALL if rate == "recall" else OOS_FALSE_ALARMS
     tolerance = f"{name} {'≥' if rate == 'recall' else '≤'} {limit:g} over at least {MIN_POINTS} {points} points"
-    if found is None or found[0][points] < MIN_POINTS:
-        have = "no out-of-sample run" if found is None else f"{found[0][points]} {points} points"
-        return Outcome(have, tolerance, None, "Out-of-sample runs: `calibration.md` lists the roots read.")
-    s, pts, runs = found
-    return Outcome(f"{name} {s[rate]:.2f} ({s[caught]}/{s[points]}) on {_where(pts, runs)}", tolerance,
+    s = cal.score_of(mine, what, Thresholds(), _committed(), warmup_points=history)
+    if s[points] < MIN_POINTS:
+        have = "no run that logged the gap" if not mine else f"{s[points]} {points} points"
+        return Outcome(have, tolerance, None, "The runs read: `calibration.md` lists the roots.")
+    return Outcome(f"{name} {s[rate]:.2f} ({s[caught]}/{s[points]}) on {_where(mine, s, history)}", tolerance,
                    passes(s[rate]), figures={rate: s[rate]})
 
 
-@bespoke("Out of sample, the rule fixed on the synthetic runs warns at most intervention points whose statistics "
-         "are stale (re-estimation recovers at least 5 points).",
+HISTORY = ("History (issue 38), judged with the rule fed the held-out gap, the truth's own, not the monitor's probe "
+           "gap: ")
+
+
+@bespoke(HISTORY + "out of sample, the rule fixed on the synthetic runs warns at most intervention points whose "
+         "statistics are stale (re-estimation recovers at least 5 points).",
          f"recall ≥ {OOS_RECALL:g} (fixed before the runs)", section=CALIBRATION)
 def rule_recall_out_of_sample(ev: Evidence) -> Outcome:
-    return _rule_rate(ev, "recall", "caught", "stale", "recall", lambda r: r >= OOS_RECALL)
+    return _rule_rate(_out_of_sample(ev), cal.RULE_HELDOUT, "recall", "caught", "stale", "recall",
+                      lambda r: r >= OOS_RECALL, history=True)
 
 
-@bespoke("Out of sample, the rule rarely warns where the statistics are not stale.",
+@bespoke(HISTORY + "out of sample, the rule rarely warns where the statistics are not stale.",
          f"false alarms ≤ {OOS_FALSE_ALARMS:.0%} (fixed before the runs)", section=CALIBRATION)
 def rule_false_alarms_out_of_sample(ev: Evidence) -> Outcome:
-    return _rule_rate(ev, "far", "false_alarms", "fresh", "false-alarm rate", lambda r: r <= OOS_FALSE_ALARMS)
+    return _rule_rate(_out_of_sample(ev), cal.RULE_HELDOUT, "far", "false_alarms", "fresh", "false-alarm rate",
+                      lambda r: r <= OOS_FALSE_ALARMS, history=True)
+
+
+@bespoke("As it ships (its mode gap on its probe batch), the rule warns at most stale intervention points of the "
+         "runs already looked at that logged that gap (the first zoo).",
+         f"recall ≥ {OOS_RECALL:g}, as issue 38 asked (issue 48)", section=CALIBRATION)
+def shipped_rule_recall_first_zoo(ev: Evidence) -> Outcome:
+    return _rule_rate(_out_of_sample(ev), cal.RULE, "recall", "caught", "stale", "recall", lambda r: r >= OOS_RECALL)
+
+
+@bespoke("As it ships, the rule rarely warns where the statistics of the runs already looked at are not stale.",
+         f"false alarms ≤ {OOS_FALSE_ALARMS:.0%}, as issue 38 asked (issue 48)", section=CALIBRATION)
+def shipped_rule_false_alarms_first_zoo(ev: Evidence) -> Outcome:
+    return _rule_rate(_out_of_sample(ev), cal.RULE, "far", "false_alarms", "fresh", "false-alarm rate",
+                      lambda r: r <= OOS_FALSE_ALARMS)
+
+
+@bespoke("On the second zoo, which none of this was chosen on, the rule as it ships warns at most stale "
+         "intervention points.", f"recall ≥ {OOS_RECALL:g} (fixed before its runs, issue 48)", section=CALIBRATION)
+def shipped_rule_recall_second_zoo(ev: Evidence) -> Outcome:
+    return _rule_rate(_second_zoo(ev), cal.RULE, "recall", "caught", "stale", "recall", lambda r: r >= OOS_RECALL)
+
+
+@bespoke("On the second zoo, the rule as it ships rarely warns where the statistics are not stale.",
+         f"false alarms ≤ {OOS_FALSE_ALARMS:.0%} (fixed before its runs, issue 48)", section=CALIBRATION)
+def shipped_rule_false_alarms_second_zoo(ev: Evidence) -> Outcome:
+    return _rule_rate(_second_zoo(ev), cal.RULE, "far", "false_alarms", "fresh", "false-alarm rate",
+                      lambda r: r <= OOS_FALSE_ALARMS)
+
+
+EARLY_SHARE = 0.5  # a forecaster warns early in at least half the second zoo's runs that go stale
+MIN_STALE_RUNS = 5  # fewer runs that go stale are not judged: one run would move the share by > 20%
+
+
+@bespoke("Some signal warns early: on the second zoo, at least one registered forecaster, at its threshold fixed "
+         "on the runs already looked at, warns at least one check before a run's first stale point in at least "
+         "half the runs that go stale, with false alarms at most 5% there.",
+         f"early in ≥ {EARLY_SHARE:.0%} of ≥ {MIN_STALE_RUNS} stale runs, false alarms ≤ "
+         f"{cal.FORECAST_FALSE_ALARMS:.0%} (fixed before its runs, issue 48)", section=CALIBRATION)
+def a_forecaster_warns_early_on_the_second_zoo(ev: Evidence) -> Outcome:
+    tolerance = (f"some forecaster early in ≥ {EARLY_SHARE:.0%} of at least {MIN_STALE_RUNS} runs with a stale point, "
+                 f"false alarms ≤ {cal.FORECAST_FALSE_ALARMS:.0%} over at least {MIN_POINTS} fresh points")
+    looked = cal.points(_out_of_sample(ev))
+    runs = _second_zoo(ev)
+    if looked.empty or not runs:
+        return Outcome("no second-zoo run" if not runs else "no run looked at", tolerance, None,
+                       "`make zoo2` writes the second zoo (docs/running.md).")
+    found = {f.column: cal.early_warning(runs, f.column, t) for f, t in
+             zip(cal.FORECASTERS, cal.forecast_thresholds(looked).values()) if math.isfinite(t)}
+    n = max((e["runs"] for e in found.values()), default=0)
+    if n < MIN_STALE_RUNS or all(e["fresh"] < MIN_POINTS for e in found.values()):
+        return Outcome(f"{n} runs with a stale point", tolerance, None)
+    words = "; ".join(f"{k}: {e['early']}/{e['runs']} early, false alarms {e['far']:.2f}" for k, e in found.items())
+    ok = any(e["runs"] and e["early"] / e["runs"] >= EARLY_SHARE and e["far"] <= cal.FORECAST_FALSE_ALARMS
+             for e in found.values())
+    return Outcome(words, tolerance, ok)
 
 
 @bespoke("The channel signal alone carries over: out of sample, the worst layer's median E at its in-sample "
@@ -151,5 +219,7 @@ def rule_warns_on_frozen_batchnorm_in_training_mode(ev: Evidence) -> Outcome:
     return Outcome("; ".join(words), tolerance, ok)
 
 
-CHECKS = (rule_recall_out_of_sample, rule_false_alarms_out_of_sample, eval_error_false_alarms_carry_over,
+CHECKS = (rule_recall_out_of_sample, rule_false_alarms_out_of_sample, shipped_rule_recall_first_zoo,
+          shipped_rule_false_alarms_first_zoo, shipped_rule_recall_second_zoo, shipped_rule_false_alarms_second_zoo,
+          a_forecaster_warns_early_on_the_second_zoo, eval_error_false_alarms_carry_over,
           rule_warns_on_frozen_batchnorm_in_training_mode)

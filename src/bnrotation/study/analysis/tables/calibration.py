@@ -81,14 +81,19 @@ class Signal:
 
 
 SIGNALS = (
-    Signal("mode_gap", "", "mode gap (held-out, training- minus evaluation-mode accuracy)"),
+    Signal("mode_gap", "", "mode gap on the monitor's probe batch (training images: what ships)"),
     Signal("lag_sigma", "σ", "worst layer's median absolute mean lag (fresh σ, with eps)"),
     Signal("eval_error_median_sigma", "σ", "worst layer's median E"),
     Signal("eval_error_max_sigma", "σ", "worst layer's max E"),
     Signal("log_std_ratio_median_abs", "", "worst layer's median absolute log s (the variance part alone)"),
 )
 BY_COLUMN = {s.column: s for s in SIGNALS}
-RULE = "rule"
+# The truth's own gap: training- minus evaluation-mode accuracy on the held-out images the truth is measured on.
+# Training mode there is already an evaluation with fresh statistics, so it is the truth by construction: a
+# labelled reference line, never a score of the monitor (issue 48).
+HELDOUT_GAP = Signal("heldout_mode_gap", "", "the truth's own gap (held-out images; a reference, not a score)")
+RULE = "rule"  # the rule as it ships: the probe gap, and E or the lag
+RULE_HELDOUT = "rule_heldout"  # the same thresholds fed the held-out gap: the reference line, and the history
 
 
 # ----------------------------------------------------------------------------- which runs
@@ -165,7 +170,7 @@ def _layer_signals(run: Run, layers: dict[str, dict]) -> pd.DataFrame:
     """:func:`log_signals` of a run that stored no ``channels`` table (the staleness zoo by default), from the
     monitor's own per-layer columns in its ``layers`` table (:data:`LAYER_COLUMNS`; NaN where the monitor that ran
     did not record one, as before E): the worst layer's value per step."""
-    empty = pd.DataFrame(columns=["step", *BY_COLUMN, "warming_up"])
+    empty = pd.DataFrame(columns=["step", *BY_COLUMN, HELDOUT_GAP.column, *FORECAST_COLUMNS, "warming_up"])
     lay = run.tables.get("layers")
     if lay is None or "norm_layer" not in lay or "lag_median_abs_sigma" not in lay:
         return empty
@@ -179,12 +184,60 @@ def _layer_signals(run: Run, layers: dict[str, dict]) -> pd.DataFrame:
 
 
 def _with_gap_and_warmup(run: Run, layers: dict[str, dict], out: pd.DataFrame) -> pd.DataFrame:
-    """``out`` (one line per log step) with the held-out ``mode_gap`` of the ``checks`` table and ``warming_up``."""
+    """``out`` (one line per log step) with the ``checks`` table's two gaps, the forecasters' signals
+    (:data:`FORECASTERS`) and ``warming_up``: ``mode_gap``, the monitor's gap on its probe batch (the ``checks``
+    column of that name, which the zoo and, from schema version 2, the runner log; NaN where a run logged none),
+    and ``heldout_mode_gap``, the truth's own (:data:`HELDOUT_GAP`)."""
     checks = run.tables["checks"]
-    gap = checks.assign(mode_gap=checks["acc_train_mode"] - checks["acc_eval_mode"])[["step", "mode_gap"]]
-    out = out.merge(gap, on="step", how="left")
-    warm = warmup_steps([v.get("momentum") for v in layers.values()])
-    return out.assign(warming_up=out["step"] < warm)[["step", *BY_COLUMN, "warming_up"]]
+    gaps = pd.DataFrame({"step": checks["step"],
+                         "mode_gap": checks["mode_gap"] if "mode_gap" in checks else np.nan,
+                         "heldout_mode_gap": checks["acc_train_mode"] - checks["acc_eval_mode"]})
+    out = out.merge(gaps, on="step", how="left")
+    momenta = [v.get("momentum") for v in layers.values()]
+    out = _forecaster_signals(run, layers, out, momenta)
+    warm = warmup_steps(momenta)
+    return out.assign(warming_up=out["step"] < warm)[["step", *BY_COLUMN, HELDOUT_GAP.column, *FORECAST_COLUMNS,
+                                                      "warming_up"]]
+
+
+# ----------------------------------------------------------------------------- forecasters (issue 48, item 4)
+# Registered before the second zoo ran: candidates for a warning *before* the first stale point. Each is a number
+# per log step; it warns at or above a threshold chosen on the runs already looked at (:func:`forecast_threshold`)
+# and is scored, on the second zoo, by how often it warns at least one log step before a run's first stale point.
+FORECASTERS = (
+    Signal("e_slope_per_100", "σ", "slope of the worst layer's median E since the previous call (σ per 100 steps)"),
+    Signal("rotation_in_memory_deg", "°", "worst layer's median rotation within the running statistics' memory "
+           "(rotation per step × 1/momentum, degrees)"),
+    Signal("probe_disagreement", "", "share of probe samples whose predicted class differs between the modes "
+           "(1 − mode agreement; at least the gap, and moving before it)"),
+)
+FORECAST_COLUMNS = tuple(f.column for f in FORECASTERS)
+FORECAST_FALSE_ALARMS = 0.05  # each forecaster's threshold holds false alarms to this share of fresh points
+
+
+def _forecaster_signals(run: Run, layers: dict[str, dict], out: pd.DataFrame, momenta: list) -> pd.DataFrame:
+    """``out`` with :data:`FORECAST_COLUMNS`: E's slope between consecutive log steps (σ per 100 steps; NaN at
+    the first), the worst layer's median rotation per step times the memory of the running statistics, 1/m for
+    the smallest momentum m (1 step for a cumulative average, ``momentum=None``), from the ``layers`` table's
+    ``rotation_deg_per_100`` (NaN where it holds none), and the probe's disagreement between the modes, 1 minus
+    the ``checks`` table's ``mode_agreement`` (NaN where a run logged none)."""
+    out = out.sort_values("step").reset_index(drop=True)
+    e, steps = out["eval_error_median_sigma"].to_numpy(float), out["step"].to_numpy(float)
+    slope = np.full(len(out), np.nan)
+    if len(out) > 1:
+        slope[1:] = 100.0 * np.diff(e) / np.diff(steps)
+    finite = [float(m) for m in momenta if m is not None and float(m) > 0]
+    memory = 1.0 / min(finite) if finite else 1.0  # steps
+    rot = np.full(len(out), np.nan)
+    lay = run.tables.get("layers")
+    if lay is not None and "rotation_deg_per_100" in lay and "norm_layer" in lay:
+        per_step = lay[lay["norm_layer"].isin(list(layers))].groupby("step")["rotation_deg_per_100"].max()
+        rot = out["step"].map(per_step).to_numpy(float) * memory / 100.0
+    checks = run.tables["checks"]
+    agreement = (checks.set_index("step")["mode_agreement"] if "mode_agreement" in checks
+                 else pd.Series(dtype=float))
+    disagreement = 1.0 - out["step"].map(agreement).to_numpy(float)
+    return out.assign(e_slope_per_100=slope, rotation_in_memory_deg=rot, probe_disagreement=disagreement)
 
 
 @once_per_run
@@ -218,7 +271,8 @@ def points(runs: list[Run]) -> pd.DataFrame:
             continue
         frames.append(t.merge(s, on="step", how="inner").assign(row=r.row, seed=r.seed))
     if not frames:
-        return pd.DataFrame(columns=["row", "seed", "step", "recovery", "stale", *BY_COLUMN])
+        return pd.DataFrame(columns=["row", "seed", "step", "recovery", "stale", *BY_COLUMN, HELDOUT_GAP.column,
+                                     *FORECAST_COLUMNS, "warming_up"])
     return pd.concat(frames, ignore_index=True)
 
 
@@ -267,10 +321,12 @@ def score(warn, stale) -> dict:
 
 
 def warns_at(signals: pd.DataFrame, what: str, thresholds: Thresholds, alone: dict[str, float]):
-    """Whether ``what`` (a signal's column at ``alone[what]``, or :data:`RULE` as ``thresholds`` decide) warns on
-    each line of ``signals`` (:func:`log_signals` or :func:`points` lines): a bool array, False in the warm-up."""
-    if what == RULE:
-        w = thresholds.warns(signals["mode_gap"].to_numpy(float), signals["lag_sigma"].to_numpy(float),
+    """Whether ``what`` (a signal's column at ``alone[what]``, or :data:`RULE` as ``thresholds`` decide on the
+    probe gap, or :data:`RULE_HELDOUT` on the held-out gap) warns on each line of ``signals`` (:func:`log_signals`
+    or :func:`points` lines): a bool array, False in the warm-up."""
+    if what in (RULE, RULE_HELDOUT):
+        gap = signals["mode_gap" if what == RULE else HELDOUT_GAP.column].to_numpy(float)
+        w = thresholds.warns(gap, signals["lag_sigma"].to_numpy(float),
                              signals["eval_error_median_sigma"].to_numpy(float))
     else:
         with np.errstate(invalid="ignore"):
@@ -306,22 +362,114 @@ def lead_times(runs: list[Run], what: str, thresholds: Thresholds, alone: dict[s
 
 
 def chosen_thresholds(pts: pd.DataFrame) -> dict[str, float]:
-    """:func:`choose_threshold` of every signal alone on the points ``pts`` (:func:`points`)."""
-    return {s.column: choose_threshold(pts[s.column], pts["stale"]) for s in SIGNALS}
+    """:func:`choose_threshold` of every signal alone, and of the held-out gap, on the points ``pts``
+    (:func:`points`); NaN for a signal that no point logged (the probe gap of runs written before the runner
+    logged it: the rule's gap threshold was chosen on the held-out gap, the only gap those runs hold)."""
+    return {s.column: (choose_threshold(pts[s.column], pts["stale"]) if pts[s.column].notna().any() else math.nan)
+            for s in (*SIGNALS, HELDOUT_GAP)}
+
+
+GAP_OF = {"mode_gap": "mode_gap", RULE: "mode_gap", HELDOUT_GAP.column: HELDOUT_GAP.column,
+          RULE_HELDOUT: HELDOUT_GAP.column}  # the gap a score needs: runs that did not log it are left out of it
+
+
+def logged(runs: list[Run], column: str) -> list[Run]:
+    """The runs of ``runs`` whose :func:`log_signals` hold a finite ``column`` at some log step."""
+    return [r for r in runs if not log_signals(r).empty and log_signals(r)[column].notna().any()]
+
+
+def forecast_threshold(values, stale, far: float = FORECAST_FALSE_ALARMS) -> float:
+    """A forecaster's threshold, chosen on points already looked at: the smallest observed value t whose warnings
+    (values >= t) fall on at most ``far`` of the fresh points, rounded up to two significant figures (which keeps
+    the rate); NaN when no value is finite.
+
+    Args:
+        values: the forecaster at each point past the warm-up (NaN: not measured); stale: the truth there.
+    """
+    v, y = np.asarray(values, float), np.asarray(stale, bool)
+    fresh = v[~y]
+    best = math.nan
+    for t in np.unique(v[np.isfinite(v)])[::-1]:
+        if (fresh >= t).sum() / max(len(fresh), 1) > far:
+            break
+        best = float(t)
+    return _round_up(best)
+
+
+def _round_up(t: float, digits: int = 2) -> float:
+    """``t`` > 0 rounded up to ``digits`` significant figures (0.0703 -> 0.071); others as they are."""
+    if not t > 0 or not math.isfinite(t):
+        return t
+    places = digits - 1 - math.floor(math.log10(t))
+    return round(math.ceil(round(t * 10 ** places, 9)) / 10 ** places, max(places, 0))
+
+
+def early_warning(runs: list[Run], what: str, threshold: float) -> dict:
+    """How early the forecaster ``what`` (a :data:`FORECAST_COLUMNS` column) warns at ``threshold``, past the
+    warm-up: ``runs`` (with a stale point past the warm-up), ``early`` (of them, those it warned at a log step
+    strictly before the first stale point: at least one log step ahead), ``median_lead_steps`` (first stale point
+    minus first warning, over the runs it warned at all; NaN when none), ``fresh``, ``false_alarms`` and ``far``
+    over the fresh intervention points past the warm-up."""
+    early, leads, n, fresh, false = 0, [], 0, 0, 0
+    for r in runs:
+        t, s = truth(r), log_signals(r)
+        if t.empty or s.empty:
+            continue
+        s = s[~s["warming_up"].to_numpy(bool)]
+        with np.errstate(invalid="ignore"):
+            warned_steps = s.loc[s[what].to_numpy(float) >= threshold, "step"]
+        t = t[t["step"].isin(s["step"])]
+        on_fresh = t.loc[~t["stale"].astype(bool), "step"]
+        fresh += len(on_fresh)
+        false += int(on_fresh.isin(warned_steps).sum())
+        if not t["stale"].any():
+            continue
+        n += 1
+        first_stale = int(t.loc[t["stale"].astype(bool), "step"].min())
+        if not warned_steps.empty:
+            leads.append(first_stale - int(warned_steps.min()))
+            early += int(warned_steps.min() < first_stale)
+    return {"runs": n, "early": early, "median_lead_steps": float(np.median(leads)) if leads else math.nan,
+            "fresh": fresh, "false_alarms": false, "far": false / fresh if fresh else math.nan}
+
+
+def forecast_thresholds(pts: pd.DataFrame) -> dict[str, float]:
+    """:func:`forecast_threshold` of every forecaster on the points ``pts`` (:func:`points`) past the warm-up."""
+    past = pts[~pts["warming_up"].astype(bool)]
+    return {f.column: forecast_threshold(past[f.column], past["stale"]) for f in FORECASTERS}
+
+
+SCORED = (*BY_COLUMN, RULE, HELDOUT_GAP.column, RULE_HELDOUT)  # the lines of a score table, in order
 
 
 def scores(runs: list[Run], thresholds: Thresholds, alone: dict[str, float]) -> pd.DataFrame:
-    """One line per signal alone (at ``alone``'s threshold) and for the rule (``thresholds``): ``what``,
-    ``threshold`` and the columns of :func:`score` and :func:`lead_times`. Empty without points."""
-    pts = points(runs)
-    if pts.empty:
+    """One line per signal alone (at ``alone``'s threshold), for the rule as it ships (:data:`RULE`, the probe
+    gap) and for the reference lines (the held-out gap alone and the rule fed it): ``what``, ``threshold``,
+    ``runs`` (those scored: a line that needs a gap reads only the runs that logged it, :data:`GAP_OF`) and the
+    columns of :func:`score` and :func:`lead_times`. Empty without points."""
+    if points(runs).empty:
         return pd.DataFrame()
     lines = []
-    for what in (*BY_COLUMN, RULE):
-        w = warns_at(pts, what, thresholds, alone)
-        lines.append({"what": what, "threshold": alone.get(what, math.nan), **score(w, pts["stale"]),
-                      **{f"lead_{k}": v for k, v in lead_times(runs, what, thresholds, alone).items()}})
+    for what in SCORED:
+        mine = logged(runs, GAP_OF[what]) if what in GAP_OF else runs
+        lines.append({"what": what, "threshold": alone.get(what, math.nan), "runs": len(mine),
+                      **score_of(mine, what, thresholds, alone),
+                      **{f"lead_{k}": v for k, v in lead_times(mine, what, thresholds, alone).items()}})
     return pd.DataFrame(lines)
+
+
+def score_of(runs: list[Run], what: str, thresholds: Thresholds, alone: dict[str, float] | None = None,
+             warmup_points: bool = False) -> dict:
+    """:func:`score` of ``what`` (a signal at ``alone``'s threshold, :data:`RULE` or :data:`RULE_HELDOUT`) over the
+    intervention points of ``runs`` past the warm-up, where no verdict is given (with ``warmup_points``, over every
+    point, counting those in the warm-up as not warned at: issue 38's scoring, kept for its claims' history); a
+    line that needs a gap (:data:`GAP_OF`) reads only the runs that logged it."""
+    runs = logged(runs, GAP_OF[what]) if what in GAP_OF else runs
+    pts = points(runs)
+    pts = pts[~pts["warming_up"].astype(bool)] if not pts.empty and not warmup_points else pts
+    if pts.empty:
+        return score(np.zeros(0, bool), np.zeros(0, bool))
+    return score(warns_at(pts, what, thresholds, alone or {}), pts["stale"])
 
 
 # ----------------------------------------------------------------------------- the frozen case
@@ -356,12 +504,37 @@ def frozen_verdicts(root: str | Path, thresholds: Thresholds) -> pd.DataFrame:
 
 # ----------------------------------------------------------------------------- reading the roots
 ZOO = "zoo"  # <root>/zoo/runs/...: the staleness zoo's runs, beside a root's own
+SECOND_ZOO = "zoo2"  # <root>/zoo2/runs/...: the second zoo (bnrotation.study.zoo.SECOND_ZOO), run after issue 48
 
 
 def out_of_sample_roots(root: str | Path) -> list[Path]:
-    """The roots whose runs of another task are scored out of sample by default: ``root`` itself (the
-    Fashion-MNIST rows beside the synthetic ones) and ``root/zoo``."""
+    """The roots whose runs of another task were scored out of sample for issue 38, and have been looked at since
+    (:data:`LOOKED_AT`): ``root`` itself (the Fashion-MNIST rows beside the synthetic ones) and ``root/zoo``."""
     return [Path(root), Path(root) / ZOO]
+
+
+def second_zoo_roots(root: str | Path) -> list[Path]:
+    """The roots of the runs none of issue 48's choices was made on (:data:`FRESH`): ``root/zoo2``."""
+    return [Path(root) / SECOND_ZOO]
+
+
+@dataclass(frozen=True)
+class Sample:
+    """A set of runs the report scores apart: its key, its heading and what was chosen on it."""
+
+    key: str
+    title: str
+    words: str
+
+
+SYNTHETIC = Sample("synthetic", "The synthetic runs", "the thresholds were chosen here (task `noisy_templates`, "
+                   "no `fmnist*` row); these runs logged no probe gap, only the held-out one")
+LOOKED_AT = Sample("looked_at", "Fashion-MNIST rows and the first zoo",
+                   "scored out of sample for issue 38 and looked at since: in sample for anything chosen from then "
+                   "on, the forecasters' thresholds among them")
+FRESH = Sample("fresh", "The second zoo", "none of this was chosen on it: the rule, its thresholds, the scoring, "
+               "the forecasters and the claims were committed before its first run")
+SAMPLES = (SYNTHETIC, LOOKED_AT, FRESH)
 
 
 def load_calibration_runs(roots: list[str | Path], keep) -> tuple[list[Run], list[str]]:
@@ -443,105 +616,147 @@ def _describe(runs: list[Run]) -> str:
     return f"{len(runs)} runs of {len(rows)} rows ({', '.join(f'`{x}`' for x in rows)})"
 
 
-def to_markdown(ins: list[Run], oos: list[Run], roots: tuple[list[Path], list[Path]], frozen: pd.DataFrame,
+def _line_words(what: str, thresholds: Thresholds, alone: dict[str, float]) -> str:
+    if what == RULE:
+        return f"**the rule as it ships** (probe gap): {_rule_words(thresholds)}"
+    if what == RULE_HELDOUT:
+        return "*reference: the rule fed the truth's own gap (held-out images), not a score*"
+    if what == HELDOUT_GAP.column:
+        return f"*reference: {HELDOUT_GAP.words} ≥ {_thr(what, alone[what])}*"
+    return f"{BY_COLUMN[what].words} ≥ {_thr(what, alone[what])}"
+
+
+def _score_table(runs: list[Run], thresholds: Thresholds, alone: dict[str, float]) -> list[str]:
+    table = scores(runs, thresholds, alone)
+    if table.empty:
+        return ["No run yet" + (": `make zoo2`, in the background (docs/running.md)." if runs == [] else ".")]
+    t = table.set_index("what")
+    out = ["| Signal (threshold) | Runs | Recall | False alarms | Lead time |", "|---|---:|---:|---:|---|"]
+    for what in SCORED:
+        line = t.loc[what]
+        if not line["runs"]:
+            out.append(f"| {_line_words(what, thresholds, alone)} | 0 | not logged | – | – |")
+            continue
+        out.append(f"| {_line_words(what, thresholds, alone)} | {int(line['runs'])} | "
+                   f"{_rate(line, 'recall', 'caught', 'stale')} | {_rate(line, 'far', 'false_alarms', 'fresh')} | "
+                   f"{_lead(line)} |")
+    return out
+
+
+def _forecast_cell(runs: list[Run], what: str, threshold: float) -> str:
+    if not runs:
+        return "not run"
+    e = early_warning(runs, what, threshold)
+    if not e["runs"]:
+        return "no run goes stale"
+    lead = f"{e['median_lead_steps']:+,.0f} steps" if math.isfinite(e["median_lead_steps"]) else "never warned"
+    far = f"{e['far']:.2f} ({e['false_alarms']}/{e['fresh']})" if e["fresh"] else "–"
+    return f"{e['early']}/{e['runs']} runs early; median lead {lead}; false alarms {far}"
+
+
+def to_markdown(samples: dict[str, list[Run]], roots: dict[str, list[Path]], frozen: pd.DataFrame,
                 thresholds: Thresholds = Thresholds()) -> str:
-    """``calibration.md``: the truth, the method, the thresholds chosen in sample against the committed
-    defaults, and each signal's and the rule's recall, false alarms and lead time in sample and out of sample;
-    then the frozen-backbone case."""
+    """``calibration.md``: the truth, the method, the thresholds chosen on the synthetic runs against the committed
+    defaults; then, for each sample (:data:`SAMPLES`), each signal's and the rule's recall, false alarms and lead
+    time, with the rule fed the gap the monitor ships (its probe batch of training images) and the held-out gap
+    kept as a labelled reference; the forecasters; then the frozen-backbone case."""
+    ins = samples[SYNTHETIC.key]
     pts = points(ins)
     chosen = chosen_thresholds(pts)
-    alone = {**chosen, "mode_gap": thresholds.mode_gap, "eval_error_median_sigma": thresholds.eval_error_sigma,
-             "lag_sigma": thresholds.lag_sigma}  # the committed ones where the rule has them
-    table_in = scores(ins, thresholds, alone).set_index("what")
-    table_out = scores(oos, thresholds, alone)
-    table_out = table_out.set_index("what") if not table_out.empty else None
-    n_stale = int(pts["stale"].sum())
-    out = ["# The monitor's rule, calibrated in sample and scored out of sample\n",
-           f"Rebuilt by `make calibrate` (`bnrotation.study.analysis.tables.calibration`) from the runs under "
-           f"{', '.join(f'`{p}`' for p in roots[0])} (in sample) and "
-           f"{', '.join(f'`{p}`' for p in roots[1]) or 'no root'} (out of sample), schema version "
-           f"{records.SCHEMA_VERSION}.\n",
+    alone = _alone(chosen, thresholds)
+    looked_pts = points(samples[LOOKED_AT.key])
+    forecast = forecast_thresholds(looked_pts) if not looked_pts.empty else {f.column: math.nan for f in FORECASTERS}
+    out = ["# The monitor's rule, calibrated in sample and scored as it ships\n",
+           "Rebuilt by `make calibrate` (`bnrotation.study.analysis.tables.calibration`) from the runs under "
+           + "; ".join(f"{s.title.lower()}: {', '.join(f'`{p}`' for p in roots[s.key]) or 'no root'}" for s in SAMPLES)
+           + f"; schema version {records.SCHEMA_VERSION}.\n",
            f"- **Truth** (fixed before any data): at an intervention point, the statistics are stale when "
            f"re-estimating them on training data recovers at least {STALE_RECOVERY * 100:g} points of "
            "evaluation-mode accuracy on the held-out set.",
-           f"- **In sample** (the thresholds were chosen here; task `{IN_SAMPLE_TASK}`, no `fmnist*` row): "
-           f"{_describe(ins)}; {len(pts)} intervention points of the {pts.groupby(['row', 'seed']).ngroups} runs with "
-           f"BatchNorm statistics, {n_stale} stale.",
-           f"- **Out of sample** (every other run, scored with the committed thresholds): {_describe(oos)}.",
+           "- **What is scored** (issue 48): the signals the shipped monitor computes in a user's loop. Its mode gap "
+           "is measured on its probe batch of training images, never on the held-out images the truth is measured "
+           "on. The held-out gap is kept only as a labelled reference line, *the truth's own gap*: training mode on "
+           "the held-out images is already an evaluation with fresh statistics, so that gap is the truth by "
+           "construction. A line that needs a gap reads only the runs that logged it (the `Runs` column).",
            f"- **Method**: for each signal alone, the threshold with the lowest false-alarm rate among those with "
            f"in-sample recall ≥ {TARGET_RECALL:g}, the smallest on a tie, rounded down to two significant figures. "
            "A miss costs an evaluation wrong by 5 points or more, a false alarm one re-estimation: recall is fixed, "
            "false alarms minimised (not Youden's J, which weighs them alike).",
-           f"- **The rule** (`bnrotation.Thresholds()`): {_rule_words(thresholds)}. Its mode-gap and E thresholds "
-           "are the method's in-sample choices (checked by `tests/test_calibration.py`); the lag keeps its earlier "
-           "default for the callers that measure only the lag.\n",
-           "## Thresholds\n", "| Signal | Method's choice in sample | In `Thresholds()` |", "|---|---:|---:|"]
+           f"- **The rule** (`bnrotation.Thresholds()`): {_rule_words(thresholds)}. Its mode-gap threshold is the "
+           "method's choice on the synthetic runs' held-out gap (the only gap they logged), its E threshold the "
+           "method's choice on E (checked by `tests/test_calibration.py`); the lag keeps its earlier default.\n"]
+    for sm in SAMPLES:
+        out.append(f"- **{sm.title}**: {sm.words}; {_describe(samples[sm.key])}.")
+    out += ["", "## Thresholds\n", "| Signal | Method's choice on the synthetic runs | In `Thresholds()` |",
+            "|---|---:|---:|"]
     committed = {"mode_gap": thresholds.mode_gap, "eval_error_median_sigma": thresholds.eval_error_sigma,
                  "lag_sigma": thresholds.lag_sigma}
-    for s in SIGNALS:
-        mine = _thr(s.column, committed[s.column]) if s.column in committed else "–"
-        out.append(f"| {s.words} | {_thr(s.column, chosen[s.column])} | {mine} |")
-    out += ["", "## Recall, false alarms and lead time\n",
-            "Recall: stale points warned at (count/stale); false alarms: fresh points warned at (count/fresh); lead "
-            "time: median over runs with a stale point of (first stale point − first warning), in steps, over every "
-            "log step past the monitor's warm-up.\n",
-            "| Signal (threshold) | In sample: recall | false alarms | lead time | Out of sample: recall | "
-            "false alarms | lead time |", "|---|---:|---:|---|---:|---:|---|"]
-    for what in (*BY_COLUMN, RULE):
-        line = table_in.loc[what]
-        other = table_out.loc[what] if table_out is not None else None
-        name = (f"**the rule**: {_rule_words(thresholds)}" if what == RULE
-                else f"{BY_COLUMN[what].words} ≥ {_thr(what, alone[what])}")
-        out.append(f"| {name} | {_rate(line, 'recall', 'caught', 'stale')} | "
-                   f"{_rate(line, 'far', 'false_alarms', 'fresh')} | {_lead(line)} | "
-                   f"{_rate(other, 'recall', 'caught', 'stale')} | {_rate(other, 'far', 'false_alarms', 'fresh')} | "
-                   f"{_lead(other)} |")
-    out += ["", "## The rule by network, in sample\n", "| Network | Runs | Points | Stale | Recall | False alarms |",
-            "|---|---:|---:|---:|---:|---:|"]
-    for arch in sorted({r.arch for r in ins}):
-        mine = [r for r in ins if r.arch == arch]
-        sub = points(mine)
-        if sub.empty:
+    for sig in (*SIGNALS, HELDOUT_GAP):
+        mine = _thr(sig.column, committed[sig.column]) if sig.column in committed else "–"
+        got = _thr(sig.column, chosen[sig.column]) if math.isfinite(chosen[sig.column]) else "not logged"
+        out.append(f"| {sig.words} | {got} | {mine} |")
+    out += ["", "Recall: stale points warned at (count/stale); false alarms: fresh points warned at (count/fresh); "
+            "lead time: median over runs with a stale point of (first stale point − first warning), in steps, over "
+            "every log step past the monitor's warm-up. Rates over the intervention points past the warm-up."]
+    for sm in SAMPLES:
+        out += ["", f"## {sm.title}\n", f"{sm.words[0].upper()}{sm.words[1:]}.\n"]
+        out += _score_table(samples[sm.key], thresholds, alone)
+        if sm is SYNTHETIC:
+            out += ["", "### Reading it\n"] + _reading(ins, pts, thresholds, alone)
+    out += ["", "## Early warning: the forecasters\n",
+            "Registered before the second zoo ran (issue 48, item 4). Each warns at or above a threshold chosen on the "
+            f"runs already looked at (Fashion-MNIST rows and the first zoo), the smallest that holds false alarms to "
+            f"{FORECAST_FALSE_ALARMS:.0%} of their fresh points past the warm-up, rounded up to two significant "
+            "figures (`forecast_threshold`). *Early*: it warned at a log step before the run's first stale point, at "
+            "least one check ahead.\n",
+            "| Forecaster | Threshold | Looked at | Second zoo |", "|---|---:|---|---|"]
+    for f in FORECASTERS:
+        thr = forecast[f.column]
+        if not math.isfinite(thr):
+            out.append(f"| {f.words} | not logged | – | – |")
             continue
-        sc = score(warns_at(sub, RULE, thresholds, alone), sub["stale"])
-        out.append(f"| `{arch}` | {len(mine)} | {len(sub)} | {sc['stale']} | {_rate(sc, 'recall', 'caught', 'stale')} "
-                   f"| {_rate(sc, 'far', 'false_alarms', 'fresh')} |")
-    out += ["", "## Reading it\n"] + _reading(ins, pts, thresholds, alone, table_in)
+        out.append(f"| {f.words} | {thr:g}{f.unit} | {_forecast_cell(samples[LOOKED_AT.key], f.column, thr)} | "
+                   f"{_forecast_cell(samples[FRESH.key], f.column, thr)} |")
     out += ["", "## The frozen backbone (original task's probe)\n"] + _frozen_lines(frozen, thresholds)
     return "\n".join(out) + "\n"
 
 
-def _reading(ins: list[Run], pts: pd.DataFrame, thresholds: Thresholds, alone: dict[str, float],
-             table: pd.DataFrame) -> list[str]:
-    """The in-sample facts that qualify the table, each computed from the points."""
-    gap_vs_truth = float((pts["mode_gap"] - pts["recovery"]).abs().max())
+def _alone(chosen: dict[str, float], thresholds: Thresholds) -> dict[str, float]:
+    """Each signal's threshold alone: the committed ones where the rule has them, else the method's choice."""
+    return {**chosen, "mode_gap": thresholds.mode_gap, "eval_error_median_sigma": thresholds.eval_error_sigma,
+            "lag_sigma": thresholds.lag_sigma, HELDOUT_GAP.column: thresholds.mode_gap}
+
+
+def _reading(ins: list[Run], pts: pd.DataFrame, thresholds: Thresholds, alone: dict[str, float]) -> list[str]:
+    """The in-sample facts that qualify the synthetic runs' table, each computed from the points."""
+    gap_vs_truth = float((pts[HELDOUT_GAP.column] - pts["recovery"]).abs().max())
     starts = sorted({int(r.config["scale"]["check_start"]) for r in ins})
     e_only = warns_at(pts, "eval_error_median_sigma", thresholds, alone)
     lag_only = warns_at(pts, "lag_sigma", thresholds, alone)
     stale = pts["stale"].to_numpy(bool)
     chosen = chosen_thresholds(pts)
     fair = {k: score(warns_at(pts, k, thresholds, chosen), stale) for k in ("lag_sigma", "eval_error_median_sigma")}
+    first = lead_times(ins, "eval_error_median_sigma", thresholds, alone)["first_warning_step"]
+    first_lag = lead_times(ins, "lag_sigma", thresholds, alone)["first_warning_step"]
     return [
-        f"- In sample the held-out mode gap equals the truth's recovery to within {gap_vs_truth * 100:.3g} points at "
-        "every intervention point: training-mode accuracy with the held-out set's own batch statistics is what "
-        "re-estimation restores. The gap's score here is that identity, not a finding; the rule's recall is the "
-        "channel signal's among the stale points. The monitor in a user's loop measures its gap on its probe batch, "
-        "which these runs do not record.",
+        f"- The held-out mode gap equals the truth's recovery to within {gap_vs_truth * 100:.3g} points at every "
+        "intervention point: training-mode accuracy with the held-out set's own batch statistics is what "
+        "re-estimation restores. The rule fed that gap scores the channel signal among the stale points, not the "
+        "monitor as it ships.",
         f"- These runs log the held-out gap from step {' or '.join(f'{s:,}' for s in starts)} (`scale.check_start`), "
-        "so the gap and the rule cannot warn before it; the channel signals are logged from step 0.",
+        "so the reference lines cannot warn before it; the channel signals are logged from step 0.",
         f"- E against the lag at their thresholds: E warns at {int((e_only & stale).sum())} stale and "
         f"{int((e_only & ~stale).sum())} fresh points, the lag at {int((lag_only & stale).sum())} and "
         f"{int((lag_only & ~stale).sum())}; the lag branch adds {int((lag_only & ~e_only & stale).sum())} stale and "
         f"{int((lag_only & ~e_only & ~stale).sum())} fresh points to E's. Each at the method's own choice (lag "
         f"{_thr('lag_sigma', chosen['lag_sigma'])}, E {_thr('eval_error_median_sigma', chosen['eval_error_median_sigma'])}): "
         f"recall {fair['lag_sigma']['recall']:.2f} and {fair['eval_error_median_sigma']['recall']:.2f}, false alarms "
-        f"{fair['lag_sigma']['far']:.2f} and {fair['eval_error_median_sigma']['far']:.2f}. In these runs the "
-        "variance part is small and E scores as the lag does; E is chosen for the rule because it also sees a moved "
-        "running variance, which the lag cannot (the frozen case below), and it is the error evaluation mode makes.",
-        f"- Lead times count every warning, also those before the check window: E alone first warns at a median "
-        f"step of {table.loc['eval_error_median_sigma', 'lead_first_warning_step']:,.0f} (the lag alone at "
-        f"{table.loc['lag_sigma', 'lead_first_warning_step']:,.0f}), while the running statistics still trail fast "
-        "early training, where no intervention point judges them; a lead time is only worth its false-alarm rate.",
+        f"{fair['lag_sigma']['far']:.2f} and {fair['eval_error_median_sigma']['far']:.2f}. E is chosen for the rule "
+        "because it also sees a moved running variance, which the lag cannot (the frozen case below).",
+        f"- E alone first warns at a median step of {first:,.0f} (the lag alone at {first_lag:,.0f}), in every run, "
+        "including rows that never go stale: early training, where the running statistics trail fast weights and "
+        "no intervention point judges them. Those lead times are not early warnings; the forecasters below are "
+        "scored for that at a fixed false-alarm rate.",
         "- The worst layer's median E, not its maximum: a maximum over channels grows with the channel count, so "
         "its threshold would not carry over between networks of different widths.",
     ]
@@ -568,30 +783,35 @@ def _frozen_lines(frozen: pd.DataFrame, thresholds: Thresholds) -> list[str]:
 DOC_BLOCK = re.compile(r"(<!-- generated by make calibrate -->\n)(?P<text>.*?)(<!-- end -->)", re.S)
 
 
-def doc_block(ins: list[Run], oos: list[Run], thresholds: Thresholds = Thresholds()) -> str:
+def doc_block(samples: dict[str, list[Run]], thresholds: Thresholds = Thresholds()) -> str:
     """The paragraph ``make calibrate`` writes into ``docs/monitor.md`` (between ``<!-- generated by make
-    calibrate -->`` and ``<!-- end -->``): the rule's and E's recall, false alarms and lead time, in sample and
-    out of sample, and where they were measured."""
-    alone = {**chosen_thresholds(points(ins)), "mode_gap": thresholds.mode_gap,
-             "eval_error_median_sigma": thresholds.eval_error_sigma, "lag_sigma": thresholds.lag_sigma}
+    calibrate -->`` and ``<!-- end -->``): the shipped rule's recall, false alarms and lead time on each sample
+    that logged its probe gap, where they were measured, and the forecasters' early warnings."""
+    alone = _alone(chosen_thresholds(points(samples[SYNTHETIC.key])), thresholds)
 
-    def figures(runs: list[Run], where: str) -> str:
-        table = scores(runs, thresholds, alone)
+    def figures(sm: Sample) -> str:
+        table = scores(samples[sm.key], thresholds, alone)
         if table.empty:
-            return f"{where}: not run yet."
-        t = table.set_index("what")
-        parts = []
-        for what, name in ((RULE, "the rule"), ("eval_error_median_sigma", "E alone"), ("lag_sigma", "the lag alone")):
-            line = t.loc[what]
-            parts.append(f"{name} recall {_rate(line, 'recall', 'caught', 'stale')}, false alarms "
-                         f"{_rate(line, 'far', 'false_alarms', 'fresh')}, lead time {_lead(line)}")
-        pts = points(runs)
-        return (f"{where} ({pts.groupby(['row', 'seed']).ngroups} runs, {len(pts)} intervention points, "
-                f"{int(pts['stale'].sum())} stale): " + "; ".join(parts) + ".")
+            return f"{sm.title}: not run yet."
+        line = table.set_index("what").loc[RULE]
+        if not line["runs"]:
+            return f"{sm.title}: no probe gap logged, so the rule as it ships cannot be scored there."
+        return (f"{sm.title} ({int(line['runs'])} runs that logged the probe gap): recall "
+                f"{_rate(line, 'recall', 'caught', 'stale')}, false alarms {_rate(line, 'far', 'false_alarms', 'fresh')}"
+                f", lead time {_lead(line)}.")
+    looked = points(samples[LOOKED_AT.key])
+    forecast = forecast_thresholds(looked) if not looked.empty else {}
+    early = []
+    for f in FORECASTERS:
+        thr = forecast.get(f.column, math.nan)
+        if math.isfinite(thr) and samples[FRESH.key]:
+            e = early_warning(samples[FRESH.key], f.column, thr)
+            early.append(f"{f.words.split(' (')[0]} ≥ {thr:g}{f.unit}: {e['early']}/{e['runs']} runs")
+    early_text = (" Warned at least one check before the first stale point, on the second zoo: " + "; ".join(early)
+                  + "." if early else " The forecasters' early warnings are scored on the second zoo once it lands.")
     return ("Measured by `make calibrate` ([calibration.md](../results/reference/calibration.md), which gives the "
-            "truth, the method and every signal). " + figures(ins, "In sample, on the synthetic reference runs the "
-                                                              "thresholds were chosen on")
-            + " " + figures(oos, "Out of sample (Fashion-MNIST rows, the staleness zoo)") + "\n")
+            "truth, the method, every signal and the held-out reference lines), the rule as it ships, with its "
+            "mode gap on its probe batch: " + " ".join(figures(sm) for sm in (LOOKED_AT, FRESH)) + early_text + "\n")
 
 
 def fill_doc(text: str, block: str, name: str) -> str:
@@ -605,27 +825,45 @@ def fill_doc(text: str, block: str, name: str) -> str:
     return DOC_BLOCK.sub(lambda m: m.group(1) + block + m.group(3), text)
 
 
-def write_calibration(results: Path, out_of_sample: list[Path], out: Path, doc: Path | None = None) -> Path:
-    """Write ``<out>/calibration.md`` from the in-sample runs under ``results`` and the out-of-sample runs
-    under ``out_of_sample``, and the block of ``doc`` (:func:`doc_block`) when given; returns its path.
+def load_samples(results: Path, looked_at: list[Path], fresh: list[Path]) -> tuple[dict[str, list[Run]],
+                                                                                     list[str]]:
+    """The runs of each sample (:data:`SAMPLES`): the synthetic ones under ``results``; those of another task under
+    ``looked_at``; those of another task under ``fresh``. Returns them and one line per out-of-sample folder
+    refused.
 
     Raises:
-        BadRunError: for a bad in-sample run, or no in-sample intervention point.
+        BadRunError: for a bad synthetic run, or no synthetic intervention point.
     """
     ins, problems = load_calibration_runs([results], in_sample)
     if problems:
         raise BadRunError(problems[0])
     if points(ins).empty:
         raise BadRunError(f"{results}: no in-sample run with interventions and BatchNorm statistics")
-    oos, skipped = load_calibration_runs(out_of_sample, out_of_sample_run)
+    looked, skipped = load_calibration_runs(looked_at, out_of_sample_run)
+    new, more = load_calibration_runs([p for p in fresh if (Path(p) / "runs").is_dir()], out_of_sample_run)
+    return {SYNTHETIC.key: ins, LOOKED_AT.key: looked, FRESH.key: new}, skipped + more
+
+
+def write_calibration(results: Path, looked_at: list[Path], out: Path, doc: Path | None = None,
+                      fresh: list[Path] | None = None) -> Path:
+    """Write ``<out>/calibration.md`` from the runs of each sample (:func:`load_samples`; ``fresh`` defaults to
+    :func:`second_zoo_roots` of ``results``), and the block of ``doc`` (:func:`doc_block`) when given; returns its
+    path.
+
+    Raises:
+        BadRunError: for a bad in-sample run, or no in-sample intervention point.
+    """
+    fresh = second_zoo_roots(results) if fresh is None else fresh
+    samples, skipped = load_samples(results, looked_at, fresh)
     for p in skipped:
         print(f"warning: out of sample, skipped: {p}", file=sys.stderr)
     frozen = frozen_verdicts(Path(results) / "frozen", Thresholds())
-    text = to_markdown(ins, oos, ([results], list(out_of_sample)), frozen)
+    roots = {SYNTHETIC.key: [results], LOOKED_AT.key: list(looked_at), FRESH.key: list(fresh)}
+    text = to_markdown(samples, roots, frozen)
     path = Path(out) / "calibration.md"
     records.atomic_write_text(path, text)
     if doc is not None:
-        records.atomic_write_text(doc, fill_doc(Path(doc).read_text(), doc_block(ins, oos), str(doc)))
+        records.atomic_write_text(doc, fill_doc(Path(doc).read_text(), doc_block(samples), str(doc)))
     return path
 
 
@@ -635,7 +873,9 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--results", default="results/reference", help="root of the in-sample runs")
     p.add_argument("--out-of-sample", nargs="*", default=None,
-                   help="roots whose other-task runs are scored (default: --results and its zoo/)")
+                   help="roots whose other-task runs have been looked at (default: --results and its zoo/)")
+    p.add_argument("--fresh", nargs="*", default=None,
+                   help="roots of the runs nothing was chosen on (default: --results' zoo2/)")
     p.add_argument("--out", default=None, help="folder for calibration.md (default: --results)")
     p.add_argument("--doc", default=None, help="a document whose make-calibrate block to fill (docs/monitor.md)")
     args = p.parse_args(argv)
@@ -645,9 +885,11 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         oos = out_of_sample_roots(results) if args.out_of_sample is None else [Path(x) for x in args.out_of_sample]
+        fresh = None if args.fresh is None else [Path(x) for x in args.fresh]
         if args.doc and not Path(args.doc).is_file():
             raise BadRunError(f"{args.doc}: no such document (--doc)")
-        path = write_calibration(results, oos, Path(args.out or results), Path(args.doc) if args.doc else None)
+        path = write_calibration(results, oos, Path(args.out or results), Path(args.doc) if args.doc else None,
+                                 fresh)
     except (BadRunError, ValueError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
