@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 import warnings
 
+import numpy as np
 import pandas as pd
 import pytest
 import torch
@@ -59,6 +60,19 @@ def test_every_experiment_runs_to_parquet(smoke_results):
         widths = {"convnet": c1 + c2 + c3, "resnet20": c1 * 7 + c2 * 6 + c3 * 6 + c2 + c3}
         assert len(channels) == len(range(0, 21, 5)) * widths[ROWS[row].arch]
         assert channels.loc[channels["step"] > 0, "rotation_deg"].notna().all()
+
+
+def test_every_check_logs_the_monitors_probe_gap_beside_the_held_out_one(smoke_results):
+    """Issue 48: the runner logs what the shipped monitor computes at every check, its gap on the probe batch of
+    training images (``mode_gap``, the zoo's name) and the rule's verdict, beside the held-out accuracies the truth
+    reads. The probe gap is its own accuracies' difference, not the held-out one."""
+    for row in ("adam", "sgd"):
+        checks = pd.read_parquet(records.run_dir(smoke_results, row, 0) / "checks.parquet")
+        assert checks["mode_gap"].notna().all()
+        assert np.allclose(checks["mode_gap"], checks["probe_acc_train_mode"] - checks["probe_acc_eval_mode"])
+        assert (checks["probe_size"] > 0).all() and checks["rule_undetermined"].map(type).eq(str).all()
+        # on the toy probe (fewer samples than the gap threshold needs) the rule says why it cannot judge
+        assert (checks["rule_undetermined"].str.startswith("a probe of")).all() and not checks["rule_stale"].any()
 
 
 @pytest.mark.kernels

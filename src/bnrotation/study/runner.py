@@ -307,12 +307,12 @@ def _member(cfg: RunConfig, built: _Built, *, out: Path, resume: bool, device: t
     built.described["threads"] = torch.get_num_threads()
     task = built.task
     x_held, y_held = heldout_set(task, cfg)
-    x_probe, _ = probe_set(task, cfg)
+    x_probe, y_probe = probe_set(task, cfg)
     model = built.model
     has_running = bool(running_stat_layers(model))
     state = RunState(
         model, built.optimizer, built.schedule, generator(cfg.seed, "train", device),
-        StalenessMonitor(model, x_probe, warn=False, modes=False, running_statistics_only=False),
+        StalenessMonitor(model, (x_probe, y_probe), warn=False, running_statistics_only=False),
         records.TableBuffer(cfg.row, cfg.seed),
         averages(cfg.averaging, model) if cfg.averaging.enabled and has_running else None,
         torch.zeros((), dtype=torch.long, device=device))
@@ -448,6 +448,22 @@ def _finish(m: _Member, diverged_at: int | None = None) -> Path:
     return out
 
 
+def _probe_columns(record) -> dict[str, list]:
+    """What the monitor computed on its probe batch of training images at a check that is also a log step, as
+    ``checks`` columns, the zoo's names (issue 48: the gap the rule ships with, beside the held-out one):
+    ``probe_acc_train_mode``, ``probe_acc_eval_mode``, ``mode_agreement``, ``mode_gap`` (fractions), ``probe_size``,
+    ``rule_stale`` and ``rule_undetermined`` (its reason, "" when the rule judged); NaN and "" where the check is not
+    a log step (a config whose ``scale.check_every`` is not a multiple of ``log_every``)."""
+    if record is None:
+        return {"probe_acc_train_mode": [np.nan], "probe_acc_eval_mode": [np.nan], "mode_agreement": [np.nan],
+                "mode_gap": [np.nan], "probe_size": [0], "rule_stale": [False], "rule_undetermined": ["no log step"]}
+    c = record.checks.iloc[0]
+    return {"probe_acc_train_mode": [float(c["acc_train_mode"])], "probe_acc_eval_mode": [float(c["acc_eval_mode"])],
+            "mode_agreement": [float(c["mode_agreement"])], "mode_gap": [float(c["mode_gap"])],
+            "probe_size": [int(c["probe_size"])], "rule_stale": [bool(record.stale)],
+            "rule_undetermined": [record.undetermined]}
+
+
 def _measure(m: _Member, step: int, w_before, loss, sched: _Schedule) -> None:
     """Everything measured at ``step`` on one seed's model, in order: the monitor (log steps), the dense
     statistics, the accuracy check, the interventions and the averaged models. Shares what they have in
@@ -457,7 +473,7 @@ def _measure(m: _Member, step: int, w_before, loss, sched: _Schedule) -> None:
     model, timings = state.model, state.timings
     chunk = eval_chunk(m.x_held.device, len(m.y_held))
     t0 = time.perf_counter()
-    fresh = None
+    fresh, record = None, None
     if step in sched.logs:
         record = state.monitor.measure(step, w_before)
         state.tables.add("layers", record.layers)
@@ -476,7 +492,7 @@ def _measure(m: _Member, step: int, w_before, loss, sched: _Schedule) -> None:
         state.tables.add("checks", pd.DataFrame({
             "step": [step], "lr": [state.optimizer.param_groups[0]["lr"]],
             "loss": [loss.item() if loss is not None else np.nan],
-            "acc_train_mode": [acc_train], "acc_eval_mode": [acc_eval]}))
+            "acc_train_mode": [acc_train], "acc_eval_mode": [acc_eval], **_probe_columns(record)}))
     t3 = time.perf_counter()
     batches = None
     if step in sched.interventions:

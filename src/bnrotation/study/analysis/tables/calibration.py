@@ -12,9 +12,12 @@ fresh means and variances with each layer's ``eps`` read back from ``run.json`` 
 channel_signals`, the monitor's own arithmetic), so that runs written before the monitor recorded E are read as
 the new ones:
 
-* ``mode_gap``: training- minus evaluation-mode accuracy on the held-out set (the ``checks`` table; the
-  runner's monitor runs without its probe mode check, so the held-out gap is the gap these runs hold; logged
-  from ``scale.check_start`` on, NaN before);
+* ``mode_gap``: the monitor's gap on its probe batch of training images, what it computes in a user's loop
+  (the ``checks`` table's ``mode_gap``, which the zoo logs and the runner logs since issue 48; NaN in runs that
+  logged none, which every line that needs it leaves out);
+* ``heldout_mode_gap``: training- minus evaluation-mode accuracy on the held-out set the truth is measured on:
+  the truth's own gap, kept as a labelled reference line (:data:`HELDOUT_GAP`), never a score of the monitor
+  (logged from ``scale.check_start`` on, NaN before);
 * ``lag_sigma``: the worst layer's median |mean lag| (the rule's signal before E), in fresh σ (with eps);
 * ``eval_error_median_sigma`` and ``eval_error_max_sigma``: the worst layer's median and maximum over channels
   of E, in running σ;
@@ -32,10 +35,12 @@ re-estimation (seconds): so recall is fixed and false alarms minimised, rather t
 (Youden's J). The target sits above the out-of-sample claim (recall >= 0.8) to leave room for the shift. The
 rule combines the thresholds so chosen.
 
-**In sample**: the runs whose task is the synthetic noisy-template task (:func:`in_sample`: the explicit rule
-is the run's ``config.yaml`` ``task``, plus a row name that does not start with ``fmnist``). **Out of sample**:
-every other run under the roots given, scored with the thresholds as committed (``Thresholds()``), never
-re-chosen.
+**The samples** (:data:`SAMPLES`): the synthetic runs, where the thresholds were chosen (:func:`in_sample`: the
+run's ``config.yaml`` ``task``, plus a row name that does not start with ``fmnist``); the runs of other tasks
+looked at since issue 38 (the Fashion-MNIST rows and the first zoo), where the forecasters' thresholds are chosen;
+and the second zoo, which none of it was chosen on. Every sample is scored with the thresholds as committed
+(``Thresholds()``), never re-chosen. **Forecasters** (:data:`FORECASTERS`): candidate early warnings, scored by
+:func:`early_warning` at the threshold :func:`forecast_threshold` picks on the looked-at runs.
 
 Scores (:func:`score`): recall = stale intervention points it warns at / stale points; false-alarm rate =
 fresh points it warns at / fresh points; lead time per run with a stale point = first stale point's step minus
@@ -186,7 +191,7 @@ def _layer_signals(run: Run, layers: dict[str, dict]) -> pd.DataFrame:
 def _with_gap_and_warmup(run: Run, layers: dict[str, dict], out: pd.DataFrame) -> pd.DataFrame:
     """``out`` (one line per log step) with the ``checks`` table's two gaps, the forecasters' signals
     (:data:`FORECASTERS`) and ``warming_up``: ``mode_gap``, the monitor's gap on its probe batch (the ``checks``
-    column of that name, which the zoo and, from schema version 2, the runner log; NaN where a run logged none),
+    column of that name, which the zoo and, since issue 48, the runner log; NaN where a run logged none),
     and ``heldout_mode_gap``, the truth's own (:data:`HELDOUT_GAP`)."""
     checks = run.tables["checks"]
     gaps = pd.DataFrame({"step": checks["step"],
