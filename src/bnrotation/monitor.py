@@ -60,7 +60,7 @@ from .pairing import (WEIGHT_LAYERS, NormLeafTracer, NormPair, Pairing, Segment,
                       find_pairs, probe_head, rng_devices)
 from .probes import (Scratch, batch_statistics_pass, channel_cosines, drift_sigma_per_step, evaluation_path_pass,
                      predicted_lag_sigma, turn_rows)
-from .staleness import Thresholds, channel_signals, sigma, warmup_steps
+from .staleness import Thresholds, channel_signals, in_warmup, sigma, warmup_steps
 
 __all__ = ["StalenessMonitor", "MonitorRecord", "Thresholds", "StaleStatisticsWarning", "MonitorSetupWarning",
            "find_pairs", "Pairing", "NormPair", "NormLeafTracer", "channel_axis_after", "split_probe", "split_probes", "pooled_moments", "check_probe", "mode_check",
@@ -709,7 +709,7 @@ class StalenessMonitor:
         self.last_fresh = fresh
         channels = pd.DataFrame({k: np.concatenate([c[k] for c in channel_columns]) for k in channel_columns[0]})
         record = MonitorRecord(step, checks, pd.DataFrame(layer_rows), channels, False, "",
-                               nonfinite_state(self.model), warming_up=step < self.warmup_steps)
+                               nonfinite_state(self.model), warming_up=in_warmup(step, self.warmup_steps))
         record.undetermined = self._undetermined(record)
         record.stale = self._stale(record)
         record.summary = self._summary(record)

@@ -51,7 +51,8 @@ from typing import NamedTuple
 
 import numpy as np
 
-__all__ = ["Thresholds", "ChannelSignals", "channel_signals", "sigma", "mean_lag_sigma", "warmup_steps"]
+__all__ = ["Thresholds", "ChannelSignals", "channel_signals", "sigma", "mean_lag_sigma", "warmup_steps",
+           "in_warmup"]
 
 
 def _log(x):
@@ -119,6 +120,15 @@ def warmup_steps(momenta, remaining: float = 0.01) -> int:
     """
     steps = [1 if m is None or not 0 < m < 1 else math.ceil(math.log(remaining) / math.log1p(-m)) for m in momenta]
     return max(steps, default=0)
+
+
+def in_warmup(step, warmup: int):
+    """Whether ``step`` (optimizer steps, a number or an array / pandas column of them) is inside the warm-up of
+    ``warmup`` steps (:func:`warmup_steps`), where the rule's verdict is held back: ``step < warmup``, so the step
+    equal to ``warmup`` is the first judged. One place for the boundary: the monitor's ``warming_up`` and the
+    calibration's (:mod:`bnrotation.study.analysis.tables.calibration`) both call it. A bool, or a bool array of
+    ``step``'s shape."""
+    return step < warmup
 
 
 @dataclass(frozen=True)

@@ -62,7 +62,7 @@ import numpy as np
 import pandas as pd
 
 from .... import records
-from ....staleness import Thresholds, channel_signals, warmup_steps
+from ....staleness import Thresholds, channel_signals, in_warmup, warmup_steps
 from ..results import BadRunError, Run, find_run_dirs, load_run, once_per_run, read_table
 from .frozen import load_frozen_runs
 
@@ -201,8 +201,8 @@ def _with_gap_and_warmup(run: Run, layers: dict[str, dict], out: pd.DataFrame) -
     momenta = [v.get("momentum") for v in layers.values()]
     out = _forecaster_signals(run, layers, out, momenta)
     warm = warmup_steps(momenta)
-    return out.assign(warming_up=out["step"] < warm)[["step", *BY_COLUMN, HELDOUT_GAP.column, *FORECAST_COLUMNS,
-                                                      "warming_up"]]
+    return out.assign(warming_up=in_warmup(out["step"], warm))[["step", *BY_COLUMN, HELDOUT_GAP.column,
+                                                                 *FORECAST_COLUMNS, "warming_up"]]
 
 
 # ----------------------------------------------------------------------------- forecasters (issue 48, item 4)

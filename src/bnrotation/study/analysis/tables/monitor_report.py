@@ -65,7 +65,8 @@ def rule_fires(mode_gap, lag_sigma, gap_threshold: float, lag_threshold: float):
     Returns:
         A bool, or a bool array of the inputs' shape.
     """
-    return np.logical_and(np.greater_equal(mode_gap, gap_threshold), np.greater_equal(lag_sigma, lag_threshold))
+    # the library's rule itself (Thresholds.warns), E left out: one place for "at or above" and for NaN
+    return Thresholds(gap_threshold, lag_threshold, math.inf).warns(mode_gap, lag_sigma, math.nan)
 
 
 def check_signals(run: Run) -> pd.DataFrame:

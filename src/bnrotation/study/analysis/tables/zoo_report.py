@@ -27,7 +27,7 @@ Runs made with ``evaluation_path=true`` (their ``layers`` table holds ``eval_pat
 table and figure, ``zoo_eval_path.png``: a layer's own lag, or lag carried through depth (:func:`depth_split`). Per
 check past the warm-up, each layer's median E against its training-path statistics (its own lag) and along the
 evaluation path (the lag it meets: its own and what the layers above it carry); a layer is over when its median E
-is at least the rule's E threshold (:class:`bnrotation.monitor.Thresholds`), and carried when it is over along the
+is at least the rule's E threshold (:class:`bnrotation.staleness.Thresholds`), and carried when it is over along the
 evaluation path but not on its own. Exit status 2 with one line when the root has no ``runs/`` folder or
 no finished zoo run; 1 when a folder was refused (named on stderr); else 0.
 """
@@ -43,6 +43,7 @@ import pandas as pd
 
 from .... import records
 from ....helptext import plain
+from ....staleness import Thresholds
 from ..formatting import cell
 from ..results import Run, say_refused
 from ..stats import SeedStat
@@ -138,8 +139,6 @@ def depth_split(runs: list[Run], threshold: float | None = None) -> pd.DataFrame
     the evaluation path), ``over_own`` and ``over_met`` (layers whose median E is at least ``threshold``, by default
     the rule's, on each path), and ``carried`` (layers over along the evaluation path and not on their own).
     Empty without such runs."""
-    from ....monitor import Thresholds
-
     t = Thresholds().eval_error_sigma if threshold is None else threshold
     lines = []
     for r in runs:
@@ -167,8 +166,6 @@ def depth_markdown(runs: list[Run]) -> str:
     """:func:`depth_split` as a markdown table: per architecture, optimizer and truth (stale or fresh checks), the
     mean over its checks of the worst median E on each path and of the share of layers over the threshold; ``""``
     without runs that measured the evaluation path."""
-    from ....monitor import Thresholds
-
     frame = depth_split(runs)
     if frame.empty:
         return ""
@@ -204,7 +201,6 @@ def depth_figure(runs: list[Run], path: Path) -> Path | None:
     import matplotlib.pyplot as plt
     from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
-    from ....monitor import Thresholds
     from .figures import apply_style, save
 
     by_run = {(r.info["arch"], r.info["optimizer_name"], r.seed): r for r in runs}
@@ -251,8 +247,7 @@ def figure(runs: list[Run], path: Path) -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from ....monitor import Thresholds
-    from ...zoo import STALE_RECOVERY
+    from .calibration import STALE_RECOVERY  # the zoo's default X, read where the zoo reads it (no torch)
     from .figures import apply_style, save
 
     frame = per_run(runs)
