@@ -77,7 +77,7 @@ import torch
 import torch.nn as nn
 
 from .. import records
-from .analysis.tables.calibration import STALE_RECOVERY  # the truth's X, fixed in sample before any zoo run
+from .constants import STALE_RECOVERY  # the truth's X, fixed in sample before any zoo run
 from ..bnstats import reestimate, running_stat_layers
 from .config import SEED_MAX, ConfigError, OptimizerConfig, Schema, TaskConfig, choice, require
 from ..evaluation import eval_chunk

@@ -247,7 +247,7 @@ def figure(runs: list[Run], path: Path) -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from .calibration import STALE_RECOVERY  # the zoo's default X, read where the zoo reads it (no torch)
+    from ...constants import STALE_RECOVERY  # the zoo's default X, read where the zoo reads it (no torch)
     from .figures import apply_style, save
 
     frame = per_run(runs)
