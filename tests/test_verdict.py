@@ -211,3 +211,38 @@ def test_a_model_without_running_statistics_measured_by_choice_is_undetermined()
     x, y = _probe()
     record = _quiet(model, (x, y), running_statistics_only=False)(0)
     assert record.undetermined and not record.stale
+
+
+def test_the_gated_reestimation_never_reads_an_undetermined_verdict_as_not_stale():
+    """The second case of the small probe, in the tool built on the monitor: ``reestimate_if_stale`` with a probe
+    too small to judge. Before the fix it said "not stale ...: nothing re-estimated" on stale statistics; an
+    undetermined verdict cannot rule staleness out, and re-estimation costs seconds, so it re-estimates and says
+    why."""
+    from bnrotation import reestimate_if_stale
+
+    model = _stale(_net())
+    x, _ = _probe(8)
+    batches = [_probe(32, seed=s)[0] for s in range(3)]
+    gate = reestimate_if_stale(model, batches, (x, _labels_of(model, x)))
+    assert gate.before.undetermined and gate.fired
+    assert gate.summary.startswith("undetermined") and "re-estimated" in gate.summary
+    gate.restore()
+    x, _ = _probe(64)  # a probe that can judge: the rule fires on its own
+    gate = reestimate_if_stale(model, batches, (x, _labels_of(model, x)))
+    assert not gate.before.undetermined and gate.fired and gate.summary.startswith("stale")
+
+
+def test_the_audit_of_an_averaged_copy_never_reads_an_undetermined_verdict_as_not_stale():
+    """The same case in the audit: the copy judged on a probe too small for the gap threshold. Before the fix its
+    report ended "Not stale: the copy's buffers fit its weights on this probe."."""
+    from torch.optim.swa_utils import AveragedModel
+
+    from bnrotation.audit import audit_averaged, format_audit
+
+    raw = _net()
+    avg = AveragedModel(raw)
+    x, _ = _probe(8)
+    report = audit_averaged(raw, avg, (x, _labels_of(raw, x)))
+    assert report.undetermined and not report.stale
+    text = format_audit(report)
+    assert "Not stale" not in text and "Undetermined" in text.splitlines()[-1]

@@ -307,6 +307,7 @@ class AuditReport:
     mode_gap = record_field("copy", "mode_gap")
     acc_eval_mode = record_field("copy", "acc_eval_mode")
     lag_sigma = record_field("copy", "worst_median_lag_sigma")  # the copy's lag against its own weights
+    undetermined = record_field("copy", "undetermined")  # why the rule could not judge the copy, or ""
 
     @property
     def judged(self) -> bool:
@@ -431,9 +432,13 @@ def format_audit(report: AuditReport, averaged: str = "", raw: str = "") -> str:
     out += ["", f"The copy on the probe ({int(c['probe_size'])} samples): {modes}; mode gap {r.mode_gap:.3f}, worst "
             f"median |lag| {r.lag_sigma:.3f}σ, worst median E {r.copy.worst_median_eval_error_sigma:.3f}σ (rule: "
             f"{t.mode_gap:g} and {t.eval_error_sigma:g}σ of E or {t.lag_sigma:g}σ of lag)."]
-    out.append("STALE: the copy's buffers do not fit its weights; re-estimate them "
-               "(bnrotation.reestimate_if_stale) before evaluating or saving it." if r.stale
-               else "Not stale: the copy's buffers fit its weights on this probe.")
+    if r.stale:
+        out.append("STALE: the copy's buffers do not fit its weights; re-estimate them "
+                   "(bnrotation.reestimate_if_stale) before evaluating or saving it.")
+    elif r.undetermined:
+        out.append(f"Undetermined: {r.undetermined}; whether the copy's buffers fit its weights is not judged.")
+    else:
+        out.append("Not stale: the copy's buffers fit its weights on this probe.")
     return "\n".join(out) + "\n"
 
 
@@ -477,8 +482,9 @@ def _named(err: ValueError | TypeError) -> InputError:
 def main(argv: list[str] | None = None) -> int:
     """Print the audit; the exit status of every judging command (:func:`helptext.exit_status`): 0 when the copy is
     not stale and one policy was named (:attr:`AuditReport.judged`), 1 when the copy is stale
-    (:attr:`AuditReport.stale`), 2 when its buffers do not tell the policy (``undetermined`` or ``mixed``) or on bad
-    input (one line on stderr, before any measurement)."""
+    (:attr:`AuditReport.stale`), 2 when its buffers do not tell the policy (``undetermined`` or ``mixed``), when the
+    rule cannot judge the copy (:attr:`AuditReport.undetermined`: a probe too small for the gap threshold, say) or on
+    bad input (one line on stderr, before any measurement)."""
     args = parse_args(argv)
     try:
         max_batches, thresholds = batch_limit(args), thresholds_from(args)
@@ -503,7 +509,7 @@ def main(argv: list[str] | None = None) -> int:
         return f"{path} (entry {key!r})" if key else path
 
     print(format_audit(report, named(args.averaged, args.averaged_key), named(args.raw, args.raw_key)), end="")
-    return exit_status(report.stale, not report.judged)
+    return exit_status(report.stale, not report.judged or bool(report.undetermined))
 
 
 if __name__ == "__main__":

@@ -24,7 +24,8 @@ class GatedReestimation:
     """What :func:`reestimate_if_stale` measured and did.
 
     Attributes:
-        fired: whether the monitor's rule fired on the probe before, and so whether anything was re-estimated.
+        fired: whether anything was re-estimated: the monitor's rule fired on the probe before, or the monitor
+            could not judge (``before.undetermined``, which cannot rule staleness out).
         scope: ``"model"`` (every layer re-estimated when the rule fires) or ``"layers"`` (only those over the
             lag threshold).
         layers: the layers re-estimated (empty when the rule did not fire).
@@ -83,6 +84,9 @@ class GatedReestimation:
         if not self.fired:
             return (f"not stale (mode gap {b.mode_gap:.3f}, worst median lag {b.worst_median_lag_sigma:.3f}σ"
                     f"{acc}): nothing re-estimated")
+        if b.undetermined:
+            return (f"undetermined ({b.undetermined}): re-estimated {len(self.layers)} layer(s) all the same; "
+                    f"worst median lag {b.worst_median_lag_sigma:.3f}σ -> {a.worst_median_lag_sigma:.3f}σ{acc}")
         return (f"stale: re-estimated {len(self.layers)} layer(s); mode gap {b.mode_gap:.3f} -> {a.mode_gap:.3f}, "
                 f"worst median lag {b.worst_median_lag_sigma:.3f}σ -> {a.worst_median_lag_sigma:.3f}σ{acc}")
 
@@ -99,7 +103,9 @@ def reestimate_if_stale(model: nn.Module, batches: Iterable, probe, *, threshold
     The staleness monitor (:class:`monitor.StalenessMonitor`, no warning) measures the mode gap and each layer's
     running-mean lag on ``probe``; when its rule fires (:class:`monitor.Thresholds`: the mode gap and the worst
     layer's median |lag| both at or over their thresholds, or a running statistic not finite),
-    :func:`reestimate` runs on ``batches``, over every layer (``scope="model"``) or only the layers whose median
+    :func:`reestimate` runs on ``batches`` (also when the monitor cannot judge, :attr:`monitor.MonitorRecord.
+    undetermined`: a probe too small for the gap threshold cannot rule staleness out, and re-estimation costs a
+    pass; then over every layer), over every layer (``scope="model"``) or only the layers whose median
     |lag| is at or over ``thresholds.lag_sigma`` or whose running statistics are not finite
     (``scope="layers"``; the others normalise with their running statistics during the pass), and the monitor
     measures again. As in :func:`reestimate`, dropout stays off and no parameter changes. A refresh before every
@@ -134,10 +140,10 @@ def reestimate_if_stale(model: nn.Module, batches: Iterable, probe, *, threshold
                                warn=False)
     saved = SavedBuffers(monitor.model)
     before = monitor(0)
-    if not before.stale:
+    if not before.stale and not before.undetermined:
         return GatedReestimation(False, scope, [], before, before, None, saved)
-    chosen = None
-    if scope == "layers":
+    chosen = None  # an undetermined verdict cannot rule staleness out: every layer, whatever the scope
+    if scope == "layers" and not before.undetermined:
         bad = {name.rsplit(".", 1)[0] for name in before.nonfinite.running_statistics}
         lag = before.layers.set_index("norm_layer")["lag_median_abs_sigma"]
         chosen = [name for name in saved.layers if name in bad or lag.get(name, math.nan) >= thresholds.lag_sigma]

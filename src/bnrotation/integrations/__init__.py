@@ -49,11 +49,14 @@ def record_metrics(record: MonitorRecord, prefix: str = "bnrotation/", per_layer
       (steps below ``monitor.warmup_steps``) it is 0.0 unless a running statistic is NaN or infinite;
     - ``stale_rule``: 1.0 when the monitor's rule fired (``record.stale``: the mode gap and the lag over their
       thresholds, or non-finite running statistics), warm-up or not, else 0.0;
+    - ``undetermined``: 1.0 when the rule could not judge the call (``record.undetermined``: a probe too small
+      for the gap threshold, no gap measured, no finite lag or E), so that a 0.0 of ``stale`` is never read as
+      "not stale" where nothing was judged, else 0.0;
     - with ``per_layer``, also ``<norm layer>/rotation_deg_per_100`` and ``<norm layer>/lag_median_abs_sigma``.
 
     A value the call did not measure (rotation at the first call, accuracies without labels, the lag of a
-    layer whose statistics are NaN) is left out rather than logged as NaN; ``stale`` and ``stale_rule`` are always
-    there.
+    layer whose statistics are NaN) is left out rather than logged as NaN; ``stale``, ``stale_rule`` and
+    ``undetermined`` are always there.
     """
     checks = record.checks.iloc[0]
     layers = record.layers
@@ -70,6 +73,7 @@ def record_metrics(record: MonitorRecord, prefix: str = "bnrotation/", per_layer
     metrics = {prefix + k: v for k, v in out.items() if math.isfinite(v)}
     metrics[prefix + "stale"] = float(record.flagged)
     metrics[prefix + "stale_rule"] = float(record.stale)
+    metrics[prefix + "undetermined"] = float(bool(record.undetermined))
     return metrics
 
 
