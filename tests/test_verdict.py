@@ -9,6 +9,7 @@ import copy
 import math
 import warnings
 
+import numpy as np
 import pytest
 import torch
 import torch.nn as nn
@@ -246,3 +247,30 @@ def test_the_audit_of_an_averaged_copy_never_reads_an_undetermined_verdict_as_no
     assert report.undetermined and not report.stale
     text = format_audit(report)
     assert "Not stale" not in text and "Undetermined" in text.splitlines()[-1]
+
+
+def test_a_layer_whose_fresh_statistics_overflow_makes_the_verdict_undetermined():
+    """Found by a new user: inputs scaled by 1e20 overflow the first layer's batch variance (inf), so its lag reads
+    0σ and its E NaN, while the layers below stay finite and the rule read "not stale" (exit 0) on stale
+    statistics. A fresh statistic that is infinite is not measured: undetermined, naming the layer."""
+    model = _stale(_net())
+    x, _ = _probe()
+    y = _labels_of(model, x)
+    record = _quiet(model, (x * 1e20, y))(0)
+    ch = record.channels
+    assert np.isinf(ch.loc[ch["norm_layer"] == "1", "fresh_var"]).any()  # the case: the first layer overflows
+    assert "1" in record.undetermined and "not finite" in record.undetermined
+    assert not record.stale and record.summary.startswith("UNDETERMINED")
+
+
+def test_a_call_between_the_forward_and_the_backward_pass_leaves_the_graph_usable():
+    """Found by a new user: the monitor put the running statistics back in place, which bumped their version
+    counters, and the backward pass of a forward made before the call failed ("modified by an inplace operation").
+    The values are put back unchanged, so the graph is valid: the call must not invalidate it."""
+    model = _net().train()
+    x, y = _probe()
+    monitor = _quiet(model, (x, y))
+    loss = torch.nn.functional.cross_entropy(model(x), y)
+    monitor(1)
+    loss.backward()  # raised RuntimeError before the fix
+    assert all(p.grad is not None for p in model.parameters())

@@ -148,8 +148,8 @@ def batch_statistics(model: nn.Module, keep_frozen: bool = False) -> Iterator[nn
         for m, f in flags.items():
             m.training = f
         with torch.no_grad():
-            for t, value in saved:
-                t.copy_(value)
+            for t, value in saved:  # through .data: the same values, and no version bump that would invalidate
+                t.data.copy_(value)  # the graph of a forward made before the call (its backward still runs)
 
 
 def _tensor_bytes(t: torch.Tensor):

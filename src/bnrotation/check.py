@@ -191,9 +191,9 @@ class CheckReport:
         t = self.thresholds
         lag, err = self.worst_median_lag_sigma, self.worst_median_eval_error_sigma
         rule = (f"mode gap {self.mode_gap:.3f} {'≥' if self.mode_gap >= t.mode_gap else '<'} {t.mode_gap:g} and "
-                f"worst median E {err:.3f}σ {'≥' if err >= t.eval_error_sigma else '<'} {t.eval_error_sigma:g}σ or "
+                f"(worst median E {err:.3f}σ {'≥' if err >= t.eval_error_sigma else '<'} {t.eval_error_sigma:g}σ or "
                 f"worst median |lag| {lag:.3f}σ ({self.worst_layer}) {'≥' if lag >= t.lag_sigma else '<'} "
-                f"{t.lag_sigma:g}σ")
+                f"{t.lag_sigma:g}σ)")
         advice = "Re-estimate the running statistics (bnrotation.reestimate) before evaluating or saving this model."
         if self.nonfinite:
             return (f"STALE: NaN or infinite running statistics in {self.nonfinite} (evaluation mode is unusable); "
@@ -201,7 +201,7 @@ class CheckReport:
         if self.stale:
             return f"STALE: {rule}. {advice}"
         if self.undetermined:
-            return f"Undetermined: {self.undetermined}, so no threshold judges it ({rule})."
+            return f"Undetermined: {self.undetermined}; no verdict. Measured: {rule}."
         return f"Not stale: {rule} (the gap and one of the others are needed to warn)."
 
 

@@ -243,7 +243,8 @@ class MonitorRecord:
             in :attr:`stale` but not announced.
         undetermined: why the rule could not judge this call, in one line, or "" when it could: a probe smaller
             than :func:`smallest_probe` of the gap threshold (one sample could cross it), no mode gap measured
-            (``modes=False``) or a NaN one, or no layer whose lag or E is finite. Then :attr:`stale` is False
+            (``modes=False``) or a NaN one, a layer whose fresh statistics are infinite (activations that
+            overflow: its lag would read 0σ), or no layer whose lag or E is finite. Then :attr:`stale` is False
             (unless a running statistic is non-finite, which is stale whatever else) and :attr:`summary` starts
             with ``UNDETERMINED``: a quantity that is NaN or meaningless by construction is never read as "not
             stale".
@@ -836,6 +837,12 @@ class StalenessMonitor:
                     f"{self.thresholds.mode_gap:.1%} threshold; the rule needs at least {smallest}")
         if math.isnan(record.mode_gap):
             return "the mode gap is NaN (outputs that are not finite)"
+        ch = record.channels
+        overflow = ch.loc[np.isinf(ch["fresh_mean"].to_numpy(float)) | np.isinf(ch["fresh_var"].to_numpy(float)),
+                          "norm_layer"].unique()
+        if len(overflow):  # its lag reads 0σ (an infinite σ) and its E NaN: not measured
+            return (f"the fresh statistics of {', '.join(map(str, overflow[:3]))}{' …' if len(overflow) > 3 else ''} "
+                    "are not finite (activations that overflow: inputs on another scale?)")
         if math.isnan(record.worst_median_lag_sigma) and math.isnan(record.worst_median_eval_error_sigma):
             return "no layer's lag or E is finite (no running statistics measured, or fresh statistics not finite)"
         return ""

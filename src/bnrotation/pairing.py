@@ -63,8 +63,8 @@ def buffers_kept(model: nn.Module):
         yield
     finally:
         with torch.no_grad():
-            for b, v in saved:
-                b.copy_(v)
+            for b, v in saved:  # through .data: no version bump (bnstats.batch_statistics says why)
+                b.data.copy_(v)
 
 
 def probe_head(x, n: int):
