@@ -36,9 +36,9 @@ from ...rows import ROWS
 from ..formatting import cell
 from ..measures import metrics
 from ..results import ALL_TABLES, REFERENCE_ROOT, Run, add_results_arguments, at_protocol_scale, command_inputs, count
-from . import real_images
 from .evidence import Evidence, collect
 from ..tables.table import build_table, lowest_cell
+from .finding import findings, headline
 from .kinds import ARTICLE, FAIL, MEASURED, PASS, Check, withhold_verdicts
 from .registry import ACC, ADAM, CLAIMS, SGD, TABLE_CELLS, WINDOW, explain
 from .report import to_markdown, verdict_counts
@@ -83,35 +83,12 @@ def verdicts_json(checks: list[Check], cells: list[tuple[str, str, Check]]) -> s
     return json.dumps(verdicts(checks, cells), indent=1, ensure_ascii=False) + "\n"
 
 
-def real_images_sentence(ev: Evidence, checks: list[Check]) -> str:
-    """The real-image result beside the synthetic one, in a sentence: the ``fmnist_adam`` row's training- and
-    evaluation-mode accuracy against ``fmnist_sgd``'s (mean ± sample standard deviation over seeds, with n) and the
-    verdict of :data:`.real_images.fmnist_adam_evaluation_mode_falls`; that they are not run yet while either row has
-    no run."""
-    adam, sgd = real_images.F_ADAM, real_images.F_SGD
-    if not ev.has(adam, sgd):
-        return f"The same rows on {real_images.NAME} (real images, rows `fmnist_*`) are not run yet."
-    verdict = next(c.verdict for c in checks if c.name == real_images.fmnist_adam_evaluation_mode_falls.name)
-    return (f"On {real_images.NAME} (real images), `{adam}` keeps {cell(ev.stat(adam, 'acc_train_mode').mean, 'pct')} "
-            f"in training mode and averages {ev.stat(adam, ACC).describe('pct')} in evaluation mode; `{sgd}` gets "
-            f"{ev.stat(sgd, ACC).describe('pct')} (`{real_images.fmnist_adam_evaluation_mode_falls.name}`: "
-            f"{verdict}).")
-
-
 def readme_blocks(ev: Evidence, checks: list[Check], cells: list[tuple[str, str, Check]]) -> dict[str, str]:
-    """The README's generated blocks, by name: ``headline`` (Adam's evaluation- and training-mode accuracy
-    against SGD's, mean ± sample standard deviation over seeds with n, and Adam's lowest check; then the same on
-    Fashion-MNIST, :func:`real_images_sentence`) and ``verdicts`` (the counts of ``claims.md``'s summary)."""
-    adam, sgd, train = ev.stat(ADAM, ACC), ev.stat(SGD, ACC), ev.stat(ADAM, "acc_train_mode")
-    window = metrics.tidy(ev.runs_of(ADAM), "checks").query("in_window")
-    lowest = window.loc[window[ACC].idxmin()]
+    """The README's generated blocks, by name: ``headline`` (:func:`headline`) and ``verdicts`` (the counts of
+    ``claims.md``'s summary)."""
     article = [c for c in checks if c.section == ARTICLE]
     return {
-        "headline": (f"On the {count(len(ev.runs), 'committed reference run')}, the `{ADAM}` row ({ROWS[ADAM].label}) "
-                     f"keeps {cell(train.mean, 'pct')} in training mode while its evaluation-mode accuracy averages "
-                     f"{adam.describe('pct')}, down to {cell(float(lowest[ACC]), 'pct')} at one check (seed "
-                     f"{lowest['seed']}, step {int(lowest['step']):,}); the `{SGD}` row ({ROWS[SGD].label}) gets "
-                     f"{sgd.describe('pct')}. {real_images_sentence(ev, checks)}\n"),
+        "headline": headline(ev) + "\n",
         "verdicts": (f"On the same runs, `make claims` weighs each of the article's claims: "
                      f"**{verdict_counts(article)}**; its table, cell by cell: "
                      f"{verdict_counts(c for _, _, c in cells)}. A failing check's note says why.\n"),
@@ -120,8 +97,9 @@ def readme_blocks(ev: Evidence, checks: list[Check], cells: list[tuple[str, str,
 
 def console_summary(ev: Evidence, checks: list[Check]) -> list[str]:
     """The last lines ``make claims`` prints: the verdicts other than PASS, FAIL and MEASURED counted in one line
-    (NOT RUN, not judged at this scale: claims.md says why for each), each row's lowest evaluation-mode check with
-    its step and the row's training-mode accuracy (:func:`..tables.table.build_table`), and :func:`finding`."""
+    (NOT RUN, not judged at this scale: claims.md says why for each), each row's evaluation-mode accuracy as
+    ``table.md`` gives it (the mean of its checks), its lowest check with its step and the row's training-mode
+    accuracy (:func:`..tables.table.build_table`), and :func:`findings`, a line each."""
     listed = (PASS, FAIL, MEASURED)
     rest = [c for c in checks if c.verdict not in listed]
     lines = [f"claims: {verdict_counts(checks)}"
@@ -130,30 +108,12 @@ def console_summary(ev: Evidence, checks: list[Check]) -> list[str]:
     table = build_table(ev.runs)
     if len(table):
         width = max(len(r) for r in table["row"])
-        lines.append("lowest evaluation-mode check of each row, and its training-mode accuracy (mean of its checks):")
-        lines += [f"  {r['row']:<{width}}  lowest check {lowest_cell(r):<28}  training mode "
-                  f"{cell(r['acc_train_mode_mean'], 'pct')}" for _, r in table.iterrows()]
-    sentence = finding(ev)
-    return lines + ([f"finding: {sentence}"] if sentence else [])
-
-
-def finding(ev: Evidence) -> str:
-    """The headline in one sentence, from whichever of the rows `adam`, `sgd` and `adam_bn_m0.3` have runs: Adam's
-    training-mode accuracy, its mean and lowest evaluation-mode check (seed and step), SGD's mean and the window
-    test's, each mean over the rows' checks and seeds. Empty without runs of `adam`."""
-    runs = ev.runs_of(ADAM)
-    if not runs:
-        return ""
-    checks = metrics.tidy(runs, "checks").query("in_window")
-    lowest = checks.loc[checks[ACC].idxmin()]
-    seed = f"seed {lowest['seed']}, " if len(runs) > 1 else ""
-    text = (f"{ROWS[ADAM].label} keeps {cell(ev.stat(ADAM, 'acc_train_mode').mean, 'pct')} in training mode while "
-            f"its evaluation-mode accuracy on the same inputs averages {cell(ev.stat(ADAM, ACC).mean, 'pct')} and "
-            f"falls to {cell(float(lowest[ACC]), 'pct')} at one check ({seed}step {int(lowest['step']):,})")
-    others = [f"{ROWS[row].label} averages {cell(ev.stat(row, ACC).mean, 'pct')}"
-              + (" (the window test: running statistics that forget faster)" if row == WINDOW else "")
-              for row in (SGD, WINDOW) if ev.runs_of(row)]
-    return text + ("; " + " and ".join(others) if others else "") + "."
+        lines.append("each row's evaluation-mode accuracy (mean of its checks, as table.md), its lowest check, and "
+                     "its training-mode accuracy (mean of its checks):")
+        lines += [f"  {r['row']:<{width}}  evaluation mode {cell(r['acc_eval_mode_mean'], 'pct')}  lowest check "
+                  f"{lowest_cell(r):<28}  training mode {cell(r['acc_train_mode_mean'], 'pct')}"
+                  for _, r in table.iterrows()]
+    return lines + [f"finding: {sentence}" for sentence in findings(ev)]
 
 
 def quick_look_blocks(runs: list[Run]) -> dict[str, str]:
