@@ -256,3 +256,15 @@ def test_the_quick_look_table_is_what_make_claims_writes_from_the_committed_quic
     assert {m["name"]: m["text"] for m in BLOCK.finditer(RUNNING)} == blocks
     assert fill_readme(RUNNING, blocks, "docs/running.md") == RUNNING
     assert "**" in blocks["quick"] and "| lowest check |" in blocks["quick"]  # Adam's lowest check stands out
+
+
+def test_the_readmes_pip_install_puts_torch_first():
+    """``pip install .`` where torch is not installed yet resolves ``torch`` on PyPI: a CUDA build and its NVIDIA
+    wheels, GBs. The README installs torch first, from the index that fits the machine, as PyTorch's own
+    instructions do, and says why."""
+    lines = [ln for ln in README.splitlines() if ln.startswith("pip install")]
+    torch_first = [i for i, ln in enumerate(lines) if ln.split("#")[0].split()[2:3] == ["torch"]]
+    clone = [i for i, ln in enumerate(lines) if ln.split("#")[0].split()[2:] == ["."]]
+    assert torch_first and clone and torch_first[0] < clone[0], lines
+    assert "--index-url https://download.pytorch.org/whl/" in lines[torch_first[0]]
+    assert "pytorch.org" in lines[torch_first[0]] and "CUDA" in lines[clone[0]]
