@@ -96,7 +96,7 @@ def test_a_claim_whose_premise_fails_is_not_called_not_run(tmp_path):
     assert "nothing lost to recover" in check.measured
     assert report.verdict_counts([check]) == "0 PASS, 0 FAIL, 0 NOT RUN, 1 PRECONDITION FAILED"
     md, _ = claims.build_report(root, _load(root))
-    assert "NOT RUN: the runs the check needs are missing" in md
+    assert "NOT RUN: the runs the check needs are missing, or too few to weigh" in md
     assert "PRECONDITION FAILED: the runs exist, but what the claim presupposes does not hold on them" in md
     kinds.withhold_verdicts([check])  # below the article's scale nothing is judged, the premise included
     assert check.verdict == kinds.NOT_JUDGED and "PRECONDITION FAILED" in check.note

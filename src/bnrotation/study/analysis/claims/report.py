@@ -120,7 +120,8 @@ def verdict_counts(checks) -> str:
 # What each verdict word means, as claims.md's legend and the write-up page's say it.
 VERDICTS = {PASS: "the measured figure is within the check's tolerance",
             FAIL: "it is not; the note says why",
-            NOT_RUN: "the runs the check needs are missing",
+            NOT_RUN: "the runs the check needs are missing, or too few to weigh (one seed: no spread to set the "
+                     "tolerance)",
             PRECONDITION_FAILED: "the runs exist, but what the claim presupposes does not hold on them (a row that "
                                  "loses nothing has nothing to recover), so there is nothing to weigh",
             MEASURED: "an exploratory check: measured, with no tolerance fixed in advance",
