@@ -88,6 +88,10 @@ help: ## list the targets
 # Bytecode is compiled once for the whole venv on every core, leaving out the packages' own test folders and
 # transformers' model folders but `auto`, which nothing imports (46 -> 30 s on 2 cores); compileall skips the few
 # files that are not valid Python, as pip does, so its status is not the install's.
+# Then what was installed must import: `python -m bnrotation.study.thirdparty` imports torchvision, timm, Lightning and
+# transformers in a fresh interpreter; where the lock's torchvision is a build for another torch (the CUDA wheel
+# beside a CPU torch: `operator torchvision::nms does not exist`) it installs the suite's shim into .venv, saying so
+# in one line, and any other failure stops the install in one line.
 find_links = $(or $(PIP_FIND_LINKS),$(shell $(PYTHON) -m pip config get global.find-links 2>/dev/null))
 $(VENV)/.installed: pyproject.toml requirements/lock.txt
 	$(PYTHON) -m venv $(VENV)
@@ -95,6 +99,7 @@ $(VENV)/.installed: pyproject.toml requirements/lock.txt
 	$(VENV)/bin/uv pip install --quiet --python $(PY) $(foreach f,$(find_links),--find-links $(f)) -r requirements/lock.txt
 	$(VENV)/bin/uv pip install --quiet --python $(PY) --no-deps -e .
 	$(PY) -m pip check
+	$(PY) -m bnrotation.study.thirdparty
 	$(PY) -m compileall -q -j 0 -x '/tests?/|/transformers/models/(?!auto/)' $(VENV)/lib > /dev/null || true
 	touch $@
 

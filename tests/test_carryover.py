@@ -146,7 +146,7 @@ def test_the_window_test_gives_no_verdict_when_adam_loses_nothing(tmp_path):
                                    R_WINDOW: dict(rotation=8.0, acc_eval=0.99)})
     _, by_name, _ = _verdicts(root)
     check = by_name["resnet_window_test_recovers_most_accuracy"]
-    assert check.verdict == "NOT RUN" and "nothing lost to recover" in check.measured
+    assert check.verdict == "PRECONDITION FAILED" and "nothing lost to recover" in check.measured
 
 
 def test_the_articles_claims_are_weighed_on_the_study_network_only(tmp_path):

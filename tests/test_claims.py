@@ -20,7 +20,7 @@ import pytest
 
 from bnrotation.study.analysis.claims import carryover, kinds, registry
 from bnrotation.study.analysis.claims.evidence import Evidence
-from bnrotation.study.analysis.claims.kinds import FAIL, NOT_RUN, PASS
+from bnrotation.study.analysis.claims.kinds import FAIL, NOT_RUN, PASS, PRECONDITION_FAILED
 from bnrotation.study.rows import PUBLISHED_ROWS
 
 EPS = 1e-6  # relative step across a boundary
@@ -238,7 +238,7 @@ def test_a_recovery_share_beside_gives_no_verdict_when_nothing_is_lost():
                   c.reference: {"acc_eval_mode": around(0.99, a)}}
         return evidence(values)
 
-    assert verdict(c, ev(gap * (1 - EPS))) == NOT_RUN
+    assert verdict(c, ev(gap * (1 - EPS))) == PRECONDITION_FAILED  # the runs are there: nothing lost to recover
     assert verdict(c, ev(gap * (1 + EPS))) == PASS  # the row at the reference's accuracy: all of the loss back
 
 

@@ -34,7 +34,7 @@ import pytest
 
 from bnrotation.study.analysis import claims, webpage
 from bnrotation.study.analysis.claims.command import readme_blocks
-from bnrotation.study.analysis.results import load_runs
+from bnrotation.study.analysis.results import ALL_TABLES, load_runs
 from bnrotation.study.analysis.tables import figures, table
 from bnrotation.study.rows import ROWS
 from test_analysis import PUBLISHED_LIKE, SCALE, write_replication
@@ -367,8 +367,8 @@ def order_problems(page: str, sentence: str) -> list[str]:
 
 
 def the_headline_sentence(root: Path) -> str:
-    """The README's generated headline (:func:`readme_blocks`) for the runs under ``root``."""
-    return readme_blocks(*claims.weigh(root, load_runs(root)))["headline"]
+    """The README's generated headline (:func:`readme_blocks`) for the runs under ``root``, read as `make` reads them."""
+    return readme_blocks(*claims.weigh(root, load_runs(root, tables=ALL_TABLES)))["headline"]
 
 
 def test_the_page_opens_with_the_finding_then_the_headline_figure(opened, built):

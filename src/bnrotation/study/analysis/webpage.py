@@ -4,7 +4,7 @@
 
 One file that opens offline, at most :data:`MAX_BYTES`: plotly.js and every number are inlined, and the figures
 of ``make figures`` (``<out>/figures/*.png``, where they exist) are inlined as data URIs. It holds, in order: the
-finding, the sentence the README's generated headline carries (:func:`.claims.command.readme_blocks`); the
+finding, one sentence per task, the README's generated headline (:func:`.claims.finding.headline`); the
 headline figure, evaluation-mode accuracy against rotation with one point per run and the article's row means
 beside them; what it was made from (results root, runs, the suite's commit, the runs' scale); the article's table
 with the published figure, the measured mean ± spread, n and a verdict per cell; the claims, grouped by section
@@ -48,11 +48,10 @@ from ... import records
 from ..article import FAIL_BELOW
 from ..rows import ROWS, row_order
 from .claims import weigh
-from .claims.command import readme_blocks
-from .claims.kinds import ARTICLE, FAIL, MEASURED, NOT_JUDGED, NOT_RUN, PASS, RESNET, Check, published
+from .claims.finding import TASK_ROWS, findings, headline as finding_headline
+from .claims.kinds import ARTICLE, FAIL, PASS, RESNET, Check, published
 from .claims.report import SECTIONS as REPORT_SECTIONS
-from .claims.registry import ADAM, SGD
-from .claims.report import verdict_counts
+from .claims.report import legend, verdict_counts
 from .formatting import cell
 from .results import ALL_TABLES, Run, add_results_arguments, command_inputs, count, scale_note
 from .tables.figures import FIGURES, Data, network_style, norms, row_palette
@@ -124,7 +123,7 @@ def inline(text) -> str:
 
 
 def badge(verdict: str) -> str:
-    """A verdict as a coloured label: PASS green, FAIL red, NOT RUN, MEASURED and "not judged" grey."""
+    """A verdict as a coloured label: PASS green, FAIL red, the others (:data:`.claims.report.VERDICTS`) grey."""
     kind = verdict if verdict in (PASS, FAIL) else "other"
     return f'<span class="verdict {kind}">{html.escape(verdict)}</span>'
 
@@ -385,15 +384,14 @@ def figure_div(fig, div_id: str) -> str:
             f'<script type="application/json" id="{div_id}-json">{data}</script>')
 
 
-def finding(ev, checks: list[Check], cells: list[tuple[str, str, Check]]) -> str:
-    """The finding as the page's first paragraph: the README's generated headline
-    (:func:`.claims.command.readme_blocks`, ``headline``), or a line saying which rows it needs."""
-    missing = [r for r in (ADAM, SGD) if r not in set(ev.per_run["row"])]
-    if missing:
-        text = (f"No finding sentence: it sets the `{ADAM}` row against the `{SGD}` row, and these results have no "
-                f"runs of {' or '.join(f'`{r}`' for r in missing)}.")
+def finding(ev) -> str:
+    """The finding as the page's first paragraph: the README's generated headline, one sentence per task
+    (:func:`.claims.finding.headline`), or a line saying which rows it needs."""
+    if findings(ev):
+        text = finding_headline(ev)
     else:
-        text = readme_blocks(ev, checks, cells)["headline"].strip()
+        text = ("No finding sentence: it sets a task's Adam row against its SGD row, and these results have no runs "
+                f"of {' or '.join(f'`{rows[0]}`' for rows in TASK_ROWS.values())}.")
     return f'<p id="{FINDING_ID}">{inline(text)}</p>'
 
 
@@ -420,13 +418,12 @@ def build_page(root: Path, runs: list[Run], out: Path, skipped: list[str] = ()) 
     plot_steps = figure_div(accuracy_over_steps(d, go, make_subplots), STEPS_ID)
     import plotly
 
-    kinds = f"{PASS}, {FAIL}, {NOT_RUN} (its runs are missing), {MEASURED} (exploratory), {NOT_JUDGED}"
     parts = [
         "<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">',
         '<meta name="viewport" content="width=device-width, initial-scale=1">',
         "<title>The rotation study, measured</title>", f"<style>{STYLE}</style></head><body>",
         "<h1>The rotation study, measured</h1>",
-        finding(ev, checks, cells),
+        finding(ev),
         plot_headline,
         f"<p class=\"note\">Evaluation-mode accuracy against rotation: one filled point per finished run "
         f"({finished}), coloured by row; hollow: the article's row means. "
@@ -455,8 +452,8 @@ def build_page(root: Path, runs: list[Run], out: Path, skipped: list[str] = ()) 
         "<h2>The claims</h2>",
         f"<p>Named checks of the article's claims: <strong>{verdict_counts(article)}</strong>"
         + (f"; does it carry over to ResNet-20: <strong>{verdict_counts(resnet)}</strong>" if resnet else "")
-        + f". Verdicts: {kinds}. The reason gives the tolerance each was weighed with; open a group to see its "
-        "checks.</p>",
+        + ". The reason gives the tolerance each was weighed with; open a group to see its checks.</p>",
+        f"<p>{inline(legend())}</p>",
         claims_html(checks),
         "<h2>Accuracy over steps</h2>",
         "<p>Per row, accuracy on the held-out set at each check: line, mean over the row's runs; band, lowest to "

@@ -4,8 +4,9 @@ A claim is declared once, in :data:`.registry.CLAIMS`, as one of these small
 frozen dataclasses; :meth:`Claim.check` weighs it against the evidence
 (:class:`.evidence.Evidence`) and returns a :class:`Check`: the published
 figure, the measured one (mean ± sample standard deviation over seeds, with n),
-the tolerance and why, and a verdict, PASS, FAIL, or NOT RUN when the runs it
-needs are missing.
+the tolerance and why, and a verdict, PASS, FAIL, NOT RUN when the runs it
+needs are missing, or PRECONDITION FAILED when the runs exist but what the claim
+presupposes does not hold on them (:data:`PRECONDITION_FAILED`).
 
 - :class:`MatchesPublished`: a row's mean against the article's figure, within
   ``2 · s · √(1/n + 1/3)``, two standard errors of the difference of two means
@@ -57,6 +58,9 @@ from .evidence import Evidence, recovery_share
 PASS, FAIL, NOT_RUN = "PASS", "FAIL", "NOT RUN"
 NOT_JUDGED = "not judged at this scale"  # runs below the article's scale: measured, weighed against nothing
 MEASURED = "MEASURED"  # the verdict of an exploratory claim with runs: measured, no PASS or FAIL
+# The runs exist, but what the claim presupposes does not hold on them (a row that loses nothing has nothing to
+# recover): weighed against nothing, and not NOT RUN, whose runs are missing.
+PRECONDITION_FAILED = "PRECONDITION FAILED"
 # The sections of claims.md a claim belongs to.
 ARTICLE, RESNET, FASHION_MNIST, FROZEN = "article", "resnet", "fashion_mnist", "frozen"
 CALIBRATION = "calibration"  # the monitor's rule out of sample (analysis/claims/outofsample.py)
@@ -122,13 +126,16 @@ class Check:
 class Outcome:
     """What a claim's evidence says, in words: the measured figure, the tolerance and why, ``passed`` (None: no
     verdict, NOT RUN) and a note; ``figures``, the numbers the verdict rests on (name → value in the claim's
-    unit, from the kind's numbers' :meth:`figures`; empty for a bespoke check that keeps its numbers to itself)."""
+    unit, from the kind's numbers' :meth:`figures`; empty for a bespoke check that keeps its numbers to itself);
+    ``unmet``, with ``passed`` None: the runs are there but the claim's precondition fails on them
+    (:data:`PRECONDITION_FAILED`, not NOT RUN)."""
 
     measured: str
     tolerance: str
     passed: bool | None
     note: str = ""
     figures: Mapping[str, float] = field(default_factory=dict)
+    unmet: bool = False
 
 
 class Claim:
@@ -175,6 +182,8 @@ class Claim:
             verdict = NOT_RUN if o.passed is None else MEASURED
         else:
             verdict = NOT_RUN if o.passed is None else PASS if o.passed else FAIL
+        if o.passed is None and o.unmet:
+            verdict = PRECONDITION_FAILED
         return Check(self.name, self.claim, published_text, o.measured, o.tolerance, verdict, o.note,
                      section=self.section, exploratory=self.exploratory, figures=dict(o.figures))
 
@@ -653,7 +662,7 @@ class RecoveryShareBeside(RecoveryShare):
             return Outcome(f"`{self.lost}` {lost_stat.describe('pct')}, `{self.reference}` "
                            f"{ref_stat.describe('pct')}: nothing lost to recover ({how})",
                            f"needs `{self.lost}` below `{self.reference}` by more than {Z:g} standard errors", None,
-                           beside, b.figures())
+                           beside, b.figures(), unmet=True)
         measured, tolerance = "no seed has all three rows", "–"
         if share.n:  # the rows by name: they share their optimizer's short name across networks
             measured = (f"`{self.row}` {ev.stat(self.row, 'acc_eval_mode').describe('pct')}, `{self.lost}` "
@@ -670,10 +679,11 @@ class RecoveryShareBeside(RecoveryShare):
 
 
 def withhold_verdicts(checks: list[Check]) -> None:
-    """Below the article's scale a verdict against its figures means nothing: every PASS or FAIL becomes
-    :data:`NOT_JUDGED` ("not judged at this scale"), the verdict it would have had kept in the check's note."""
+    """Below the article's scale a verdict against its figures means nothing: every PASS, FAIL or
+    :data:`PRECONDITION_FAILED` becomes :data:`NOT_JUDGED` ("not judged at this scale"), the verdict it would have
+    had kept in the check's note."""
     for c in checks:
-        if c.verdict in (PASS, FAIL):
+        if c.verdict in (PASS, FAIL, PRECONDITION_FAILED):
             c.note = (c.note + " " if c.note else "") + (f"Not at the article's scale: no verdict (at this scale "
                                                          f"it would read {c.verdict}).")
             c.verdict = NOT_JUDGED

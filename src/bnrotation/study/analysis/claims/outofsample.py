@@ -175,6 +175,8 @@ def eval_error_false_alarms_carry_over(ev: Evidence) -> Outcome:
     if fresh_out < MIN_POINTS:
         return Outcome("no out-of-sample run" if out_pts.empty else f"{fresh_out} fresh points", tolerance, None)
     in_pts = cal.points([r for r in ev.runs if not r.diverged and cal.in_sample(r)])
+    if in_pts.empty:  # only other tasks' runs (the real-image quick look): no in-sample rate to compare with
+        return Outcome(f"{fresh_out} fresh points out of sample; no in-sample run", tolerance, None)
     rate = {name: cal.score(cal.warns_at(p, E, Thresholds(), _committed()), p["stale"])["far"]
             for name, p in (("in", in_pts), ("out", out_pts))}
     return Outcome(f"E ≥ {Thresholds().eval_error_sigma:g}σ alone: false alarms {rate['out']:.2f} out of sample "

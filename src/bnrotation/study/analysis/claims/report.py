@@ -15,8 +15,10 @@ from ..formatting import cell, seed_ranges
 from ..measures import metrics, theory
 from ..results import count, scale_note
 from .evidence import Evidence
+from .finding import findings as task_findings
 from .findings import findings
-from .kinds import ALPHA, ARTICLE, CALIBRATION, FAIL, FASHION_MNIST, FROZEN, MEASURED, NOT_JUDGED, NOT_RUN, PASS, RESNET, Z, Check
+from .kinds import (ALPHA, ARTICLE, CALIBRATION, FAIL, FASHION_MNIST, FROZEN, MEASURED, NOT_JUDGED, NOT_RUN, PASS,
+                    PRECONDITION_FAILED, RESNET, Z, Check)
 
 
 def md_cell(text: str) -> str:
@@ -75,7 +77,8 @@ SECTIONS = {
                     "Fashion-MNIST runs existed (`analysis/claims/real_images.py`), and each check gives its reason; "
                     "training mode is no longer 100% on real images, so the rules compare a row with its own training "
                     "mode or with SGD's row. Where the templates' runs have the same measurement it is shown beside, "
-                    "without a verdict. NOT RUN: the rows' runs are missing."),
+                    "without a verdict. NOT RUN: the rows' runs are missing; PRECONDITION FAILED: they exist, but the "
+                    "claim's premise does not hold on them."),
     FROZEN: ("Beyond the article: a frozen backbone",
              "Convolutions frozen after pre-training, a new head fine-tuned on noisier data, BatchNorm in training "
              "mode, in evaluation mode or re-estimated (`bnrotation.study.frozen`; its runs under `frozen/` beside these). "
@@ -109,12 +112,28 @@ def summary_line(checks: list[Check]) -> str:
 
 
 def verdict_counts(checks) -> str:
-    """``'3 PASS, 1 FAIL, 2 NOT RUN'``, and ``', 24 not judged at this scale'`` when any are (``checks``: any
-    iterable of :class:`.Check`)."""
+    """``'3 PASS, 1 FAIL, 2 NOT RUN'``, and ``', 1 PRECONDITION FAILED'``, ``', 24 not judged at this scale'``
+    when any are (``checks``: any iterable of :class:`.Check`)."""
     checks = list(checks)
-    counts = {v: sum(c.verdict == v for c in checks) for v in (PASS, FAIL, NOT_RUN, NOT_JUDGED)}
+    counts = {v: sum(c.verdict == v for c in checks) for v in (PASS, FAIL, NOT_RUN, PRECONDITION_FAILED, NOT_JUDGED)}
     return (f"{counts[PASS]} PASS, {counts[FAIL]} FAIL, {counts[NOT_RUN]} NOT RUN"
-            + (f", {counts[NOT_JUDGED]} {NOT_JUDGED}" if counts[NOT_JUDGED] else ""))
+            + "".join(f", {counts[v]} {v}" for v in (PRECONDITION_FAILED, NOT_JUDGED) if counts[v]))
+
+
+# What each verdict word means, as claims.md's legend and the write-up page's say it.
+VERDICTS = {PASS: "the measured figure is within the check's tolerance",
+            FAIL: "it is not; the note says why",
+            NOT_RUN: "the runs the check needs are missing, or too few to weigh (one seed: no spread to set the "
+                     "tolerance)",
+            PRECONDITION_FAILED: "the runs exist, but what the claim presupposes does not hold on them (a row that "
+                                 "loses nothing has nothing to recover), so there is nothing to weigh",
+            MEASURED: "an exploratory check: measured, with no tolerance fixed in advance",
+            NOT_JUDGED: "runs below the article's scale: measured, weighed against nothing"}
+
+
+def legend() -> str:
+    """The verdict words and what each means (:data:`VERDICTS`), in one sentence."""
+    return "**Verdicts.** " + "; ".join(f"{v}: {meaning}" for v, meaning in VERDICTS.items()) + "."
 
 
 def to_markdown(ev: Evidence, checks: list[Check], cells: list[tuple[str, str, Check]]) -> str:
@@ -148,6 +167,9 @@ def to_markdown(ev: Evidence, checks: list[Check], cells: list[tuple[str, str, C
            "it happens). An ordering across rows needs a Spearman rank correlation beyond the exact one-sided "
            f"{cell(ALPHA, 'pct', digits=0)} critical value for the number of rows. Claims about a model rather than a "
            "mean (the lag formula) use a factor fixed in advance, with the seed spread shown beside it.\n",
+           legend() + "\n",
+           "## The finding\n",
+           *[f"{sentence}\n" for sentence in task_findings(ev)],
            "## Summary\n",
            f"Named checks: **{verdict_counts(checks)}**. Table cells: {verdict_counts(c for _, _, c in cells)}.\n",
            "| Check | Verdict | Published | Measured |", "|---|---|---|---|"]

@@ -108,6 +108,21 @@ def checks_below(run: Run, threshold: float = FAIL_BELOW) -> tuple[int, int]:
     return int((acc < threshold).sum()), int(len(acc))
 
 
+# Column "Checks with a mode gap over 10 points": how far evaluation mode may trail the same check's training mode
+# (fraction). The article's "below 90%" on its task, where training mode is 100%, so that the column counts the same
+# checks there, and on a task whose training mode itself is near 90% (Fashion-MNIST) means what it means there.
+MODE_GAP_OVER = 1 - FAIL_BELOW
+
+
+def checks_gap_over(run: Run, threshold: float = MODE_GAP_OVER) -> tuple[int, int]:
+    """Column "Checks with a mode gap over 10 points": (checks whose training-mode minus evaluation-mode accuracy is
+    strictly above ``threshold``, a fraction; all checks) of this run; a gap of exactly ``threshold`` does not count.
+    """
+    checks = _window_checks(run)
+    gap = (checks["acc_train_mode"] - checks["acc_eval_mode"]).round(12)  # 1.0 − 0.9 is not 0.1 in floating point
+    return int((gap > round(threshold, 12)).sum()), int(len(checks))
+
+
 def final_reestimated_acc(run: Run) -> float:
     """Evaluation-mode accuracy after full re-estimation at the run's last intervention step."""
     iv = run.tables.get("interventions")
