@@ -50,7 +50,8 @@ from ... import article
 from ...article import Figure
 from ...rows import PUBLISHED_DECIMALS, PUBLISHED_ROWS, PUBLISHED_SEEDS, ROWS
 from ..formatting import cell, decimals_shown, seed_ranges, spread
-from ..stats import SeedStat, half_unit, rho_at_or_beyond, se_of_difference, spearman_critical, spearman_rho
+from ..stats import (Z, SeedStat, half_unit, rho_at_or_beyond, se_of_difference,  # Z: every claim imports it here
+                     spearman_critical, spearman_rho)
 from ..tables.table import COLUMNS as TABLE_COLUMNS
 from .evidence import Evidence, recovery_share
 
@@ -60,7 +61,6 @@ MEASURED = "MEASURED"  # the verdict of an exploratory claim with runs: measured
 # The sections of claims.md a claim belongs to.
 ARTICLE, RESNET, FASHION_MNIST, FROZEN = "article", "resnet", "fashion_mnist", "frozen"
 CALIBRATION = "calibration"  # the monitor's rule out of sample (analysis/claims/outofsample.py)
-Z = 2.0  # standard errors a difference must exceed
 ALPHA = 0.05  # one-sided level of an ordering across rows
 MIN_RANK_ROWS = 4  # an ordering needs at least this many of the article's rows (4 rows: 1 order in 24 is 4%)
 MOST = 0.5  # "most" of the accuracy lost: more than half of it
