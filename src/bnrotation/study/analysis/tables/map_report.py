@@ -119,7 +119,9 @@ class Point:
 
 def load_map_runs(root: str | Path) -> tuple[list[Run], list[str]]:
     """The finished map runs under ``root/runs/`` (layout :data:`MAP`, with every table the runner writes that
-    the report reads), and one line per folder refused."""
+    the report reads), and one line per folder refused (or one saying ``root`` has no ``runs/`` folder)."""
+    if not (Path(root) / "runs").is_dir():
+        return [], [f"{root}: no runs/ folder"]
     runs, problems = [], []
     for path in find_run_dirs(root):
         try:
@@ -303,7 +305,7 @@ def headline(root: str | Path) -> str | None:
     reference points have both rows at every seed the sweep runs (no sentence from a map half run)."""
     from ...condition_map import OPTIMIZERS as ROWS_RUN, SEEDS, runs_in_map
 
-    runs, problems = load_map_runs(root) if (Path(root) / "runs").is_dir() else ([], [])
+    runs, problems = load_map_runs(root)
     if problems or len(runs) < runs_in_map():
         return None
     frame = per_run(runs)
@@ -508,7 +510,7 @@ def figure(points: list[PointStats], frame: pd.DataFrame, path: Path) -> Path:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Write ``<results>/map.md`` and ``map.png`` (or under ``--out``) and print the sentence; ``--sentence`` prints
+    """Write ``<results>/map.md`` and ``map.png`` (or under ``--out``) and say the sentence; ``--sentence`` prints
     :func:`headline` alone (nothing, exit 1, while the map is incomplete). Exit status as the module docstring
     says."""
     p = argparse.ArgumentParser(description=plain(__doc__), formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -524,20 +526,15 @@ def main(argv: list[str] | None = None) -> int:
         if sentence:
             print(sentence)
         return 0 if sentence else 1
-    if not (root / "runs").is_dir():
-        print(f"error: --results {root}: no runs/ folder (expected <root>/runs/map_<row>+<knob><setting>/seed=<s>/)",
-              file=sys.stderr)
-        return 2
     runs, problems = load_map_runs(root)
-    if say_refused(problems, runs, f"--results {root}: no finished map run"):
+    if say_refused(problems, runs, f"--results {root}: no finished map run (expected "
+                                   "<root>/runs/map_<row>+<knob><setting>/seed=<s>/)"):
         return 2
-    out = Path(args.out) if args.out else root
-    text = report_text(runs, args.reference)
-    records.atomic_write_text(out / "map.md", text)
-    frame = per_run(runs)
+    frame, out = per_run(runs), Path(args.out) if args.out else root
+    records.atomic_write_text(out / "map.md", report_text(runs, args.reference))
     figure(per_point(frame), frame, out / "map.png")
-    print(text)
-    print(f"wrote {out / 'map.md'} and {out / 'map.png'} from {len(runs)} runs", file=sys.stderr)
+    print(f"{where_sentence(per_point(frame), frame)}\nwrote {out / 'map.md'} and {out / 'map.png'} from "
+          f"{count(len(runs), 'run')}", file=sys.stderr)
     return 1 if problems else 0
 
 
