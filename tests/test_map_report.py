@@ -244,7 +244,7 @@ def test_the_command_writes_map_md_with_the_sentence_block_and_the_figure(tmp_pa
     assert (root / "map.png").stat().st_size > 0 and (root / "map.pdf").exists()
     # the protocol's evidence: 11 checks to step 3,000 without the dip, 41 in all with it
     assert "| `adam` | 2 | 5.0% (11 checks) | 0% | 6.1% (41 checks) | 2% |" in text
-    assert "| fresh samples (its own) |" not in text and "| the templates | train_size | 1000 |" in text
+    assert "| the templates | – | reference | 3 |" in text and "| the templates | train_size | 1,000 | 3 |" in text
 
 
 def test_the_command_refuses_a_root_without_runs(tmp_path, capsys):

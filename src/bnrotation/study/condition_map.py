@@ -43,6 +43,7 @@ import sys
 from dataclasses import dataclass
 
 from .config import TASK_KNOBS, TaskConfig
+from .fashion_mnist import OFFICIAL_COUNTS
 from .rows import FASHION_MNIST_PREFIX, SEEDS, TASKS
 
 __all__ = ["Knob", "KNOBS", "REFERENCE", "MAP_PREFIX", "MAP_STEPS", "PROTOCOL", "OPTIMIZERS", "ROOT", "base_row",
@@ -84,6 +85,15 @@ class Knob:
     def reference(self) -> float | int:
         """The task's own setting: the default of ``task.<key>`` (:class:`.config.TaskConfig`)."""
         return getattr(TaskConfig(name=self.task), self.key)
+
+    @property
+    def own(self) -> str:
+        """The task's own setting in words: the default, or for ``train_size`` (whose default 0 means the task's
+        own set) the set it means: fresh samples (the templates), every training image (Fashion-MNIST)."""
+        if self.key != "train_size":
+            return f"{self.reference:,g}"
+        return ("fresh samples at every draw" if self.task == "noisy_templates"
+                else f"all {OFFICIAL_COUNTS['train']:,} images")
 
     def line(self) -> str:
         """This knob's Hydra multirun: the two rows, every setting, every seed, each run under its own name."""
