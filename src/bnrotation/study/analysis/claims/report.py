@@ -17,6 +17,7 @@ from ..results import count, scale_note
 from .evidence import Evidence
 from .findings import findings
 from .kinds import ALPHA, ARTICLE, CALIBRATION, FAIL, FASHION_MNIST, FROZEN, MEASURED, NOT_JUDGED, NOT_RUN, PASS, RESNET, Z, Check
+from .kinds import MAP
 
 
 def md_cell(text: str) -> str:
@@ -85,6 +86,13 @@ SECTIONS = {
                   "these checks, fixed before any out-of-sample run, score them unchanged on the runs of another task "
                   "(the Fashion-MNIST rows and the staleness zoo under `zoo/`) and on the frozen backbone. A FAIL is a "
                   "finding. NOT RUN: their runs are missing."),
+    MAP: ("Where does the collapse live? The condition map",
+          "One property of one task turned at a time towards the other task, SGD and Adam at every setting "
+          "(`bnrotation.study.condition_map`, `make map`; its runs under `map/` beside these, its table `map/map.md`). "
+          "For each knob, the direction Adam's evaluation-mode accuracy should move, against SGD's and against its "
+          "own training mode, if that property is the cause; each was committed before any map run "
+          "(`analysis/claims/condition_map.py`), with its reasoning in its note. A FAIL is a finding: that property, "
+          "alone, does not move the collapse. NOT RUN: the map's runs are missing."),
 }
 
 
