@@ -74,8 +74,8 @@ def test_fashion_mnist_at_the_defaults_draws_no_noise_and_keeps_every_image():
 # ----------------------------------------------------------------------------- task.template_scale: the SNR
 @pytest.mark.parametrize("scales", [(0.6, 0.3), (0.6, 2.4)])
 def test_template_scale_scales_the_signal_and_leaves_the_noise(scales):
-    """Same seed, same stream: x_a − x_b = (a − b) · template[y] exactly, and the noise x − a · template[y] is the
-    same at both scales; the SNR (signal over the unit noise) is the scale."""
+    """Same seed, same stream: x_a − x_b = (a − b) · template[y] exactly, and the noise x − a · template[y] is
+    the same at both scales; the SNR (signal over the unit noise) is the scale."""
     a, b = scales
     ta, tb = templates(template_scale=a), templates(template_scale=b)
     assert torch.equal(ta.templates, tb.templates)

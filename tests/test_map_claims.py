@@ -52,7 +52,8 @@ def test_a_prediction_passes_only_when_the_collapse_moves_its_way(tmp_path, adam
     write_point(tmp_path / "map", "noisy_templates", "template_scale", 1.2, sgd=0.99, adam=0.985)
     check = claim(SNR).check(evidence(tmp_path))
     assert check.verdict == expected
-    assert ("Fails on: Adam's deficit to SGD and Adam's mode gap not deeper at 0.15" in check.note) is (expected == FAIL)
+    fails = "Fails on: Adam's deficit to SGD and Adam's mode gap not deeper at 0.15"
+    assert (fails in check.note) is (expected == FAIL)
     assert "If the templates' low signal-to-noise ratio is the cause" in check.note
 
 

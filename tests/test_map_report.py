@@ -8,7 +8,6 @@ import math
 import shlex
 from pathlib import Path
 
-import numpy as np
 import pandas as pd
 import pytest
 import yaml
@@ -194,6 +193,12 @@ def test_the_mechanism_reads_each_layers_mean_and_variance_parts(tmp_path):
     assert first["var_part"] == pytest.approx(0.0, abs=1e-9)
     assert second["e"] == pytest.approx(0.2, rel=1e-5) and second["var_part"] == pytest.approx(math.log(1.2), rel=1e-6)
     assert first["recovered"] == pytest.approx(0.2)
+    # every layer apart: bn1's variance part and bn2's mean part in each run, whichever is the worst
+    assert first["e:bn1"] == pytest.approx(0.2, rel=1e-5) and first["var_part:bn1"] == pytest.approx(math.log(1.2))
+    assert first["mean_part:bn1"] == pytest.approx(0.0, abs=1e-9) and second["e:bn2"] == pytest.approx(0.1, rel=1e-6)
+    table = mr.mechanism_markdown(mr.per_point(frame), frame)
+    assert "| bn1: E (\\|d\\|, \\|log s\\|) | bn2: E (\\|d\\|, \\|log s\\|) |" in table
+    assert "| the templates | reference | Adam | 0.2σ (0σ, 0.182) | 0.3σ (0.3σ, 0) |" in table  # seeds' means
 
 
 # ----------------------------------------------------------------------------- refusals

@@ -120,7 +120,8 @@ def _row_prefix(task: str) -> str:
 
 
 def _experiments(task: str) -> str:
-    """``experiment=sgd,adam`` or ``experiment=fmnist_sgd,fmnist_adam``: the registered rows the map runs on ``task``."""
+    """``experiment=sgd,adam`` or ``experiment=fmnist_sgd,fmnist_adam``: the registered rows the map runs on
+    ``task``."""
     prefix = FASHION_MNIST_PREFIX if task == "fashion_mnist" else ""
     return "experiment=" + ",".join(prefix + o for o in OPTIMIZERS)
 

@@ -168,8 +168,10 @@ def per_run(runs: list[Run]) -> pd.DataFrame:
     """One line per run: ``row``, ``base``, ``optimizer`` (``sgd``/``adam``), ``seed``, ``task``, ``knob``,
     ``setting``, ``train_set`` (the distinct training samples, inf for fresh ones), ``acc_eval_mode``,
     ``acc_train_mode``, ``mode_gap``, ``recovered`` (fractions), ``rotation_per_100_deg`` (degrees), ``norm_growth``
-    (×), ``loss_last`` (the training loss at the last check), and the mechanism's worst layer (``worst_layer``, by
-    median E) with its ``e``, ``mean_part`` and ``var_part`` (σ of the running statistics; :func:`_layer_signals`)."""
+    (×), ``loss_last`` (the training loss at the last check), and the mechanism: every norm layer's ``e:<layer>``,
+    ``mean_part:<layer>`` and ``var_part:<layer>`` (:data:`PARTS`, :func:`_layer_signals`; σ of the running
+    statistics, and |log s|), and the worst layer's (``worst_layer``, by median E) as ``e``, ``mean_part``,
+    ``var_part``."""
     lines = []
     for r in runs:
         point, base = point_of(r), base_row(r.row)
@@ -188,7 +190,8 @@ def per_run(runs: list[Run]) -> pd.DataFrame:
             "rotation_per_100_deg": metrics.rotation_per_100_deg(r), "norm_growth": metrics.norm_growth(r),
             "loss_last": float(checks["loss"].iloc[-1]) if len(checks) else math.nan,
             "worst_layer": None if worst is None else worst["norm_layer"],
-            **{k: (math.nan if worst is None else float(worst[k])) for k in ("e", "mean_part", "var_part")}})
+            **{k: (math.nan if worst is None else float(worst[k])) for k in PARTS},
+            **{f"{k}:{line['norm_layer']}": float(line[k]) for _, line in layers.iterrows() for k in PARTS}})
     return pd.DataFrame(lines)
 
 
@@ -205,6 +208,7 @@ class PointStats:
     excess_gap: SeedStat
 
 
+PARTS = ("e", "mean_part", "var_part")  # E and its mean and variance parts (_layer_signals), per layer "<part>:<layer>"
 COLUMNS = ("acc_eval_mode", "acc_train_mode", "mode_gap", "recovered", "rotation_per_100_deg", "norm_growth",
            "loss_last", "e", "mean_part", "var_part")
 
@@ -330,30 +334,33 @@ def table_markdown(points: list[PointStats], frame: pd.DataFrame) -> str:
 
 
 def mechanism_markdown(points: list[PointStats], frame: pd.DataFrame) -> str:
-    """Per point and optimizer: the worst layer by median E and its mean and variance parts, the last conv layer's
-    rotation and norm growth, the last training loss; then, over the points, Spearman's ρ of Adam's mode gap with
-    its rotation and with its norm growth (which of the two tracks the collapse)."""
-    lines = ["| Task | Point | Optimizer | Worst layer | median E | mean part \\|d\\| | variance part \\|log s\\| | "
-             "Rotation per 100 steps | Norm growth | Loss, last check |", "|---|---|---|---|---:|---:|---:|---:|---:|---:|"]
+    """Per point and optimizer: every norm layer's median E with its mean part |d| and variance part |log s| (means
+    over seeds), the last conv layer's rotation and norm growth, the last training loss; then, over the points,
+    Spearman's ρ of Adam's mode gap with its rotation, its norm growth and its last loss (which tracks the
+    collapse)."""
+    layers = sorted(c.split(":", 1)[1] for c in frame.columns if c.startswith("e:"))
+    head = (["Task", "Point", "Optimizer"] + [f"{layer}: E (\\|d\\|, \\|log s\\|)" for layer in layers]
+            + ["Rotation per 100 steps", "Norm growth", "Loss, last check"])
+    lines = ["| " + " | ".join(head) + " |", "|---|---|---|" + "---:|" * (len(layers) + 3)]
     for p in points:
         for o, stats in (("SGD", p.sgd), ("Adam", p.adam)):
             rows = frame[(frame["task"] == p.point.task) & (frame["optimizer"] == o.lower())
                          & (frame["knob"].isna() if p.point.knob is None else frame["knob"] == p.point.knob)]
             if p.point.knob is not None:
                 rows = rows[np.isclose(rows["setting"], p.point.setting)]
-            worst = rows["worst_layer"].mode()
-            lines.append(f"| {TASK_WORDS[p.point.task]} | {p.point.words()} | {o} | "
-                         f"{worst.iloc[0] if len(worst) else '–'} | {cell(stats['e'].mean, 'sigma')} | "
-                         f"{cell(stats['mean_part'].mean, 'sigma')} | {cell(stats['var_part'].mean, 'plain')} | "
-                         f"{cell(stats['rotation_per_100_deg'].mean, 'deg')} | {cell(stats['norm_growth'].mean, 'x')} | "
-                         f"{cell(stats['loss_last'].mean, 'plain')} |")
+            parts = [f"{cell(rows[f'e:{layer}'].mean(), 'sigma')} ({cell(rows[f'mean_part:{layer}'].mean(), 'sigma')}, "
+                     f"{cell(rows[f'var_part:{layer}'].mean(), 'plain')})" for layer in layers]
+            lines.append("| " + " | ".join([TASK_WORDS[p.point.task], p.point.words(), o, *parts,
+                                            cell(stats["rotation_per_100_deg"].mean, "deg"),
+                                            cell(stats["norm_growth"].mean, "x"),
+                                            cell(stats["loss_last"].mean, "plain")]) + " |")
     gap = [p.adam["mode_gap"].mean for p in points]
     tracks = [f"ρ(Adam's mode gap, its {what}) = {cell(spearman_rho(gap, [p.adam[col].mean for p in points]), 'rho')}"
               for what, col in (("rotation", "rotation_per_100_deg"), ("norm growth", "norm_growth"),
                                 ("last loss", "loss_last"))] if len(points) >= 3 else []
     out = "\n".join(lines)
     if tracks:
-        out += (f"\n\nOver the {count(len(points), 'point')}' means: " + "; ".join(tracks) + ".")
+        out += f"\n\nOver the {count(len(points), 'point')}' means: " + "; ".join(tracks) + "."
     return out
 
 
@@ -390,8 +397,8 @@ def protocol_evidence(reference: str | Path) -> str:
         return ""
     return "\n".join([f"| Row (committed runs) | Seeds | Mode gap to step {MAP_STEPS:,} | Checks below "
                       f"{cell(FAIL_BELOW, 'pct', digits=0)} to step {MAP_STEPS:,} | Mode gap, whole window | "
-                      f"Checks below {cell(FAIL_BELOW, 'pct', digits=0)}, whole window |", "|---|---:|---:|---:|---:|---:|",
-                      *lines])
+                      f"Checks below {cell(FAIL_BELOW, 'pct', digits=0)}, whole window |",
+                      "|---|---:|---:|---:|---:|---:|", *lines])
 
 
 def report_text(runs: list[Run], reference: str | Path | None = None) -> str:
@@ -412,8 +419,8 @@ def report_text(runs: list[Run], reference: str | Path | None = None) -> str:
            "## The map\n", table_markdown(points, frame), "", "![The condition map](map.png)\n",
            "## The mechanism\n",
            "Per norm layer, the medians over channels and the window's logged steps of E and of its mean part |d| "
-           "and variance part |log s| (`bnrotation.staleness.channel_signals`); the worst layer by median E is shown. "
-           "Rotation and norm growth of the last conv layer; the training loss at the last check.\n",
+           "and variance part |log s| (`bnrotation.staleness.channel_signals`), means over seeds. Rotation and norm "
+           "growth of the last conv layer; the training loss at the last check.\n",
            mechanism_markdown(points, frame), ""]
     evidence = protocol_evidence(reference) if reference else ""
     if evidence:
