@@ -32,9 +32,9 @@ length (constant schedules, and nothing measured feeds back), so the map's refer
 committed runs' first 11 checks.
 
 **A run's name** is ``map_<row>+<knob><setting>`` (``map_adam+template_scale0.3``, ``map_fmnist_sgd+pixel_noise2.0``)
-or ``map_<row>+reference``, ``<row>`` the registered row whose settings it keeps (:data:`.rows.ROWS`): a knob away
-from its default needs a row name of its own (:func:`.config.check_row`), and the report reads the base row back
-from the name (:func:`base_row`) to check each run against it.
+or ``map_<row>+reference``, ``<row>`` the registered row whose settings it keeps (:data:`.rows.ROWS`): a setting is
+filed apart from the row itself, and the report reads the base row back from the name (:func:`base_row`) to check
+each run against it.
 """
 
 from __future__ import annotations

@@ -42,8 +42,7 @@ EVAL_COMPILED_MIN_STEPS = 1000
 # (so "..", "a/b" or "" cannot send a run outside runs/<row>/).
 ROW_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.+-]*")
 SEED_MAX = 2**63 - 1  # seeds are stored in an int64 parquet column
-# The task's keys that morph one task towards the other (the condition map's knobs, bnrotation.study.condition_map):
-# a registered row holds each at its default (check_row), so a knob's setting needs a row name of its own.
+# The task's keys that morph one task towards the other: the condition map's knobs (bnrotation.study.condition_map).
 TASK_KNOBS = ("template_scale", "num_classes", "train_size", "pixel_noise")
 
 
@@ -450,9 +449,8 @@ def check_row(cfg: RunConfig) -> None:
     """Refuse a config that keeps a registered row's name but changes what the row means.
 
     A row name names a results folder and a definition (:data:`bnrotation.study.rows.ROWS`): optimizer, learning
-    rate, schedule, weight decay, task, network, norm, BatchNorm momentum, the optimizer settings the row fixes
-    and the task's knobs (:data:`TASK_KNOBS`, at their defaults; the task's and the network's sizes are not
-    checked: the tests run every row at a toy size). A
+    rate, schedule, weight decay, task, network, norm, BatchNorm momentum and the optimizer settings the row fixes
+    (the task's and the network's sizes are not: the tests run every row at a toy size). A
     variant (``optimizer.lr=0.001`` on ``experiment=adam``) needs a row name of its own, else its results
     would be filed, and refused by ``make table``, as the row's. Unregistered row names are not checked.
 
@@ -470,7 +468,6 @@ def check_row(cfg: RunConfig) -> None:
               **{f"optimizer.{k}": v for k, v in spec.extra.items()}}
     if spec.norm == "batch":
         wanted["model.bn_momentum"] = spec.bn_momentum
-    wanted.update({f"task.{key}": getattr(TaskConfig(), key) for key in TASK_KNOBS})
     for key, want in wanted.items():
         got = functools.reduce(getattr, key.split("."), cfg)
         same = math.isclose(got, want, rel_tol=1e-9) if isinstance(want, float) else got == want
