@@ -56,12 +56,13 @@ ifneq ($(words $(SCALE))$(filter $(SCALE),$(SCALES)),1$(SCALE))
 $(error SCALE=$(SCALE): expected one of $(SCALES) (conf/scale/))
 endif
 endif
-ifneq ($(filter sweep reproduce zoo zoo2 frozen,$(MAKECMDGOALS)),)
+ifneq ($(filter sweep reproduce zoo zoo2 frozen map,$(MAKECMDGOALS)),)
 ifneq ($(shell [[ '$(JOBS)' =~ ^[1-9][0-9]*$$ ]] && echo ok),ok)
 $(error JOBS=$(JOBS): expected a whole number >= 1 (runs at once))
 endif
 endif
 
+.PHONY: map
 .PHONY: help install data test test-fast test-kernels test-compat mutants sweep reproduce places row table diagnose check figures claims report notebooks bench frozen calibrate zoo zoo2 clean
 .PHONY: minimal
 .DEFAULT_GOAL := help
@@ -229,6 +230,19 @@ zoo2: $(VENV)/.installed data ## the second zoo: 8 other timm architectures x sg
 	sweep=$$($(PY) -m bnrotation.study.zoo --second) && $(PY) experiments/zoo.py -m $$sweep results_root=$(or $(RESULTS),results/zoo2) \
 		force=$(force_flag) threads=1 hydra/launcher=joblib hydra.launcher.n_jobs=$(JOBS) $(ARGS)
 	$(PY) -m bnrotation.study.analysis.tables.zoo_report --results $(or $(RESULTS),results/zoo2)
+
+# The condition map (src/bnrotation/study/condition_map.py, issue 49): one Hydra multirun of experiments/train.py per line
+# of `python -m bnrotation.study.condition_map` (each task's reference point, then each knob: rows x settings x seeds),
+# JOBS joblib workers of one thread each. A finished run is skipped (FORCE=1 reruns), one without DONE rerun; a line
+# that lost a run makes the target exit 1 after the others ran; a stop signal stops it at once. Then <root>/map.md.
+map: $(VENV)/.installed data ## the condition map: sgd,adam x (each task's reference + every knob's settings) x 3 seeds (resumable; RESULTS=<root> [results/map]; JOBS=n; FORCE=1; ARGS), then <root>/map.md and map.png
+	@status=0; while read -r line; do \
+		echo "$(PY) experiments/train.py -m $$line results_root=$(or $(RESULTS),results/map) ..."; \
+		$(PY) experiments/train.py -m $$line results_root=$(or $(RESULTS),results/map) force=$(force_flag) threads=1 \
+			hydra/launcher=joblib hydra.launcher.n_jobs=$(JOBS) $(ARGS); rc=$$?; \
+		if [ $$rc -ge 128 ]; then exit $$rc; elif [ $$rc != 0 ]; then status=1; fi; \
+	done < <($(PY) -m bnrotation.study.condition_map); \
+	$(PY) -m bnrotation.study.analysis.tables.map_report --results $(or $(RESULTS),results/map) && exit $$status
 
 notebooks: $(VENV)/.installed ## run every notebooks/*.py as a script against the results (RESULTS=<root>)
 	@for nb in notebooks/*.py; do echo "$$nb"; \

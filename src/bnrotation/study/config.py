@@ -42,6 +42,8 @@ EVAL_COMPILED_MIN_STEPS = 1000
 # (so "..", "a/b" or "" cannot send a run outside runs/<row>/).
 ROW_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.+-]*")
 SEED_MAX = 2**63 - 1  # seeds are stored in an int64 parquet column
+# The task's keys that morph one task towards the other: the condition map's knobs (bnrotation.study.condition_map).
+TASK_KNOBS = ("template_scale", "num_classes", "train_size", "pixel_noise")
 
 
 class ConfigError(ValueError):
@@ -84,6 +86,17 @@ class TaskConfig:
 
     ``template_scale`` is the synthetic task's alone; ``data_dir`` Fashion-MNIST's (where its idx files are,
     which says where the data is read from, not what it is: it is not part of a run's identity).
+
+    Two knobs of the condition map (:mod:`bnrotation.study.condition_map`) morph one task towards the other, each
+    off by default (the protocol's tasks, bit for bit):
+
+    * ``train_size``: 0, the task's own training set (the templates' infinite one, a fresh sample at every draw;
+      Fashion-MNIST's 60,000 images); N > 0, a finite set of N training samples drawn once per seed from the
+      ``trainset`` stream (templates: N samples of the task; Fashion-MNIST: N distinct training images), from
+      which every training batch, the probe set and the re-estimation batches are drawn.
+    * ``pixel_noise``: Fashion-MNIST's alone: the standard deviation of i.i.d. Gaussian noise added to every pixel
+      of every image drawn (training batches, held-out and probe sets, re-estimation batches), fresh at every draw
+      and drawn from the draw's own stream; in units of the normalised images' pixel standard deviation (1).
     """
 
     name: str = "noisy_templates"  # noisy_templates | fashion_mnist
@@ -93,6 +106,8 @@ class TaskConfig:
     batch_size: int = 128
     probe_size: int = 512  # fresh statistics and drift (held-out size is a scale key)
     data_dir: str = "/usr/share/datasets/fashion-mnist"  # Fashion-MNIST's idx files (Debian's dataset-fashion-mnist)
+    train_size: int = 0  # 0: the task's own training set; N > 0: N training samples drawn once, then reused
+    pixel_noise: float = 0.0  # Fashion-MNIST: std of the Gaussian noise added to each pixel at each draw (pixel std)
 
     def __post_init__(self) -> None:
         choice("task.name", self.name, TASKS)
@@ -105,6 +120,14 @@ class TaskConfig:
         for key in ("batch_size", "probe_size"):
             value = getattr(self, key)
             require(value >= 2, f"task.{key}", "an integer >= 2 (BatchNorm needs two samples)", value)
+        require(self.train_size == 0 or self.train_size >= self.probe_size, "task.train_size",
+                 f"0 (the task's own training set) or an integer >= task.probe_size={self.probe_size} (the probe "
+                 "set is drawn from it)", self.train_size)
+        require(math.isfinite(self.pixel_noise) and self.pixel_noise >= 0, "task.pixel_noise",
+                 "a finite float >= 0", self.pixel_noise)
+        if self.name != "fashion_mnist":
+            require(self.pixel_noise == 0, "task.pixel_noise", "0.0 on noisy_templates (its noise is set by "
+                     "task.template_scale; pixel_noise is Fashion-MNIST's)", self.pixel_noise)
 
     @property
     def in_channels(self) -> int:

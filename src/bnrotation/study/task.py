@@ -14,6 +14,11 @@ held-out set, probe set, weight init) has its own generator seeded from
 ``(seed, stream)``, so changing one part of the protocol never shifts another
 part's stream, and every row sees the same templates, data and init at a given
 seed.
+
+Two knobs of the condition map morph the tasks towards each other (``task.train_size``, ``task.pixel_noise``:
+:class:`.config.TaskConfig`); at their defaults (0) nothing here draws a number more than before, so every stream
+and sample is the protocol's, bit for bit. A finite training set is drawn once from its own stream, ``trainset``
+(the last of :data:`STREAMS`, so that no other stream's seed moves).
 """
 
 from __future__ import annotations
@@ -27,7 +32,7 @@ import torch
 from . import fashion_mnist
 from .config import ConfigError, RunConfig, TaskConfig
 
-STREAMS = ("templates", "train", "heldout", "probe", "init", "reestimate")
+STREAMS = ("templates", "train", "heldout", "probe", "init", "reestimate", "trainset")
 
 
 def stream_seed(seed: int, stream: str) -> int:
@@ -56,29 +61,59 @@ def generator(seed: int, stream: str, device: torch.device | str = "cpu") -> tor
 class NoisyTemplates:
     """Sampler for the task; templates live on ``device``.
 
+    With ``task.train_size`` N > 0 the training set is finite: N samples of the task drawn once, on the CPU, from
+    the ``trainset`` stream (:meth:`population`'s :meth:`sample`), then moved to ``device``; training batches and
+    re-estimation batches are drawn from it uniformly with replacement, the probe set is N of its samples, and
+    the held-out set is still drawn from the task itself (new samples).
+
     Attributes:
         templates: (K, 3, S, S), float32 (float64 for a run with ``dtype=float64``).
+        train_x, train_y: the finite training set, (N, 3, S, S) and (N,), or None (a fresh sample at every draw).
     """
 
     cfg: TaskConfig
     templates: torch.Tensor  # (K, 3, S, S)
+    train_x: torch.Tensor | None = None  # (N, 3, S, S)
+    train_y: torch.Tensor | None = None  # (N,)
 
     @classmethod
     def build(cls, cfg: TaskConfig, seed: int, device: torch.device | str = "cpu",
               dtype: torch.dtype = torch.float32) -> "NoisyTemplates":
         """The task of ``seed``; its templates, and so every sample, in ``dtype`` (the random numbers are drawn
-        in float32 whatever ``dtype``, so a float64 run sees the float32 run's data, exactly widened)."""
+        in float32 whatever ``dtype``, so a float64 run sees the float32 run's data, exactly widened); with
+        ``cfg.train_size`` > 0 its finite training set too, drawn on the CPU."""
         g = generator(seed, "templates")
         templates = torch.randn(cfg.num_classes, 3, cfg.image_size, cfg.image_size, generator=g)
-        return cls(cfg, templates.to(device=device, dtype=dtype))
+        task = cls(cfg, templates.to(dtype=dtype))
+        if cfg.train_size:
+            x, y = task.sample(cfg.train_size, generator(seed, "trainset"))  # (N, 3, S, S), (N,)
+            task = cls(cfg, task.templates, x, y)
+        return task.to(device)
+
+    def to(self, device: torch.device | str) -> "NoisyTemplates":
+        """The same task with its templates and finite training set on ``device``."""
+        return NoisyTemplates(self.cfg, *(None if t is None else t.to(device)
+                                          for t in (self.templates, self.train_x, self.train_y)))
+
+    def cpu(self) -> "NoisyTemplates":
+        """The same task on the CPU (where the fixed sets are drawn)."""
+        return self.to("cpu")
+
+    def population(self) -> "NoisyTemplates":
+        """The task itself, without a finite training set: new samples at every draw (the held-out set's)."""
+        return NoisyTemplates(self.cfg, self.templates)
 
     def sample(self, n: int, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
-        """Draw ``n`` samples with ``gen`` (which must live on the templates' device).
+        """Draw ``n`` samples with ``gen`` (which must live on the templates' device): new samples of the task,
+        or, with a finite training set, ``n`` of its samples uniformly with replacement.
 
         Returns:
             x: (n, 3, S, S) in the templates' dtype (the noise drawn in float32); y: (n,) int64 labels in [0, K).
         """
         dev = self.templates.device
+        if self.train_y is not None:
+            idx = torch.randint(0, len(self.train_y), (n,), generator=gen, device=dev)  # (n,)
+            return self.train_x[idx], self.train_y[idx]
         y = torch.randint(0, self.cfg.num_classes, (n,), generator=gen, device=dev)  # (n,)
         noise = torch.randn((n,) + tuple(self.templates.shape[1:]), generator=gen, device=dev)
         noise = noise.to(self.templates.dtype)  # no copy in float32
@@ -86,20 +121,32 @@ class NoisyTemplates:
         return x, y
 
     def fixed_set(self, n: int, seed: int, stream: str) -> tuple[torch.Tensor, torch.Tensor]:
-        """A fixed set (held-out or probe): drawn on CPU from its own stream, then moved.
+        """A fixed set (held-out or probe): drawn on CPU from its own stream, then moved. With a finite training
+        set, the probe set is the first ``n`` of a permutation of it (drawn from ``stream``); the held-out set
+        is always new samples of the task.
 
         Drawing on the CPU makes the set identical on every device.
-        """
-        x, y = self.cpu().sample(n, generator(seed, stream))
-        return x.to(self.templates.device), y.to(self.templates.device)
 
-    def cpu(self) -> "NoisyTemplates":
-        """The same task with its templates on the CPU (where the fixed sets are drawn)."""
-        return NoisyTemplates(self.cfg, self.templates.cpu())
+        Raises:
+            ConfigError: a probe set larger than the finite training set (naming ``task.probe_size``).
+        """
+        g, dev = generator(seed, stream), self.templates.device
+        if stream != "heldout" and self.train_y is not None:
+            if n > len(self.train_y):
+                raise ConfigError(f"task.probe_size: expected at most task.train_size={len(self.train_y):,} (the "
+                                  f"probe set is drawn from the finite training set), got {n:,}")
+            idx = torch.randperm(len(self.train_y), generator=g)[:n].to(dev)  # (n,)
+            return self.train_x[idx], self.train_y[idx]
+        x, y = self.population().cpu().sample(n, g)
+        return x.to(dev), y.to(dev)
 
     def describe(self) -> dict:
-        """What ``run.json`` records of the task."""
-        return {"name": "noisy_templates", "image_shape": list(self.templates.shape[1:])}
+        """What ``run.json`` records of the task, read back from the built tensors where they hold it: the
+        classes (templates), the template scale, and the finite training set's size (``train_size``; None: a
+        fresh sample at every draw)."""
+        return {"name": "noisy_templates", "image_shape": list(self.templates.shape[1:]),
+                "num_classes": int(self.templates.shape[0]), "template_scale": self.cfg.template_scale,
+                "train_size": None if self.train_y is None else len(self.train_y)}
 
 
 @functools.lru_cache(maxsize=4)
@@ -139,15 +186,24 @@ class FashionMNIST:
     images. Grey levels are scaled to [0, 1] and normalised with the training images' mean and standard
     deviation (:func:`_normalised_images`); images are resized when ``task.image_size`` is not 28.
 
+    The condition map's knobs: ``task.train_size`` N > 0 keeps N distinct training images (the first N of a
+    permutation of the training file drawn from the ``trainset`` stream, :attr:`train_index`), from which the
+    training batches, the probe set and the re-estimation batches are drawn; ``task.pixel_noise`` adds i.i.d.
+    Gaussian noise of that standard deviation (normalised pixel units) to every image of every draw, fresh each
+    time, from the draw's own generator (after the indices it draws), held-out and probe sets included.
+
     Attributes:
-        train_x: (60000, 1, S, S) normalised training images on the run's device, in the run's dtype.
-        train_y: (60000,) int64 labels.
+        train_x: (N_train, 1, S, S) normalised training images on the run's device, in the run's dtype (N_train:
+            60,000, or ``task.train_size``).
+        train_y: (N_train,) int64 labels.
+        train_index: (N_train,) int64, the kept images' indices in the training file (CPU), or None (all of them).
     """
 
     cfg: TaskConfig
     train_x: torch.Tensor  # (N_train, 1, S, S)
     train_y: torch.Tensor  # (N_train,)
     norm: tuple[float, float]  # the training images' mean and standard deviation, in [0, 1] grey levels
+    train_index: torch.Tensor | None = None  # (N_train,) indices into the training file; None: every image
 
     @classmethod
     def build(cls, cfg: TaskConfig, seed: int, device: torch.device | str = "cpu",
@@ -156,45 +212,69 @@ class FashionMNIST:
 
         Raises:
             DataError: a file missing or malformed (:mod:`bnrotation.study.fashion_mnist`).
+            ConfigError: ``task.train_size`` larger than the training file.
         """
         x, y, mean, std = _normalised_images(cfg.data_dir, "train", cfg.image_size)
-        return cls(cfg, x.to(device=device, dtype=dtype), y.to(device), (mean, std))
+        index = None
+        if cfg.train_size:
+            if cfg.train_size > len(y):
+                raise ConfigError(f"task.train_size: expected 0 or at most {len(y):,} (Fashion-MNIST's training "
+                                  f"file), got {cfg.train_size:,}")
+            index = torch.randperm(len(y), generator=generator(seed, "trainset"))[:cfg.train_size]  # (N,)
+            x, y = x[index], y[index]
+        return cls(cfg, x.to(device=device, dtype=dtype), y.to(device), (mean, std), index)
+
+    def _noisy(self, x: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
+        """``x`` plus ``task.pixel_noise`` times i.i.d. N(0, 1) noise drawn with ``gen`` on its device (float32,
+        then in ``x``'s dtype); ``x`` itself when the knob is 0, drawing nothing."""
+        if not self.cfg.pixel_noise:
+            return x
+        noise = torch.randn(x.shape, generator=gen, device=x.device).to(x.dtype)  # (n, 1, S, S)
+        return x + self.cfg.pixel_noise * noise
 
     def sample(self, n: int, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
-        """``n`` training images drawn uniformly with replacement with ``gen`` (on the data's device).
+        """``n`` training images drawn uniformly with replacement with ``gen`` (on the data's device), with
+        fresh pixel noise (``task.pixel_noise``) drawn after them.
 
         Returns:
             x: (n, 1, S, S) in the data's dtype; y: (n,) int64 labels in [0, 10).
         """
         idx = torch.randint(0, len(self.train_y), (n,), generator=gen, device=self.train_y.device)  # (n,)
-        return self.train_x[idx], self.train_y[idx]
+        return self._noisy(self.train_x[idx], gen), self.train_y[idx]
 
     def fixed_set(self, n: int, seed: int, stream: str) -> tuple[torch.Tensor, torch.Tensor]:
         """The first ``n`` of a permutation, drawn on the CPU from ``stream``, of the test file (``heldout``)
-        or of the training file (any other stream: the probe set).
+        or of the training set (any other stream: the probe set; the kept images with ``task.train_size``), with
+        pixel noise (``task.pixel_noise``) drawn after it from the same stream.
 
         Raises:
-            ConfigError: ``n`` is larger than the file (naming the key that asks for it).
+            ConfigError: ``n`` is larger than the file or the kept images (naming the key that asks for it).
         """
         split = "test" if stream == "heldout" else "train"
         x, y, _, _ = _normalised_images(self.cfg.data_dir, split, self.cfg.image_size)
-        if n > len(y):
+        pool = self.train_index if split == "train" and self.train_index is not None else None
+        size = len(y) if pool is None else len(pool)
+        if n > size:
             key = "scale.heldout_size" if split == "test" else "task.probe_size"
-            raise ConfigError(f"{key}: expected at most {len(y):,} (Fashion-MNIST's {split} file), got {n:,}")
-        idx = torch.randperm(len(y), generator=generator(seed, stream))[:n]  # (n,)
+            kept = f"{split} file" if pool is None else "training images kept by task.train_size"
+            raise ConfigError(f"{key}: expected at most {size:,} (Fashion-MNIST's {kept}), got {n:,}")
+        g = generator(seed, stream)
+        idx = torch.randperm(size, generator=g)[:n]  # (n,)
+        idx = idx if pool is None else pool[idx]
         dev = self.train_y.device
-        return x[idx].to(device=dev, dtype=self.train_x.dtype), y[idx].to(dev)
+        return self._noisy(x[idx], g).to(device=dev, dtype=self.train_x.dtype), y[idx].to(dev)
 
     def cpu(self) -> "FashionMNIST":
         """The same task with its training images on the CPU."""
-        return FashionMNIST(self.cfg, self.train_x.cpu(), self.train_y.cpu(), self.norm)
+        return FashionMNIST(self.cfg, self.train_x.cpu(), self.train_y.cpu(), self.norm, self.train_index)
 
     def describe(self) -> dict:
         """What ``run.json`` records of the task: its name, files, sizes and normalisation."""
         files = [str(p) for split in fashion_mnist.FILES
                  for p in fashion_mnist.load_split(self.cfg.data_dir, split).files]
         return {"name": "fashion_mnist", "image_shape": list(self.train_x.shape[1:]), "files": files,
-                "train_size": len(self.train_y),
+                "train_size": len(self.train_y), "num_classes": fashion_mnist.NUM_CLASSES,
+                "pixel_noise": self.cfg.pixel_noise,
                 "test_size": len(fashion_mnist.load_split(self.cfg.data_dir, "test").labels),
                 "normalisation": {"mean": self.norm[0], "std": self.norm[1]}}
 

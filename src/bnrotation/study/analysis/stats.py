@@ -21,6 +21,8 @@ import pandas as pd
 
 from .formatting import cell
 
+Z = 2.0  # standard errors a difference must exceed: every verdict's rule (claims.kinds, the map's collapse)
+
 
 # ----------------------------------------------------------------------------- per-seed values
 @dataclass(frozen=True)

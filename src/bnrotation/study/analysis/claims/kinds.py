@@ -31,8 +31,8 @@ presupposes does not hold on them (:data:`PRECONDITION_FAILED`).
 Every claim belongs to a section of ``claims.md`` (``section``: :data:`ARTICLE`,
 the article's claims, :data:`RESNET`, "Does it carry over? ResNet-20",
 :data:`FASHION_MNIST`, "Does it happen on real images? Fashion-MNIST",
-:data:`FROZEN`, "Beyond the article: a frozen backbone", or :data:`CALIBRATION`, "The monitor's rule out of
-sample").
+:data:`FROZEN`, "Beyond the article: a frozen backbone", :data:`CALIBRATION`, "The monitor's rule out of
+sample", or :data:`MAP`, "Where does the collapse live? The condition map").
 An *exploratory* claim (``exploratory=True``) measures without a tolerance fixed
 in advance: it gives MEASURED, never PASS or FAIL (NOT RUN when its runs are
 missing).
@@ -51,7 +51,8 @@ from ... import article
 from ...article import Figure
 from ...rows import PUBLISHED_DECIMALS, PUBLISHED_ROWS, PUBLISHED_SEEDS, ROWS
 from ..formatting import cell, decimals_shown, seed_ranges, spread
-from ..stats import SeedStat, half_unit, rho_at_or_beyond, se_of_difference, spearman_critical, spearman_rho
+from ..stats import (Z, SeedStat, half_unit, rho_at_or_beyond, se_of_difference,  # Z: every claim imports it here
+                     spearman_critical, spearman_rho)
 from ..tables.table import COLUMNS as TABLE_COLUMNS
 from .evidence import Evidence, recovery_share
 
@@ -64,7 +65,7 @@ PRECONDITION_FAILED = "PRECONDITION FAILED"
 # The sections of claims.md a claim belongs to.
 ARTICLE, RESNET, FASHION_MNIST, FROZEN = "article", "resnet", "fashion_mnist", "frozen"
 CALIBRATION = "calibration"  # the monitor's rule out of sample (analysis/claims/outofsample.py)
-Z = 2.0  # standard errors a difference must exceed
+MAP = "map"  # where does the collapse live? the condition map's predictions (analysis/claims/condition_map.py)
 ALPHA = 0.05  # one-sided level of an ordering across rows
 MIN_RANK_ROWS = 4  # an ordering needs at least this many of the article's rows (4 rows: 1 order in 24 is 4%)
 MOST = 0.5  # "most" of the accuracy lost: more than half of it

@@ -17,8 +17,8 @@ from ..results import count, scale_note
 from .evidence import Evidence
 from .finding import findings as task_findings
 from .findings import findings
-from .kinds import (ALPHA, ARTICLE, CALIBRATION, FAIL, FASHION_MNIST, FROZEN, MEASURED, NOT_JUDGED, NOT_RUN, PASS,
-                    PRECONDITION_FAILED, RESNET, Z, Check)
+from .kinds import (ALPHA, ARTICLE, CALIBRATION, FAIL, FASHION_MNIST, FROZEN, MAP, MEASURED, NOT_JUDGED, NOT_RUN,
+                    PASS, PRECONDITION_FAILED, RESNET, Z, Check)
 
 
 def md_cell(text: str) -> str:
@@ -91,6 +91,13 @@ SECTIONS = {
                   "score the rule as it ships, fed the monitor's probe gap: on the first zoo, looked at since, and on "
                   "the second zoo under `zoo2/`, whose checks and forecasters were committed before its first run. "
                   "A FAIL is a finding. NOT RUN: their runs are missing."),
+    MAP: ("Where does the collapse live? The condition map",
+          "One property of one task turned at a time towards the other task, SGD and Adam at every setting "
+          "(`bnrotation.study.condition_map`, `make map`; its runs under `map/` beside these, its table `map/map.md`). "
+          "For each knob, the direction Adam's evaluation-mode accuracy should move, against SGD's and against its "
+          "own training mode, if that property is the cause; each was committed before any map run "
+          "(`analysis/claims/condition_map.py`), with its reasoning in its note. A FAIL is a finding: that property, "
+          "alone, does not move the collapse. NOT RUN: the map's runs are missing."),
 }
 
 

@@ -1,0 +1,540 @@
+"""The condition map's report (issue 49; no torch): ``map.md``, ``map.png`` and the sentence that says where Adam's
+collapse lives.
+
+Reads the finished runs of ``make map`` (:mod:`bnrotation.study.condition_map`) under ``<root>/runs/map_<row>+.../``
+with the analysis's run reader (:func:`..results.load_run`, layout :data:`MAP`: each run checked against the registered
+row its name keeps, :func:`bnrotation.study.condition_map.base_row`, and against the knob setting its name says)::
+
+    python -m bnrotation.study.analysis.tables.map_report --results results/reference/map
+
+A run's place on the map, its :class:`Point`, is read from its ``config.yaml``: the task, and the one task knob
+(:data:`bnrotation.study.config.TASK_KNOBS`) away from the task's default, or none (the task's reference point).
+Per run, over its check window (the map's protocol: :data:`bnrotation.study.condition_map.PROTOCOL`):
+
+* ``acc_eval_mode``, ``acc_train_mode``: the mean of its checks' evaluation- and training-mode accuracy on the
+  held-out set (:func:`..measures.metrics.acc_eval_mode`); ``mode_gap`` = training − evaluation mode;
+* ``recovered``: what re-estimating every running statistic wins back, the mean over the intervention steps of
+  re-estimated minus stored evaluation-mode accuracy (:func:`..measures.midrun.reestimated_at_every_step`);
+* the mechanism: per norm layer, the medians over its channels and the window's logged steps of E, |d| (the mean
+  part) and |log s| (the variance part), :func:`bnrotation.staleness.channel_signals` on the run's fresh and
+  running statistics with the layer's eps (``run.json``); the rotation per 100 steps and the norm growth of the last
+  conv layer (:func:`..measures.metrics.rotation_per_100_deg`, :func:`..measures.metrics.norm_growth`); the training
+  loss at the last check.
+
+Per point, SGD and Adam are paired by seed (the same data, templates and initial weights): ``deficit`` = SGD's
+evaluation-mode accuracy − Adam's, and ``excess_gap`` = Adam's mode gap − SGD's. The collapse lives at a point
+(:func:`collapses`) when both exceed :data:`COLLAPSE_FLOOR` and :data:`..stats.Z` standard errors of their
+mean over seeds (one seed: the floor alone). :func:`where_sentence` says, from the runs, at which settings of each
+knob it lives; :func:`headline` is that sentence for a front page, or None while the map is incomplete.
+
+``map.md`` also recomputes, from the committed reference runs (``--reference``, ``results/reference``), why the map
+may stop at :data:`bnrotation.study.condition_map.MAP_STEPS` steps (:func:`protocol_evidence`). Exit status 2 with
+one line when the root has no finished map run; 1 when a folder was refused (named on stderr); else 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from .... import records
+from ....staleness import channel_signals
+from ...condition_map import KNOBS, MAP_STEPS, REFERENCE, Knob, base_row
+from ...config import TASK_KNOBS, ModelConfig, TaskConfig
+from ...rows import ROWS, TASKS, check_against_row
+from ..formatting import cell, spread
+from ..measures import metrics, midrun
+from ..results import SCALE_KEYS, BadRunError, Layout, Run, count, find_run_dirs, load_run, say_refused
+from ..stats import Z, SeedStat, spearman_rho
+from ....helptext import plain
+
+__all__ = ["MAP", "COLLAPSE_FLOOR", "Point", "load_map_runs", "point_of", "per_run", "per_point", "collapses",
+           "table_markdown", "mechanism_markdown", "where_sentence", "headline", "protocol_evidence", "report_text",
+           "figure", "main", "SENTENCE_BLOCK"]
+
+# The collapse: Adam's evaluation mode at least this far below SGD's and its mode gap at least this far above SGD's
+# (fractions: 5 points). On the committed runs the templates' reference is far beyond it and Fashion-MNIST's is at
+# 0 (both rows lose the same few points to stale statistics), so the floor tells the two apart with room each side.
+COLLAPSE_FLOOR = 0.05
+SENTENCE_BLOCK = "where_the_collapse_lives"  # the marker of the sentence's generated block in map.md
+TASK_WORDS = {"noisy_templates": "the templates", "fashion_mnist": "Fashion-MNIST"}
+OPTIMIZERS = ("sgd", "adam")
+
+
+def _knob_named(row: str) -> tuple[str, str] | None:
+    """``(key, setting as written)`` from a map run's name (``map_adam+train_size1000`` -> ``("train_size",
+    "1000")``), or None for a reference point."""
+    suffix = row.split("+", 1)[1]
+    if suffix == REFERENCE:
+        return None
+    for key in sorted(TASK_KNOBS, key=len, reverse=True):
+        if suffix.startswith(key):
+            return key, suffix[len(key):]
+    return None
+
+
+def _contradicts_base_row(info: dict) -> list[str]:
+    """A map run against the registered row it keeps (:func:`check_against_row`) and against the knob setting its
+    name says (``run.json``'s read-back task)."""
+    try:
+        base = base_row(info["row"])
+    except ValueError as err:
+        return [str(err)]
+    if base not in ROWS:
+        return [f"keeps row {base!r}, which is not a registered row"]
+    problems = check_against_row(info, ROWS[base])
+    named = _knob_named(info["row"])
+    if named is None and info["row"].split("+", 1)[1] != REFERENCE:
+        problems.append(f"the name says no knob of {', '.join(TASK_KNOBS)} and is not {REFERENCE!r}")
+    elif named is not None:
+        key, written = named
+        got = (info.get("task") or {}).get(key)
+        if got is None or not math.isclose(float(got), float(written)):
+            problems.append(f"task.{key} read back as {got!r}, the name says {written}")
+    return problems
+
+
+MAP = Layout(records.TABLE_COLUMNS, records.REQUIRED_TABLES, SCALE_KEYS, _contradicts_base_row)
+
+
+@dataclass(frozen=True)
+class Point:
+    """A place on the map: ``task`` (``task.name``), ``knob`` (:attr:`bnrotation.study.condition_map.Knob.name`,
+    None for the task's reference point) and ``setting`` (the knob's value; NaN at the reference)."""
+
+    task: str
+    knob: str | None
+    setting: float
+
+    def words(self) -> str:
+        """``template_scale 0.3`` or ``reference``."""
+        return REFERENCE if self.knob is None else f"{self.knob.split('.', 1)[1]} {self.setting:,g}"
+
+
+def load_map_runs(root: str | Path) -> tuple[list[Run], list[str]]:
+    """The finished map runs under ``root/runs/`` (layout :data:`MAP`, with every table the runner writes that
+    the report reads), and one line per folder refused (or one saying ``root`` has no ``runs/`` folder)."""
+    if not (Path(root) / "runs").is_dir():
+        return [], [f"{root}: no runs/ folder"]
+    runs, problems = [], []
+    for path in find_run_dirs(root):
+        try:
+            run = load_run(path, ("checks", "layers", "channels", "interventions"), MAP)
+            point_of(run)
+            runs.append(run)
+        except BadRunError as err:
+            problems.append(str(err))
+    return runs, problems
+
+
+def point_of(run: Run) -> Point:
+    """The run's :class:`Point`, from its ``config.yaml``: the task knob away from the task's default.
+
+    Raises:
+        BadRunError: naming the run when it turns more than one knob.
+    """
+    task_cfg, defaults = run.config.get("task") or {}, TaskConfig(name=run.task)
+    moved = [k for k in TASK_KNOBS if k in task_cfg and not math.isclose(float(task_cfg[k]),
+                                                                         float(getattr(defaults, k)))]
+    if len(moved) > 1:
+        raise BadRunError(f"{run.path}: turns {', '.join(f'task.{k}' for k in moved)}; a map run turns one knob")
+    if not moved:
+        return Point(run.task, None, math.nan)
+    return Point(run.task, f"{run.task}.{moved[0]}", float(task_cfg[moved[0]]))
+
+
+def _layer_signals(run: Run) -> pd.DataFrame:
+    """Per norm layer, over the window's logged steps and the layer's channels: the medians of E, |d| and
+    |log s| (:func:`bnrotation.staleness.channel_signals`, each layer's own eps from ``run.json``)."""
+    ch = metrics.in_window(run, run.tables["channels"])
+    lines = []
+    for layer, part in ch.groupby("norm_layer", sort=True):
+        eps = float(((run.info.get("norm_layers") or {}).get(layer) or {}).get("eps", ModelConfig().bn_eps))
+        sig = channel_signals(*(part[c].to_numpy(float) for c in ("running_mean", "running_var", "fresh_mean",
+                                                                   "fresh_var")), eps)
+        lines.append({"norm_layer": layer, "e": float(np.nanmedian(sig.eval_error_sigma)),
+                      "mean_part": float(np.nanmedian(np.abs(sig.mean_shift_sigma))),
+                      "var_part": float(np.nanmedian(np.abs(sig.log_std_ratio)))})
+    return pd.DataFrame(lines, columns=["norm_layer", "e", "mean_part", "var_part"])
+
+
+def per_run(runs: list[Run]) -> pd.DataFrame:
+    """One line per run: ``row``, ``base``, ``optimizer`` (``sgd``/``adam``), ``seed``, ``task``, ``knob``,
+    ``setting``, ``train_set`` (the distinct training samples, inf for fresh ones), ``acc_eval_mode``,
+    ``acc_train_mode``, ``mode_gap``, ``recovered`` (fractions), ``rotation_per_100_deg`` (degrees), ``norm_growth``
+    (×), ``loss_last`` (the training loss at the last check), and the mechanism: every norm layer's ``e:<layer>``,
+    ``mean_part:<layer>`` and ``var_part:<layer>`` (:data:`PARTS`, :func:`_layer_signals`; σ of the running
+    statistics, and |log s|), and the worst layer's (``worst_layer``, by median E) as ``e``, ``mean_part``,
+    ``var_part``."""
+    lines = []
+    for r in runs:
+        point, base = point_of(r), base_row(r.row)
+        checks = metrics.in_window(r, r.tables["checks"]).sort_values("step")
+        reest = midrun.reestimated_at_every_step(r)
+        layers = _layer_signals(r)
+        worst = layers.loc[layers["e"].idxmax()] if len(layers) and layers["e"].notna().any() else None
+        trained = (r.info.get("task") or {}).get("train_size")
+        lines.append({
+            "row": r.row, "base": base, "optimizer": ROWS[base].optimizer, "seed": r.seed, "task": point.task,
+            "knob": point.knob, "setting": point.setting,
+            "train_set": math.inf if trained is None else float(trained),
+            "acc_eval_mode": metrics.acc_eval_mode(r), "acc_train_mode": metrics.acc_train_mode(r),
+            "mode_gap": metrics.acc_train_mode(r) - metrics.acc_eval_mode(r),
+            "recovered": float((reest["reestimated"] - reest["stored"]).mean()) if len(reest) else math.nan,
+            "rotation_per_100_deg": metrics.rotation_per_100_deg(r), "norm_growth": metrics.norm_growth(r),
+            "loss_last": float(checks["loss"].iloc[-1]) if len(checks) else math.nan,
+            "worst_layer": None if worst is None else worst["norm_layer"],
+            **{k: (math.nan if worst is None else float(worst[k])) for k in PARTS},
+            **{f"{k}:{line['norm_layer']}": float(line[k]) for _, line in layers.iterrows() for k in PARTS}})
+    return pd.DataFrame(lines)
+
+
+@dataclass(frozen=True)
+class PointStats:
+    """One point's per-seed figures: ``sgd``/``adam`` (each a dict of column → :class:`SeedStat`), and the paired
+    ``deficit`` (SGD's evaluation-mode accuracy − Adam's) and ``excess_gap`` (Adam's mode gap − SGD's), over the
+    seeds that have both rows."""
+
+    point: Point
+    sgd: dict
+    adam: dict
+    deficit: SeedStat
+    excess_gap: SeedStat
+
+
+PARTS = ("e", "mean_part", "var_part")  # E and its mean and variance parts (_layer_signals), per layer "<part>:<layer>"
+COLUMNS = ("acc_eval_mode", "acc_train_mode", "mode_gap", "recovered", "rotation_per_100_deg", "norm_growth",
+           "loss_last", "e", "mean_part", "var_part")
+
+
+def per_point(frame: pd.DataFrame) -> list[PointStats]:
+    """:class:`PointStats` of every point of :func:`per_run`'s ``frame``, the reference points first, then the
+    knobs in :data:`bnrotation.study.condition_map.KNOBS`' order, settings ascending."""
+    order = {k.name: i for i, k in enumerate(KNOBS)}
+    keys = frame[["task", "knob", "setting"]].drop_duplicates()
+    keys = keys.assign(rank=[(-1 if k is None or (isinstance(k, float) and math.isnan(k)) else order.get(k, len(order)),
+                              list(TASKS).index(t) if t in TASKS else len(TASKS))
+                             for t, k in zip(keys["task"], keys["knob"])])
+    out = []
+    for _, key in keys.sort_values(["rank", "setting"]).iterrows():
+        knob = None if key["knob"] is None or (isinstance(key["knob"], float) and math.isnan(key["knob"])) \
+            else key["knob"]
+        here = frame[(frame["task"] == key["task"]) & (frame["knob"].isna() if knob is None
+                                                       else frame["knob"] == knob)]
+        if knob is not None:
+            here = here[np.isclose(here["setting"], key["setting"])]
+        by = {o: here[here["optimizer"] == o].set_index("seed").sort_index() for o in OPTIMIZERS}
+        stats = {o: {c: SeedStat.of(by[o][c], by[o].index) for c in COLUMNS} for o in OPTIMIZERS}
+        both = sorted(set(by["sgd"].index) & set(by["adam"].index))
+        deficit = SeedStat.of(by["sgd"].loc[both, "acc_eval_mode"] - by["adam"].loc[both, "acc_eval_mode"], both)
+        excess = SeedStat.of(by["adam"].loc[both, "mode_gap"] - by["sgd"].loc[both, "mode_gap"], both)
+        out.append(PointStats(Point(key["task"], knob, float(key["setting"])), stats["sgd"], stats["adam"], deficit,
+                              excess))
+    return out
+
+
+def beyond(stat: SeedStat, floor: float) -> bool | None:
+    """Whether ``stat``'s mean is at least ``floor`` and above 0 by more than :data:`Z` standard errors (one seed:
+    the floor alone); None without a value."""
+    if stat.n == 0:
+        return None
+    return stat.mean >= floor and (stat.n < 2 or stat.mean > Z * stat.se)
+
+
+def collapses(p: PointStats) -> bool | None:
+    """Whether the collapse lives at ``p``: Adam's evaluation mode below SGD's and its mode gap above SGD's, each by
+    at least :data:`COLLAPSE_FLOOR` and :data:`Z` standard errors of the paired mean (:func:`beyond`); None when no
+    seed has both rows."""
+    a, b = beyond(p.deficit, COLLAPSE_FLOOR), beyond(p.excess_gap, COLLAPSE_FLOOR)
+    return None if a is None or b is None else a and b
+
+
+def _setting_words(knob: Knob | None, p: PointStats) -> str:
+    """A point's setting in words: the knob's value, or the task's own (:attr:`..condition_map.Knob.own`)."""
+    if p.point.knob is None:
+        return f"{knob.own} (its own)" if knob else REFERENCE
+    return f"{p.point.setting:,g}"
+
+
+def where_sentence(points: list[PointStats], frame: pd.DataFrame) -> str:
+    """One sentence, from the runs, saying where the collapse lives: per task, per knob, the settings (the task's
+    own among them) at which it does and at which it does not (:func:`collapses`)."""
+    verdict = {(p.point.task, p.point.knob, p.point.setting if p.point.knob else None): collapses(p) for p in points}
+    parts = []
+    for task in TASKS:
+        ref = next((v for (t, k, _), v in verdict.items() if t == task and k is None), None)
+        clauses = []
+        for knob in (k for k in KNOBS if k.task == task):
+            here = [(p, verdict[(task, knob.name, p.point.setting)]) for p in points if p.point.knob == knob.name]
+            if not here:
+                continue
+            settings = ([(_x(knob, task, frame, None), f"{knob.own} (its own)", ref)] if ref is not None else []) \
+                + [(p.point.setting, f"{p.point.setting:,g}", v) for p, v in here]
+            settings = [(s, v) for _, s, v in sorted(settings, key=lambda t: t[0]) if v is not None]
+            yes, no = [s for s, v in settings if v], [s for s, v in settings if not v]
+            what = knob.key.replace("_", " ")
+            if not no:
+                clauses.append(f"at every {what} tried ({', '.join(yes)})")
+            elif not yes:
+                clauses.append(f"at no {what} tried ({', '.join(no)})")
+            else:
+                clauses.append(f"at {what} {', '.join(yes)} but not {', '.join(no)}")
+        if clauses:
+            parts.append(f"on {TASK_WORDS[task]} {'; '.join(clauses)}")
+    if not parts:
+        return "The map has no point with both SGD and Adam yet."
+    return (f"Adam's collapse (evaluation-mode accuracy at least {spread(COLLAPSE_FLOOR, 'pct', digits=0)} below "
+            f"SGD's and a mode gap at least as much above SGD's, each beyond {Z:g} standard errors over seeds) lives "
+            + "; ".join(parts) + ".")
+
+
+def headline(root: str | Path) -> str | None:
+    """The sentence for a front page (README, docs/results.md, the report page): :func:`where_sentence` of the
+    map's runs under ``root``, or None unless every point of :data:`bnrotation.study.condition_map.KNOBS` and both
+    reference points have both rows at every seed the sweep runs (no sentence from a map half run)."""
+    from ...condition_map import OPTIMIZERS as ROWS_RUN, SEEDS, runs_in_map
+
+    runs, problems = load_map_runs(root)
+    if problems or len(runs) < runs_in_map():
+        return None
+    frame = per_run(runs)
+    points = per_point(frame)
+    if any(p.deficit.n < len(SEEDS) for p in points) or len(ROWS_RUN) != len(OPTIMIZERS):
+        return None
+    return where_sentence(points, frame)
+
+
+# ----------------------------------------------------------------------------- tables
+def _pct(s: SeedStat) -> str:
+    return "–" if s.n == 0 else cell(s.mean, "pct", s.sd)
+
+
+def table_markdown(points: list[PointStats], frame: pd.DataFrame) -> str:
+    """The map's table: one line per point, SGD and Adam side by side (mean ± sd over seeds, n), the paired
+    deficit and excess mode gap, and whether the collapse lives there."""
+    head = ("| Task | Knob | Setting | Seeds | SGD eval. | Adam eval. | Adam − SGD (paired) | SGD mode gap | "
+            "Adam mode gap | Adam − SGD mode gap | Collapse | Adam recovered by re-estimation |")
+    lines = [head, "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|"]
+    for p in points:
+        knob = next((k for k in KNOBS if k.name == p.point.knob), None)
+        verdict = collapses(p)
+        lines.append(f"| {TASK_WORDS[p.point.task]} | {p.point.knob.split('.', 1)[1] if p.point.knob else '–'} | "
+                     f"{_setting_words(knob, p)} | {p.deficit.n} | "
+                     f"{_pct(p.sgd['acc_eval_mode'])} | {_pct(p.adam['acc_eval_mode'])} | "
+                     f"{spread(-p.deficit.mean, 'pct')} | {_pct(p.sgd['mode_gap'])} | {_pct(p.adam['mode_gap'])} | "
+                     f"{spread(p.excess_gap.mean, 'pct')} | "
+                     f"{'–' if verdict is None else 'yes' if verdict else 'no'} | {_pct(p.adam['recovered'])} |")
+    return "\n".join(lines)
+
+
+def mechanism_markdown(points: list[PointStats], frame: pd.DataFrame) -> str:
+    """Per point and optimizer: every norm layer's median E with its mean part |d| and variance part |log s| (means
+    over seeds), the last conv layer's rotation and norm growth, the last training loss; then, over the points,
+    Spearman's ρ of Adam's mode gap with its rotation, its norm growth and its last loss (which tracks the
+    collapse)."""
+    layers = sorted(c.split(":", 1)[1] for c in frame.columns if c.startswith("e:"))
+    head = (["Task", "Point", "Optimizer"] + [f"{layer}: E (\\|d\\|, \\|log s\\|)" for layer in layers]
+            + ["Rotation per 100 steps", "Norm growth", "Loss, last check"])
+    lines = ["| " + " | ".join(head) + " |", "|---|---|---|" + "---:|" * (len(layers) + 3)]
+    for p in points:
+        for o, stats in (("SGD", p.sgd), ("Adam", p.adam)):
+            rows = frame[(frame["task"] == p.point.task) & (frame["optimizer"] == o.lower())
+                         & (frame["knob"].isna() if p.point.knob is None else frame["knob"] == p.point.knob)]
+            if p.point.knob is not None:
+                rows = rows[np.isclose(rows["setting"], p.point.setting)]
+            parts = [f"{cell(rows[f'e:{layer}'].mean(), 'sigma')} ({cell(rows[f'mean_part:{layer}'].mean(), 'sigma')}, "
+                     f"{cell(rows[f'var_part:{layer}'].mean(), 'plain')})" for layer in layers]
+            lines.append("| " + " | ".join([TASK_WORDS[p.point.task], p.point.words(), o, *parts,
+                                            cell(stats["rotation_per_100_deg"].mean, "deg"),
+                                            cell(stats["norm_growth"].mean, "x"),
+                                            cell(stats["loss_last"].mean, "plain")]) + " |")
+    gap = [p.adam["mode_gap"].mean for p in points]
+    tracks = [f"ρ(Adam's mode gap, its {what}) = {cell(spearman_rho(gap, [p.adam[col].mean for p in points]), 'rho')}"
+              for what, col in (("rotation", "rotation_per_100_deg"), ("norm growth", "norm_growth"),
+                                ("last loss", "loss_last"))] if len(points) >= 3 else []
+    out = "\n".join(lines)
+    if tracks:
+        out += f"\n\nOver the {count(len(points), 'point')}' means: " + "; ".join(tracks) + "."
+    return out
+
+
+def protocol_evidence(reference: str | Path) -> str:
+    """Why the map may stop at :data:`MAP_STEPS` steps, recomputed from the committed runs under ``reference``
+    (``runs/{sgd,adam,fmnist_sgd,fmnist_adam}``): per row, the mode gap and the share of checks below 90% over the
+    checks up to :data:`MAP_STEPS` against the whole window. ``''`` when those runs are not there."""
+    from ..results import load_run as load
+    from ...article import FAIL_BELOW
+
+    lines = []
+    for row in ("sgd", "adam", "fmnist_sgd", "fmnist_adam"):
+        paths = sorted(Path(reference).glob(f"runs/{row}/seed=*"))
+        runs = []
+        for path in paths:
+            try:
+                runs.append(load(path, ("checks",)))
+            except BadRunError:
+                continue
+        if not runs:
+            continue
+        checks = pd.concat([metrics.in_window(r, r.tables["checks"]) for r in runs])
+        cut = checks[checks["step"] <= MAP_STEPS]
+
+        def gap(c):
+            return cell(float((c["acc_train_mode"] - c["acc_eval_mode"]).mean()), "pct")
+
+        def below(c):
+            return cell(float((c["acc_eval_mode"] < FAIL_BELOW).mean()), "pct", digits=0)
+
+        lines.append(f"| `{row}` | {len(runs)} | {gap(cut)} ({cut['step'].nunique()} checks) | {below(cut)} | "
+                     f"{gap(checks)} ({checks['step'].nunique()} checks) | {below(checks)} |")
+    if not lines:
+        return ""
+    return "\n".join([f"| Row (committed runs) | Seeds | Mode gap to step {MAP_STEPS:,} | Checks below "
+                      f"{cell(FAIL_BELOW, 'pct', digits=0)} to step {MAP_STEPS:,} | Mode gap, whole window | "
+                      f"Checks below {cell(FAIL_BELOW, 'pct', digits=0)}, whole window |",
+                      "|---|---:|---:|---:|---:|---:|", *lines])
+
+
+def report_text(runs: list[Run], reference: str | Path | None = None) -> str:
+    """``map.md``: what the map is, the sentence (in its marked block), the table, the mechanism and the protocol's
+    evidence."""
+    frame = per_run(runs)
+    points = per_point(frame)
+    knobs = "; ".join(f"`task.{k.key}` on {TASK_WORDS[k.task]} ({k.property}): "
+                      + ", ".join(f"{s:,g}" for s in k.settings) for k in KNOBS)
+    scale = runs[0].scale
+    out = ["# Where does the collapse live? The condition map\n",
+           f"Generated by `python -m bnrotation.study.analysis.tables.map_report` from {count(len(runs), 'run')} "
+           f"(`make map`; `bnrotation.study.condition_map`). Knobs: {knobs}; each task's own setting is its reference "
+           f"point. Rows: SGD and Adam (the study's `sgd` and `adam`, their Fashion-MNIST twins on real images), "
+           f"{scale['steps']:,} steps, checks every {scale['check_every']} steps from step {scale['check_start']:,} "
+           f"on {scale['heldout_size']:,} held-out samples. Means ± sd over seeds; SGD and Adam paired by seed.\n",
+           f"<!-- generated by map_report: {SENTENCE_BLOCK} -->", where_sentence(points, frame), "<!-- end -->\n",
+           "## The map\n", table_markdown(points, frame), "", "![The condition map](map.png)\n",
+           "## The mechanism\n",
+           "Per norm layer, the medians over channels and the window's logged steps of E and of its mean part |d| "
+           "and variance part |log s| (`bnrotation.staleness.channel_signals`), means over seeds. Rotation and norm "
+           "growth of the last conv layer; the training loss at the last check.\n",
+           mechanism_markdown(points, frame), ""]
+    evidence = protocol_evidence(reference) if reference else ""
+    if evidence:
+        out += [f"## Why {MAP_STEPS:,} steps\n",
+                f"The committed reference runs (`{reference}`), their checks up to step {MAP_STEPS:,} against the "
+                "whole window:\n", evidence, ""]
+    return "\n".join(out) + "\n"
+
+
+# ----------------------------------------------------------------------------- the figure
+def _x(knob: Knob, task: str, frame: pd.DataFrame, setting: float | None) -> float:
+    """A setting's place on ``knob``'s axis; the task's own (``setting`` None) at its default, or for
+    ``train_size`` at the size its reference runs read back (fresh samples: beyond the largest, at 4×)."""
+    if setting is not None:
+        return setting
+    if knob.key != "train_size":
+        return float(knob.reference)
+    ref = frame[(frame["task"] == task) & frame["knob"].isna()]["train_set"]
+    size = float(ref.iloc[0]) if len(ref) else math.nan
+    return 4 * max(knob.settings) if math.isinf(size) else size
+
+
+def figure(points: list[PointStats], frame: pd.DataFrame, path: Path) -> Path:
+    """``path`` (``.png``, and its ``.pdf`` twin): one column per knob; on top Adam's evaluation-mode accuracy minus
+    SGD's, below each optimizer's mode gap, along the knob (mean ± sd over seeds), the knob's own task's reference
+    point marked with a star, and both tasks' reference values as horizontal lines (templates dotted, Fashion-MNIST
+    dashed)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from .figures import apply_style, save
+
+    apply_style()
+    refs = {p.point.task: p for p in points if p.point.knob is None}
+    styles = {"noisy_templates": ":", "fashion_mnist": "--"}
+    fig, axes = plt.subplots(2, len(KNOBS), figsize=(3.2 * len(KNOBS), 5.6), constrained_layout=True, squeeze=False)
+    colours = {"sgd": ROWS["sgd"].colour, "adam": ROWS["adam"].colour}
+    for j, knob in enumerate(KNOBS):
+        top, bottom = axes[0, j], axes[1, j]
+        mine = [p for p in points if p.point.knob == knob.name]
+        own = refs.get(knob.task)
+        along = ([(own, _x(knob, knob.task, frame, None))] if own else []) + \
+            [(p, _x(knob, knob.task, frame, p.point.setting)) for p in mine]
+        along.sort(key=lambda t: t[1])
+        xs = [x for _, x in along]
+        top.errorbar(xs, [-100 * p.deficit.mean for p, _ in along], yerr=[100 * p.deficit.sd for p, _ in along],
+                     color=colours["adam"], marker="o", capsize=2, label="Adam − SGD")
+        for o in OPTIMIZERS:
+            bottom.errorbar(xs, [100 * getattr(p, o)["mode_gap"].mean for p, _ in along],
+                            yerr=[100 * getattr(p, o)["mode_gap"].sd for p, _ in along], color=colours[o],
+                            marker="o", capsize=2, label=f"{o.upper() if o == 'sgd' else 'Adam'} mode gap")
+        if own:
+            x = _x(knob, knob.task, frame, None)
+            top.plot([x], [-100 * own.deficit.mean], marker="*", ms=13, color="black", ls="none",
+                     label=f"{TASK_WORDS[knob.task]}: its own setting")
+            if knob.key == "train_size" and x > max(knob.settings):  # the templates' infinite set
+                top.annotate("fresh\nsamples", (x, -100 * own.deficit.mean), textcoords="offset points",
+                             xytext=(0, 8), ha="center", fontsize=6)
+            for o in OPTIMIZERS:
+                bottom.plot([x], [100 * getattr(own, o)["mode_gap"].mean], marker="*", ms=13, color="black", ls="none")
+        for task, ref in refs.items():
+            top.axhline(-100 * ref.deficit.mean, ls=styles.get(task, "-"), lw=0.8, color="grey",
+                        label=f"{TASK_WORDS[task]} reference")
+            for o in OPTIMIZERS:
+                bottom.axhline(100 * getattr(ref, o)["mode_gap"].mean, ls=styles.get(task, "-"), lw=0.8,
+                               color=colours[o], alpha=0.6)
+        if knob.key == "train_size":
+            for ax in (top, bottom):
+                ax.set_xscale("log")
+        top.axhline(0, lw=0.5, color="black")
+        top.set_title(f"{TASK_WORDS[knob.task]}: {knob.key}", fontsize=9)
+        bottom.set_xlabel(f"task.{knob.key}" + (f" ({knob.unit})" if knob.unit else ""))
+        if j == 0:
+            top.set_ylabel("Adam − SGD, eval.-mode accuracy (points)")
+            bottom.set_ylabel("mode gap, training − eval. (points)")
+        top.legend(fontsize=6)
+        bottom.legend(fontsize=6)
+    fig.suptitle(f"Where does the collapse live? {count(int(frame['seed'].nunique()), 'seed')}, mean ± sd",
+                 fontsize=10)
+    save(fig, path.parent, path.stem)
+    plt.close(fig)
+    return path
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Write ``<results>/map.md`` and ``map.png`` (or under ``--out``) and say the sentence; ``--sentence`` prints
+    :func:`headline` alone (nothing, exit 1, while the map is incomplete). Exit status as the module docstring
+    says."""
+    p = argparse.ArgumentParser(description=plain(__doc__), formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--results", default="results/map", help="the map's results root, holding runs/map_<row>+.../")
+    p.add_argument("--out", default=None, help="where to write map.md and map.png (default: the results root)")
+    p.add_argument("--reference", default="results/reference",
+                   help="the committed runs whose first checks justify the map's length (map.md's last section)")
+    p.add_argument("--sentence", action="store_true", help="print the front page's sentence, or nothing (exit 1)")
+    args = p.parse_args(argv)
+    root = Path(args.results)
+    if args.sentence:
+        sentence = headline(root)
+        if sentence:
+            print(sentence)
+        return 0 if sentence else 1
+    runs, problems = load_map_runs(root)
+    if say_refused(problems, runs, f"--results {root}: no finished map run (expected "
+                                   "<root>/runs/map_<row>+<knob><setting>/seed=<s>/)"):
+        return 2
+    frame, out = per_run(runs), Path(args.out) if args.out else root
+    records.atomic_write_text(out / "map.md", report_text(runs, args.reference))
+    figure(per_point(frame), frame, out / "map.png")
+    print(f"{where_sentence(per_point(frame), frame)}\nwrote {out / 'map.md'} and {out / 'map.png'} from "
+          f"{count(len(runs), 'run')}", file=sys.stderr)
+    return 1 if problems else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

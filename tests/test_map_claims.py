@@ -1,0 +1,82 @@
+"""The condition map's predictions (bnrotation.study.analysis.claims.condition_map): NOT RUN without the map's runs,
+PASS when the collapse is deeper where the prediction says, FAIL (with its reason) when it is not, on map run folders
+built here (tests/test_map_report.py's builder)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from bnrotation.study.analysis.claims import condition_map as cm
+from bnrotation.study.analysis.claims.evidence import Evidence
+from bnrotation.study.analysis.claims.kinds import FAIL, MAP, NOT_RUN, PASS
+from bnrotation.study.analysis.claims.registry import CLAIMS
+from test_map_report import write_point
+
+
+def evidence(root: Path) -> Evidence:
+    return Evidence(root, [], pd.DataFrame(columns=["row", "seed"]))
+
+
+def claim(name: str):
+    return next(c for c in CLAIMS if c.name == name)
+
+
+def test_every_prediction_is_in_the_registry_in_the_maps_section_and_names_a_knob_of_the_map():
+    names = {c.name for c in CLAIMS if c.section == MAP}
+    assert names == {p.name for p in cm.PREDICTIONS} | {"map_reference_points_keep_their_behaviour"}
+    knobs = {p.knob for p in cm.PREDICTIONS}
+    assert knobs == {k.name for k in cm.KNOBS}  # one prediction per knob of the map
+    for p in cm.PREDICTIONS:
+        assert p.deeper != p.shallower
+        assert all(s is None or s in p.turned.settings for s in (p.deeper, p.shallower))
+
+
+@pytest.mark.parametrize("name", [p.name for p in cm.PREDICTIONS] + ["map_reference_points_keep_their_behaviour"])
+def test_without_the_maps_runs_every_check_is_not_run(tmp_path, name):
+    check = claim(name).check(evidence(tmp_path))
+    assert check.verdict == NOT_RUN and "no runs of both rows" in check.measured
+
+
+SNR = "map_low_snr_deepens_the_collapse"  # deeper at template_scale 0.15 than at 1.2
+
+
+@pytest.mark.parametrize("adam_low, expected", [
+    (0.70, PASS),   # deeper at 0.15: Adam 29 points below SGD there, 0.5 at 1.2
+    (0.985, FAIL),  # the same at both ends: no direction
+])
+def test_a_prediction_passes_only_when_the_collapse_moves_its_way(tmp_path, adam_low, expected):
+    write_point(tmp_path / "map", "noisy_templates", "template_scale", 0.15, sgd=0.99, adam=adam_low)
+    write_point(tmp_path / "map", "noisy_templates", "template_scale", 1.2, sgd=0.99, adam=0.985)
+    check = claim(SNR).check(evidence(tmp_path))
+    assert check.verdict == expected
+    fails = "Fails on: Adam's deficit to SGD and Adam's mode gap not deeper at 0.15"
+    assert (fails in check.note) is (expected == FAIL)
+    assert "If the templates' low signal-to-noise ratio is the cause" in check.note
+
+
+def test_a_prediction_against_the_tasks_own_setting_reads_its_reference_point(tmp_path):
+    """Fashion-MNIST's pixel noise: deeper at 2.0 than at its own setting (0, the reference point); the deficit moves
+    but the mode gap does not (Adam's training mode falls with its evaluation mode), so it fails on the gap alone."""
+    root = tmp_path / "map"
+    write_point(root, "fashion_mnist", None, None, sgd=0.86, adam=0.855)
+    write_point(root, "fashion_mnist", "pixel_noise", 2.0, sgd=0.80, adam=0.70, adam_train=0.70)
+    check = claim("map_pixel_noise_brings_the_collapse_to_real_images").check(evidence(tmp_path))
+    assert check.verdict == FAIL and "Fails on: Adam's mode gap not deeper at 2" in check.note
+    assert "its own setting (0)" in check.measured
+    size = claim("map_a_small_real_set_deepens_the_collapse").check(evidence(tmp_path))
+    assert size.verdict == NOT_RUN and size.measured.startswith("no runs of both rows at 1,000 of `task.train_size`")
+    assert "deeper at 1,000 than at its own setting (all 60,000 images)" in size.claim
+
+
+def test_the_reference_points_must_keep_their_tasks_behaviour(tmp_path):
+    root = tmp_path / "map"
+    write_point(root, "noisy_templates", None, None, sgd=0.99, adam=0.80)
+    write_point(root, "fashion_mnist", None, None, sgd=0.86, adam=0.855)
+    assert claim("map_reference_points_keep_their_behaviour").check(evidence(tmp_path)).verdict == PASS
+    other = tmp_path / "other"
+    write_point(other / "map", "noisy_templates", None, None, sgd=0.99, adam=0.97)  # the shorter run shows no collapse
+    write_point(other / "map", "fashion_mnist", None, None, sgd=0.86, adam=0.855)
+    assert claim("map_reference_points_keep_their_behaviour").check(evidence(other)).verdict == FAIL

@@ -1,0 +1,258 @@
+"""The condition map's report (bnrotation.study.analysis.tables.map_report) and its sweep
+(bnrotation.study.condition_map), on run folders built here whose every figure is known in closed form."""
+
+from __future__ import annotations
+
+import json
+import math
+import shlex
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import yaml
+
+from bnrotation import records
+from bnrotation.study import condition_map as cmap
+from bnrotation.study.analysis.tables import map_report as mr
+from bnrotation.study.config import check_row, to_run_config
+from bnrotation.study.names import OPTIMIZER_CLASSES
+from bnrotation.study.rows import ROWS
+from conftest import compose_cfg
+from test_analysis import write_run
+
+SCALE = {"name": "map", "steps": 300, "log_every": 100, "check_start": 200, "check_every": 100, "heldout_size": 100,
+         "reestimate_batches": 2, "intervene_every": 100}
+LAYERS = {"conv1": "bn1", "conv2": "bn2"}
+WIDTH = 3
+DEFAULT_TASK = {"noisy_templates": {"train_size": None}, "fashion_mnist": {"train_size": 60000}}
+
+
+def write_map_run(root: Path, base: str, seed: int, *, knob: str | None = None, setting=None, acc_eval: float,
+                  acc_train: float = 1.0, shift: float = 0.0, scale_ratio: float = 1.0, reestimated: float = 1.0,
+                  said=None) -> Path:
+    """One finished map run of the registered row ``base`` at ``task.<knob>=<setting>`` (None: the reference):
+    every check at ``acc_eval`` / ``acc_train``; bn2's fresh mean ``shift`` running σ away from its running mean and
+    bn1's fresh σ ``scale_ratio`` times its running σ (so bn2's E is ``shift``, bn1's is ``scale_ratio − 1``);
+    ``said``: the setting ``run.json`` reads back, when it should differ from the config's."""
+    spec = ROWS[base]
+    row = cmap.map_row(base, None if knob is None else next(k for k in cmap.KNOBS if k.key == knob
+                                                             and k.task == spec.task), setting)
+    out = records.run_dir(root, row, seed)
+    out.mkdir(parents=True)
+    task_cfg = {"name": spec.task, **({knob: setting} if knob else {})}
+    (out / "config.yaml").write_text(yaml.safe_dump({"row": row, "seed": seed, "scale": SCALE, "task": task_cfg,
+                                                     "model": {"channels": [WIDTH, WIDTH, WIDTH]}}))
+    task_info = {"name": spec.task, **DEFAULT_TASK[spec.task], **({knob: setting if said is None else said}
+                                                                   if knob else {})}
+    info = {"schema_version": records.SCHEMA_VERSION, "row": row, "seed": seed, "status": "done",
+            "optimizer": {"class": OPTIMIZER_CLASSES[spec.optimizer],
+                          "param_groups": [{"name": "conv", "lr": spec.lr, "weight_decay": spec.weight_decay}]},
+            "projection": {"mode": []}, "schedule": None, "task": task_info,
+            "norm_layers": {bn: {"class": "BatchNorm2d", "momentum": spec.bn_momentum, "eps": 1e-5}
+                            for bn in LAYERS.values()}}
+    (out / "run.json").write_text(json.dumps(info))
+    base_line = dict(row=row, seed=seed)
+    checks = range(SCALE["check_start"], SCALE["steps"] + 1, SCALE["check_every"])
+    records.write_table(pd.DataFrame([dict(base_line, step=s, lr=spec.lr, loss=0.01, acc_train_mode=acc_train,
+                                           acc_eval_mode=acc_eval) for s in checks]), out / "checks.parquet", "checks")
+    steps = range(0, SCALE["steps"] + 1, SCALE["log_every"])
+    records.write_table(pd.DataFrame([dict(base_line, step=s, layer=c, weight_norm=1.0 + s / 100, update_cos=0.0,
+                                           grad_cos=0.0) for s in steps for c in LAYERS]),
+                        out / "layers.parquet", "layers")
+    var = 4.0  # running variance: σ 2 (eps aside)
+    lines = []
+    for s in steps:
+        for conv, bn in LAYERS.items():
+            for c in range(WIDTH):
+                fresh_mean = shift * math.sqrt(var + 1e-5) if bn == "bn2" else 0.0
+                fresh_var = (scale_ratio ** 2) * (var + 1e-5) - 1e-5 if bn == "bn1" else var
+                lines.append(dict(base_line, step=s, layer=conv, norm_layer=bn, channel=c, rotation_deg=1.0,
+                                  weight_norm=1.0, running_mean=0.0, running_var=var, fresh_mean=fresh_mean,
+                                  fresh_var=fresh_var, lag_sigma=0.0, drift_sigma_per_step=0.0,
+                                  predicted_lag_sigma=0.0, abs_mean_over_std=0.0))
+    records.write_table(pd.DataFrame(lines), out / "channels.parquet", "channels")
+    iv = [dict(base_line, step=s, intervention=i, k=-1, layer="", acc_eval_mode=a)
+          for s in range(SCALE["check_start"], SCALE["steps"] + 1, SCALE["intervene_every"])
+          for i, a in (("none", acc_eval), ("reestimate", reestimated))]
+    records.write_table(pd.DataFrame(iv), out / "interventions.parquet", "interventions")
+    records.mark_done(out)
+    return out
+
+
+def write_point(root: Path, task: str, knob: str | None, setting, sgd: float, adam: float, seeds=(0, 1, 2),
+                spread: float = 0.002, adam_train: float = 1.0) -> None:
+    """SGD at ``sgd`` and Adam at ``adam`` (evaluation mode; training mode 1.0 unless ``adam_train``), each seed
+    moved by ``spread`` × (seed − 1), so the paired differences are exact and the spread known."""
+    prefix = "fmnist_" if task == "fashion_mnist" else ""
+    for s in seeds:
+        write_map_run(root, prefix + "sgd", s, knob=knob, setting=setting, acc_eval=sgd)
+        write_map_run(root, prefix + "adam", s, knob=knob, setting=setting, acc_eval=adam + spread * (s - 1),
+                      acc_train=adam_train)
+
+
+def load(root):
+    runs, problems = mr.load_map_runs(root)
+    assert not problems
+    frame = mr.per_run(runs)
+    return frame, mr.per_point(frame)
+
+
+# ----------------------------------------------------------------------------- the sweep
+def test_every_sweep_line_composes_to_runs_of_the_registered_rows_under_names_of_their_own():
+    """Each line of `python -m bnrotation.study.condition_map` composes (first value of each list) to a valid config
+    whose row is the map's name for that point, which check_row accepts and whose base row is the experiment's."""
+    lines = cmap.sweep_lines()
+    assert len(lines) == 2 + len(cmap.KNOBS)
+    for line in lines:
+        args = [a.split(",")[0] if "," in a.split("=", 1)[1] and not a.startswith("row=") else a
+                for a in shlex.split(line)]
+        cfg = to_run_config(compose_cfg(args))
+        check_row(cfg)
+        base = args[0].split("=", 1)[1]
+        assert cmap.base_row(cfg.row) == base and cfg.scale.steps == cmap.MAP_STEPS
+        assert not cfg.averaging.enabled and cfg.scale.name == "map"
+        knob = next((k for k in cmap.KNOBS if f"task.{k.key}=" in line and k.task == cfg.task.name), None)
+        if knob is None:
+            assert cfg.row == cmap.map_row(base)
+        else:
+            setting = getattr(cfg.task, knob.key)
+            assert setting == knob.settings[0] and cfg.row == cmap.map_row(base, knob, setting)
+
+
+def test_the_map_counts_every_run_once():
+    points = 2 + sum(len(k.settings) for k in cmap.KNOBS)
+    assert cmap.runs_in_map() == points * 2 * 3
+    assert cmap.main(["--count"]) == 0 and cmap.main(["--bad"]) == 2
+
+
+@pytest.mark.parametrize("row, base", [("map_adam+template_scale0.3", "adam"),
+                                       ("map_fmnist_sgd+reference", "fmnist_sgd")])
+def test_the_base_row_is_read_back_from_the_name(row, base):
+    assert cmap.base_row(row) == base
+    with pytest.raises(ValueError, match="not a condition-map run"):
+        cmap.base_row(base)
+
+
+# ----------------------------------------------------------------------------- points and the collapse
+def test_points_are_read_from_the_config_and_paired_by_seed(tmp_path):
+    write_point(tmp_path, "noisy_templates", None, None, sgd=0.99, adam=0.80)
+    write_point(tmp_path, "noisy_templates", "template_scale", 1.2, sgd=0.99, adam=0.985)
+    frame, points = load(tmp_path)
+    assert [p.point.words() for p in points] == ["reference", "template_scale 1.2"]
+    ref, high = points
+    assert ref.deficit.n == 3 and ref.deficit.mean == pytest.approx(0.19)
+    assert ref.deficit.sd == pytest.approx(0.002)  # the Adam seeds' spread, paired against a constant SGD
+    assert ref.excess_gap.mean == pytest.approx(0.19)
+    assert mr.collapses(ref) is True and mr.collapses(high) is False
+
+
+@pytest.mark.parametrize("adam, spread, expected", [
+    (0.99 - 0.051, 0.002, True),    # just beyond the floor, a small spread
+    (0.99 - 0.049, 0.002, False),   # just inside the floor
+    (0.99 - 0.08, 0.08, False),     # beyond the floor on average, but not beyond 2 standard errors
+])
+def test_the_collapse_needs_the_floor_and_two_standard_errors(tmp_path, adam, spread, expected):
+    write_point(tmp_path, "noisy_templates", None, None, sgd=0.99, adam=adam, spread=spread)
+    _, (point,) = load(tmp_path)
+    assert mr.collapses(point) is expected
+
+
+def test_a_mode_gap_shared_by_both_optimizers_is_no_collapse(tmp_path):
+    """Fashion-MNIST's reference as measured: both rows lose the same points to stale statistics."""
+    for s in (0, 1, 2):
+        write_map_run(tmp_path, "fmnist_sgd", s, acc_eval=0.85, acc_train=0.90)
+        write_map_run(tmp_path, "fmnist_adam", s, acc_eval=0.85 + 0.001 * s, acc_train=0.90)
+    _, (point,) = load(tmp_path)
+    assert point.sgd["mode_gap"].mean == pytest.approx(0.05) and mr.collapses(point) is False
+
+
+def test_the_sentence_says_where_the_collapse_lives_on_each_task(tmp_path):
+    write_point(tmp_path, "noisy_templates", None, None, sgd=0.99, adam=0.80)
+    write_point(tmp_path, "noisy_templates", "template_scale", 0.3, sgd=0.99, adam=0.70)
+    write_point(tmp_path, "noisy_templates", "template_scale", 1.2, sgd=0.99, adam=0.985)
+    write_point(tmp_path, "fashion_mnist", None, None, sgd=0.86, adam=0.855)
+    write_point(tmp_path, "fashion_mnist", "pixel_noise", 2.0, sgd=0.75, adam=0.60)
+    frame, points = load(tmp_path)
+    sentence = mr.where_sentence(points, frame)
+    assert "lives on the templates at template scale 0.3, 0.6 (its own) but not 1.2; on Fashion-MNIST" in sentence
+    assert sentence.endswith("on Fashion-MNIST at pixel noise 2 but not 0 (its own).")
+    assert "train size" not in sentence  # a knob without a point of its own says nothing
+    assert sentence.startswith("Adam's collapse (evaluation-mode accuracy at least 5 points below SGD's")
+
+
+def test_the_mechanism_reads_each_layers_mean_and_variance_parts(tmp_path):
+    """bn2's fresh mean 0.5 running σ off (E = |d| = 0.5, log s = 0), bn1's fresh σ 1.2 times the running σ (E =
+    0.2 up to eps, |log s| = log 1.2); the worst layer is bn2, and with shift 0.1 it is bn1."""
+    write_map_run(tmp_path, "adam", 0, acc_eval=0.8, shift=0.5, scale_ratio=1.2)
+    write_map_run(tmp_path, "adam", 1, acc_eval=0.8, shift=0.1, scale_ratio=1.2)
+    frame, _ = load(tmp_path)
+    first, second = frame.sort_values("seed").to_dict("records")
+    assert (first["worst_layer"], second["worst_layer"]) == ("bn2", "bn1")
+    assert first["e"] == pytest.approx(0.5, rel=1e-6) and first["mean_part"] == pytest.approx(0.5, rel=1e-6)
+    assert first["var_part"] == pytest.approx(0.0, abs=1e-9)
+    assert second["e"] == pytest.approx(0.2, rel=1e-5) and second["var_part"] == pytest.approx(math.log(1.2), rel=1e-6)
+    assert first["recovered"] == pytest.approx(0.2)
+    # every layer apart: bn1's variance part and bn2's mean part in each run, whichever is the worst
+    assert first["e:bn1"] == pytest.approx(0.2, rel=1e-5) and first["var_part:bn1"] == pytest.approx(math.log(1.2))
+    assert first["mean_part:bn1"] == pytest.approx(0.0, abs=1e-9) and second["e:bn2"] == pytest.approx(0.1, rel=1e-6)
+    table = mr.mechanism_markdown(mr.per_point(frame), frame)
+    assert "| bn1: E (\\|d\\|, \\|log s\\|) | bn2: E (\\|d\\|, \\|log s\\|) |" in table
+    assert "| the templates | reference | Adam | 0.2σ (0σ, 0.182) | 0.3σ (0.3σ, 0) |" in table  # seeds' means
+
+
+# ----------------------------------------------------------------------------- refusals
+def test_a_run_whose_read_back_setting_is_not_its_names_is_refused(tmp_path):
+    write_map_run(tmp_path, "adam", 0, knob="template_scale", setting=0.3, acc_eval=0.9, said=0.6)
+    write_map_run(tmp_path, "adam", 1, knob="template_scale", setting=0.3, acc_eval=0.9)
+    runs, problems = mr.load_map_runs(tmp_path)
+    assert len(runs) == 1 and len(problems) == 1
+    assert "seed=0" in problems[0] and "task.template_scale read back as 0.6, the name says 0.3" in problems[0]
+
+
+def test_a_run_turning_two_knobs_is_refused(tmp_path):
+    out = write_map_run(tmp_path, "adam", 0, knob="template_scale", setting=0.3, acc_eval=0.9)
+    cfg = yaml.safe_load((out / "config.yaml").read_text())
+    cfg["task"]["train_size"] = 1000
+    (out / "config.yaml").write_text(yaml.safe_dump(cfg))
+    runs, problems = mr.load_map_runs(tmp_path)
+    assert not runs and "turns task.template_scale, task.train_size; a map run turns one knob" in problems[0]
+
+
+# ----------------------------------------------------------------------------- the headline and the command
+def test_no_headline_until_the_map_is_complete(tmp_path, monkeypatch):
+    small = (cmap.Knob("template_scale", "noisy_templates", (1.2,), "SNR"),)
+    for module in (cmap, mr):
+        monkeypatch.setattr(module, "KNOBS", small)
+    write_point(tmp_path, "noisy_templates", None, None, sgd=0.99, adam=0.80)
+    write_point(tmp_path, "fashion_mnist", None, None, sgd=0.86, adam=0.855)
+    assert mr.headline(tmp_path) is None  # the knob's point is missing
+    write_point(tmp_path, "noisy_templates", "template_scale", 1.2, sgd=0.99, adam=0.985, seeds=(0, 1))
+    assert mr.headline(tmp_path) is None  # one seed short
+    write_point(tmp_path, "noisy_templates", "template_scale", 1.2, sgd=0.99, adam=0.985, seeds=(2,))
+    assert mr.headline(tmp_path).endswith("lives on the templates at template scale 0.6 (its own) but not 1.2.")
+
+
+def test_the_command_writes_map_md_with_the_sentence_block_and_the_figure(tmp_path):
+    root, ref = tmp_path / "map", tmp_path / "reference"
+    write_point(root, "noisy_templates", None, None, sgd=0.99, adam=0.80)
+    write_point(root, "noisy_templates", "train_size", 1000, sgd=0.99, adam=0.97)
+    write_point(root, "fashion_mnist", None, None, sgd=0.86, adam=0.855)
+    write_point(root, "fashion_mnist", "train_size", 1000, sgd=0.80, adam=0.79)
+    for seed in (0, 1):  # the committed runs' stand-in: 0.95 at every check but 0.5 at step 4,000
+        write_run(ref, "adam", seed, rotation=5.0, norm_growth=2.0, acc_eval=0.95, lowest=0.5)
+    assert mr.main(["--results", str(root), "--reference", str(ref)]) == 0
+    text = (root / "map.md").read_text()
+    block = text.split(f"<!-- generated by map_report: {mr.SENTENCE_BLOCK} -->\n", 1)[1].split("\n<!-- end -->")[0]
+    frame, points = load(root)
+    assert block == mr.where_sentence(points, frame)
+    assert (root / "map.png").stat().st_size > 0 and (root / "map.pdf").exists()
+    # the protocol's evidence: 11 checks to step 3,000 without the dip, 41 in all with it
+    assert "| `adam` | 2 | 5.0% (11 checks) | 0% | 6.1% (41 checks) | 2% |" in text
+    assert "| the templates | – | reference | 3 |" in text and "| the templates | train_size | 1,000 | 3 |" in text
+
+
+def test_the_command_refuses_a_root_without_runs(tmp_path, capsys):
+    assert mr.main(["--results", str(tmp_path)]) == 2
+    assert "no runs/ folder" in capsys.readouterr().err
+    assert mr.main(["--results", str(tmp_path), "--sentence"]) == 1
