@@ -277,7 +277,8 @@ def test_reestimate_if_stale_refuses_an_unknown_scope_and_says_when_nothing_was_
         reestimate_if_stale(head, [x], x, scope="all")
     result = reestimate_if_stale(head, [x], x)  # no labels: no accuracy in the summary
     assert "accuracy" not in result.summary and math.isnan(result.before.acc_eval_mode)
-    assert result.fired == result.before.stale and result.scope == "model"
+    # 8 samples cannot decide the gap: undetermined, which re-estimates too (it cannot rule staleness out)
+    assert result.fired == (result.before.stale or bool(result.before.undetermined)) and result.scope == "model"
 
 
 # ----------------------------------------------------------------------------- claim kinds: judged across the boundary

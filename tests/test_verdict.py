@@ -121,8 +121,15 @@ def test_one_frozen_layer_beside_a_training_one_stays_frozen():
     model = _net().train()
     model[1].eval()
     assert [n for n, _ in frozen_layers(model)] == ["1"]
-    model[4].eval()  # every layer now: the model is in evaluation mode whatever its root says
+    model[4].eval()  # every BatchNorm layer, its convolutions still training: a fine-tune that freezes them all
+    assert [n for n, _ in frozen_layers(model)] == ["1", "4"]
+    model.eval()
+    model.training = True  # the root alone training: a wrapper's pattern, every other module in evaluation mode
     assert frozen_layers(model) == []
+    model[-1].train()  # a head training beside an evaluation-mode backbone (a linear probe): frozen layers
+    assert [n for n, _ in frozen_layers(model)] == ["1", "4"]
+    wrapped = Shadow(_net())  # the same one level down: the copy holding every layer is in evaluation mode
+    assert wrapped.training and frozen_layers(wrapped) == []
 
 
 # ----------------------------------------------------------------------------- autocast

@@ -96,14 +96,15 @@ def frozen_layers(model: nn.Module) -> list[tuple[str, _BatchNorm]]:
     """BatchNorm layers frozen in evaluation mode: ``training`` False while the model is in training mode
     (fine-tuning with frozen BatchNorm: they normalise with their running statistics in training too).
 
-    None when *every* BatchNorm layer with running statistics is in evaluation mode: that is a model in
-    evaluation mode whose root, or a wrapper around it, was left in training mode (timm's ``ModelEmaV3`` puts
-    only its ``module`` in evaluation mode, ``utils/model_ema.py``); treating all its layers as frozen would make
-    its batch-statistics pass use the running statistics too, and a mode gap of zero by construction."""
+    None when every module but the root is in evaluation mode: that is a model in evaluation mode under a root
+    or wrapper left in training mode (timm's ``ModelEmaV3`` puts only its ``module`` in evaluation mode,
+    ``utils/model_ema.py``), whose convolutions are in evaluation mode too. Treating all its layers as frozen
+    would make its batch-statistics pass use the running statistics as well: a mode gap of zero by construction.
+    A fine-tune that calls ``eval()`` on its BatchNorm layers alone, even on every one of them, or on a backbone
+    beside a training head, leaves other modules training: those layers stay frozen."""
     if not model.training:
         return []
-    tracked = [(n, m) for n, m in model.named_modules() if isinstance(m, _BatchNorm) and m.track_running_stats]
-    if tracked and not any(m.training for _, m in tracked):
+    if not any(m.training for m in model.modules() if m is not model):
         return []
     return [(n, m) for n, m in model.named_modules() if isinstance(m, _BatchNorm) and not m.training]
 
