@@ -270,3 +270,17 @@ def test_a_zoo_run_without_channels_or_scale_is_read_from_its_layers_table(tmp_p
     pts = cal.points(runs).set_index("step")
     assert pts.loc[1000, "stale"] and pts.loc[1000, "eval_error_median_sigma"] == 0.5
     assert not pts.loc[1100, "stale"] and math.isnan(pts.loc[1100, "log_std_ratio_median_abs"])
+
+
+def test_the_second_zoos_claims_wait_for_the_whole_zoo(monkeypatch):
+    """Its claims are about the whole second zoo: NOT RUN at one run short of it, judged at every run (the
+    boundary), whatever the runs so far would say."""
+    from bnrotation.study.analysis.claims import outofsample as oos
+    from bnrotation.study.constants import SECOND_ZOO
+
+    for have, judged in ((SECOND_ZOO.runs - 1, False), (SECOND_ZOO.runs, True)):
+        monkeypatch.setattr(oos, "_second_zoo", lambda ev, n=have: [_run()] * n)
+        out = oos._second_zoo_incomplete(None, "t")
+        assert (out is None) == judged
+        if not judged:
+            assert out.passed is None and f"{have} of the second zoo's {SECOND_ZOO.runs} runs" in out.measured

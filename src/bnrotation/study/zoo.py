@@ -77,7 +77,7 @@ import torch
 import torch.nn as nn
 
 from .. import records
-from .constants import STALE_RECOVERY  # the truth's X, fixed in sample before any zoo run
+from .constants import SECOND_ZOO, STALE_RECOVERY, SecondZoo  # the truth's X, fixed in sample before any zoo run
 from ..bnstats import reestimate, running_stat_layers
 from .config import SEED_MAX, ConfigError, OptimizerConfig, Schema, TaskConfig, choice, require
 from ..evaluation import eval_chunk
@@ -110,21 +110,6 @@ OPTIMIZERS = ("sgd", "adam")  # the study's rows of these names give each its le
 SEEDS = (0, 1, 2)
 
 
-@dataclass(frozen=True)
-class SecondZoo:
-    """The second zoo (issue 48): the rule, its thresholds, the scoring, the forecasters and their claims were
-    committed before its first run, so that it scores them on data none of them was chosen on. Eight timm BatchNorm
-    architectures not in :data:`ARCHS` (other families, or other members of one), new seeds, and runs four times
-    as long as the first zoo's, so that staleness may arrive late. The costliest first."""
-
-    archs: tuple[str, ...] = ("resnet14t", "repvgg_a0", "mnasnet_small", "regnetx_004", "semnasnet_050",
-                              "regnety_002", "tinynet_e", "mobilenetv2_050")
-    seeds: tuple[int, ...] = (10, 11, 12)
-    steps: int = 4800
-    check_every: int = 200  # 25 checks a run
-
-
-SECOND_ZOO = SecondZoo()
 NUM_CLASSES = 10  # Fashion-MNIST's
 
 

@@ -27,6 +27,7 @@ import math
 
 import numpy as np
 
+from ...constants import SECOND_ZOO
 from ...rows import FROZEN_ROOT
 from ....staleness import Thresholds
 from ..formatting import cell
@@ -65,6 +66,17 @@ def _committed() -> dict[str, float]:
 def _second_zoo(ev: Evidence) -> list[Run]:
     """The second zoo's runs (``ev.root/zoo2``), read once."""
     return list(_zoo(str(ev.root / cal.SECOND_ZOO)))
+
+
+def _second_zoo_incomplete(ev: Evidence, tolerance: str) -> Outcome | None:
+    """NOT RUN while the second zoo is not whole: its claims are about the zoo, every architecture and seed of
+    :data:`bnrotation.study.constants.SECOND_ZOO`, not about the runs that happen to have finished (its runs land
+    a few at a time, one architecture after another); None once every run is in."""
+    have, want = len(_second_zoo(ev)), SECOND_ZOO.runs
+    if have >= want:
+        return None
+    return Outcome(f"{have} of the second zoo's {want} runs", tolerance, None,
+                   "Judged once every run is in (`make zoo2`, resumable); `calibration.md` scores the runs so far.")
 
 
 def _where(runs: list[Run], s: dict, history: bool) -> str:
@@ -126,14 +138,16 @@ def shipped_rule_false_alarms_first_zoo(ev: Evidence) -> Outcome:
 @bespoke("On the second zoo, which none of this was chosen on, the rule as it ships warns at most stale "
          "intervention points.", f"recall ≥ {OOS_RECALL:g} (fixed before its runs, issue 48)", section=CALIBRATION)
 def shipped_rule_recall_second_zoo(ev: Evidence) -> Outcome:
-    return _rule_rate(_second_zoo(ev), cal.RULE, "recall", "caught", "stale", "recall", lambda r: r >= OOS_RECALL)
+    return (_second_zoo_incomplete(ev, f"recall ≥ {OOS_RECALL:g} over the whole second zoo")
+            or _rule_rate(_second_zoo(ev), cal.RULE, "recall", "caught", "stale", "recall", lambda r: r >= OOS_RECALL))
 
 
 @bespoke("On the second zoo, the rule as it ships rarely warns where the statistics are not stale.",
          f"false alarms ≤ {OOS_FALSE_ALARMS:.0%} (fixed before its runs, issue 48)", section=CALIBRATION)
 def shipped_rule_false_alarms_second_zoo(ev: Evidence) -> Outcome:
-    return _rule_rate(_second_zoo(ev), cal.RULE, "far", "false_alarms", "fresh", "false-alarm rate",
-                      lambda r: r <= OOS_FALSE_ALARMS)
+    return (_second_zoo_incomplete(ev, f"false alarms ≤ {OOS_FALSE_ALARMS:g} over the whole second zoo")
+            or _rule_rate(_second_zoo(ev), cal.RULE, "far", "false_alarms", "fresh", "false-alarm rate",
+                          lambda r: r <= OOS_FALSE_ALARMS))
 
 
 EARLY_SHARE = 0.5  # a forecaster warns early in at least half the second zoo's runs that go stale
@@ -148,6 +162,9 @@ MIN_STALE_RUNS = 5  # fewer runs that go stale are not judged: one run would mov
 def a_forecaster_warns_early_on_the_second_zoo(ev: Evidence) -> Outcome:
     tolerance = (f"some forecaster early in ≥ {EARLY_SHARE:.0%} of at least {MIN_STALE_RUNS} runs with a stale point, "
                  f"false alarms ≤ {cal.FORECAST_FALSE_ALARMS:.0%} over at least {MIN_POINTS} fresh points")
+    incomplete = _second_zoo_incomplete(ev, tolerance)
+    if incomplete is not None:
+        return incomplete
     looked = cal.points(_out_of_sample(ev))
     runs = _second_zoo(ev)
     if looked.empty or not runs:
