@@ -192,9 +192,11 @@ def without_autocast(model: nn.Module) -> Iterator[None]:
     own dtype (float32 for a float32 model) rather than in bfloat16 or float16, whose rounding moves a lag by a
     sizeable share of its threshold. A model whose parameters are themselves half precision stays so."""
     types = {"cpu"} | {p.device.type for p in model.parameters()}
+    # a device type without autocast (meta, an older torch's mps) has no context to leave
+    available = getattr(torch.amp.autocast_mode, "is_autocast_available", lambda t: t in ("cpu", "cuda"))
     with contextlib.ExitStack() as stack:
         for t in sorted(types):
-            if t == "cuda" and not torch.cuda.is_available():
+            if not available(t) or (t == "cuda" and not torch.cuda.is_available()):
                 continue
             stack.enter_context(torch.autocast(device_type=t, enabled=False))
         yield
