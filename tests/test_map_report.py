@@ -233,6 +233,24 @@ def test_no_headline_until_the_map_is_complete(tmp_path, monkeypatch):
     assert mr.headline(tmp_path).endswith("lives on the templates at template scale 0.6 (its own) but not 1.2.")
 
 
+def test_the_front_pages_say_how_much_of_the_map_is_in_until_it_is_complete(tmp_path, monkeypatch):
+    """front_line: the run count and no sentence while a seed is missing (the second-to-last run in is not
+    enough); the headline, with the map's run count, once the last one is."""
+    small = (cmap.Knob("template_scale", "noisy_templates", (1.2,), "SNR"),)
+    for module in (cmap, mr):
+        monkeypatch.setattr(module, "KNOBS", small)
+    assert cmap.runs_in_map() == 18
+    assert mr.front_line(tmp_path).startswith("Where the collapse lives: the condition map (`make map`) has 0 of its 18 ")
+    write_point(tmp_path, "noisy_templates", None, None, sgd=0.99, adam=0.80)
+    write_point(tmp_path, "fashion_mnist", None, None, sgd=0.86, adam=0.855)
+    write_point(tmp_path, "noisy_templates", "template_scale", 1.2, sgd=0.99, adam=0.985, seeds=(0, 1))
+    line = mr.front_line(tmp_path)
+    assert "has 16 of its 18 runs" in line and "lives on" not in line
+    write_point(tmp_path, "noisy_templates", "template_scale", 1.2, sgd=0.99, adam=0.985, seeds=(2,))
+    assert mr.front_line(tmp_path) == ("Where the collapse lives, from the condition map's 18 runs: "
+                                       + mr.headline(tmp_path))
+
+
 def test_the_command_writes_map_md_with_the_sentence_block_and_the_figure(tmp_path):
     root, ref = tmp_path / "map", tmp_path / "reference"
     write_point(root, "noisy_templates", None, None, sgd=0.99, adam=0.80)

@@ -48,6 +48,7 @@ from ... import records
 from ..article import FAIL_BELOW
 from ..rows import ROWS, row_order
 from .claims import weigh
+from .claims.command import map_line
 from .claims.finding import TASK_ROWS, findings, headline as finding_headline
 from .claims.kinds import ARTICLE, FAIL, PASS, RESNET, Check, published
 from .claims.report import SECTIONS as REPORT_SECTIONS
@@ -63,6 +64,7 @@ PAGE = "report.html"
 INTERACTIVE = ("01_accuracy_vs_rotation", "03_accuracy_over_steps")  # drawn on the page; their PNGs are left out
 HEADLINE_ID, STEPS_ID = "headline", "accuracy-over-steps"  # the figures' element ids (fixed: same bytes each time)
 FINDING_ID, PLOTLY_ID = "finding", "plotly-js"  # the finding's paragraph; the script element holding plotly.js
+MAP_ID = "where-it-lives"  # the paragraph after the finding: where the collapse lives (the condition map)
 MAX_BYTES = 5 * 2 ** 20  # the page's size at most (tests/test_webpage.py checks the committed one)
 # The figures' width at most: the page's column is 1180 CSS pixels (STYLE), so this leaves a little for a zoom or
 # a denser screen; make figures draws them at 150 dpi, 1,600 to 3,100 pixels wide.
@@ -395,6 +397,12 @@ def finding(ev) -> str:
     return f'<p id="{FINDING_ID}">{inline(text)}</p>'
 
 
+def where_it_lives(ev) -> str:
+    """The paragraph after the finding: where the collapse lives, the README's generated ``map`` block
+    (:func:`.claims.command.map_line`)."""
+    return f'<p id="{MAP_ID}">{inline(map_line(ev))}</p>'
+
+
 def build_page(root: Path, runs: list[Run], out: Path, skipped: list[str] = ()) -> str:
     """The whole page, for ``runs`` read from ``root``, with the figures of ``out/figures`` (the folder
     ``make figures`` writes for the same output folder).
@@ -424,6 +432,7 @@ def build_page(root: Path, runs: list[Run], out: Path, skipped: list[str] = ()) 
         "<title>The rotation study, measured</title>", f"<style>{STYLE}</style></head><body>",
         "<h1>The rotation study, measured</h1>",
         finding(ev),
+        where_it_lives(ev),
         plot_headline,
         f"<p class=\"note\">Evaluation-mode accuracy against rotation: one filled point per finished run "
         f"({finished}), coloured by row; hollow: the article's row means. "

@@ -33,11 +33,13 @@ import pandas as pd
 
 from ....helptext import plain
 from .... import records
+from ...condition_map import ROOT as MAP_ROOT
 from ...rows import ROWS
 from ..formatting import cell
 from ..measures import metrics
 from ..results import ALL_TABLES, REFERENCE_ROOT, Run, add_results_arguments, at_protocol_scale, command_inputs, count
 from .evidence import Evidence, collect
+from ..tables import map_report
 from ..tables.table import build_table, lowest_cell
 from .finding import findings, headline
 from .kinds import ARTICLE, FAIL, MEASURED, PASS, Check, withhold_verdicts
@@ -86,11 +88,13 @@ def verdicts_json(checks: list[Check], cells: list[tuple[str, str, Check]]) -> s
 
 
 def readme_blocks(ev: Evidence, checks: list[Check], cells: list[tuple[str, str, Check]]) -> dict[str, str]:
-    """The README's generated blocks, by name: ``headline`` (:func:`headline`) and ``verdicts`` (the counts of
+    """The README's generated blocks, by name: ``headline`` (:func:`headline`), ``map`` (where the collapse
+    lives: :func:`..tables.map_report.front_line` of the map beside the runs) and ``verdicts`` (the counts of
     ``claims.md``'s summary)."""
     article = [c for c in checks if c.section == ARTICLE]
     return {
         "headline": headline(ev) + "\n",
+        "map": map_line(ev) + "\n",
         "verdicts": (f"On the same runs, `make claims` weighs each of the article's claims: "
                      f"**{verdict_counts(article)}**; its table, cell by cell: "
                      f"{verdict_counts(c for _, _, c in cells)}. A failing check's note says why.\n"),
@@ -98,9 +102,15 @@ def readme_blocks(ev: Evidence, checks: list[Check], cells: list[tuple[str, str,
 
 
 def results_blocks(ev: Evidence) -> dict[str, str]:
-    """docs/results.md's generated block ``findings``: :func:`.finding.findings`, the two tasks side by side, a
-    sentence each, as a list."""
-    return {"findings": "".join(f"- {sentence}\n" for sentence in findings(ev))}
+    """docs/results.md's generated blocks: ``findings``, :func:`.finding.findings`, the two tasks side by side, a
+    sentence each, as a list; ``map``, where the collapse lives (:func:`map_line`)."""
+    return {"findings": "".join(f"- {sentence}\n" for sentence in findings(ev)), "map": map_line(ev) + "\n"}
+
+
+def map_line(ev: Evidence) -> str:
+    """Where the collapse lives, as the front pages say it: :func:`..tables.map_report.front_line` of the condition
+    map's runs beside ``ev``'s (``<root>/map``)."""
+    return map_report.front_line(Path(ev.root) / MAP_ROOT)
 
 
 def console_summary(ev: Evidence, checks: list[Check]) -> list[str]:

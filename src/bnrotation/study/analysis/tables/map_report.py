@@ -310,6 +310,20 @@ def headline(root: str | Path) -> str | None:
     return where_sentence(points, frame)
 
 
+def front_line(root: str | Path) -> str:
+    """What the front pages (the README, docs/results.md, the report page) say of the map under ``root``: its
+    :func:`headline` when every point has every seed, else how many of its runs are in and that the sentence waits
+    for the rest (a map half run says nothing about where the collapse lives)."""
+    from ...condition_map import runs_in_map
+
+    sentence = headline(root)
+    if sentence is not None:
+        return f"Where the collapse lives, from the condition map's {count(runs_in_map(), 'run')}: {sentence}"
+    runs, _ = load_map_runs(root)
+    return (f"Where the collapse lives: the condition map (`make map`) has {len(runs)} of its {runs_in_map()} runs "
+            f"under `{root}`; its sentence is written here once every point has every seed.")
+
+
 # ----------------------------------------------------------------------------- tables
 def _pct(s: SeedStat) -> str:
     return "–" if s.n == 0 else cell(s.mean, "pct", s.sd)
