@@ -51,8 +51,10 @@ and a step about twice as much with batches of 128 as of 64; with the budget bin
 A run writes ``<results_root>/runs/<arch>-<optimizer>/seed=<s>/``: ``config.yaml``, ``run.json`` (what ran, read
 back from the built objects: :func:`.provenance.describe_built`; the monitor's pairing or refusal; wall and CPU time;
 status), ``checks.parquet``, ``layers.parquet``, ``interventions.parquet`` (and ``channels.parquet``), each
-atomically (:mod:`.records`), then ``DONE``. A finished run with the same config is skipped unless ``force=true``;
-a folder without ``DONE`` is rerun from scratch (:func:`.rundir.prepare_run_dir`).
+atomically, then ``DONE``: the suite's frame writes it (:func:`.rundir.run_in_folder` of :data:`EXPERIMENT`, this
+schema, :func:`train` and the runner's tables). A finished run with the same config is skipped unless
+``force=true``; a folder without ``DONE`` is rerun from scratch (:func:`.rundir.prepare_run_dir`). The analysis reads
+the runs with its run reader, layout :data:`.analysis.results.ZOO`.
 
     python experiments/zoo.py arch=lcnet_050 optimizer=adam seed=0          # one run
     make zoo JOBS=2                                                         # the whole zoo, resumable
