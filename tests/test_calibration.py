@@ -243,15 +243,21 @@ def test_a_run_of_unknown_task_is_in_neither_sample():
     assert cal.out_of_sample_run(_run(task={"name": "fashion_mnist"})) and cal.out_of_sample_run(_run(row="fmnist_x"))
 
 
-def test_a_zoo_run_without_channels_or_scale_is_read_from_its_layers_table(tmp_path):
-    """The staleness zoo stores the monitor's per-layer table, no channels table and no ``scale`` section: its
-    signals are the layers' own medians, its truth its interventions."""
+ZOO_INFO = {"schema_version": 1, "row": "lcnet_050-adam", "seed": 0, "status": "done", "arch": "lcnet_050",
+            "optimizer_name": "adam", "optimizer": {"class": "Adam", "param_groups": [
+                {"name": "conv", "lr": 0.003, "weight_decay": 0.0}, {"name": "other", "lr": 0.003, "weight_decay": 0.0}]}}
+
+
+def _zoo_folder(root: Path, done: bool = True, **info) -> Path:
+    """A zoo run's folder as ``bnrotation.study.zoo`` writes it (its ``run.json`` keys, no ``scale`` section, no
+    ``channels`` table), with two intervention points (:func:`_oos_run`: the first stale and warned at, the
+    second neither); ``info`` changes its ``run.json``."""
     import json
 
     from bnrotation import records
 
     run = _oos_run([True, False], [True, False])
-    d = tmp_path / "runs" / "lcnet_050-adam" / "seed=0"
+    d = root / "runs" / "lcnet_050-adam" / "seed=0"
     d.mkdir(parents=True)
     layers = pd.DataFrame({"step": [1000, 1100], "layer": "conv", "norm_layer": "bn", "weight_norm": 1.0,
                            "update_cos": np.nan, "grad_cos": np.nan, "lag_median_abs_sigma": [0.5, 0.0],
@@ -262,14 +268,37 @@ def test_a_zoo_run_without_channels_or_scale_is_read_from_its_layers_table(tmp_p
                                                                         else {}), **({"lr": 0.0, "loss": 0.0}
                                                                                      if name == "checks" else {})),
                             d / f"{name}.parquet", name)
-    (d / "run.json").write_text(json.dumps({**run.info, "row": "lcnet_050-adam"}))
-    (d / "config.yaml").write_text("task:\n  name: fashion_mnist\nsteps: 1600\n")
-    records.mark_done(d)
+    (d / "run.json").write_text(json.dumps({**run.info, **ZOO_INFO, **info}))
+    (d / "config.yaml").write_text("arch: lcnet_050\ntask:\n  name: fashion_mnist\nsteps: 1600\n")
+    if done:
+        records.mark_done(d)
+    return d
+
+
+def test_a_zoo_run_without_channels_or_scale_is_read_from_its_layers_table(tmp_path):
+    """The staleness zoo stores the monitor's per-layer table, no channels table and no ``scale`` section: its
+    signals are the layers' own medians, its truth its interventions."""
+    _zoo_folder(tmp_path)
     runs, problems = cal.load_calibration_runs([tmp_path], cal.out_of_sample_run)
     assert problems == [] and len(runs) == 1
     pts = cal.points(runs).set_index("step")
     assert pts.loc[1000, "stale"] and pts.loc[1000, "eval_error_median_sigma"] == 0.5
     assert not pts.loc[1100, "stale"] and math.isnan(pts.loc[1100, "log_std_ratio_median_abs"])
+
+
+@pytest.mark.parametrize("change, done, said", [
+    ({"optimizer_name": "sgd"}, True, "run.json says arch 'lcnet_050' and optimizer 'sgd'"),
+    ({"optimizer": {"class": "SGD", "param_groups": [{"name": "conv", "lr": 0.05, "weight_decay": 0.0}]}}, True,
+     "optimizer class 'SGD', the row means 'Adam'"),
+    ({"status": "running"}, True, "status 'running', expected done or diverged"),
+    ({"schema_version": 99}, True, "schema version 99"),
+    ({}, False, "no DONE marker")])
+def test_a_zoo_run_goes_through_the_run_readers_checks(tmp_path, change, done, said):
+    """The zoo's runs are read by the run reader with the zoo's layout (no private fallback): one whose run.json
+    contradicts its row ``<arch>-<optimizer>``, or that is not finished, is refused by name."""
+    d = _zoo_folder(tmp_path, done, **change)
+    runs, problems = cal.load_calibration_runs([tmp_path], cal.out_of_sample_run)
+    assert runs == [] and len(problems) == 1 and problems[0].startswith(str(d)) and said in problems[0]
 
 
 def test_the_second_zoos_claims_wait_for_the_whole_zoo(monkeypatch):

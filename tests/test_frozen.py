@@ -228,6 +228,8 @@ def test_a_run_writes_its_tables_and_done_last(toy_runs):
         info = json.loads((out / "run.json").read_text())
         assert info["status"] == "done" and info["backbone_unchanged"] is True and info["mode"] == mode
         assert info["trainable_parameters"] == ["fc.bias", "fc.weight"]
+        committed = ROOT / "results" / "reference" / "frozen" / "runs" / frozen_row(mode) / "seed=0" / "run.json"
+        assert set(info) == set(json.loads(committed.read_text()))  # what a committed run holds
     infos = [json.loads((o / "run.json").read_text())["pretrained"] for o in outs.values()]
     assert [i["cached"] for i in infos] == [False, True, True]  # pre-trained once per seed
 

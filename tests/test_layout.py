@@ -146,12 +146,30 @@ print(json.dumps(first))
     assert json.loads(out.stdout.splitlines()[-1]) == {}
 
 
-@pytest.mark.parametrize("module", ["bnrotation.study.runner", "bnrotation.study.rows", "bnrotation.study.rundir",
-                                    "bnrotation.study.runtime", "bnrotation.study.ensemble", "bnrotation.evaluation",
-                                    "bnrotation.probes"])
+ANALYSIS = STUDY + ".analysis"
+# The study's commands that read finished runs through the analysis's run reader: above the analysis, not training.
+RUN_READERS = (STUDY + ".diagnose",)
+
+
+def training_modules(src: Path = SRC) -> list[str]:
+    """The study's modules outside its analysis and the commands that read runs (:data:`RUN_READERS`): the
+    training side (the runner, the experiments on the frame, their configs, rows and shared constants)."""
+    return sorted(m for m in (module_name(p, src) for p in (src / "bnrotation" / "study").rglob("*.py"))
+                  if not (m == ANALYSIS or m.startswith(ANALYSIS + ".")) and m not in RUN_READERS)
+
+
+def test_the_training_side_is_every_study_module_but_the_analysis_and_the_run_readers():
+    found = training_modules()
+    assert {f"{STUDY}.{m}" for m in ("runner", "rundir", "frozen", "zoo", "constants", "rows", "interventions")} \
+        <= set(found)
+    assert not [m for m in found if "analysis" in m or m in RUN_READERS]
+
+
+@pytest.mark.parametrize("module", training_modules() + ["bnrotation.evaluation", "bnrotation.probes"])
 def test_training_imports_nothing_from_the_analysis(module):
-    """Data flows one way (DESIGN.md): config -> runner -> records -> analysis; the runner's side never imports
-    the analysis, directly or through another module."""
+    """Data flows one way (DESIGN.md): config -> runner -> records -> analysis; the training side (every study
+    module but the analysis and the commands that read runs) never imports the analysis, directly or through
+    another module: what both read (the truth's threshold, the rows) lives below both."""
     graph = import_graph()  # every import, deferred ones too (tests/test_imports.py)
     seen, todo = set(), [module]
     while todo:
@@ -159,6 +177,31 @@ def test_training_imports_nothing_from_the_analysis(module):
             seen.add(nxt)
             todo.append(nxt)
     assert not {m for m in seen if m.startswith("bnrotation.study.analysis")}, sorted(seen)
+
+
+NO_TORCH = """
+import importlib, json, pkgutil, sys
+import bnrotation.study.analysis as analysis
+names = [m.name for m in pkgutil.walk_packages(analysis.__path__, analysis.__name__ + ".")
+         if not m.name.endswith(".__main__")]
+loaded = {}
+for name in names:
+    importlib.import_module(name)
+    torch = sorted(m for m in sys.modules if m == "torch" or m.startswith("torch."))
+    if torch:
+        loaded[name] = torch[:3]
+        break
+print(json.dumps({"modules": len(names), "torch": loaded}))
+"""
+
+
+def test_the_analysis_imports_no_torch():
+    """Every module of the analysis (parquet in, never torch: DESIGN.md), imported one after another in a fresh
+    interpreter, loads no torch module; the first that does is named."""
+    out = subprocess.run([sys.executable, "-c", NO_TORCH], capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert out.returncode == 0, out.stderr[-2000:]
+    found = json.loads(out.stdout.splitlines()[-1])
+    assert found["modules"] > 20 and found["torch"] == {}
 
 
 def _pointed_at(text: str) -> tuple[list[str], list[str]]:

@@ -6,6 +6,7 @@ rule's recall and false alarms; the GroupNorm control's refusal; a root without 
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -13,6 +14,8 @@ import pytest
 from bnrotation import records
 from bnrotation.study.analysis.results import Run
 from bnrotation.study.analysis.tables import zoo_report
+from bnrotation.study.names import OPTIMIZER_CLASSES
+from bnrotation.study.rows import ROWS
 
 
 def _run(arch: str, opt: str, seed: int, checks: list[dict], e: dict[int, list[float]], refused=None,
@@ -91,18 +94,35 @@ def test_a_root_without_runs_or_without_a_finished_run_exits_2_in_one_line(tmp_p
     assert not (tmp_path / "zoo.md").exists()
 
 
-def test_a_finished_run_on_disk_gives_the_table_and_the_figure(tmp_path, capsys):
-    """The reader's path: a run folder as the zoo writes it (run.json, config.yaml, checks and layers, DONE)."""
-    run = _run("lcnet_050", "sgd", 0, SEED0, E0)
-    path = records.run_dir(tmp_path, "lcnet_050-sgd", 0)
+def _on_disk(root, run: Run) -> Path:
+    """``run`` in a folder under ``root`` as the zoo writes it: ``run.json`` (with the optimizer read back as the
+    study's row of its name), ``config.yaml``, the ``checks``, ``layers`` and ``interventions`` tables, ``DONE``."""
+    spec = ROWS[run.info["optimizer_name"]]
+    path = records.run_dir(root, run.row, run.seed)
     path.mkdir(parents=True)
-    records.write_json(path / "run.json", {"schema_version": records.SCHEMA_VERSION, "status": "done", **run.info})
-    (path / "config.yaml").write_text("arch: lcnet_050\n")
+    records.write_json(path / "run.json", {
+        "schema_version": records.SCHEMA_VERSION, "status": "done", **run.info,
+        "optimizer": {"class": OPTIMIZER_CLASSES[spec.optimizer],
+                      "param_groups": [{"name": "conv", "lr": spec.lr, "weight_decay": spec.weight_decay}]}})
+    (path / "config.yaml").write_text(f"arch: {run.info['arch']}\n")
+    checks = run.tables["checks"]
     filler = {"checks": {"lr": 0.05, "loss": 1.0}, "layers": {"layer": "conv", "weight_norm": 1.0, "update_cos": 0.0,
                                                             "grad_cos": 0.0}}
     for name, extra in filler.items():
-        records.write_table(run.tables[name].assign(row=run.row, seed=0, **extra), path / f"{name}.parquet", name)
+        records.write_table(run.tables[name].assign(row=run.row, seed=run.seed, **extra), path / f"{name}.parquet",
+                            name)
+    interventions = pd.DataFrame({"row": run.row, "seed": run.seed, "step": checks["step"].repeat(2).to_numpy(),
+                                  "intervention": ["none", "reestimate"] * len(checks), "k": -1, "layer": "",
+                                  "acc_eval_mode": checks[["acc_eval_mode", "acc_eval_mode_reestimated"]]
+                                  .to_numpy().ravel()})
+    records.write_table(interventions, path / "interventions.parquet", "interventions")
     records.mark_done(path)
+    return path
+
+
+def test_a_finished_run_on_disk_gives_the_table_and_the_figure(tmp_path, capsys):
+    """The reader's path: a run folder as the zoo writes it (:func:`_on_disk`)."""
+    path = _on_disk(tmp_path, _run("lcnet_050", "sgd", 0, SEED0, E0))
     code = zoo_report.main(["--results", str(tmp_path)])
     out = capsys.readouterr()
     assert code == 0, out.err
@@ -140,15 +160,7 @@ def test_depth_markdown_gives_one_line_per_truth_and_nothing_without_the_evaluat
 
 
 def test_a_run_with_the_evaluation_path_on_disk_adds_its_table_and_figure(tmp_path, capsys):
-    run = _run("regnetx_002", "adam", 0, SEED0, E0_LOW, met=MET0)
-    path = records.run_dir(tmp_path, "regnetx_002-adam", 0)
-    path.mkdir(parents=True)
-    records.write_json(path / "run.json", {"schema_version": records.SCHEMA_VERSION, "status": "done", **run.info})
-    (path / "config.yaml").write_text("arch: regnetx_002\n")
-    for name in ("checks", "layers"):
-        records.write_table(run.tables[name].assign(row=run.row, seed=0, lr=0.1, loss=1.0, layer="c", weight_norm=1.0,
-                                                    update_cos=0.0, grad_cos=0.0), path / f"{name}.parquet", name)
-    records.mark_done(path)
+    _on_disk(tmp_path, _run("regnetx_002", "adam", 0, SEED0, E0_LOW, met=MET0))
     assert zoo_report.main(["--results", str(tmp_path)]) == 0, capsys.readouterr().err
     assert "## A layer's own lag, or lag carried through depth" in (tmp_path / "zoo.md").read_text()
     assert (tmp_path / "zoo_eval_path.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -18,6 +18,7 @@ from conftest import FASHION_MNIST_SAMPLE, ROOT
 from thirdparty import import_timm
 
 from bnrotation import records
+from bnrotation.study.analysis.results import ZOO, load_run
 from bnrotation.study.config import ConfigError
 from bnrotation.monitor import StalenessMonitor
 from bnrotation.study.rundir import RunExistsError, config_yaml
@@ -101,6 +102,12 @@ def test_a_toy_run_writes_its_tables_and_is_skipped_rerun_or_refused(tmp_path):
     assert info["status"] == "done" and info["monitor"]["refused"] is None and info["bn_momenta"] == [0.1]
     assert info["model"]["class"] == "MobileNetV3" and info["optimizer"]["class"] == "SGD"
     assert {g["lr"] for g in info["optimizer"]["param_groups"]} == {0.05}
+    # on the suite's frame: the run reader reads it with the zoo's layout, and it holds what a committed run holds
+    read = load_run(out, ("checks", "layers", "interventions"), ZOO)
+    assert read.row == "lcnet_050-sgd" and len(read.tables["checks"]) == 3
+    committed = ROOT / "results" / "reference" / "zoo2" / "runs" / "resnet14t-sgd" / "seed=10"
+    assert set(info) == set(json.loads((committed / "run.json").read_text()))
+    assert sorted(p.name for p in out.iterdir()) == sorted(p.name for p in committed.iterdir())
     assert run(cfg) is None  # finished with the same config: skipped
     (out / records.DONE).unlink()
     assert run(cfg) == out and (out / records.DONE).exists()  # no DONE: rerun from scratch

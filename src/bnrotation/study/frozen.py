@@ -56,12 +56,13 @@ point and must be equal, bit for bit (:func:`assert_backbone_unchanged`).
 
 **On the suite's frame.** The config is ``conf/frozen.yaml``, checked against :class:`FrozenConfig` (Hydra's
 ConfigStore, struct mode); a run is one (mode, seed), in the folder ``<results_root>/runs/<row>/seed=<s>/``
-(:func:`.records.run_dir`; the rows are :data:`.rows.FROZEN_ROWS`) that the runner's policy and lock govern
-(:func:`.rundir.prepare_run_dir`, :class:`.rundir.RunLock`: a finished run with the same config is skipped, one with
-another refused unless ``force=true``, a folder without ``DONE`` rerun from scratch). It holds ``config.yaml``,
-``run.json``, ``accuracy.parquet``, ``statistics.parquet`` and ``monitor.parquet`` (the columns of
-:data:`.rows.FROZEN_TABLES`), each written atomically, then ``DONE``. The sweep is Hydra's multirun with the joblib
-launcher (:func:`sweep_lists`); the analysis reads the runs with its run reader (:mod:`.analysis.tables.frozen`).
+(:func:`.records.run_dir`; the rows are :data:`.rows.FROZEN_ROWS`). The experiment is a plug-in of the suite's frame
+(:data:`EXPERIMENT`: this schema, :func:`finetune` and the tables of :data:`.rows.FROZEN_TABLES`), which owns the folder
+(:func:`.rundir.run_in_folder`: the lock, the policy of :func:`.rundir.prepare_run_dir`, under which a finished run
+with the same config is skipped, one with another refused unless ``force=true``, a folder without ``DONE`` rerun from
+scratch). It holds ``config.yaml``, ``run.json``, ``accuracy.parquet``, ``statistics.parquet`` and
+``monitor.parquet``, each written atomically, then ``DONE``. The sweep is Hydra's multirun with the joblib launcher
+(:func:`sweep_lists`); the analysis reads the runs with its run reader (:mod:`.analysis.tables.frozen`).
 
     python experiments/frozen.py mode=norm_eval seed=1 finetune.steps=100 results_root=/tmp/f   # one run
     make frozen JOBS=2 RESULTS=results/reference/frozen                # every mode and seed, resumable
@@ -71,7 +72,6 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import datetime as dt
 import fcntl
 import io
 import math
@@ -99,7 +99,7 @@ from .config import ModelConfig, OptimizerConfig, Schema, TaskConfig, choice, re
 from .model import ConvNet, build_model
 from .optim import build_optimizer, cross_entropy_step
 from .rows import FROZEN_MODES, FROZEN_SEEDS, FROZEN_TABLES, frozen_row
-from .rundir import RunLock, config_yaml, prepare_run_dir
+from .rundir import Experiment, Trained, run_in_folder
 from .runtime import StepClock, measured_steps, resolve_threads
 from .task import NoisyTemplates, generator, stream_seed
 
@@ -109,7 +109,7 @@ if TYPE_CHECKING:
 __all__ = ["FrozenConfig", "PretrainConfig", "FinetuneConfig", "ShiftConfig", "MODES", "register_frozen_config",
            "to_frozen_config", "shifted_seed", "ShiftedTemplates", "task_data", "shifted_batches", "pretrain",
            "pretrained_backbone", "finetune_model", "set_bn_mode", "backbone_parameters", "assert_backbone_unchanged",
-           "statistics_move", "running_drift", "run", "run_task", "sweep_lists"]
+           "statistics_move", "running_drift", "EXPERIMENT", "run", "run_task", "sweep_lists"]
 
 MODES = FROZEN_MODES  # bn_train | norm_eval | reestimate
 SHIFT_SEED_OFFSET = 1 << 40  # the shifted task's streams: the suite's streams at seed + 2**40
@@ -573,9 +573,24 @@ def finetune(cfg: FrozenConfig) -> tuple[dict[str, pd.DataFrame], dict]:
                     "timings_s": {"finetune_steps": round(clock.train_s, 3), "measurements": round(t_measure, 3)}}
 
 
+def _set_up(cfg: FrozenConfig) -> dict:
+    """The process's threads for the run, and what ``run.json`` records at its start: the mode, the threads and the
+    code's commit (:func:`.provenance.git_state`)."""
+    return {"mode": cfg.mode, "threads": resolve_threads(cfg.threads), **git_state()}
+
+
+def _train(cfg: FrozenConfig) -> Trained:
+    return Trained(*finetune(cfg))
+
+
+# The frozen backbone on the suite's frame (:func:`.rundir.run_in_folder`): its schema, its train function and its
+# tables (:data:`.rows.FROZEN_TABLES`, which the run reader's layout reads too).
+EXPERIMENT = Experiment(FrozenConfig, _train, FROZEN_TABLES, _set_up)
+
+
 def run(cfg: FrozenConfig) -> Path | None:
-    """One frozen-backbone run in its folder, on the runner's frame: the run's lock (:class:`.rundir.RunLock`),
-    the folder's policy (:func:`.rundir.prepare_run_dir`), ``config.yaml`` and ``run.json`` first, then the
+    """One frozen-backbone run in its folder, on the suite's frame (:func:`.rundir.run_in_folder` of
+    :data:`EXPERIMENT`): the run's lock, the folder's policy, ``config.yaml`` and ``run.json`` first, then the
     experiment (:func:`finetune`), its tables, ``run.json`` again and ``DONE`` last, each written atomically.
 
     Returns:
@@ -586,26 +601,7 @@ def run(cfg: FrozenConfig) -> Path | None:
         rundir.RunBusyError: another process is running it now.
         RuntimeError: a backbone parameter changed during fine-tuning (:func:`assert_backbone_unchanged`).
     """
-    with RunLock(cfg.results_root, cfg.row, cfg.seed):
-        out, _ = prepare_run_dir(cfg, FrozenConfig)
-        if out is None:
-            return None
-        threads = resolve_threads(cfg.threads)
-        started = time.time()
-        records.atomic_write_text(out / "config.yaml", config_yaml(cfg))
-        info = {"schema_version": records.SCHEMA_VERSION, "row": cfg.row, "seed": cfg.seed, "mode": cfg.mode,
-                "status": "running", "started_at": dt.datetime.fromtimestamp(started, dt.timezone.utc).isoformat(),
-                "threads": threads, **git_state()}
-        records.write_json(out / "run.json", info)
-        tables, ran = finetune(cfg)
-        for name, frame in tables.items():
-            records.write_table(frame, out / f"{name}.parquet", name)
-        ended = time.time()
-        info.update(ran, status="done", ended_at=dt.datetime.fromtimestamp(ended, dt.timezone.utc).isoformat(),
-                    wall_seconds=round(ended - started, 3))
-        records.write_json(out / "run.json", info)
-        records.mark_done(out)
-    return out
+    return run_in_folder(cfg, EXPERIMENT)
 
 
 def run_task(cfg) -> "Outcome":

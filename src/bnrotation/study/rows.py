@@ -196,6 +196,11 @@ FROZEN_TABLES = {
 }
 
 
+# The tables every zoo run (bnrotation.study.zoo) writes, with the runner's columns; `channels` is optional
+# (channels=true): the analysis's run reader refuses a run without these (bnrotation.study.analysis.results.ZOO).
+ZOO_REQUIRED = ("checks", "layers", "interventions")
+
+
 def frozen_row(mode: str) -> str:
     """The row name of a frozen-backbone BatchNorm mode (:data:`FROZEN_ROWS`).
 
@@ -248,8 +253,6 @@ def check_against_row(info: dict, spec: RowSpec) -> list[str]:
     Returns:
         One line per contradiction; empty when the run is what its row says.
     """
-    problems = []
-    opt = info.get("optimizer", {})
     unknown = [f"the row's {what} {name!r} has no entry in bnrotation/study/names.py {table_name} (known: "
                f"{', '.join(table)}); add the class it builds there"
                for what, name, table, table_name in (
@@ -258,19 +261,7 @@ def check_against_row(info: dict, spec: RowSpec) -> list[str]:
                if name not in table]
     if unknown:
         return unknown
-    want_cls = OPTIMIZER_CLASSES[spec.optimizer]
-    if opt.get("class") != want_cls:
-        problems.append(f"optimizer class {opt.get('class')!r}, the row means {want_cls!r}")
-    for g in opt.get("param_groups", []):
-        if not math.isclose(float(g.get("lr", math.nan)), spec.lr, rel_tol=1e-9):
-            problems.append(f"learning rate {g.get('lr')} in group {g.get('name')!r}, the row means {spec.lr}")
-        if not math.isclose(float(g.get("weight_decay", 0.0)), spec.weight_decay, rel_tol=1e-9, abs_tol=0.0):
-            problems.append(f"weight decay {g.get('weight_decay')} in group {g.get('name')!r}, "
-                            f"the row means {spec.weight_decay}")
-        for key, want in spec.extra.items():  # e.g. AdamP's delta and wd_ratio
-            got = g.get(key)
-            if not isinstance(got, (int, float)) or not math.isclose(float(got), float(want), rel_tol=1e-9):
-                problems.append(f"{key} {got!r} in group {g.get('name')!r}, the row means {want}")
+    problems = _against_optimizer(info, spec)
     modes = info.get("projection", {}).get("mode", [])
     want_modes = sorted(set(PROJECTION_MODES.get(spec.optimizer, ())))
     if sorted(modes) != want_modes:
@@ -301,6 +292,44 @@ def check_against_row(info: dict, spec: RowSpec) -> list[str]:
                 problems.append(f"{name} is {n.get('class')} with {n.get('num_groups')} groups, "
                                 f"the row means GroupNorm with {groups}")
     return problems
+
+
+def _against_optimizer(info: dict, spec: RowSpec) -> list[str]:
+    """What ``run.json``'s optimizer (its class and every param group's settings) says against ``spec``'s: one line
+    per contradiction. ``spec.optimizer`` must be a name of :data:`OPTIMIZER_CLASSES`."""
+    problems = []
+    opt = info.get("optimizer", {})
+    want_cls = OPTIMIZER_CLASSES[spec.optimizer]
+    if opt.get("class") != want_cls:
+        problems.append(f"optimizer class {opt.get('class')!r}, the row means {want_cls!r}")
+    for g in opt.get("param_groups", []):
+        if not math.isclose(float(g.get("lr", math.nan)), spec.lr, rel_tol=1e-9):
+            problems.append(f"learning rate {g.get('lr')} in group {g.get('name')!r}, the row means {spec.lr}")
+        if not math.isclose(float(g.get("weight_decay", 0.0)), spec.weight_decay, rel_tol=1e-9, abs_tol=0.0):
+            problems.append(f"weight decay {g.get('weight_decay')} in group {g.get('name')!r}, "
+                            f"the row means {spec.weight_decay}")
+        for key, want in spec.extra.items():  # e.g. AdamP's delta and wd_ratio
+            got = g.get(key)
+            if not isinstance(got, (int, float)) or not math.isclose(float(got), float(want), rel_tol=1e-9):
+                problems.append(f"{key} {got!r} in group {g.get('name')!r}, the row means {want}")
+    return problems
+
+
+def check_against_zoo_row(info: dict) -> list[str]:
+    """What a zoo run's ``run.json`` (:mod:`bnrotation.study.zoo`) says that contradicts its row
+    ``<arch>-<optimizer>``: a row that is not the architecture and optimizer it names (``arch``,
+    ``optimizer_name``), an optimizer that is not one of the study's rows, or one read back with other settings
+    than that row's (class, learning rate, weight decay: the zoo trains with the study's ``sgd`` and ``adam``).
+
+    Returns:
+        One line per contradiction; empty when the run is what its row says.
+    """
+    arch, name = info.get("arch"), info.get("optimizer_name")
+    if info.get("row") != f"{arch}-{name}":
+        return [f"run.json says arch {arch!r} and optimizer {name!r}, which is not the row"]
+    if name not in ROWS or ROWS[name].optimizer not in OPTIMIZER_CLASSES:
+        return [f"optimizer {name!r} is not one of the study's rows"]
+    return _against_optimizer(info, ROWS[name])
 
 
 def main(argv: list[str]) -> int:

@@ -29,7 +29,6 @@ import io
 import signal
 import sys
 import time
-from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -52,7 +51,7 @@ from ..probes import accuracy, batch_statistics_pass
 from ..provenance import describe_built
 from .rows import ROWS, check_against_row
 from .run_averages import AveragesFactory, RunAverages
-from .rundir import RESUME_FILE, RunLock, config_yaml, prepare_run_dir
+from .rundir import RESUME_FILE, RunFolder, Trained, claim
 from .runtime import (RunInterrupted, evaluation_compiled, pass_on_to_submitit, resolve_device, resolve_threads,
                       set_determinism, stop_signals)
 from .task import Task, build_task, generator, heldout_set, memory_format, probe_set, reestimation_batches, run_dtype
@@ -219,11 +218,9 @@ def run_seeds(cfg: RunConfig, progress_lines: bool = False, *,
     seeds = list(dict.fromkeys(cfg.batch_seeds))
     cfgs = {s: dataclasses.replace(cfg, seed=s, batch_seeds=[]) for s in seeds}
     built = {s: _build(c, device) for s, c in cfgs.items()}
-    with ExitStack() as stack:
-        for s in seeds:
-            stack.enter_context(RunLock(cfg.results_root, cfg.row, s))
-        prepared = {s: prepare_run_dir(cfgs[s]) for s in seeds}
-        todo = [s for s in seeds if prepared[s][0] is not None]
+    with claim([cfgs[s] for s in seeds]) as claimed:
+        folders = dict(zip(seeds, claimed))
+        todo = [s for s in seeds if folders[s] is not None]
         results: dict[int, Path | None] = {s: None for s in seeds}
         if todo:
             resolve_threads(cfg.threads)
@@ -234,9 +231,8 @@ def run_seeds(cfg: RunConfig, progress_lines: bool = False, *,
             # Stop signals are caught from before run.json is written: a stop during the setup (the compile
             # included) or step 0's measurements saves the state at step 0, so that a preempted job resumes.
             with stop_signals() as caught:
-                members = [_member(cfgs[s], built[s], out=prepared[s][0], resume=prepared[s][1], device=device,
-                                   determinism=determinism, batched_with=todo,
-                                   averages=averages) for s in todo]
+                members = [_member(cfgs[s], built[s], folders[s], device=device, determinism=determinism,
+                                   batched_with=todo, averages=averages) for s in todo]
                 with compiled_evaluation(compiled):
                     try:
                         results.update(_train(members, caught, progress_lines))
@@ -284,26 +280,28 @@ def _build(cfg: RunConfig, device: torch.device) -> _Built:
 
 @dataclass
 class _Member:
-    """One seed of a (possibly batched) run: its config, folder, data, state and ``run.json``."""
+    """One seed of a (possibly batched) run: its config, folder (with its ``run.json``), data and state."""
 
     cfg: RunConfig
-    out: Path
+    folder: RunFolder
     state: RunState
     task: Task
     x_held: torch.Tensor
     y_held: torch.Tensor
     x_probe: torch.Tensor
-    info: dict
-    started: float
     finished: bool = False
 
+    @property
+    def out(self) -> Path:
+        return self.folder.path
 
-def _member(cfg: RunConfig, built: _Built, *, out: Path, resume: bool, device: torch.device, determinism: dict,
+
+def _member(cfg: RunConfig, built: _Built, folder: RunFolder, *, device: torch.device, determinism: dict,
             batched_with: list[int], averages: AveragesFactory) -> _Member:
-    """One seed ready to train in ``out``: its data, its state (resumed from ``out`` with ``resume``), and its
-    ``config.yaml`` and first ``run.json`` written; ``batched_with``: the seeds that train with it; ``averages``
-    builds its averages (:func:`run`)."""
-    started = time.time()
+    """One seed ready to train in its claimed ``folder``: its data, its state (resumed from the folder when it
+    holds a resumable state of the same config), and its ``config.yaml`` and first ``run.json`` written;
+    ``batched_with``: the seeds that train with it; ``averages`` builds its averages (:func:`run`)."""
+    out = folder.path
     built.described["threads"] = torch.get_num_threads()
     task = built.task
     x_held, y_held = heldout_set(task, cfg)
@@ -316,18 +314,14 @@ def _member(cfg: RunConfig, built: _Built, *, out: Path, resume: bool, device: t
         records.TableBuffer(cfg.row, cfg.seed),
         averages(cfg.averaging, model) if cfg.averaging.enabled and has_running else None,
         torch.zeros((), dtype=torch.long, device=device))
-    if resume:
+    if folder.resume:
         state.load(out / RESUME_FILE)
         state.resumes.append({"at_step": state.step, "at": dt.datetime.now(dt.timezone.utc).isoformat()})
         print(f"resuming {cfg.row} seed={cfg.seed} at step {state.step} of {cfg.scale.steps} "
               f"from {out / RESUME_FILE}", file=sys.stderr, flush=True)
-    info = {"schema_version": records.SCHEMA_VERSION, "row": cfg.row, "seed": cfg.seed, "status": "running",
-            "started_at": dt.datetime.fromtimestamp(started, dt.timezone.utc).isoformat(), **built.described,
-            "determinism": determinism, "pairing": state.monitor.pairing.describe(),
-            "batched_with_seeds": batched_with if len(batched_with) > 1 else None}
-    records.atomic_write_text(out / "config.yaml", config_yaml(cfg))
-    records.write_json(out / "run.json", info)
-    return _Member(cfg, out, state, task, x_held, y_held, x_probe, info, started)
+    folder.start({**built.described, "determinism": determinism, "pairing": state.monitor.pairing.describe(),
+                  "batched_with_seeds": batched_with if len(batched_with) > 1 else None})
+    return _Member(cfg, folder, state, task, x_held, y_held, x_probe)
 
 
 def _train(members: list[_Member], caught: dict, progress_lines: bool = False) -> dict[int, Path]:
@@ -431,19 +425,15 @@ class _Schedule:
 
 
 def _finish(m: _Member, diverged_at: int | None = None) -> Path:
-    """Write a seed's tables, its final ``run.json`` and ``DONE``; the resumable state goes."""
-    state, out, cfg = m.state, m.out, m.cfg
-    for name in records.TABLE_COLUMNS:
-        records.write_table(state.tables.frame(name), out / f"{name}.parquet", name)
-    ended = time.time()
-    m.info.update(status="diverged" if diverged_at else "done", diverged_at_step=diverged_at,
-                  steps_completed=(diverged_at - 1) if diverged_at else cfg.scale.steps,
-                  ended_at=dt.datetime.fromtimestamp(ended, dt.timezone.utc).isoformat(),
-                  wall_seconds=round(state.wall_before + ended - m.started, 3),
-                  timings_s={k: round(v, 3) for k, v in state.timings.items()}, resumes=state.resumes)
-    records.write_json(out / "run.json", m.info)
-    (out / RESUME_FILE).unlink(missing_ok=True)
-    records.mark_done(out)
+    """Write a seed's tables, its final ``run.json`` and ``DONE`` (:meth:`.rundir.RunFolder.finish`); the
+    resumable state goes."""
+    state = m.state
+    tables = {name: state.tables.frame(name) for name in records.TABLE_COLUMNS}
+    info = {"diverged_at_step": diverged_at,
+            "steps_completed": (diverged_at - 1) if diverged_at else m.cfg.scale.steps,
+            "timings_s": {k: round(v, 3) for k, v in state.timings.items()}, "resumes": state.resumes}
+    out = m.folder.finish(Trained(tables, info, "diverged" if diverged_at else "done"), records.TABLE_COLUMNS,
+                          wall_before=state.wall_before)
     m.finished = True
     return out
 
@@ -537,7 +527,7 @@ def _save_resumable(members: list[_Member], trainer: ensemble.Trainer) -> None:
     trainer.sync_optimizer()
     for m in members:
         if not m.finished:
-            m.state.save(m.out / RESUME_FILE, time.time() - m.started)
+            m.state.save(m.out / RESUME_FILE, time.time() - m.folder.started)
 
 
 def _stop(members: list[_Member], trainer: ensemble.Trainer, caught: dict, t_mark: float) -> None:

@@ -51,8 +51,10 @@ and a step about twice as much with batches of 128 as of 64; with the budget bin
 A run writes ``<results_root>/runs/<arch>-<optimizer>/seed=<s>/``: ``config.yaml``, ``run.json`` (what ran, read
 back from the built objects: :func:`.provenance.describe_built`; the monitor's pairing or refusal; wall and CPU time;
 status), ``checks.parquet``, ``layers.parquet``, ``interventions.parquet`` (and ``channels.parquet``), each
-atomically (:mod:`.records`), then ``DONE``. A finished run with the same config is skipped unless ``force=true``;
-a folder without ``DONE`` is rerun from scratch (:func:`.rundir.prepare_run_dir`).
+atomically, then ``DONE``: the suite's frame writes it (:func:`.rundir.run_in_folder` of :data:`EXPERIMENT`, this
+schema, :func:`train` and the runner's tables). A finished run with the same config is skipped unless
+``force=true``; a folder without ``DONE`` is rerun from scratch (:func:`.rundir.prepare_run_dir`). The analysis reads
+the runs with its run reader, layout :data:`.analysis.results.ZOO`.
 
     python experiments/zoo.py arch=lcnet_050 optimizer=adam seed=0          # one run
     make zoo JOBS=2                                                         # the whole zoo, resumable
@@ -62,7 +64,6 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import datetime as dt
 import functools
 import math
 import sys
@@ -86,7 +87,7 @@ from .optim import build_optimizer, cross_entropy_step
 from ..probes import accuracy
 from ..provenance import describe_built
 from .rows import ROWS
-from .rundir import RunLock, config_yaml, prepare_run_dir
+from .rundir import Experiment, Trained, run_in_folder
 from .runtime import StepClock, measured_steps, resolve_threads
 from .task import build_task, generator, stream_seed
 from .thirdparty import torchvision_shim
@@ -95,7 +96,8 @@ if TYPE_CHECKING:
     from .cli import Outcome
 
 __all__ = ["ARCHS", "CONTROL", "ZOO_ARCHS", "SecondZoo", "SECOND_ZOO", "OPTIMIZERS", "SEEDS", "STALE_RECOVERY", "ZooConfig", "register_zoo_config",
-           "to_zoo_config", "optimizer_config", "build_model", "monitor_or_refusal", "check_steps", "run", "run_task",
+           "to_zoo_config", "optimizer_config", "build_model", "monitor_or_refusal", "check_steps", "train", "EXPERIMENT",
+           "run", "run_task",
            "sweep_lists", "costs"]
 
 # The BatchNorm architectures: timm's names, small variants of common families.
@@ -250,8 +252,88 @@ def _truth(model: nn.Module, batches: list[torch.Tensor], x: torch.Tensor, y: to
             "stale": bool(after - acc_stored >= x_recovery)}
 
 
+def _set_up(cfg: ZooConfig) -> dict:
+    """The process's threads for the run, and what ``run.json`` records at its start: the architecture, the
+    optimizer's name and the threads."""
+    return {"arch": cfg.arch, "optimizer_name": cfg.optimizer.name, "threads": resolve_threads(cfg.threads)}
+
+
+def train(cfg: ZooConfig) -> Trained:
+    """Train one zoo run, measuring at every check (module docstring), without its folder (:func:`run` is the frame
+    that calls it).
+
+    Returns:
+        Its tables (``checks``, ``layers``, ``interventions``, and ``channels`` with ``channels=true``; long format
+        with ``row`` and ``seed``), what ``run.json`` records of it (the built objects read back, the task, the
+        monitor's pairing or refusal, timings in seconds) and its status (``diverged`` at a non-finite loss).
+
+    Raises:
+        DataError: Fashion-MNIST's files are missing or malformed.
+    """
+    cpu_started = time.process_time()
+    task = build_task(cfg.task, cfg.seed)
+    x_held, y_held = task.fixed_set(cfg.heldout_size, cfg.seed, "heldout")
+    probe = task.fixed_set(cfg.task.probe_size, cfg.seed, "probe")
+    chunk = eval_chunk(x_held.device, len(y_held))
+    model = build_model(cfg.arch, cfg.seed)
+    optimizer = build_optimizer(cfg.optimizer, model)
+    monitor, refusal = monitor_or_refusal(model, probe, cfg.evaluation_path)
+    g_train, g_re = generator(cfg.seed, "train"), generator(cfg.seed, "reestimate")
+    tables = records.TableBuffer(cfg.row, cfg.seed)
+    checks = set(check_steps(cfg))
+    diverged_at, clock, t_checks = None, StepClock(), 0.0
+
+    def train_step() -> torch.Tensor:
+        return cross_entropy_step(model, optimizer, *task.sample(cfg.task.batch_size, g_train))
+
+    for step, loss in measured_steps(cfg.steps, train_step, checks, clock):
+        t0 = time.perf_counter()
+        if step > 0 and not math.isfinite(loss):
+            diverged_at = step
+            break
+        line, layers, channels = _monitor_lines(monitor, step)
+        acc_eval = accuracy(model, x_held, y_held, "eval", chunk)
+        acc_train = accuracy(model, x_held, y_held, "train")
+        batches = [task.sample(cfg.task.batch_size, g_re)[0] for _ in range(cfg.reestimate_batches)]
+        truth = _truth(model, batches, x_held, y_held, chunk, acc_eval, cfg.stale_recovery)
+        t_check = time.perf_counter() - t0
+        t_checks += t_check
+        tables.add("checks", pd.DataFrame([{"step": step, "lr": optimizer.param_groups[0]["lr"], "loss": loss,
+                                            "acc_train_mode": acc_train, "acc_eval_mode": acc_eval, **truth,
+                                            **line, "check_seconds": t_check}]))
+        tables.add("interventions", pd.DataFrame(
+            {"step": step, "intervention": ["none", "reestimate"], "k": -1, "layer": "",
+             "acc_eval_mode": [acc_eval, truth["acc_eval_mode_reestimated"]]}))
+        if layers is not None:
+            tables.add("layers", layers)
+            if cfg.channels:
+                tables.add("channels", channels)
+        if cfg.progress:
+            print(f"{cfg.row} seed={cfg.seed} step {step}: loss {loss:.3f}, held-out eval {acc_eval:.3f} / "
+                  f"train {acc_train:.3f}, re-estimated {truth['acc_eval_mode_reestimated']:.3f}"
+                  + (f", rule {'STALE' if line['rule_flagged'] else 'quiet'}" if monitor else ""),
+                  file=sys.stderr, flush=True)
+    names = ("checks", "layers", "interventions") + (("channels",) if cfg.channels else ())
+    info = {**describe_built(model, optimizer, None, torch.device("cpu")), "task": task.describe(),
+            "bn_momenta": sorted({m.momentum for _, m in running_stat_layers(model)}, key=str),
+            "monitor": _monitor_info(monitor, refusal), "stale_recovery": cfg.stale_recovery, "tables": list(names),
+            "checks": len(tables.frames["checks"]), "diverged_at_step": diverged_at,
+            "timings_s": {"train": round(clock.train_s, 3), "checks": round(t_checks, 3),
+                          "cpu": round(time.process_time() - cpu_started, 3)},
+            "ms_per_step": round(1e3 * clock.train_s / max(cfg.steps if diverged_at is None else diverged_at - 1, 1),
+                                 2)}
+    return Trained({name: tables.frame(name) for name in names}, info,
+                   "diverged" if diverged_at is not None else "done")
+
+
+# The zoo on the suite's frame (:func:`.rundir.run_in_folder`): its schema, its train function and its tables (the
+# runner's, :data:`.records.TABLE_COLUMNS`: it writes ``checks``, ``layers``, ``interventions`` and ``channels``).
+EXPERIMENT = Experiment(ZooConfig, train, records.TABLE_COLUMNS, _set_up)
+
+
 def run(cfg: ZooConfig) -> Path | None:
-    """Train one zoo run and write its folder (module docstring), ``DONE`` last.
+    """Train one zoo run and write its folder (module docstring), ``DONE`` last, on the suite's frame
+    (:func:`.rundir.run_in_folder` of :data:`EXPERIMENT`).
 
     Returns:
         The run folder, or None when it was finished already with the same config (skipped).
@@ -261,78 +343,7 @@ def run(cfg: ZooConfig) -> Path | None:
         rundir.RunBusyError: another process is training it now.
         DataError: Fashion-MNIST's files are missing or malformed.
     """
-    with RunLock(cfg.results_root, cfg.row, cfg.seed):
-        out, _ = prepare_run_dir(cfg, ZooConfig)
-        if out is None:
-            return None
-        threads = resolve_threads(cfg.threads)
-        started, cpu_started = time.time(), time.process_time()
-        records.atomic_write_text(out / "config.yaml", config_yaml(cfg))
-        info = {"schema_version": records.SCHEMA_VERSION, "row": cfg.row, "seed": cfg.seed, "arch": cfg.arch,
-                "optimizer_name": cfg.optimizer.name, "status": "running",
-                "started_at": dt.datetime.fromtimestamp(started, dt.timezone.utc).isoformat(), "threads": threads}
-        records.write_json(out / "run.json", info)
-
-        task = build_task(cfg.task, cfg.seed)
-        x_held, y_held = task.fixed_set(cfg.heldout_size, cfg.seed, "heldout")
-        probe = task.fixed_set(cfg.task.probe_size, cfg.seed, "probe")
-        chunk = eval_chunk(x_held.device, len(y_held))
-        model = build_model(cfg.arch, cfg.seed)
-        optimizer = build_optimizer(cfg.optimizer, model)
-        monitor, refusal = monitor_or_refusal(model, probe, cfg.evaluation_path)
-        g_train, g_re = generator(cfg.seed, "train"), generator(cfg.seed, "reestimate")
-        tables = records.TableBuffer(cfg.row, cfg.seed)
-        checks = set(check_steps(cfg))
-        diverged_at, clock, t_checks = None, StepClock(), 0.0
-
-        def train_step() -> torch.Tensor:
-            return cross_entropy_step(model, optimizer, *task.sample(cfg.task.batch_size, g_train))
-
-        for step, loss in measured_steps(cfg.steps, train_step, checks, clock):
-            t0 = time.perf_counter()
-            if step > 0 and not math.isfinite(loss):
-                diverged_at = step
-                break
-            line, layers, channels = _monitor_lines(monitor, step)
-            acc_eval = accuracy(model, x_held, y_held, "eval", chunk)
-            acc_train = accuracy(model, x_held, y_held, "train")
-            batches = [task.sample(cfg.task.batch_size, g_re)[0] for _ in range(cfg.reestimate_batches)]
-            truth = _truth(model, batches, x_held, y_held, chunk, acc_eval, cfg.stale_recovery)
-            t_check = time.perf_counter() - t0
-            t_checks += t_check
-            tables.add("checks", pd.DataFrame([{"step": step, "lr": optimizer.param_groups[0]["lr"], "loss": loss,
-                                                "acc_train_mode": acc_train, "acc_eval_mode": acc_eval, **truth,
-                                                **line, "check_seconds": t_check}]))
-            tables.add("interventions", pd.DataFrame(
-                {"step": step, "intervention": ["none", "reestimate"], "k": -1, "layer": "",
-                 "acc_eval_mode": [acc_eval, truth["acc_eval_mode_reestimated"]]}))
-            if layers is not None:
-                tables.add("layers", layers)
-                if cfg.channels:
-                    tables.add("channels", channels)
-            if cfg.progress:
-                print(f"{cfg.row} seed={cfg.seed} step {step}: loss {loss:.3f}, held-out eval {acc_eval:.3f} / "
-                      f"train {acc_train:.3f}, re-estimated {truth['acc_eval_mode_reestimated']:.3f}"
-                      + (f", rule {'STALE' if line['rule_flagged'] else 'quiet'}" if monitor else ""),
-                      file=sys.stderr, flush=True)
-        names = ("checks", "layers", "interventions") + (("channels",) if cfg.channels else ())
-        for name in names:
-            records.write_table(tables.frame(name), out / f"{name}.parquet", name)
-        ended = time.time()
-        built = describe_built(model, optimizer, None, torch.device("cpu"))
-        info.update(built, task=task.describe(),
-                    bn_momenta=sorted({m.momentum for _, m in running_stat_layers(model)}, key=str),
-                    monitor=_monitor_info(monitor, refusal), stale_recovery=cfg.stale_recovery, tables=list(names),
-                    checks=len(tables.frames["checks"]), diverged_at_step=diverged_at,
-                    status="diverged" if diverged_at is not None else "done",
-                    ended_at=dt.datetime.fromtimestamp(ended, dt.timezone.utc).isoformat(),
-                    wall_seconds=round(ended - started, 3),
-                    timings_s={"train": round(clock.train_s, 3), "checks": round(t_checks, 3),
-                               "cpu": round(time.process_time() - cpu_started, 3)},
-                    ms_per_step=round(1e3 * clock.train_s / max(cfg.steps if diverged_at is None else diverged_at - 1, 1), 2))
-        records.write_json(out / "run.json", info)
-        records.mark_done(out)
-    return out
+    return run_in_folder(cfg, EXPERIMENT)
 
 
 def _monitor_info(monitor: StalenessMonitor | None, refusal: str | None) -> dict:

@@ -22,7 +22,8 @@ import pyarrow.parquet as pq
 import yaml
 
 from ... import records
-from ..rows import FROZEN_TABLES, ROWS, check_against_frozen_row, check_against_row, row_order
+from ..rows import (FROZEN_TABLES, ROWS, ZOO_REQUIRED, check_against_frozen_row, check_against_row,
+                    check_against_zoo_row, row_order)
 
 ALL_TABLES = tuple(records.TABLE_COLUMNS)  # every table a run may hold, the optional ones too
 SCALE_KEYS = ("steps", "log_every", "check_start")  # what the table's columns read from config.yaml
@@ -37,14 +38,17 @@ class BadRunError(ValueError):
 @dataclass(frozen=True)
 class Layout:
     """What a finished run folder of one experiment holds, for :func:`load_run` to check: ``columns``, each table
-    it may hold and the columns that table must have; ``required``, the tables every run has; ``scale_keys``, the
-    integer keys of its ``config.yaml``'s ``scale`` section; ``contradicts(info)``, one line per thing its
-    ``run.json`` says against its row."""
+    it may hold and the columns that table must have (the experiment's table layout, which its writer,
+    :class:`bnrotation.study.rundir.Experiment`, holds too); ``required``, the tables every run has; ``scale_keys``,
+    the integer keys of its ``config.yaml``'s ``scale`` section; ``contradicts(info)``, one line per thing its
+    ``run.json`` says against its row; ``marker``, a ``run.json`` key that only this experiment's runs have, by which
+    :func:`load_run` tells its runs from another experiment's ("" for the runner's, whose runs have none)."""
 
     columns: Mapping[str, tuple[str, ...]]
     required: tuple[str, ...]
     scale_keys: tuple[str, ...]
     contradicts: Callable[[dict], list[str]]
+    marker: str = ""
 
 
 def _against_registered_row(info: dict) -> list[str]:
@@ -53,8 +57,19 @@ def _against_registered_row(info: dict) -> list[str]:
 
 
 RUNNER = Layout(records.TABLE_COLUMNS, records.REQUIRED_TABLES, SCALE_KEYS, _against_registered_row)
-# The frozen-backbone experiment's runs (bnrotation.study.frozen): their own tables, no scale section.
-FROZEN = Layout(FROZEN_TABLES, tuple(FROZEN_TABLES), (), check_against_frozen_row)
+# The frozen-backbone experiment's runs (bnrotation.study.frozen): their own tables, no scale section; their run.json
+# names the BatchNorm mode.
+FROZEN = Layout(FROZEN_TABLES, tuple(FROZEN_TABLES), (), check_against_frozen_row, marker="mode")
+# The staleness zoo's runs (bnrotation.study.zoo): the runner's tables (no channels by default), no scale section;
+# their run.json names the timm architecture.
+ZOO = Layout(records.TABLE_COLUMNS, ZOO_REQUIRED, (), check_against_zoo_row, marker="arch")
+
+
+def layout_of(info: dict, layouts: tuple[Layout, ...]) -> Layout | None:
+    """Which of ``layouts`` wrote the run whose ``run.json`` is ``info``: the first whose marker it has, else the
+    first without a marker (the runner's); None when there is neither."""
+    marked = [layout for layout in layouts if layout.marker and layout.marker in info]
+    return (marked or [layout for layout in layouts if not layout.marker] or [None])[0]
 
 
 @dataclass
@@ -301,9 +316,11 @@ def _load_yaml(text: str):
     return yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
 
 
-def load_run(path: str | Path, tables: tuple[str, ...] = records.REQUIRED_TABLES, layout: Layout = RUNNER) -> Run:
+def load_run(path: str | Path, tables: tuple[str, ...] = records.REQUIRED_TABLES,
+             layout: Layout | tuple[Layout, ...] = RUNNER) -> Run:
     """Load and validate one run folder of ``layout``'s experiment (the runner's by default), with its tables
-    ``tables`` (those of them it holds, and every one it must).
+    ``tables`` (those of them it holds, and every one it must). ``layout`` may be several experiments' layouts
+    (``(RUNNER, ZOO)``): the run is read with the one that wrote it (:func:`layout_of`).
 
     Raises:
         BadRunError: naming the folder and what is wrong.
@@ -326,6 +343,11 @@ def load_run(path: str | Path, tables: tuple[str, ...] = records.REQUIRED_TABLES
     if path.parent.name != info.get("row") or path.name != f"seed={info.get('seed')}":
         raise BadRunError(f"{path}: run.json says row {info.get('row')!r} seed {info.get('seed')!r}, "
                           "which does not match the folder")
+    if isinstance(layout, tuple):
+        layouts, layout = layout, layout_of(info, layout)
+        if layout is None:
+            raise BadRunError(f"{path / 'run.json'}: a run of another experiment (it has none of the keys "
+                              f"{', '.join(repr(x.marker) for x in layouts)}); not read here")
     config = _parse(path / "config.yaml", _load_yaml, yaml.YAMLError)
     if not isinstance(config, dict):
         raise BadRunError(f"{path / 'config.yaml'}: expected a mapping of config keys")

@@ -64,7 +64,8 @@ import pandas as pd
 from .... import records
 from ....staleness import Thresholds, channel_signals, in_warmup, warmup_steps
 from ...constants import STALE_RECOVERY  # the truth's X, below the training code and the analysis
-from ..results import BadRunError, Run, find_run_dirs, load_run, once_per_run, read_table
+from ..results import RUNNER, BadRunError, Run, find_run_dirs, load_run, once_per_run
+from ..results import ZOO as ZOO_LAYOUT  # ZOO here is the zoo's folder under a root
 from .frozen import load_frozen_runs
 
 __all__ = ["out_of_sample_roots", "load_calibration_runs", "STALE_RECOVERY", "TARGET_RECALL", "IN_SAMPLE_TASK", "SIGNALS", "Signal", "in_sample", "out_of_sample_run", "task_of",
@@ -544,7 +545,10 @@ SAMPLES = (SYNTHETIC, LOOKED_AT, FRESH)
 
 def load_calibration_runs(roots: list[str | Path], keep) -> tuple[list[Run], list[str]]:
     """The finished, non-diverged runs under ``roots`` (each ``<root>/runs/<row>/seed=<s>``) for which ``keep(run)``
-    holds, each folder once, and one line per folder refused (:func:`bnrotation.study.analysis.results.load_run`)."""
+    holds, each folder once, and one line per folder refused. Each is read by the run reader
+    (:func:`bnrotation.study.analysis.results.load_run`) with the layout of the experiment that wrote it: the
+    runner's (:data:`bnrotation.study.analysis.results.RUNNER`) or the staleness zoo's
+    (:data:`bnrotation.study.analysis.results.ZOO`: no ``scale`` section, no ``channels`` table by default)."""
     runs, problems, seen = [], [], set()
     for root in roots:
         for d in find_run_dirs(root):
@@ -552,37 +556,13 @@ def load_calibration_runs(roots: list[str | Path], keep) -> tuple[list[Run], lis
                 continue
             seen.add(d.resolve())
             try:
-                r = load_run(d, TABLES)
+                r = load_run(d, TABLES, (RUNNER, ZOO_LAYOUT))
             except BadRunError as err:
-                r = _run_of_another_layout(d)  # the zoo's runs have no scale section
-                if r is None:
-                    problems.append(str(err))
-                    continue
+                problems.append(str(err))
+                continue
             if not r.diverged and keep(r):
                 runs.append(r)
     return runs, problems
-
-
-def _run_of_another_layout(path: Path) -> Run | None:
-    """A finished run whose ``config.yaml`` is not the runner's (the staleness zoo's: no ``scale`` section), read
-    as :func:`bnrotation.study.analysis.results.load_run` reads tables (schema version and columns checked), or None
-    when it is not finished or its ``run.json`` or a table is unreadable."""
-    import json
-
-    import yaml
-
-    if not (path / records.DONE).exists():
-        return None
-    try:
-        info = json.loads((path / "run.json").read_text())
-        config = yaml.safe_load((path / "config.yaml").read_text())
-        tables = {name: read_table(path / f"{name}.parquet", name)
-                  for name in ("checks", "layers", "channels", "interventions") if (path / f"{name}.parquet").exists()}
-    except (OSError, ValueError, yaml.YAMLError):
-        return None
-    if not isinstance(info, dict) or not isinstance(config, dict) or "checks" not in tables:
-        return None
-    return Run(path, info, config, tables)
 
 
 # ----------------------------------------------------------------------------- the report
