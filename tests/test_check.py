@@ -212,10 +212,10 @@ def test_batches_from_a_function_a_dict_and_an_endless_loader(nets, monkeypatch,
 def test_a_probe_too_small_for_the_gap_threshold_warns_in_one_line_and_is_undetermined(nets, monkeypatch, capsys):
     """8 samples: one moves the mode gap by 12.5%, more than the 0.05 threshold, so one sample alone can cross it
     (the monitor warns at construction for such a probe, MonitorSetupWarning). The check says so in one line on
-    stderr, naming the smallest probe (monitor.smallest_probe: 20) and what sets the size (--batches, or
+    stderr, naming the smallest probe (probe_batch.smallest_probe: 20) and what sets the size (--batches, or
     --max-batches when it cut the batches short), and gives no verdict: Undetermined, exit 2 (issue 48: a CI
     gate on the check must not fail, or pass, on noise). With a threshold that 8 samples can decide it judges."""
-    from bnrotation.monitor import smallest_probe
+    from bnrotation.probe_batch import smallest_probe
     folder, user, batches = nets
     small = _save(folder, "small.pt", [(batches[0][0][:8], batches[0][1][:8])])
     quiet = check_checkpoint(user.make(), [(batches[0][0][:8], batches[0][1][:8])], weights=folder / "stale.pt",
