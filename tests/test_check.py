@@ -192,7 +192,33 @@ def test_numbers_equal_a_hand_computation_on_a_tiny_model():
     unlabelled = check_checkpoint(model, xs)
     differ = float((torch.cat(train).argmax(1) != torch.cat(stored).argmax(1)).double().mean())
     assert unlabelled.mode_gap == pytest.approx(differ) and math.isnan(unlabelled.acc_eval_mode)
-    assert torch.equal(bn.running_mean, torch.tensor([0.5, -1.0, 0.0, 2.0]))  # re-estimated on a copy
+    assert torch.equal(bn.running_mean, torch.tensor([0.5, -1.0, 0.0, 2.0]))  # the stored statistics put back
+
+
+def test_the_check_reads_and_checks_each_batch_once_and_pairs_and_lints_the_model_once(monkeypatch):
+    """From --batches to the monitor: each batch is checked against the model once (one eager pass on its first
+    two samples, :func:`probe_batch.check_probe`), the model is paired and linted once (one monitor asked before
+    and after re-estimation), and every buffer the re-estimation replaced is put back, bit for bit."""
+    import bnrotation.monitor as monitor_module
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.BatchNorm1d(4), torch.nn.Linear(4, 3))
+    model[1].running_mean.fill_(0.5)
+    stored = {k: v.clone() for k, v in model.state_dict().items()}
+    calls = {"find_pairs": 0, "lint_batchnorm": 0}
+    for name in calls:
+        def counted(*args, _f=getattr(monitor_module, name), _name=name, **kwargs):
+            calls[_name] += 1
+            return _f(*args, **kwargs)
+        monkeypatch.setattr(monitor_module, name, counted)
+    heads = []  # the batch sizes of the evaluation-mode passes on two samples: check_probe's
+    model.register_forward_hook(lambda m, args, out: heads.append(len(args[0])) if not m.training else None)
+    batches = [(torch.randn(8, 3), torch.randint(0, 3, (8,))) for _ in range(3)]
+    report = check_checkpoint(model, batches)
+    assert heads.count(2) == 3 and calls == {"find_pairs": 1, "lint_batchnorm": 1}
+    assert (report.before.step, report.after.step) == (0, 1) and report.batches == 3
+    assert report.worst_median_lag_sigma > 0.1 > float(report.after.layers["lag_median_abs_sigma"].max())
+    assert all(torch.equal(v, stored[k]) for k, v in model.state_dict().items())
 
 
 def test_batches_from_a_function_a_dict_and_an_endless_loader(nets, monkeypatch, capsys):
