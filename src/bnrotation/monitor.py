@@ -59,7 +59,7 @@ from torch.nn.modules.batchnorm import _BatchNorm
 
 from .batches import sample_count
 from .bnstats import NonFinite, nonfinite_state
-from .evaluation import eval_chunk, evaluation_forward, without_autocast
+from .evaluation import CompiledEvaluation, eval_chunk, evaluation_forward, without_autocast
 from .lint import findings_line, lint_batchnorm
 from .pairing import NormPair, find_pairs, rng_devices
 from .pooling import pooled_moments
@@ -318,6 +318,8 @@ class StalenessMonitor:
             evaluation-mode pass of the mode check measures them (run eagerly, with hooks; without ``modes`` that
             pass is made for them alone). Adds the ``eval_path_*`` columns of :class:`MonitorRecord`; ``make
             bench``, section (c), gives its cost.
+        compiled: a :class:`bnrotation.evaluation.CompiledEvaluation` the mode check's evaluation-mode pass runs
+            through (the suite's runner passes its own), or None (the default): eagerly.
 
     Unpaired layers (:attr:`pairing`, :func:`find_pairs`) are counted by reason, with a few of each reason's
     layers, in one :class:`MonitorSetupWarning` at construction (:meth:`Pairing.unpaired_text`; every one in
@@ -343,7 +345,7 @@ class StalenessMonitor:
     def __init__(self, model: nn.Module, probe, *, input_key: str | None = "input", target_key: str = "target",
                  thresholds: Thresholds = Thresholds(), warn: bool = True, modes: bool = True,
                  running_statistics_only: bool = True, warmup_steps: int | None = None,
-                 evaluation_path: bool = False):
+                 evaluation_path: bool = False, compiled: CompiledEvaluation | None = None):
         if not isinstance(model, nn.Module):
             raise TypeError(f"model: expected a torch.nn.Module, got {type(model).__name__}")
         model = uncompiled(model)
@@ -377,6 +379,7 @@ class StalenessMonitor:
         self.weight_layers = {w: modules[w] for p in self.pairing.pairs for w in p.weights}
         self.thresholds, self.warn, self.modes = thresholds, warn, modes
         self.evaluation_path = evaluation_path
+        self.compiled = compiled  # the mode check's evaluation-mode pass runs through it when given
         self.warmup_steps = (default_warmup_steps([m for _, m in self.layers]) if warmup_steps is None
                              else warmup_steps)
         if self.pairing.unpaired:
@@ -535,7 +538,7 @@ class StalenessMonitor:
 
     # ------------------------------------------------------------------------- parts of a call
     def _eval_forward(self, x=None) -> torch.Tensor:
-        return evaluation_forward(self.model, self.x if x is None else x, self.eval_chunk)
+        return evaluation_forward(self.model, self.x if x is None else x, self.eval_chunk, self.compiled)
 
     def _checks(self, step: int, out_train: torch.Tensor, out_eval: torch.Tensor | None) -> pd.DataFrame:
         return mode_check(step, out_train, out_eval, self.y)

@@ -95,7 +95,7 @@ from ..evaluation import eval_chunk
 from ..monitor import StalenessMonitor
 from ..oneshot import measure_once
 from ..probes import accuracy
-from ..provenance import describe_built, git_state
+from .provenance import describe_built, git_state
 from .config import ModelConfig, OptimizerConfig, Schema, TaskConfig, choice, require, semantic_dict
 from .model import ConvNet, build_model
 from .optim import build_optimizer, cross_entropy_step

@@ -62,7 +62,7 @@ def compile_cache_per_kernel_path() -> str:
 
 def git_state() -> dict:
     """The checkout's commit and whether tracked files differ from it (None where git cannot tell)."""
-    root = Path(__file__).resolve().parents[2]
+    root = Path(__file__).resolve().parents[3]  # the checkout: src/bnrotation/study/provenance.py
     try:
         commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True,
                                 timeout=10).stdout.strip() or None
