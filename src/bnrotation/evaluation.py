@@ -19,9 +19,9 @@ from contextlib import contextmanager
 import torch
 import torch.nn as nn
 
-__all__ = ["without_autocast", "EVAL_CHUNK", "EVAL_CHUNK_BYTES", "eval_chunk", "CompiledEvaluation", "compiled_evaluation",
-           "evaluation_call", "evaluation_mode", "evaluation_forward", "LOGITS_KEY", "read_logits", "model_logits",
-           "logits_note"]
+__all__ = ["without_autocast", "EVAL_CHUNK", "EVAL_CHUNK_BYTES", "eval_chunk", "CompiledEvaluation",
+           "compiled_evaluation", "evaluation_call", "evaluation_mode", "evaluation_forward", "LOGITS_KEY",
+           "read_logits", "model_logits", "logits_note"]
 
 # The entry of a model's output that holds its logits: what Hugging Face models return them under, in a ModelOutput
 LOGITS_KEY = "logits"

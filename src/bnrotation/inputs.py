@@ -38,7 +38,8 @@ from .probe_batch import CheckedProbe, check_probe, split_probe
 from .staleness import Thresholds
 
 __all__ = ["InputError", "CheckInputError", "load_function", "parse_model_kwargs", "model_from_factory",
-           "build_model", "pretrained_from_config", "load_weights", "load_batches", "load_probe", "parse_device", "one_line",
+           "build_model", "pretrained_from_config", "load_weights", "load_batches", "load_probe", "parse_device",
+           "one_line",
            "first_line", "add_batch_arguments", "batch_limit", "thresholds_from", "PRETRAINED_WEIGHTS",
            "DEFAULT_MAX_BATCHES", "MESSAGE_CHARS"]
 

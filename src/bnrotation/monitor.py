@@ -129,8 +129,8 @@ class MonitorRecord:
             and maximum of E along the evaluation path, ``eval_path_error_median_sigma`` and
             ``eval_path_error_max_sigma``.
         channels: one line per channel, the suite's ``channels`` columns: ``step``, ``layer`` (the weight
-            layer of the channel's segment), ``norm_layer``, ``channel``, ``rotation_deg`` (since the previous call), ``rotation_deg_per_100``,
-            ``weight_norm``, ``update_cos``, ``running_mean``, ``running_var``, ``fresh_mean``, ``fresh_var``,
+            layer of the channel's segment), ``norm_layer``, ``channel``, ``rotation_deg`` (since the previous
+            call), ``rotation_deg_per_100``, ``weight_norm``, ``update_cos``, ``running_mean``, ``running_var``, ``fresh_mean``, ``fresh_var``,
             ``lag_sigma``, ``drift_sigma_per_step``, ``predicted_lag_sigma``, ``abs_mean_over_std``, and the
             variance-aware signal of :mod:`bnrotation.staleness`: ``mean_shift_sigma`` (d, running σ),
             ``log_std_ratio`` (log s) and ``eval_error_sigma`` (E, the RMS error of the evaluation-mode
@@ -149,8 +149,8 @@ class MonitorRecord:
         warming_up: whether the step is below the monitor's ``warmup_steps``, where the rule's verdict is kept
             in :attr:`stale` but not announced.
         undetermined: why the rule could not judge this call, in one line, or "" when it could: a probe smaller
-            than :func:`.probe_batch.smallest_probe` of the gap threshold (one sample could cross it), no mode gap measured
-            (``modes=False``) or a NaN one, a layer whose fresh statistics are infinite (activations that
+            than :func:`.probe_batch.smallest_probe` of the gap threshold (one sample could cross it), no mode gap
+            measured (``modes=False``) or a NaN one, a layer whose fresh statistics are infinite (activations that
             overflow: its lag would read 0σ), or no layer whose lag or E is finite. Then :attr:`stale` is False
             (unless a running statistic is non-finite, which is stale whatever else) and :attr:`summary` starts
             with ``UNDETERMINED``: a quantity that is NaN or meaningless by construction is never read as "not
@@ -291,11 +291,11 @@ class StalenessMonitor:
         probe: a tensor, an ``(x, y)`` tuple, or a mapping holding the input under ``input_key`` and the
             labels under ``target_key``; labels are optional. With ``input_key=None`` the mapping goes to the
             model whole (``model(batch)``), labels still read from ``target_key``. Or several
-            such batches, a list of ``(x, y)`` tuples or mappings (:func:`.probe_batch.split_probes`): each goes through its
-            own passes, the fresh statistics are pooled as :func:`bnstats.reestimate` pools them
+            such batches, a list of ``(x, y)`` tuples or mappings (:func:`.probe_batch.split_probes`): each goes
+            through its own passes, the fresh statistics are pooled as :func:`bnstats.reestimate` pools them
             (:func:`.pooling.pooled_moments`), and the mode check reads every sample. Or a
-            :class:`.probe_batch.CheckedProbe`, taken as it is when it was checked on this model. Keep it fixed across
-            calls: the drift and the lag compare statistics of the same inputs. Inputs (N, ...) on the
+            :class:`.probe_batch.CheckedProbe`, taken as it is when it was checked on this model. Keep it fixed
+            across calls: the drift and the lag compare statistics of the same inputs. Inputs (N, ...) on the
             model's device. The mode gap moves by 1/N per sample: warns at construction
             (:class:`MonitorSetupWarning`) when that is above ``thresholds.mode_gap``, naming the smallest
             probe for it; ``docs/pairing.md`` advises on the size.

@@ -92,8 +92,8 @@ class RunAverages:
         def add(average: str, decay: float, window: int, policy: str, n: int, m: nn.Module, fresh: Mapping,
                 acc: float | None = None, provenance: BufferProvenance | None = None) -> None:
             lag = lag_median_abs_sigma(m, fresh)
-            rows.append((average, decay, window, policy, n, accuracy(m, x, y, "eval", chunk, compiled) if acc is None else acc,
-                         lag))
+            acc = accuracy(m, x, y, "eval", chunk, compiled) if acc is None else acc
+            rows.append((average, decay, window, policy, n, acc, lag))
             if provenance is not None:  # an averaged copy, not the live model
                 self.after_scoring(model, step, x, y, m, provenance, average=average, decay=decay, policy=policy)
 
