@@ -192,7 +192,33 @@ def test_numbers_equal_a_hand_computation_on_a_tiny_model():
     unlabelled = check_checkpoint(model, xs)
     differ = float((torch.cat(train).argmax(1) != torch.cat(stored).argmax(1)).double().mean())
     assert unlabelled.mode_gap == pytest.approx(differ) and math.isnan(unlabelled.acc_eval_mode)
-    assert torch.equal(bn.running_mean, torch.tensor([0.5, -1.0, 0.0, 2.0]))  # re-estimated on a copy
+    assert torch.equal(bn.running_mean, torch.tensor([0.5, -1.0, 0.0, 2.0]))  # the stored statistics put back
+
+
+def test_the_check_reads_and_checks_each_batch_once_and_pairs_and_lints_the_model_once(monkeypatch):
+    """From --batches to the monitor: each batch is checked against the model once (one eager pass on its first
+    two samples, :func:`probe_batch.check_probe`), the model is paired and linted once (one monitor asked before
+    and after re-estimation), and every buffer the re-estimation replaced is put back, bit for bit."""
+    import bnrotation.monitor as monitor_module
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.BatchNorm1d(4), torch.nn.Linear(4, 3))
+    model[1].running_mean.fill_(0.5)
+    stored = {k: v.clone() for k, v in model.state_dict().items()}
+    calls = {"find_pairs": 0, "lint_batchnorm": 0}
+    for name in calls:
+        def counted(*args, _f=getattr(monitor_module, name), _name=name, **kwargs):
+            calls[_name] += 1
+            return _f(*args, **kwargs)
+        monkeypatch.setattr(monitor_module, name, counted)
+    heads = []  # the batch sizes of the evaluation-mode passes on two samples: check_probe's
+    model.register_forward_hook(lambda m, args, out: heads.append(len(args[0])) if not m.training else None)
+    batches = [(torch.randn(8, 3), torch.randint(0, 3, (8,))) for _ in range(3)]
+    report = check_checkpoint(model, batches)
+    assert heads.count(2) == 3 and calls == {"find_pairs": 1, "lint_batchnorm": 1}
+    assert (report.before.step, report.after.step) == (0, 1) and report.batches == 3
+    assert report.worst_median_lag_sigma > 0.1 > float(report.after.layers["lag_median_abs_sigma"].max())
+    assert all(torch.equal(v, stored[k]) for k, v in model.state_dict().items())
 
 
 def test_batches_from_a_function_a_dict_and_an_endless_loader(nets, monkeypatch, capsys):
@@ -212,10 +238,10 @@ def test_batches_from_a_function_a_dict_and_an_endless_loader(nets, monkeypatch,
 def test_a_probe_too_small_for_the_gap_threshold_warns_in_one_line_and_is_undetermined(nets, monkeypatch, capsys):
     """8 samples: one moves the mode gap by 12.5%, more than the 0.05 threshold, so one sample alone can cross it
     (the monitor warns at construction for such a probe, MonitorSetupWarning). The check says so in one line on
-    stderr, naming the smallest probe (monitor.smallest_probe: 20) and what sets the size (--batches, or
+    stderr, naming the smallest probe (probe_batch.smallest_probe: 20) and what sets the size (--batches, or
     --max-batches when it cut the batches short), and gives no verdict: Undetermined, exit 2 (issue 48: a CI
     gate on the check must not fail, or pass, on noise). With a threshold that 8 samples can decide it judges."""
-    from bnrotation.monitor import smallest_probe
+    from bnrotation.probe_batch import smallest_probe
     folder, user, batches = nets
     small = _save(folder, "small.pt", [(batches[0][0][:8], batches[0][1][:8])])
     quiet = check_checkpoint(user.make(), [(batches[0][0][:8], batches[0][1][:8])], weights=folder / "stale.pt",

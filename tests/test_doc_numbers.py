@@ -35,7 +35,7 @@ import pandas as pd
 import pytest
 import yaml
 
-from bnrotation.monitor import smallest_probe
+from bnrotation.probe_batch import smallest_probe
 from bnrotation.study import article
 from bnrotation.study.analysis.claims import carryover
 from bnrotation.study.analysis.claims.command import fill_readme

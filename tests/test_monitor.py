@@ -18,8 +18,9 @@ from bnrotation.bnstats import reestimate
 from bnrotation.study.config import ModelConfig
 from bnrotation.evaluation import EVAL_CHUNK
 from bnrotation.study.model import build_model
-from bnrotation.monitor import (MonitorSetupWarning, StaleStatisticsWarning, StalenessMonitor, Thresholds,
-                               evaluation_forward, find_pairs, split_probe)
+from bnrotation.evaluation import evaluation_forward
+from bnrotation.monitor import MonitorSetupWarning, StaleStatisticsWarning, StalenessMonitor, Thresholds, find_pairs
+from bnrotation.probe_batch import split_probe
 from bnrotation.probes import fresh_statistics, rotation_deg
 
 from test_probes import rotated
@@ -844,7 +845,7 @@ def test_a_batchnorm_after_a_concatenation_is_paired_per_channel_segment(untrace
     """``cat`` of two convolutions into one BatchNorm: channels [0, 4) are conv a's, [4, 10) conv b's (through
     ReLU and max pooling); by fx and by execution order alone, checked by scale invariance. A segment from the
     model's input, and a concatenation along a spatial dim, leave their layers unpaired with the reason."""
-    from bnrotation.monitor import Segment
+    from bnrotation.pairing import Segment
     torch.manual_seed(0)
     x = torch.randn(6, 3, 5, 5)
     model = Concatenated(untraceable)
@@ -920,7 +921,7 @@ class DenseStem(nn.Module):
 def test_a_densenet_block_from_timm_is_paired_segment_by_segment(untraceable):
     """Every BatchNorm of a timm DenseNet block is paired: each ``norm1`` with the stem and the earlier layers'
     ``conv2`` (one segment each, in concatenation order), each ``norm2`` with its own ``conv1``."""
-    from bnrotation.monitor import Segment
+    from bnrotation.pairing import Segment
     torch.manual_seed(0)
     x = torch.randn(6, 3, 6, 6)
     model = DenseStem(untraceable)

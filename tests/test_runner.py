@@ -18,7 +18,7 @@ import torch
 from bnrotation import records
 from bnrotation.study.analysis.results import load_runs
 from bnrotation.study.analysis.tables.table import build_table, main as table_main
-from bnrotation.provenance import KERNEL_ENV, cpu_kernels
+from bnrotation.study.provenance import KERNEL_ENV, cpu_kernels
 from bnrotation.study.rows import ROWS
 from bnrotation.study.rundir import RunExistsError
 from bnrotation.study.runner import check_steps, intervention_steps, log_steps, run
@@ -128,7 +128,7 @@ def test_run_json_names_the_cpu_kernels_it_ran_on(tmp_path):
     assert kernels == cpu_kernels() and kernels["capability"] == torch.backends.cpu.get_cpu_capability()
     if os.environ.get("ATEN_CPU_CAPABILITY"):
         assert kernels["capability"] == os.environ["ATEN_CPU_CAPABILITY"].upper()
-    plain = subprocess.run([sys.executable, "-c", "from bnrotation.provenance import cpu_kernels; "
+    plain = subprocess.run([sys.executable, "-c", "from bnrotation.study.provenance import cpu_kernels; "
                             "print(cpu_kernels()['capability'])"], capture_output=True, text=True, check=True,
                            env={**os.environ, "ATEN_CPU_CAPABILITY": "default"}).stdout.strip()
     assert plain == "DEFAULT"
@@ -147,9 +147,9 @@ def test_compiled_code_is_cached_per_kernel_path(tmp_path, monkeypatch):
     set folder is overridden, or torch's default is kept."""
     from torch._inductor.runtime.cache_dir_utils import default_cache_dir
 
-    from bnrotation.provenance import compile_cache_per_kernel_path
+    from bnrotation.study.provenance import compile_cache_per_kernel_path
 
-    code = "from bnrotation.provenance import compile_cache_per_kernel_path as f; print(f())"
+    code = "from bnrotation.study.provenance import compile_cache_per_kernel_path as f; print(f())"
     env = {k: v for k, v in os.environ.items() if k not in ("TORCHINDUCTOR_CACHE_DIR", *KERNEL_ENV)}
     vectorless = {"ATEN_CPU_CAPABILITY": "default", "ONEDNN_MAX_CPU_ISA": "SSE41"}
     ours = {k: os.environ[k] for k in KERNEL_ENV if k in os.environ}  # make test-kernels sets them

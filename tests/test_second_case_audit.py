@@ -15,7 +15,8 @@ import pytest
 import torch
 import torch.nn as nn
 
-from bnrotation.monitor import StalenessMonitor, pooled_moments
+from bnrotation.monitor import StalenessMonitor
+from bnrotation.pooling import pooled_moments
 from bnrotation.staleness import in_warmup, warmup_steps
 from bnrotation.study.analysis.tables import calibration as cal
 from bnrotation.study.analysis.tables import zoo_report

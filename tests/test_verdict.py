@@ -17,7 +17,8 @@ import torch.nn as nn
 from bnrotation import StalenessMonitor
 from bnrotation.bnstats import frozen_layers
 from bnrotation.check import check_checkpoint, main as check_main
-from bnrotation.monitor import MonitorSetupWarning, smallest_probe
+from bnrotation.monitor import MonitorSetupWarning
+from bnrotation.probe_batch import smallest_probe
 from bnrotation.staleness import Thresholds
 
 from thirdparty import import_timm

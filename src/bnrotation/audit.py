@@ -42,7 +42,6 @@ import argparse
 import copy
 import math
 import sys
-import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -53,10 +52,12 @@ import torch.nn as nn
 from .helptext import EXIT_STATUS, EXIT_UNUSABLE, exit_status, plain
 from .averaging import BufferProvenance, EMA, compare_states
 from .bnstats import running_stat_layers
-from .inputs import (InputError, add_batch_arguments, batch_limit, load_batches, load_weights, model_from_factory,
+from .inputs import (InputError, add_batch_arguments, batch_limit, load_probe, load_weights, model_from_factory,
                      one_line, parse_model_kwargs, thresholds_from)
 from .checkpoints import BadCheckpointError, UnsafeCheckpointError, load_checkpoint, state_dict_of
-from .monitor import MonitorRecord, MonitorSetupWarning, StalenessMonitor, Thresholds, record_field, uncompiled
+from .monitor import MonitorRecord, uncompiled
+from .oneshot import measure_once, record_field
+from .staleness import Thresholds
 
 __all__ = ["BUFFER_POLICIES", "AveragedCopy", "AuditReport", "audit_averaged", "unwrap_averaged", "format_audit",
            "main"]
@@ -287,7 +288,7 @@ class AuditReport:
         thresholds: the rule that judged them.
 
     ``stale``, ``mode_gap``, ``acc_eval_mode`` and ``lag_sigma`` (its ``worst_median_lag_sigma``) read
-    :attr:`copy` (:func:`monitor.record_field`).
+    :attr:`copy` (:func:`oneshot.record_field`).
     """
 
     policy: str
@@ -342,7 +343,8 @@ def audit_averaged(raw, averaged, probe, *, model: nn.Module | None = None,
             Lightning ``WeightAveraging`` callback, a :class:`averaging.EMA`, an ``nn.Module``, or a state dict or
             checkpoint dict (:func:`unwrap_averaged`).
         probe: the batch to measure on, as :class:`monitor.StalenessMonitor` takes it (a tensor (N, ...),
-            ``(x, y)``, or a mapping), from the training distribution; with labels the mode gap is an accuracy gap.
+            ``(x, y)``, a mapping, several of them, or a :class:`.probe_batch.CheckedProbe`), from the training
+            distribution; with labels the mode gap is an accuracy gap.
         model: the architecture, when both ``raw`` and ``averaged`` are state dicts.
         provenance: the suite's record of the copy's buffers, which declares its policy.
         thresholds: the monitor's rule (:class:`monitor.Thresholds`).
@@ -371,13 +373,10 @@ def audit_averaged(raw, averaged, probe, *, model: nn.Module | None = None,
                          if missing else "averaged: the copy has no BatchNorm layer with running statistics")
     diff = compare_states(raw_model.state_dict(), held.module.state_dict(), held.module)
     same_weights = diff.same_parameters
-    with warnings.catch_warnings():  # an averaged copy's parameters are frozen by construction, not a mistake
-        warnings.filterwarnings("ignore", COPY_IS_FROZEN, MonitorSetupWarning)
-        monitor_copy = StalenessMonitor(held.module, probe, input_key=input_key, target_key=target_key,
-                                        thresholds=thresholds, warn=False)
-    monitor_raw = StalenessMonitor(raw_model, probe, input_key=input_key, target_key=target_key,
-                                   thresholds=thresholds, warn=False)
-    rec_copy, rec_raw = monitor_copy(0), monitor_raw(0)
+    # an averaged copy's parameters are frozen by construction, not a mistake: the lint's line on that is not shown
+    rec_copy = measure_once(held.module, probe, thresholds=thresholds, input_key=input_key, target_key=target_key,
+                            quiet=COPY_IS_FROZEN)
+    rec_raw = measure_once(raw_model, probe, thresholds=thresholds, input_key=input_key, target_key=target_key)
     lag_copy = rec_copy.layers.set_index("norm_layer")
     lag_raw = rec_raw.layers.set_index("norm_layer")["lag_median_abs_sigma"]
     rows, policies, candidates, reasons = [], [], [], []
@@ -495,11 +494,9 @@ def main(argv: list[str] | None = None) -> int:
             raw_model = _raw_module(raw, model, averaged)
         except (ValueError, TypeError) as err:
             raise _named(err) from None
-        batches, _ = load_batches(args.batches, args.input_key, args.target_key, max_batches, "cpu", raw_model)
-        probe = [(x, y) if y is not None else {"input": x} for x, y in batches]
+        probe, _ = load_probe(args.batches, raw_model, args.input_key, args.target_key, max_batches, "cpu")
         try:
-            report = audit_averaged(raw_model, averaged, probe if len(probe) > 1 else probe[0], model=model,
-                                    thresholds=thresholds)
+            report = audit_averaged(raw_model, averaged, probe, model=model, thresholds=thresholds)
         except (ValueError, TypeError) as err:
             raise _named(err) from None
     except InputError as err:

@@ -1,7 +1,7 @@
 """What a batch may look like: a tensor, an ``(input, target)`` tuple or list, or a mapping.
 
 One reader for the three places that take a user's batches: the monitor's probe
-(:func:`bnrotation.monitor.split_probe`), the check's ``--batches``
+(:func:`bnrotation.probe_batch.split_probe`), the check's ``--batches``
 (:func:`bnrotation.inputs.load_batches`) and re-estimation's loader
 (:func:`bnrotation.bnstats.reestimate`). The shapes are those of a PyTorch
 ``DataLoader``'s default collation: a tensor (N, ...), a tuple or list whose

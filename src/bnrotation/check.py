@@ -39,8 +39,8 @@ A model whose output is a mapping or a transformers ``ModelOutput`` is read thro
 
 What it measures on those batches: it asks the monitor (:class:`monitor.StalenessMonitor`, the batches as its
 probe, their fresh statistics pooled as :func:`bnstats.reestimate` pools them), re-estimates the running
-statistics on a copy, and asks the monitor again (:class:`CheckReport`'s ``before`` and ``after`` records, in the
-monitor's column schema):
+statistics, asks the same monitor again, and puts the stored statistics back (:class:`CheckReport`'s ``before``
+and ``after`` records, in the monitor's column schema):
 
 * per BatchNorm layer (``norm_layer``; ``layer`` is the weight layer feeding it), the lag of the stored running
   mean behind the fresh one, ``(stored - fresh mean) / fresh σ`` (median |lag| over channels, and the worst
@@ -55,7 +55,7 @@ monitor's column schema):
 The statistics are stale when the monitor's rule (:class:`monitor.Thresholds`, the one every tool applies) fires:
 the mode gap, and the worst layer's median E or median |lag|. The verdict is undetermined when the rule cannot
 judge (:attr:`monitor.MonitorRecord.undetermined`): fewer samples than the mode-gap threshold needs (one sample
-moves the gap by 1/N; :func:`monitor.smallest_probe`, 20 at the default 0.05), with one ``warning: --batches:
+moves the gap by 1/N; :func:`probe_batch.smallest_probe`, 20 at the default 0.05), with one ``warning: --batches:
 ...`` line on stderr naming the smallest size and the argument that sets it; or, not stale, a gap or every lag
 that is NaN (activations that overflow). The exit status is the one every judging command shares
 (:data:`helptext.EXIT_STATUS`, at the end of ``--help``): 0 not stale; 1 stale; 2 undetermined, or bad input,
@@ -66,10 +66,8 @@ autocast context :func:`check_checkpoint` is called in.
 from __future__ import annotations
 
 import argparse
-import copy
 import math
 import sys
-import warnings
 from dataclasses import dataclass
 
 import pandas as pd
@@ -77,14 +75,16 @@ import torch
 import torch.nn as nn
 
 from .helptext import EXIT_STATUS, EXIT_UNUSABLE, exit_status, plain
-from .bnstats import NonFinite, nonfinite_state, reestimate, running_stat_layers
+from .bnstats import SavedBuffers, nonfinite_state, running_stat_layers
 from .evaluation import without_autocast
 from .inputs import (DEFAULT_MAX_BATCHES, MESSAGE_CHARS, PRETRAINED_WEIGHTS, CheckInputError, InputError,
                      add_batch_arguments, batch_limit, build_model, first_line, load_batches, load_function,
-                     load_weights, model_from_factory, one_line, parse_device, parse_model_kwargs,
+                     load_probe, load_weights, model_from_factory, one_line, parse_device, parse_model_kwargs,
                      pretrained_from_config, thresholds_from)
-from .monitor import (MonitorRecord, MonitorSetupWarning, StalenessMonitor, Thresholds, check_probe, record_field,
-                      smallest_probe)
+from .monitor import MonitorRecord
+from .oneshot import measure_reestimated, one_shot_monitor, record_field
+from .probe_batch import smallest_probe
+from .staleness import Thresholds
 
 # The loaders live in bnrotation.inputs; these names are re-exported for the code and tests that import them from here.
 __all__ = ["CheckInputError", "InputError", "CheckReport", "check_checkpoint", "format_report", "load_batches",
@@ -97,7 +97,7 @@ __all__ = ["CheckInputError", "InputError", "CheckReport", "check_checkpoint", "
 def probe_size_warning(samples: int, mode_gap: float, batches: int, truncated: bool) -> str | None:
     """One line when ``samples`` are too few for the mode-gap threshold ``mode_gap`` (a fraction): one sample
     moves the gap by 1/``samples``, and above the threshold one sample alone can cross it. It names the smallest
-    size (:func:`monitor.smallest_probe`, what the monitor's construction warning names) and what sets the size:
+    size (:func:`probe_batch.smallest_probe`, what the monitor's construction warning names) and what sets the size:
     ``--max-batches`` when it cut the ``batches`` read short (``truncated``), else the batches given. None when
     the size is enough."""
     smallest = smallest_probe(mode_gap)
@@ -121,8 +121,9 @@ class CheckReport:
             schema (``norm_layer`` the BatchNorm layer, ``layer`` the convolution or linear layer feeding it, ""
             when unpaired; ``lag_median_abs_sigma``, ``eval_error_median_sigma``, ...), its ``checks`` the mode
             gap and accuracies, its ``stale`` the monitor's rule (:class:`monitor.Thresholds`).
-        after: the same on a copy whose running statistics were re-estimated on the same batches: a diagnostic
-            of the statistics, not a held-out score.
+        after: the same monitor's record once the running statistics were re-estimated on the same batches (at
+            step 1; the model's own statistics are put back after): a diagnostic of the statistics, not a held-out
+            score.
         thresholds: the :class:`monitor.Thresholds` used.
         batches, samples: how many were measured; truncated: whether more batches were offered (``max_batches``).
         labelled: whether the batches had labels.
@@ -133,7 +134,7 @@ class CheckReport:
         output: ``""`` for a model that returns a tensor, else the line saying that its ``logits`` were read
             (:func:`evaluation.logits_note`).
 
-    The numbers are the records' own (:func:`monitor.record_field`): ``layers``, ``nonfinite``, ``stale``,
+    The numbers are the records' own (:func:`oneshot.record_field`): ``layers``, ``nonfinite``, ``stale``,
     ``mode_gap``, ``acc_eval_mode``, ``worst_median_lag_sigma`` and ``worst_median_eval_error_sigma`` read
     :attr:`before`; ``mode_gap_reestimated`` and ``acc_eval_mode_reestimated`` read :attr:`after`.
     """
@@ -173,7 +174,7 @@ class CheckReport:
     @property
     def undetermined(self) -> str:
         """Why the rule cannot give a verdict, or "" when it can: the monitor's own reason
-        (:attr:`monitor.MonitorRecord.undetermined`: a probe smaller than :func:`monitor.smallest_probe`, a mode gap
+        (:attr:`monitor.MonitorRecord.undetermined`: a probe smaller than :func:`probe_batch.smallest_probe`, a mode gap
         that is NaN, no finite lag or E), or, not :attr:`stale`, every layer's lag NaN (the batches' activations
         overflow, say, so the fresh statistics are not finite)."""
         if self.stale:
@@ -205,25 +206,18 @@ class CheckReport:
         return f"Not stale: {rule} (the gap and one of the others are needed to warn)."
 
 
-def _record(model: nn.Module, data: list, thresholds: Thresholds) -> MonitorRecord:
-    """The monitor's record of ``model`` on the batches ``data`` (one probe, pooled), at step 0, without warnings:
-    the check reports what the monitor would warn about (its setup warnings too: pairing, lint, probe size)."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", MonitorSetupWarning)
-        return StalenessMonitor(model, list(data), thresholds=thresholds, warn=False, warmup_steps=0)(0)
-
-
 @torch.no_grad()
 def check_checkpoint(model: nn.Module, batches, *, weights=None, weights_key: str | None = None,
                      strip_prefix: str | None = None, thresholds: Thresholds = Thresholds(),
                      input_key: str = "input", target_key: str = "target", max_batches: int = DEFAULT_MAX_BATCHES,
                      device: str | torch.device = "cpu") -> CheckReport:
-    """Measure how stale ``model``'s running statistics are on ``batches``: load, ask the monitor, re-estimate on
-    a copy, ask the monitor again.
+    """Measure how stale ``model``'s running statistics are on ``batches``: load, ask the monitor, re-estimate,
+    ask the same monitor again (:func:`oneshot.measure_reestimated`), put the stored statistics back.
 
     Args:
         model: any ``nn.Module`` with BatchNorm layers that keep running statistics; moved to ``device``.
-            Its buffers, parameters and flags are left as they are (re-estimation runs on a copy).
+            Its buffers, parameters and flags are left as they are (the running statistics re-estimated for
+            ``after`` are put back: :class:`bnstats.SavedBuffers`).
         batches: a batch file, ``module:function``, or an iterable of batches (see :func:`inputs.load_batches`).
         weights: if given, a weights file, state dict or checkpoint dict loaded first (:func:`inputs.load_weights`).
         weights_key, strip_prefix: where in ``weights`` the state dict is, and the prefix of its keys to keep
@@ -234,7 +228,7 @@ def check_checkpoint(model: nn.Module, batches, *, weights=None, weights_key: st
 
     Returns:
         A :class:`CheckReport`; its ``warnings`` say what makes the verdict less sure (fewer samples than
-        :func:`monitor.smallest_probe` of the mode-gap threshold), which the command prints on stderr.
+        :func:`probe_batch.smallest_probe` of the mode-gap threshold), which the command prints on stderr.
 
     Raises:
         InputError: (:mod:`bnrotation.inputs`) for inputs it cannot use, before any measurement (naming the
@@ -253,22 +247,22 @@ def check_checkpoint(model: nn.Module, batches, *, weights=None, weights_key: st
         raise InputError("--weights" if weights is not None else "--model", ": NaN or infinite values in "
                          f"{', '.join(nonfinite.parameters)}: the model itself has diverged, which "
                          "re-estimating its statistics cannot mend")
-    data, truncated = load_batches(batches, input_key, target_key, max_batches, device, model)
-    output = check_probe(model, *data[0])  # validated already: what it returns, said once in the report
+    probe, truncated = load_probe(batches, model, input_key, target_key, max_batches, device)  # read, checked once
     try:
         with without_autocast(model):  # float32 whatever autocast context the caller is in
-            before = _record(model, data, thresholds)
-            fresh_model = copy.deepcopy(model)
-            reestimate(fresh_model, [x for x, _ in data])
-            after = _record(fresh_model, data, thresholds)
+            # the report words what the monitor would warn about (its setup warnings too: pairing, lint, probe size)
+            monitor = one_shot_monitor(model, probe, thresholds=thresholds, warmup_steps=0, quiet=True)
+            with SavedBuffers(monitor.model):  # the model's own running statistics are back after the block
+                before, after, _ = measure_reestimated(monitor, [x for x, _ in probe.batches])
     except (RuntimeError, TypeError) as err:  # TypeError: an output without logits (read_logits)
         raise InputError("--batches", f": the model fails on the batches: {first_line(err)}") from None
     except ValueError as err:  # an uninitialised lazy BatchNorm, named by the monitor or reestimate
         raise InputError("--model", f": {err}") from None
     samples = int(before.checks["probe_size"].iloc[0])
-    small = probe_size_warning(samples, thresholds.mode_gap, len(data), truncated)
-    return CheckReport(before, after, thresholds, len(data), samples, data[0][1] is not None, truncated, kind,
-                       (small,) if small else (), output)
+    count = len(probe.batches)
+    small = probe_size_warning(samples, thresholds.mode_gap, count, truncated)
+    return CheckReport(before, after, thresholds, count, samples, probe.batches[0][1] is not None, truncated, kind,
+                       (small,) if small else (), probe.output_note)
 
 
 # ----------------------------------------------------------------------------- the report

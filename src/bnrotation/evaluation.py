@@ -1,10 +1,11 @@
-"""How evaluation-mode forward passes run: in chunks on a CPU, and compiled inside :func:`compiled_evaluation`.
+"""How evaluation-mode forward passes run: in chunks on a CPU, and compiled when the caller hands them a
+:class:`CompiledEvaluation` (no switch that reaches a pass it was not given to).
 
 An evaluation-mode output is per sample (running statistics, no batch statistics), so neither the chunking
 nor the compiled graph changes what a pass computes beyond the order of floating-point sums; the accuracy
 (:func:`bnrotation.probes.accuracy`), the monitor's mode check, the interventions and the averaged models
 all evaluate through here. Whether a run compiles is :func:`bnrotation.study.runtime.evaluation_compiled`'s
-decision.
+decision, and the runner passes its :class:`CompiledEvaluation` to each of them.
 """
 
 from __future__ import annotations
@@ -18,11 +19,9 @@ from contextlib import contextmanager
 import torch
 import torch.nn as nn
 
-from .provenance import compile_cache_per_kernel_path
-
-__all__ = ["without_autocast", "EVAL_CHUNK", "EVAL_CHUNK_BYTES", "eval_chunk", "CompiledEvaluation", "compiled_evaluation", "compiled_evaluation_active",
-           "evaluation_call", "evaluation_mode", "evaluation_forward", "LOGITS_KEY", "read_logits", "model_logits",
-           "logits_note"]
+__all__ = ["without_autocast", "EVAL_CHUNK", "EVAL_CHUNK_BYTES", "eval_chunk", "CompiledEvaluation",
+           "compiled_evaluation", "evaluation_call", "evaluation_mode", "evaluation_forward", "LOGITS_KEY",
+           "read_logits", "model_logits", "logits_note"]
 
 # The entry of a model's output that holds its logits: what Hugging Face models return them under, in a ModelOutput
 LOGITS_KEY = "logits"
@@ -153,36 +152,26 @@ class CompiledEvaluation:
         return call
 
 
-_compiled: CompiledEvaluation | None = None
-
-
 @contextmanager
 def compiled_evaluation(enabled: bool = True) -> Iterator[CompiledEvaluation | None]:
-    """Inside the block every evaluation-mode pass of :func:`.probes.accuracy` and :func:`evaluation_forward` runs
-    through a :class:`CompiledEvaluation` (when ``enabled``); on exit the compiled graphs are dropped
-    (``torch.compiler.reset``), so that a process running many runs never reaches the recompile limit. The
-    compiled code is cached per CPU kernel path (:func:`.provenance.compile_cache_per_kernel_path`)."""
-    global _compiled
-    previous = _compiled
-    if enabled:
-        compile_cache_per_kernel_path()
-    _compiled = CompiledEvaluation() if enabled else None
+    """A :class:`CompiledEvaluation` for the block (None when not ``enabled``), handed by the caller to each pass
+    that is to run compiled (:func:`evaluation_forward`'s and :func:`.probes.accuracy`'s ``compiled``,
+    :class:`.monitor.StalenessMonitor`'s); no pass is compiled unless given it. On exit the compiled graphs are
+    dropped (``torch.compiler.reset``), so that a process running many runs never reaches the recompile limit.
+    Where torch caches compiled code on disk is the caller's choice (the study's runner:
+    :func:`bnrotation.study.provenance.compile_cache_per_kernel_path`)."""
+    compiled = CompiledEvaluation() if enabled else None
     try:
-        yield _compiled
+        yield compiled
     finally:
-        if _compiled is not None:
+        if compiled is not None:
             torch.compiler.reset()
-        _compiled = previous
 
 
-def compiled_evaluation_active() -> bool:
-    """Whether evaluation-mode passes run compiled now (inside :func:`compiled_evaluation`)."""
-    return _compiled is not None
-
-
-def evaluation_call(model: nn.Module) -> Callable[[torch.Tensor], torch.Tensor]:
-    """The callable an evaluation-mode pass uses: compiled inside :func:`compiled_evaluation`, else the model."""
-    return _compiled.forward(model) if _compiled is not None else model
+def evaluation_call(model: nn.Module, compiled: CompiledEvaluation | None = None
+                    ) -> Callable[[torch.Tensor], torch.Tensor]:
+    """The callable an evaluation-mode pass uses: through ``compiled`` when given, else the model."""
+    return compiled.forward(model) if compiled is not None else model
 
 
 @contextmanager
@@ -213,19 +202,20 @@ def evaluation_mode(model: nn.Module) -> Iterator[nn.Module]:
             m.training = f
 
 
-def evaluation_forward(model: nn.Module, x: torch.Tensor, chunk: int | None = None) -> torch.Tensor:
+def evaluation_forward(model: nn.Module, x: torch.Tensor, chunk: int | None = None,
+                       compiled: CompiledEvaluation | None = None) -> torch.Tensor:
     """The model's logits on ``x`` (N, ...) in evaluation mode (running statistics), flags restored after
     (:func:`evaluation_mode`). In chunks of ``chunk`` samples, by default :func:`eval_chunk`'s (on a CPU
     :data:`EVAL_CHUNK`): each sample's output is its own in evaluation mode, and small chunks stay in cache
-    (`make bench`, section (c)). Compiled inside :func:`compiled_evaluation`. A mapping ``x`` (a model that reads
-    its input's keys) goes through in one pass. What the model returns is read as its logits (:func:`read_logits`),
-    chunk by chunk.
+    (`make bench`, section (c)). Through ``compiled`` when given (:class:`CompiledEvaluation`), else eagerly. A
+    mapping ``x`` (a model that reads its input's keys) goes through in one pass. What the model returns is read as
+    its logits (:func:`read_logits`), chunk by chunk.
 
     Raises:
         TypeError: as :func:`read_logits`.
     """
     with evaluation_mode(model):
-        forward = evaluation_call(model)
+        forward = evaluation_call(model, compiled)
         if not isinstance(x, torch.Tensor):
             return model_logits(forward, x)  # a mapping the model reads whole: one pass
         chunk = eval_chunk(x.device, len(x)) if chunk is None else max(1, min(chunk, len(x)))

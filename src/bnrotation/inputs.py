@@ -8,7 +8,8 @@ The loaders of :mod:`bnrotation.check` and :mod:`bnrotation.audit` (and of any c
 * :func:`load_weights`: a ``torch.save`` or ``.safetensors`` file, a checkpoint dict, a Hugging Face folder,
   wrapper prefixes stripped or added (:mod:`bnrotation.checkpoints`);
 * :func:`load_batches`: a batch file, ``module:function`` returning an iterable, or batches, each validated as
-  the monitor validates its probe (:func:`bnrotation.monitor.check_probe`);
+  the monitor validates its probe (:func:`bnrotation.probe_batch.check_probe`); :func:`load_probe`: the same, read
+  and checked once, as the probe the monitor takes as it is (:class:`bnrotation.probe_batch.CheckedProbe`);
 * :func:`parse_device`.
 
 Every refusal is an :class:`InputError`, a ``ValueError`` that carries the argument it names as a field, so that
@@ -33,11 +34,12 @@ import torch.nn as nn
 
 from .checkpoints import (OTHER_COPIES, BadCheckpointError, UnsafeCheckpointError, few, load_checkpoint,
                           shared_prefixes, state_dict_of, strip_prefix)
-from .monitor import check_probe, split_probe
+from .probe_batch import CheckedProbe, check_probe, split_probe
 from .staleness import Thresholds
 
 __all__ = ["InputError", "CheckInputError", "load_function", "parse_model_kwargs", "model_from_factory",
-           "build_model", "pretrained_from_config", "load_weights", "load_batches", "parse_device", "one_line",
+           "build_model", "pretrained_from_config", "load_weights", "load_batches", "load_probe", "parse_device",
+           "one_line",
            "first_line", "add_batch_arguments", "batch_limit", "thresholds_from", "PRETRAINED_WEIGHTS",
            "DEFAULT_MAX_BATCHES", "MESSAGE_CHARS"]
 
@@ -370,7 +372,7 @@ def load_batches(batches, input_key: str = "input", target_key: str = "target",
         batches: a file name, ``module:function`` (called without arguments, returning an iterable), or an
             iterable of batches (tensors, ``(x, y)`` tuples or lists, mappings).
         model: if given, every batch is validated against it as the monitor validates its probe
-            (:func:`monitor.check_probe`: floating-point, finite inputs the model runs on, outputs with a class
+            (:func:`.probe_batch.check_probe`: floating-point, finite inputs the model runs on, outputs with a class
             dim, labels within them).
 
     Raises:
@@ -381,6 +383,28 @@ def load_batches(batches, input_key: str = "input", target_key: str = "target",
             fewer than 2 samples, labels that are not class indices (N,) of the model's outputs, inputs the
             model cannot run on, or batches with labels mixed with batches without.
     """
+    out, _, more = _read_batches(batches, input_key, target_key, max_batches, device, model)
+    return out, more
+
+
+def load_probe(batches, model: nn.Module, input_key: str = "input", target_key: str = "target",
+               max_batches: int = DEFAULT_MAX_BATCHES,
+               device: str | torch.device = "cpu") -> tuple[CheckedProbe, bool]:
+    """:func:`load_batches` with ``model``, its batches held as the probe checked on ``model``
+    (:class:`.probe_batch.CheckedProbe`, which :class:`.monitor.StalenessMonitor` takes without reading or checking it
+    again), and whether there were more than ``max_batches``.
+
+    Raises:
+        InputError: as :func:`load_batches`, naming ``--batches``.
+    """
+    out, notes, more = _read_batches(batches, input_key, target_key, max_batches, device, model)
+    return CheckedProbe(tuple(out), notes[0], model), more
+
+
+def _read_batches(batches, input_key: str, target_key: str, max_batches: int, device: str | torch.device,
+                  model: nn.Module | None) -> tuple[list[tuple[torch.Tensor, torch.Tensor | None]], list[str], bool]:
+    """:func:`load_batches`'s batches, each one's :func:`.probe_batch.check_probe` line (none without ``model``),
+    and whether there were more."""
     spec = batches if isinstance(batches, (str, os.PathLike)) else "(given)"
     loader = None
     if isinstance(batches, (torch.Tensor, tuple, Mapping)):
@@ -412,7 +436,7 @@ def load_batches(batches, input_key: str = "input", target_key: str = "target",
         raise InputError("--batches", f" {spec}: batch {len(drawn)}: raised {type(err).__name__}: "
                               f"{first_line(err)}") from None
     more = len(drawn) > max_batches
-    out = []
+    out, notes = [], []
     for i, batch in enumerate(drawn[:max_batches]):
         if isinstance(batch, Mapping) and not isinstance(batch.get(input_key), torch.Tensor):
             looks = ("; it looks like a state dict (weights), not a batch" if batch and all(
@@ -433,7 +457,7 @@ def load_batches(batches, input_key: str = "input", target_key: str = "target",
         x, y = x.to(device), y.to(device) if y is not None else None
         if model is not None:
             try:
-                check_probe(model, x, y)
+                notes.append(check_probe(model, x, y))
             except ValueError as err:
                 raise InputError("--batches", f" {spec}: batch {i}: {first_line(err)}") from None
         out.append((x, y))
@@ -442,7 +466,7 @@ def load_batches(batches, input_key: str = "input", target_key: str = "target",
     if len({y is None for _, y in out}) > 1:
         raise InputError("--batches", f" {spec}: some batches have labels and some do not (the first without: "
                               f"batch {next(i for i, (_, y) in enumerate(out) if y is None)})")
-    return out, more
+    return out, notes, more
 
 
 def add_batch_arguments(p: argparse.ArgumentParser, batches_help: str) -> None:

@@ -140,7 +140,7 @@ def lint_batchnorm(model: nn.Module, x=None, *, pairing: Pairing | None = None) 
         model: any ``nn.Module``.
         x: probe inputs (N >= 2, ...) for :func:`bnrotation.monitor.find_pairs`, needed only when the model does not
             trace with ``torch.fx`` and some layer tracks running statistics.
-        pairing: a :class:`bnrotation.monitor.Pairing` already found for ``model`` (the monitor's), instead of
+        pairing: a :class:`bnrotation.pairing.Pairing` already found for ``model`` (the monitor's), instead of
             ``x``. Unpaired layers are not judged by the frozen-weights rule.
 
     Raises:

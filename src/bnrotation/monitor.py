@@ -33,6 +33,12 @@ PyTorch training loop::
         record = monitor(step)
         progress.set_postfix_str(record.summary)
 
+The monitor is the call and its records; what it stands on lives below it: the probe batch, read and checked once
+(:mod:`bnrotation.probe_batch`), the pooling of several batches' statistics (:mod:`bnrotation.pooling`), the weight
+rows its rotation and cosines come from (:mod:`bnrotation.weight_rows`), the pairing (:mod:`bnrotation.pairing`), the
+measurements (:mod:`bnrotation.probes`) and the rule (:mod:`bnrotation.staleness`). A measurement of a model at one
+moment (the check, the audit, gated re-estimation) is :mod:`bnrotation.oneshot`'s.
+
 Nothing here imports the suite's task or network.
 """
 
@@ -42,7 +48,7 @@ import math
 import numbers
 import sys
 import warnings
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -51,21 +57,20 @@ import torch
 import torch.nn as nn
 from torch.nn.modules.batchnorm import _BatchNorm
 
-from .batches import sample_count, split_batch
+from .batches import sample_count
 from .bnstats import NonFinite, nonfinite_state
-from .evaluation import (eval_chunk, evaluation_forward, evaluation_mode, logits_note, read_logits,
-                         without_autocast)
+from .evaluation import CompiledEvaluation, eval_chunk, evaluation_forward, without_autocast
 from .lint import findings_line, lint_batchnorm
-from .pairing import (WEIGHT_LAYERS, NormLeafTracer, NormPair, Pairing, Segment, buffers_kept, channel_axis_after,
-                      find_pairs, probe_head, rng_devices)
-from .probes import (Scratch, batch_statistics_pass, channel_cosines, drift_sigma_per_step, evaluation_path_pass,
-                     predicted_lag_sigma, turn_rows)
+from .pairing import NormPair, find_pairs, rng_devices
+from .pooling import pooled_moments
+from .probe_batch import read_probe, smallest_probe
+from .probes import Scratch, batch_statistics_pass, drift_sigma_per_step, evaluation_path_pass, predicted_lag_sigma
 from .staleness import Thresholds, channel_signals, in_warmup, sigma, warmup_steps
+from .weight_rows import WeightRows, gathered
 
+# Thresholds (the rule, bnrotation.staleness) and find_pairs (bnrotation.pairing) are the monitor's public API too.
 __all__ = ["StalenessMonitor", "MonitorRecord", "Thresholds", "StaleStatisticsWarning", "MonitorSetupWarning",
-           "find_pairs", "Pairing", "NormPair", "NormLeafTracer", "channel_axis_after", "split_probe", "split_probes", "pooled_moments", "check_probe", "mode_check",
-           "uncompiled", "default_warmup_steps", "smallest_probe", "WEIGHT_LAYERS", "Segment"]
-
+           "find_pairs", "mode_check", "uncompiled", "default_warmup_steps"]
 
 
 class StaleStatisticsWarning(UserWarning):
@@ -80,104 +85,6 @@ class MonitorSetupWarning(UserWarning):
 
 
 # ----------------------------------------------------------------------------- the probe batch
-def split_probe(probe, input_key: str | None = "input", target_key: str = "target") -> tuple[torch.Tensor,
-                                                                                            torch.Tensor | None]:
-    """``(x, y)`` from a probe batch, read as :func:`bnrotation.batches.split_batch` reads any batch (a tensor,
-    an ``(x, y)`` or ``(x,)`` tuple or list, or a mapping), labels checked.
-
-    Raises:
-        TypeError, ValueError: as :func:`bnrotation.batches.split_batch`, naming the probe.
-    """
-    return split_batch(probe, input_key, target_key, what="probe")
-
-
-def split_probes(probe, input_key: str | None = "input", target_key: str = "target") -> list[tuple]:
-    """The probe's batches as ``[(x, y)]``: one batch (:func:`split_probe`), or several, a list whose every item
-    is a batch of its own (an ``(x, y)`` tuple or list, or a mapping; bare tensors ``[x, y]`` stay one batch).
-
-    Raises:
-        TypeError, ValueError: as :func:`split_probe`, naming the batch; ValueError for an empty list, or batches
-            with labels mixed with batches without.
-    """
-    several = (isinstance(probe, list) and probe
-               and all(isinstance(b, (tuple, list, Mapping)) for b in probe))
-    if isinstance(probe, list) and not probe:
-        raise ValueError("probe: an empty list of batches")
-    if not several:
-        return [split_probe(probe, input_key, target_key)]
-    out = [split_batch(b, input_key, target_key, what=f"probe batch {i}") for i, b in enumerate(probe)]
-    if len({y is None for _, y in out}) > 1:
-        raise ValueError("probe: some batches have labels and some do not")
-    return out
-
-
-def pooled_moments(per_batch: list[dict[str, tuple[torch.Tensor, torch.Tensor]]]
-                   ) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
-    """Each layer's fresh statistics over several batches, pooled as :func:`bnstats.reestimate` pools them
-    (``momentum=None``: PyTorch's cumulative average over batches, as ``torch.optim.swa_utils.update_bn``): the
-    mean over batches of each batch's mean, and of each batch's unbiased variance, every batch weighted alike
-    whatever its size. A layer that some batches did not reach (a branch the model takes for some inputs only)
-    is pooled over the batches that reached it, as re-estimation's forward passes update it only then.
-    ``{layer: (mean (C,), var (C,))}`` of one batch is returned as it is."""
-    if len(per_batch) == 1:
-        return per_batch[0]
-    names = dict.fromkeys(name for b in per_batch for name in b)  # every layer reached, in the order first seen
-    pooled = {}
-    for name in names:
-        reached = [b[name] for b in per_batch if name in b]
-        pooled[name] = (sum(m for m, _ in reached) / len(reached), sum(v for _, v in reached) / len(reached))
-    return pooled
-
-
-def check_probe(model: nn.Module, x, y: torch.Tensor | None) -> str:
-    """Fail at construction, naming the probe, on what would fail or mislead at the first call: non-finite or
-    non-floating inputs (of a mapping: non-finite floating tensors), inputs the model cannot run on (tried on
-    two samples in evaluation mode; flags, random streams and buffers restored), outputs that hold no logits
-    (:func:`bnrotation.evaluation.read_logits`: a tensor, or the ``logits`` of a mapping or ``ModelOutput``) or
-    logits without a class dim, and labels that are not class indices of the output.
-
-    Returns:
-        ``""`` for a model that returns a tensor, else the line saying that its logits are read
-        (:func:`bnrotation.evaluation.logits_note`).
-
-    Raises:
-        ValueError: naming the probe and what was expected; for an output without logits, the wrapper that fixes
-            it.
-    """
-    if isinstance(x, torch.Tensor) and not x.is_floating_point():
-        raise ValueError(f"probe: expected floating-point inputs, got {x.dtype}")
-    tensors = {"": x} if isinstance(x, torch.Tensor) else {f"[{k!r}]": v for k, v in x.items()
-                                                           if isinstance(v, torch.Tensor) and v.is_floating_point()}
-    for key, t in tensors.items():
-        bad = int((~torch.isfinite(t)).sum())
-        if bad:
-            raise ValueError(f"probe{key}: {bad} of {t.numel()} input values are NaN or infinite")
-    try:
-        with (torch.no_grad(), torch.random.fork_rng(devices=rng_devices(model)), evaluation_mode(model),
-              buffers_kept(model)):
-            out = model(probe_head(x, 2))  # eagerly: a compiled evaluation would compile a graph for 2
-    except Exception as e:  # any error the model raises on these inputs, reported as the probe's
-        shape = tuple(x.shape) if isinstance(x, torch.Tensor) else f"(a mapping with keys {sorted(map(str, x))})"
-        raise ValueError(f"probe: the model cannot run on the probe inputs {shape} "
-                         f"({type(e).__name__}: {e})") from e
-    note = logits_note(out)
-    try:
-        out = read_logits(out)
-    except TypeError as e:
-        raise ValueError(f"probe: {e}") from None
-    if out.dim() < 2:
-        raise ValueError(f"probe: the model's output on the probe must be (N, classes, ...) for the mode check, "
-                         f"got {tuple(out.shape)}")
-    if y is not None:
-        if y.is_floating_point() or y.is_complex():
-            raise ValueError(f"probe: labels must be class indices (an integer tensor), got {y.dtype}")
-        k = out.shape[1]
-        if len(y) and (int(y.min()) < 0 or int(y.max()) >= k):
-            raise ValueError(f"probe: labels must lie in [0, {k}) for a model with {k} outputs, got "
-                             f"[{int(y.min())}, {int(y.max())}]")
-    return note
-
-
 # ----------------------------------------------------------------------------- the mode check
 def mode_check(step: int, out_train: torch.Tensor, out_eval: torch.Tensor | None,
                y: torch.Tensor | None) -> pd.DataFrame:
@@ -222,8 +129,8 @@ class MonitorRecord:
             and maximum of E along the evaluation path, ``eval_path_error_median_sigma`` and
             ``eval_path_error_max_sigma``.
         channels: one line per channel, the suite's ``channels`` columns: ``step``, ``layer`` (the weight
-            layer of the channel's segment), ``norm_layer``, ``channel``, ``rotation_deg`` (since the previous call), ``rotation_deg_per_100``,
-            ``weight_norm``, ``update_cos``, ``running_mean``, ``running_var``, ``fresh_mean``, ``fresh_var``,
+            layer of the channel's segment), ``norm_layer``, ``channel``, ``rotation_deg`` (since the previous
+            call), ``rotation_deg_per_100``, ``weight_norm``, ``update_cos``, ``running_mean``, ``running_var``, ``fresh_mean``, ``fresh_var``,
             ``lag_sigma``, ``drift_sigma_per_step``, ``predicted_lag_sigma``, ``abs_mean_over_std``, and the
             variance-aware signal of :mod:`bnrotation.staleness`: ``mean_shift_sigma`` (d, running σ),
             ``log_std_ratio`` (log s) and ``eval_error_sigma`` (E, the RMS error of the evaluation-mode
@@ -242,8 +149,8 @@ class MonitorRecord:
         warming_up: whether the step is below the monitor's ``warmup_steps``, where the rule's verdict is kept
             in :attr:`stale` but not announced.
         undetermined: why the rule could not judge this call, in one line, or "" when it could: a probe smaller
-            than :func:`smallest_probe` of the gap threshold (one sample could cross it), no mode gap measured
-            (``modes=False``) or a NaN one, a layer whose fresh statistics are infinite (activations that
+            than :func:`.probe_batch.smallest_probe` of the gap threshold (one sample could cross it), no mode gap
+            measured (``modes=False``) or a NaN one, a layer whose fresh statistics are infinite (activations that
             overflow: its lag would read 0σ), or no layer whose lag or E is finite. Then :attr:`stale` is False
             (unless a running statistic is non-finite, which is stale whatever else) and :attr:`summary` starts
             with ``UNDETERMINED``: a quantity that is NaN or meaningless by construction is never read as "not
@@ -300,26 +207,6 @@ class MonitorRecord:
         return str(line["norm_layer"]), int(line["channel"]), float(line["lag_sigma"])
 
 
-def record_field(record: str, name: str, convert: Callable | None = None) -> property:
-    """A read-only property that reads ``name`` of the :class:`MonitorRecord` held in the attribute ``record``,
-    for the reports built on the monitor's records (:class:`bnrotation.check.CheckReport`,
-    :class:`bnrotation.audit.AuditReport`): one definition of each number, the monitor's, and its docstring.
-
-    Args:
-        record: the attribute that holds the record (``"before"``, ``"copy"``).
-        name: the record's attribute or property to read (``"mode_gap"``, ``"stale"``).
-        convert: applied to the value read (``bool``), or None to return it as it is.
-    """
-    def get(self):
-        value = getattr(getattr(self, record), name)
-        return value if convert is None else convert(value)
-
-    attr = getattr(MonitorRecord, name, None)
-    own = attr.__doc__ if isinstance(attr, property) else None
-    doc = f"``{record}.{name}`` (:attr:`monitor.MonitorRecord.{name}`)" + (f": {own}" if own else ".")
-    return property(get, doc=doc)
-
-
 @dataclass
 class _Previous:
     """The previous call: its step, each paired weight layer's weight then (a copy, which the next call
@@ -328,63 +215,6 @@ class _Previous:
     step: int
     weights: dict[str, torch.Tensor]
     fresh_mean: dict[str, torch.Tensor] = field(default_factory=dict)
-
-
-@dataclass
-class _Rows:
-    """One weight layer's measures per output channel (all (C_out,) float64 on the CPU; None where not
-    measured): ``norm`` |w_c|, ``rotation`` (degrees since the previous call), and for the update and gradient
-    cosines the dot products with the weights before the step and the squared norms, which a norm layer's
-    segments add up over the rows they take (the cosine of the rows taken together, as :func:`.probes.cosine`
-    of one weight layer's whole weight)."""
-
-    norm: torch.Tensor
-    rotation: torch.Tensor | None = None
-    update_cos: torch.Tensor | None = None
-    update: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None  # (u·wb, |u|², |wb|²) per row
-    grad: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None  # (g·wb, |g|², |wb|²) per row
-
-    @classmethod
-    def of(cls, w: torch.Tensor, kept: dict[str, torch.Tensor], name: str, before: torch.Tensor | None,
-           grad: torch.Tensor | None) -> "_Rows":
-        """From the weight ``w`` (C_out, ...) of the layer ``name``, the previous call's copy of it ``kept[name]``
-        (if any; then overwritten with ``w``, in place where it fits, else replaced by a copy), the weight
-        ``before`` this step and the gradient ``grad`` (each None when absent)."""
-        then = kept.get(name)
-        fits = then is not None and then.shape == w.shape
-        norm, rotation = turn_rows(then if fits else None, w)
-        if fits and then.dtype == w.dtype and then.device == w.device:
-            then.copy_(w)  # no new allocation: on a CPU a fresh one of a weight's size costs page faults
-        else:
-            kept[name] = w.clone()
-        rows = cls(norm.cpu(), rotation.cpu() if rotation is not None else None)
-        if before is not None:
-            wb = _flat_rows(before)
-            u = _flat_rows(w) - wb
-            rows.update_cos = channel_cosines(u, wb).cpu()
-            wb_sq = wb.square().sum(1)
-            rows.update = ((u * wb).sum(1).cpu(), u.square().sum(1).cpu(), wb_sq.cpu())
-            if grad is not None:
-                g = _flat_rows(grad)
-                rows.grad = ((g * wb).sum(1).cpu(), g.square().sum(1).cpu(), wb_sq.cpu())
-        return rows
-
-    @staticmethod
-    def whole_norm(parts: list[tuple["_Rows", slice]]) -> float:
-        """|w| of the rows ``parts`` take, together; NaN without rows."""
-        if not parts:
-            return math.nan
-        return float(torch.cat([r.norm[s] for r, s in parts]).square().sum().sqrt())
-
-    @staticmethod
-    def whole_cosine(parts: list[tuple["_Rows", slice]], which: str) -> float:
-        """The cosine ``"update"`` (of w(t+1) - w(t) with w(t)) or ``"grad"`` (of the gradient with w(t)) over
-        the rows ``parts`` take, together; NaN where not measured or a norm is 0."""
-        terms = [getattr(r, which) for r, _ in parts]
-        if not parts or any(t is None for t in terms):
-            return math.nan
-        dot, a, b = (sum(float(t[k][s].sum()) for t, (_, s) in zip(terms, parts)) for k in range(3))
-        return dot / math.sqrt(a * b) if a > 0 and b > 0 else math.nan
 
 
 def _median_max(name: str, unit: str, values: torch.Tensor) -> dict[str, float]:
@@ -408,25 +238,6 @@ def _channel_count(norm: nn.Module) -> int:
             return getattr(norm, key)
     weight = getattr(norm, "weight", None)
     return weight.numel() if isinstance(weight, torch.Tensor) else 0
-
-
-def _flat_rows(w: torch.Tensor) -> torch.Tensor:
-    """(C_out, ...) -> (C_out, D) float64."""
-    return w.detach().reshape(w.shape[0], -1).double()
-
-
-def _gathered(parts: list[tuple[_Rows, slice]], key: str, missing: torch.Tensor) -> torch.Tensor:
-    """A norm layer's (C,) column of the weight rows its segments take (``missing`` where a segment's weight
-    layer lacks it, or without segments)."""
-    if not parts:
-        return missing
-    pieces, start = [], 0
-    for rows, s in parts:
-        values = getattr(rows, key)
-        n = s.stop - s.start
-        pieces.append(values[s] if values is not None else missing[start:start + n])
-        start += n
-    return torch.cat(pieces) if len(pieces) > 1 else pieces[0]
 
 
 # Packages whose frames a warning skips to reach the user's line: this one (the monitor, its adapters, the check,
@@ -465,12 +276,6 @@ def default_warmup_steps(layers: list[nn.Module], remaining: float = 0.01) -> in
                         remaining)
 
 
-def smallest_probe(mode_gap: float) -> int:
-    """The fewest probe samples for which one sample moves the mode gap (a fraction) by no more than
-    ``mode_gap``: ``ceil(1 / mode_gap)``; 0 (any size) for a threshold of 0."""
-    return math.ceil(1.0 / mode_gap - 1e-9) if mode_gap > 0 else 0
-
-
 class StalenessMonitor:
     """The study's three early-warning measurements on any model, from a fixed probe batch.
 
@@ -486,10 +291,11 @@ class StalenessMonitor:
         probe: a tensor, an ``(x, y)`` tuple, or a mapping holding the input under ``input_key`` and the
             labels under ``target_key``; labels are optional. With ``input_key=None`` the mapping goes to the
             model whole (``model(batch)``), labels still read from ``target_key``. Or several
-            such batches, a list of ``(x, y)`` tuples or mappings (:func:`split_probes`): each goes through its
-            own passes, the fresh statistics are pooled as :func:`bnstats.reestimate` pools them
-            (:func:`pooled_moments`), and the mode check reads every sample. Keep it fixed across
-            calls: the drift and the lag compare statistics of the same inputs. Inputs (N, ...) on the
+            such batches, a list of ``(x, y)`` tuples or mappings (:func:`.probe_batch.split_probes`): each goes
+            through its own passes, the fresh statistics are pooled as :func:`bnstats.reestimate` pools them
+            (:func:`.pooling.pooled_moments`), and the mode check reads every sample. Or a
+            :class:`.probe_batch.CheckedProbe`, taken as it is when it was checked on this model. Keep it fixed
+            across calls: the drift and the lag compare statistics of the same inputs. Inputs (N, ...) on the
             model's device. The mode gap moves by 1/N per sample: warns at construction
             (:class:`MonitorSetupWarning`) when that is above ``thresholds.mode_gap``, naming the smallest
             probe for it; ``docs/pairing.md`` advises on the size.
@@ -512,6 +318,8 @@ class StalenessMonitor:
             evaluation-mode pass of the mode check measures them (run eagerly, with hooks; without ``modes`` that
             pass is made for them alone). Adds the ``eval_path_*`` columns of :class:`MonitorRecord`; ``make
             bench``, section (c), gives its cost.
+        compiled: a :class:`bnrotation.evaluation.CompiledEvaluation` the mode check's evaluation-mode pass runs
+            through (the suite's runner passes its own), or None (the default): eagerly.
 
     Unpaired layers (:attr:`pairing`, :func:`find_pairs`) are counted by reason, with a few of each reason's
     layers, in one :class:`MonitorSetupWarning` at construction (:meth:`Pairing.unpaired_text`; every one in
@@ -537,21 +345,11 @@ class StalenessMonitor:
     def __init__(self, model: nn.Module, probe, *, input_key: str | None = "input", target_key: str = "target",
                  thresholds: Thresholds = Thresholds(), warn: bool = True, modes: bool = True,
                  running_statistics_only: bool = True, warmup_steps: int | None = None,
-                 evaluation_path: bool = False):
+                 evaluation_path: bool = False, compiled: CompiledEvaluation | None = None):
         if not isinstance(model, nn.Module):
             raise TypeError(f"model: expected a torch.nn.Module, got {type(model).__name__}")
         model = uncompiled(model)
         self.model = model
-        self.batches = split_probes(probe, input_key, target_key)  # [(x (N_b, ...), y (N_b,) or None)]
-        self.x = self.batches[0][0]  # what the pairing traces
-        ys = [y for _, y in self.batches]
-        self.y = ys[0] if len(ys) == 1 or ys[0] is None else torch.cat(ys)  # (N,) over every batch
-        for i, (x, _) in enumerate(self.batches):
-            if sample_count(x) < 2:
-                where = f" batch {i}" if len(self.batches) > 1 else ""
-                raise ValueError(f"probe{where}: BatchNorm needs at least 2 samples for batch statistics, got "
-                                 f"{sample_count(x)}")
-        n = sum(sample_count(x) for x, _ in self.batches)
         if warmup_steps is not None and (isinstance(warmup_steps, bool) or not isinstance(warmup_steps, int)
                                          or warmup_steps < 0):
             raise ValueError(f"warmup_steps: expected an int >= 0 or None, got {warmup_steps!r}")
@@ -564,7 +362,13 @@ class StalenessMonitor:
         if not isinstance(thresholds, Thresholds):
             raise TypeError(f"thresholds: expected a bnrotation.monitor.Thresholds, got {type(thresholds).__name__}"
                             " (write Thresholds(mode_gap=..., lag_sigma=...))")
-        note = [check_probe(model, x, y) for x, y in self.batches][0]
+        probe = read_probe(model, probe, input_key, target_key)  # as it is when already checked on this model
+        self.batches = list(probe.batches)  # [(x (N_b, ...), y (N_b,) or None)]
+        self.x = self.batches[0][0]  # what the pairing traces
+        ys = [y for _, y in self.batches]
+        self.y = ys[0] if len(ys) == 1 or ys[0] is None else torch.cat(ys)  # (N,) over every batch
+        n = sum(sample_count(x) for x, _ in self.batches)
+        note = probe.output_note
         self.output_note = note  # "" for a model that returns a tensor
         if note:  # said once, here: every pass of every call reads the logits the same way (read_logits)
             warnings.warn(note, MonitorSetupWarning, stacklevel=_caller_stacklevel())
@@ -575,6 +379,7 @@ class StalenessMonitor:
         self.weight_layers = {w: modules[w] for p in self.pairing.pairs for w in p.weights}
         self.thresholds, self.warn, self.modes = thresholds, warn, modes
         self.evaluation_path = evaluation_path
+        self.compiled = compiled  # the mode check's evaluation-mode pass runs through it when given
         self.warmup_steps = (default_warmup_steps([m for _, m in self.layers]) if warmup_steps is None
                              else warmup_steps)
         if self.pairing.unpaired:
@@ -733,24 +538,24 @@ class StalenessMonitor:
 
     # ------------------------------------------------------------------------- parts of a call
     def _eval_forward(self, x=None) -> torch.Tensor:
-        return evaluation_forward(self.model, self.x if x is None else x, self.eval_chunk)
+        return evaluation_forward(self.model, self.x if x is None else x, self.eval_chunk, self.compiled)
 
     def _checks(self, step: int, out_train: torch.Tensor, out_eval: torch.Tensor | None) -> pd.DataFrame:
         return mode_check(step, out_train, out_eval, self.y)
 
     def _weight_pass(self, before: Mapping[str, torch.Tensor] | None,
-                     kept: dict[str, torch.Tensor]) -> dict[str, "_Rows"]:
+                     kept: dict[str, torch.Tensor]) -> dict[str, WeightRows]:
         """Each weight layer's per-output-channel measures, once per call however many segments use it; ``kept``
-        (the previous call's weights) is overwritten with this call's, in place (:meth:`_Rows.of`)."""
+        (the previous call's weights) is overwritten with this call's, in place (:meth:`WeightRows.of`)."""
         rows = {}
         for name, layer in self.weight_layers.items():
             w = layer.weight.detach()
             wb = before.get(name) if before is not None else None
-            rows[name] = _Rows.of(w, kept, name, wb, layer.weight.grad)
+            rows[name] = WeightRows.of(w, kept, name, wb, layer.weight.grad)
         return rows
 
     def _layer(self, step: int, interval: int | None, pair: NormPair, norm: nn.Module,
-               moments: tuple[torch.Tensor, torch.Tensor] | None, weights: dict[str, "_Rows"]):
+               moments: tuple[torch.Tensor, torch.Tensor] | None, weights: dict[str, WeightRows]):
         """One layer's line and channel columns; ``moments`` None for a layer the probe's training-mode pass did not
         reach (never called, or behind a branch not taken): its fresh measures are NaN."""
         if moments is None:
@@ -777,15 +582,15 @@ class StalenessMonitor:
                 raise ValueError(f"{s.weight} -> {pair.norm}: {have} output channels but {c} normalised"
                                  + (f" (channels [{s.start}, {s.stop}) from {s.offset} on)" if pair.segments else ""))
         parts = [(weights[s.weight], slice(s.offset, s.offset + s.stop - s.start)) for s in spans]
-        rot = _gathered(parts, "rotation", nan)
+        rot = gathered(parts, "rotation", nan)
         per_100 = rot * 100.0 / interval if interval else nan
         names = (np.concatenate([np.full(s.stop - s.start, s.weight, dtype=object) for s in spans]) if spans
                  else np.full(c, "", dtype=object))
         channels = {  # columns of (C,) arrays; measure() makes one frame of every layer's
             "step": np.full(c, step), "layer": names, "norm_layer": np.full(c, pair.norm, dtype=object),
             "channel": np.arange(c), "rotation_deg": rot.numpy(), "rotation_deg_per_100": per_100.numpy(),
-            "weight_norm": _gathered(parts, "norm", nan).numpy(),
-            "update_cos": _gathered(parts, "update_cos", nan).numpy(),
+            "weight_norm": gathered(parts, "norm", nan).numpy(),
+            "update_cos": gathered(parts, "update_cos", nan).numpy(),
             "running_mean": r_mean.numpy(), "running_var": r_var.numpy(),
             "fresh_mean": f_mean.numpy(), "fresh_var": f_var.numpy(), "lag_sigma": lag.numpy(),
             "drift_sigma_per_step": drift.numpy(), "predicted_lag_sigma": predicted_lag_sigma(drift, momentum).numpy(),
@@ -797,8 +602,8 @@ class StalenessMonitor:
         finite = torch.isfinite(abs_lag)
         line = {
             "step": step, "layer": pair.weight or "", "norm_layer": pair.norm,
-            "weight_norm": _Rows.whole_norm(parts), "update_cos": _Rows.whole_cosine(parts, "update"),
-            "grad_cos": _Rows.whole_cosine(parts, "grad"),
+            "weight_norm": WeightRows.whole_norm(parts), "update_cos": WeightRows.whole_cosine(parts, "update"),
+            "grad_cos": WeightRows.whole_cosine(parts, "grad"),
             "rotation_deg_per_100": float(per_100.median()) if torch.isfinite(per_100).any() else math.nan,
             "lag_median_abs_sigma": float(abs_lag[finite].median()) if finite.any() else math.nan,
             "lag_max_abs_sigma": float(abs_lag[finite].max()) if finite.any() else math.nan,

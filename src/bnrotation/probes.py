@@ -13,7 +13,7 @@ import torch
 import torch.nn as nn
 
 from .bnstats import batch_statistics, norm_layers
-from .evaluation import evaluation_call, evaluation_mode, model_logits
+from .evaluation import CompiledEvaluation, evaluation_call, evaluation_mode, model_logits
 from .staleness import mean_lag_sigma, sigma
 
 
@@ -347,12 +347,13 @@ def predicted_lag_sigma(drift: torch.Tensor, momentum: float) -> torch.Tensor:
 
 
 @torch.no_grad()
-def accuracy(model: nn.Module, x: torch.Tensor, y: torch.Tensor, mode: str, chunk: int = 1000) -> float:
+def accuracy(model: nn.Module, x: torch.Tensor, y: torch.Tensor, mode: str, chunk: int = 1000,
+             compiled: CompiledEvaluation | None = None) -> float:
     """Top-1 accuracy on (x, y), as a fraction.
 
     ``mode="eval"``: ``model.eval()``, running statistics, in chunks of
-    ``chunk`` samples (results do not depend on the chunking); compiled inside
-    :func:`.evaluation.compiled_evaluation`.
+    ``chunk`` samples (results do not depend on the chunking); through
+    ``compiled`` when given (:class:`.evaluation.CompiledEvaluation`).
     ``mode="train"``: BatchNorm normalises with the statistics of the whole
     set ``x`` in one pass (:func:`bnstats.batch_statistics`); no running
     statistic changes.
@@ -366,7 +367,7 @@ def accuracy(model: nn.Module, x: torch.Tensor, y: torch.Tensor, mode: str, chun
     if mode != "eval":
         raise ValueError(f"accuracy: mode must be 'eval' or 'train', got {mode!r}")
     with evaluation_mode(model):
-        forward = evaluation_call(model)
+        forward = evaluation_call(model, compiled)
         correct = torch.zeros((), dtype=torch.long, device=y.device)  # counted on the device: one sync
         for xc, yc in zip(x.split(chunk), y.split(chunk)):
             correct += (model_logits(forward, xc).argmax(1) == yc).sum()

@@ -1,7 +1,8 @@
 """Refresh only when needed: re-estimate the running statistics when the staleness monitor's rule fires (or only
 the layers over its lag threshold), with the monitor's measurements before and after and a handle that puts the
 previous buffers back. Above both :mod:`bnrotation.bnstats` (the re-estimation) and :mod:`bnrotation.monitor` (the
-rule), which it combines."""
+rule), which it combines through :mod:`bnrotation.oneshot` (the monitor of a measurement at one moment, and its
+records before and after re-estimation, as the checkpoint check takes them)."""
 
 from __future__ import annotations
 
@@ -13,8 +14,10 @@ import pandas as pd
 import torch
 import torch.nn as nn
 
-from .bnstats import ReestimationReport, SavedBuffers, reestimate
-from .monitor import MonitorRecord, StalenessMonitor, Thresholds
+from .bnstats import ReestimationReport, SavedBuffers
+from .monitor import MonitorRecord
+from .oneshot import measure_reestimated, one_shot_monitor
+from .staleness import Thresholds
 
 __all__ = ["reestimate_if_stale", "GatedReestimation", "GATE_SCOPES"]
 
@@ -136,8 +139,7 @@ def reestimate_if_stale(model: nn.Module, batches: Iterable, probe, *, threshold
     if scope not in GATE_SCOPES:
         raise ValueError(f"reestimate_if_stale: scope: expected one of {', '.join(GATE_SCOPES)}, got {scope!r}")
     thresholds = Thresholds() if thresholds is None else thresholds
-    monitor = StalenessMonitor(model, probe, input_key=input_key, target_key=target_key, thresholds=thresholds,
-                               warn=False)
+    monitor = one_shot_monitor(model, probe, thresholds=thresholds, input_key=input_key, target_key=target_key)
     saved = SavedBuffers(monitor.model)
     before = monitor(0)
     if not before.stale and not before.undetermined:
@@ -147,7 +149,6 @@ def reestimate_if_stale(model: nn.Module, batches: Iterable, probe, *, threshold
         bad = {name.rsplit(".", 1)[0] for name in before.nonfinite.running_statistics}
         lag = before.layers.set_index("norm_layer")["lag_median_abs_sigma"]
         chosen = [name for name in saved.layers if name in bad or lag.get(name, math.nan) >= thresholds.lag_sigma]
-    report = reestimate(monitor.model, batches, input_key=input_key, device=device, max_batches=max_batches,
-                        skip_frozen=skip_frozen, layers=chosen)
-    return GatedReestimation(True, scope, report.layers, before, monitor(1), report, saved)
-
+    _, after, report = measure_reestimated(monitor, batches, before, input_key=input_key, device=device,
+                                           max_batches=max_batches, skip_frozen=skip_frozen, layers=chosen)
+    return GatedReestimation(True, scope, report.layers, before, after, report, saved)

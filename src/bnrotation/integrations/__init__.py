@@ -23,7 +23,8 @@ import pandas as pd
 import torch
 import torch.nn as nn
 
-from ..monitor import MonitorRecord, StalenessMonitor, split_probe
+from ..monitor import MonitorRecord, StalenessMonitor
+from ..probe_batch import split_probe
 
 __all__ = ["MonitorSession", "SessionView", "record_metrics", "TABLES"]
 
@@ -120,7 +121,7 @@ class MonitorSession:
         ValueError: for ``every_n_steps`` that is not an int >= 1, a ``save_dir`` that cannot be written or
             is given with ``keep_records=False``;
             a probe the monitor cannot use raises at :meth:`start`, before the first optimizer step.
-        TypeError: for a probe :func:`bnrotation.monitor.split_probe` cannot read.
+        TypeError: for a probe :func:`bnrotation.probe_batch.split_probe` cannot read.
         ImportError: for a ``save_dir`` when pyarrow does not import (one line: install it, or pass None).
     """
 

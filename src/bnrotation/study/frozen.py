@@ -93,8 +93,9 @@ from .. import records
 from ..bnstats import reestimate, running_stat_layers
 from ..evaluation import eval_chunk
 from ..monitor import StalenessMonitor
+from ..oneshot import measure_once
 from ..probes import accuracy
-from ..provenance import describe_built, git_state
+from .provenance import describe_built, git_state
 from .config import ModelConfig, OptimizerConfig, Schema, TaskConfig, choice, require, semantic_dict
 from .model import ConvNet, build_model
 from .optim import build_optimizer, cross_entropy_step
@@ -301,7 +302,7 @@ def pretrain(cfg: FrozenConfig, data: _Data | None = None) -> tuple[ConvNet, dic
                        for _ in range(cfg.pretrain.reestimate_batches)))
     x_held, y_held = data.held["original"]
     chunk = eval_chunk(x_held.device, len(y_held))
-    record = StalenessMonitor(model, data.probe["original"], warn=False).measure(cfg.pretrain.steps)
+    record = measure_once(model, data.probe["original"], step=cfg.pretrain.steps)
     return model, {"acc_eval_mode": accuracy(model, x_held, y_held, "eval", chunk),
                    "acc_train_mode": accuracy(model, x_held, y_held, "train"),
                    "lag_median_abs_sigma": float(record.layers["lag_median_abs_sigma"].max()),

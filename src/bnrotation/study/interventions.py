@@ -17,6 +17,7 @@ import torch
 import torch.nn as nn
 
 from ..bnstats import ReestimationReport, reestimate, running_stats, swapped_statistics, top_k_channel_masks
+from ..evaluation import CompiledEvaluation
 from ..probes import accuracy, lag_sigma
 
 
@@ -27,14 +28,16 @@ def top_k_grid(total: int) -> list[int]:
 
 
 def top_k_accuracy(model: nn.Module, fresh: dict[str, tuple[torch.Tensor, torch.Tensor]],
-                   lag: dict[str, torch.Tensor], k: int, x: torch.Tensor, y: torch.Tensor, chunk: int) -> float:
+                   lag: dict[str, torch.Tensor], k: int, x: torch.Tensor, y: torch.Tensor, chunk: int,
+                   compiled: CompiledEvaluation | None = None) -> float:
     """Evaluation-mode accuracy with fresh statistics in the ``k`` channels of largest |lag| network-wide.
 
     Args:
         fresh: ``{norm layer: (mean (C,), var (C,))}``; lag: ``{norm layer: (C,)}`` in sigma.
+        compiled: what the evaluation-mode pass runs through (:func:`.probes.accuracy`); None: eagerly.
     """
     with swapped_statistics(model, fresh, channels=top_k_channel_masks(lag, k)):
-        return accuracy(model, x, y, "eval", chunk)
+        return accuracy(model, x, y, "eval", chunk, compiled)
 
 
 def layer_lags(stored: dict[str, tuple[torch.Tensor, torch.Tensor]],
@@ -84,7 +87,7 @@ class Interventions:
 
 
 def run_interventions(model: nn.Module, batches, x: torch.Tensor, y: torch.Tensor, chunk: int,
-                      acc_stored: float | None = None) -> Interventions:
+                      acc_stored: float | None = None, compiled: CompiledEvaluation | None = None) -> Interventions:
     """Evaluation-mode accuracy on (x, y) after each intervention on the running statistics.
 
     ``none`` (stored statistics), ``reestimate`` (every layer fresh), ``layer``
@@ -98,7 +101,8 @@ def run_interventions(model: nn.Module, batches, x: torch.Tensor, y: torch.Tenso
     The two ends of the top-k curve are exact identities and are not evaluated
     again (k = 0 swaps nothing, k = all swaps everything); ``acc_stored``, the
     evaluation-mode accuracy already measured on (x, y) at this step (the
-    runner's check), is reused for ``none``.
+    runner's check), is reused for ``none``. Every evaluation-mode pass runs through ``compiled`` when given
+    (the runner's :class:`.evaluation.CompiledEvaluation`), else eagerly.
 
     Raises:
         ValueError: if the model has no layer with running statistics, or ``batches`` is empty.
@@ -106,16 +110,17 @@ def run_interventions(model: nn.Module, batches, x: torch.Tensor, y: torch.Tenso
     fresh_model = copy.deepcopy(model)
     report = reestimate(fresh_model, batches)
     stored, fresh = running_stats(model), running_stats(fresh_model)
-    acc_none = accuracy(model, x, y, "eval", chunk) if acc_stored is None else acc_stored
-    acc_fresh = accuracy(fresh_model, x, y, "eval", chunk)
+    acc_none = accuracy(model, x, y, "eval", chunk, compiled) if acc_stored is None else acc_stored
+    acc_fresh = accuracy(fresh_model, x, y, "eval", chunk, compiled)
     rows = [("none", -1, "", acc_none), ("reestimate", -1, "", acc_fresh)]
     for name in fresh:
         with swapped_statistics(model, {name: fresh[name]}):
-            rows.append(("layer", -1, name, accuracy(model, x, y, "eval", chunk)))
+            rows.append(("layer", -1, name, accuracy(model, x, y, "eval", chunk, compiled)))
     lag = {n: lag_sigma(stored[n][0], fresh[n][0].double(), fresh[n][1].double()) for n in fresh}
     total = sum(v.numel() for v in lag.values())
     for k in top_k_grid(total):
         acc = {0: acc_none, total: acc_fresh}.get(k)
-        rows.append(("top_k", k, "", acc if acc is not None else top_k_accuracy(model, fresh, lag, k, x, y, chunk)))
+        rows.append(("top_k", k, "", acc if acc is not None
+                     else top_k_accuracy(model, fresh, lag, k, x, y, chunk, compiled)))
     table = pd.DataFrame(rows, columns=["intervention", "k", "layer", "acc_eval_mode"])
     return Interventions(table, stored, fresh, lag, report)

@@ -23,6 +23,7 @@ import torch.nn as nn
 
 from ..averaging import EMA, EMA_POLICIES, POLICIES, BufferProvenance, average_checkpoints
 from ..bnstats import running_stat_layers
+from ..evaluation import CompiledEvaluation
 from ..probes import accuracy, fresh_statistics, lag_sigma
 from .config import AveragingConfig
 
@@ -67,7 +68,8 @@ class RunAverages:
 
     def evaluate(self, model: nn.Module, step: int, x: torch.Tensor, y: torch.Tensor, probe_x: torch.Tensor,
                  batches: Sequence, chunk: int = 1000, live_accuracy: float | None = None,
-                 live_fresh: Mapping[str, tuple[torch.Tensor, torch.Tensor]] | None = None) -> pd.DataFrame:
+                 live_fresh: Mapping[str, tuple[torch.Tensor, torch.Tensor]] | None = None,
+                 compiled: CompiledEvaluation | None = None) -> pd.DataFrame:
         """Evaluation-mode accuracy on (x, y) of the live model, each EMA and the tail average, per policy; each
         averaged copy, once scored, is handed to :meth:`after_scoring`.
 
@@ -76,6 +78,7 @@ class RunAverages:
             live_accuracy, live_fresh: the live model's evaluation-mode accuracy on (x, y) and its fresh
                 statistics on ``probe_x`` when already measured at this step (the runner's check and
                 monitor); computed here otherwise.
+            compiled: what every evaluation-mode pass runs through (:func:`.probes.accuracy`); None: eagerly.
 
         Returns:
             DataFrame with :attr:`COLUMNS`: ``average`` live | ema | tail;
@@ -89,8 +92,8 @@ class RunAverages:
         def add(average: str, decay: float, window: int, policy: str, n: int, m: nn.Module, fresh: Mapping,
                 acc: float | None = None, provenance: BufferProvenance | None = None) -> None:
             lag = lag_median_abs_sigma(m, fresh)
-            rows.append((average, decay, window, policy, n, accuracy(m, x, y, "eval", chunk) if acc is None else acc,
-                         lag))
+            acc = accuracy(m, x, y, "eval", chunk, compiled) if acc is None else acc
+            rows.append((average, decay, window, policy, n, acc, lag))
             if provenance is not None:  # an averaged copy, not the live model
                 self.after_scoring(model, step, x, y, m, provenance, average=average, decay=decay, policy=policy)
 

@@ -42,13 +42,13 @@ from .. import records
 from ..bnstats import running_stat_layers
 from ..checkpoints import checkpoint_path, save_checkpoint
 from .config import ConfigError, RunConfig, check_row
-from ..evaluation import compiled_evaluation, compiled_evaluation_active, eval_chunk
+from ..evaluation import CompiledEvaluation, compiled_evaluation, eval_chunk
 from .interventions import run_interventions
 from .model import build_model
 from ..monitor import StalenessMonitor
 from .optim import build_optimizer, build_schedule
 from ..probes import accuracy, batch_statistics_pass
-from ..provenance import describe_built
+from .provenance import compile_cache_per_kernel_path, describe_built
 from .rows import ROWS, check_against_row
 from .run_averages import AveragesFactory, RunAverages
 from .rundir import RESUME_FILE, RunFolder, Trained, claim
@@ -231,9 +231,11 @@ def run_seeds(cfg: RunConfig, progress_lines: bool = False, *,
             # Stop signals are caught from before run.json is written: a stop during the setup (the compile
             # included) or step 0's measurements saves the state at step 0, so that a preempted job resumes.
             with stop_signals() as caught:
-                members = [_member(cfgs[s], built[s], folders[s], device=device, determinism=determinism,
-                                   batched_with=todo, averages=averages) for s in todo]
-                with compiled_evaluation(compiled):
+                if compiled:  # compiled code cached per CPU kernel path
+                    compile_cache_per_kernel_path()
+                with compiled_evaluation(compiled) as evaluator:  # passed to every evaluation-mode pass it compiles
+                    members = [_member(cfgs[s], built[s], folders[s], device=device, determinism=determinism,
+                                       batched_with=todo, averages=averages, compiled=evaluator) for s in todo]
                     try:
                         results.update(_train(members, caught, progress_lines))
                     except Exception:
@@ -290,6 +292,7 @@ class _Member:
     y_held: torch.Tensor
     x_probe: torch.Tensor
     finished: bool = False
+    compiled: CompiledEvaluation | None = None  # what its evaluation-mode passes run through; None: eagerly
 
     @property
     def out(self) -> Path:
@@ -297,10 +300,12 @@ class _Member:
 
 
 def _member(cfg: RunConfig, built: _Built, folder: RunFolder, *, device: torch.device, determinism: dict,
-            batched_with: list[int], averages: AveragesFactory) -> _Member:
+            batched_with: list[int], averages: AveragesFactory,
+            compiled: CompiledEvaluation | None = None) -> _Member:
     """One seed ready to train in its claimed ``folder``: its data, its state (resumed from the folder when it
     holds a resumable state of the same config), and its ``config.yaml`` and first ``run.json`` written;
-    ``batched_with``: the seeds that train with it; ``averages`` builds its averages (:func:`run`)."""
+    ``batched_with``: the seeds that train with it; ``averages`` builds its averages (:func:`run`); ``compiled``:
+    what its evaluation-mode passes run through (None: eagerly)."""
     out = folder.path
     built.described["threads"] = torch.get_num_threads()
     task = built.task
@@ -310,7 +315,7 @@ def _member(cfg: RunConfig, built: _Built, folder: RunFolder, *, device: torch.d
     has_running = bool(running_stat_layers(model))
     state = RunState(
         model, built.optimizer, built.schedule, generator(cfg.seed, "train", device),
-        StalenessMonitor(model, (x_probe, y_probe), warn=False, running_statistics_only=False),
+        StalenessMonitor(model, (x_probe, y_probe), warn=False, running_statistics_only=False, compiled=compiled),
         records.TableBuffer(cfg.row, cfg.seed),
         averages(cfg.averaging, model) if cfg.averaging.enabled and has_running else None,
         torch.zeros((), dtype=torch.long, device=device))
@@ -321,7 +326,7 @@ def _member(cfg: RunConfig, built: _Built, folder: RunFolder, *, device: torch.d
               f"from {out / RESUME_FILE}", file=sys.stderr, flush=True)
     folder.start({**built.described, "determinism": determinism, "pairing": state.monitor.pairing.describe(),
                   "batched_with_seeds": batched_with if len(batched_with) > 1 else None})
-    return _Member(cfg, folder, state, task, x_held, y_held, x_probe)
+    return _Member(cfg, folder, state, task, x_held, y_held, x_probe, compiled=compiled)
 
 
 def _train(members: list[_Member], caught: dict, progress_lines: bool = False) -> dict[int, Path]:
@@ -339,9 +344,9 @@ def _train(members: list[_Member], caught: dict, progress_lines: bool = False) -
     start = steps_at.pop()
     results: dict[int, Path] = {}
     seeds = ",".join(str(m.cfg.seed) for m in members)
-    if compiled_evaluation_active():  # compile now, in setup, for every chunk size the evaluations will use
+    if members[0].compiled is not None:  # compile now, in setup, for every chunk size the evaluations will use
         m = members[0]
-        accuracy(m.state.model, m.x_held, m.y_held, "eval", eval_chunk(m.x_held.device, len(m.y_held)))
+        accuracy(m.state.model, m.x_held, m.y_held, "eval", eval_chunk(m.x_held.device, len(m.y_held)), m.compiled)
     for m in members:
         if start == 0 and not m.state.step0_measured:
             _measure(m, 0, None, None, sched)
@@ -477,7 +482,7 @@ def _measure(m: _Member, step: int, w_before, loss, sched: _Schedule) -> None:
     t2 = time.perf_counter()
     acc_eval = None
     if step in sched.checks:
-        acc_eval = accuracy(model, m.x_held, m.y_held, "eval", chunk)
+        acc_eval = accuracy(model, m.x_held, m.y_held, "eval", chunk, m.compiled)
         acc_train = accuracy(model, m.x_held, m.y_held, "train")
         state.tables.add("checks", pd.DataFrame({
             "step": [step], "lr": [state.optimizer.param_groups[0]["lr"]],
@@ -489,14 +494,15 @@ def _measure(m: _Member, step: int, w_before, loss, sched: _Schedule) -> None:
         if cfg.save_checkpoints:
             save_checkpoint(checkpoint_path(m.out, step), model, step=step, row=cfg.row, seed=cfg.seed)
         batches = reestimation_batches(m.task, cfg, m.x_held.device, step)
-        df = run_interventions(model, batches, m.x_held, m.y_held, chunk, acc_stored=acc_eval).table
+        df = run_interventions(model, batches, m.x_held, m.y_held, chunk, acc_stored=acc_eval,
+                               compiled=m.compiled).table
         state.tables.add("interventions", df.assign(step=step)[["step", *df.columns]])
     t4 = time.perf_counter()
     if step in sched.averaging:
         if batches is None:
             batches = reestimation_batches(m.task, cfg, m.x_held.device, step)
         df = state.averages.evaluate(model, step, m.x_held, m.y_held, m.x_probe, batches, chunk,
-                                     live_accuracy=acc_eval, live_fresh=fresh)
+                                     live_accuracy=acc_eval, live_fresh=fresh, compiled=m.compiled)
         state.tables.add("averaging", df.assign(step=step)[["step", *df.columns]])
     t5 = time.perf_counter()
     for key, seconds in (("probes", t1 - t0), ("dense", t2 - t1), ("checks", t3 - t2), ("interventions", t4 - t3),

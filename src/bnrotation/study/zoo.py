@@ -85,7 +85,7 @@ from ..evaluation import eval_chunk
 from ..monitor import StalenessMonitor
 from .optim import build_optimizer, cross_entropy_step
 from ..probes import accuracy
-from ..provenance import describe_built
+from .provenance import describe_built
 from .rows import ROWS
 from .rundir import Experiment, Trained, run_in_folder
 from .runtime import StepClock, measured_steps, resolve_threads

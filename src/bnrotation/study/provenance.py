@@ -1,7 +1,9 @@
 """Provenance: what a run actually built and ran with, read back from the objects, not from the config.
 
 ``run.json`` holds it (:mod:`bnrotation.study.runner`); ``make table`` compares it with what the run's row means
-(:func:`bnrotation.study.rows.check_against_row`), and the runner does the same before its first step.
+(:func:`bnrotation.study.rows.check_against_row`), and the runner does the same before its first step. Where a
+compiled run caches its code (:func:`compile_cache_per_kernel_path`) follows the same CPU kernel path. The study's:
+the library keeps no run records.
 """
 
 from __future__ import annotations
@@ -62,7 +64,7 @@ def compile_cache_per_kernel_path() -> str:
 
 def git_state() -> dict:
     """The checkout's commit and whether tracked files differ from it (None where git cannot tell)."""
-    root = Path(__file__).resolve().parents[2]
+    root = Path(__file__).resolve().parents[3]  # the checkout: src/bnrotation/study/provenance.py
     try:
         commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True,
                                 timeout=10).stdout.strip() or None
