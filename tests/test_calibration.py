@@ -258,9 +258,8 @@ def test_a_zoo_run_without_channels_or_scale_is_read_from_its_layers_table(tmp_p
                            "eval_error_median_sigma": [0.5, 0.0], "eval_error_max_sigma": [0.6, 0.0]})
     for name, df in (("checks", run.tables["checks"]), ("interventions", run.tables["interventions"]),
                      ("layers", layers)):
-        records.write_table(df.assign(row="lcnet_050-adam", seed=0, **({"k": -1, "layer": ""} if name == "interventions"
-                                                                        else {}), **({"lr": 0.0, "loss": 0.0}
-                                                                                     if name == "checks" else {})),
+        extra = {"interventions": {"k": -1, "norm_layer": ""}, "checks": {"lr": 0.0, "loss": 0.0}}.get(name, {})
+        records.write_table(df.assign(row="lcnet_050-adam", seed=0, **extra),
                             d / f"{name}.parquet", name)
     (d / "run.json").write_text(json.dumps({**run.info, "row": "lcnet_050-adam"}))
     (d / "config.yaml").write_text("task:\n  name: fashion_mnist\nsteps: 1600\n")
