@@ -61,7 +61,7 @@ from bnrotation.study import ensemble
 from bnrotation.checkpoints import checkpoint_path, save_checkpoint
 from bnrotation.study.config import EVAL_COMPILED_MIN_STEPS, RunConfig, register_configs, to_run_config
 from bnrotation.study.interventions import run_interventions
-from bnrotation.study.model import build_model
+from bnrotation.study.model import build_network
 from bnrotation.monitor import StalenessMonitor
 from bnrotation.bnstats import batch_statistics
 from bnrotation.study.optim import build_optimizer
@@ -449,7 +449,7 @@ def measure_probes(ctx: Context) -> dict:
     for arch, experiment in (("the study's network", ROW), ("ResNet-20", RESNET_ROWS[0])):
         c = compose_run([f"experiment={experiment}", f"device={device.type}"])
         t = NoisyTemplates.build(c.task, c.seed, device)
-        model = build_model(c.model, c.task.num_classes, c.seed, device)
+        model = build_network(c.model, c.task.num_classes, c.seed, device)
         opt = build_optimizer(c.optimizer, model)
         x_probe = t.fixed_set(c.task.probe_size, c.seed, "probe")[0].contiguous(memory_format=fmt)
         gen = torch.Generator(device).manual_seed(0)
@@ -719,16 +719,16 @@ def measure_options(ctx: Context) -> dict:
             opt.step()
         return step
 
-    single = build_model(cfg.model, 10, 0, device)
+    single = build_network(cfg.model, 10, 0, device)
     plain = timed(stepper(single, build_optimizer(cfg.optimizer, single), False), args.reps * 5, ctx.sync)
-    batched_model = ensemble.stack_models([build_model(cfg.model, 10, s, device) for s in range(n)])
+    batched_model = ensemble.stack_models([build_network(cfg.model, 10, s, device) for s in range(n)])
     batched = timed(stepper(batched_model, build_optimizer(cfg.optimizer, batched_model, members=n), True),
                     args.reps * 5, ctx.sync)
     progress("(d) batched seeds done")
     compiled = {}
     for part in ("training step", "evaluation pass"):
-        model = build_model(cfg.model, 10, 0, device)
-        eager = build_model(cfg.model, 10, 0, device)
+        model = build_network(cfg.model, 10, 0, device)
+        eager = build_network(cfg.model, 10, 0, device)
         x_held = task.fixed_set(1000, 0, "heldout")[0].contiguous(memory_format=fmt)
         if part == "training step":
             opt, opt_e = build_optimizer(cfg.optimizer, model), build_optimizer(cfg.optimizer, eager)

@@ -51,7 +51,7 @@ NAMES = {
                      "bnrotation.study.analysis.claims.kinds.xǁRankOrderǁrows_with_runs__mutmut_*"],
     "inputs (the readers)": [f"bnrotation.inputs.x_{f}__mutmut_*" for f in (
         "load_batches", "_read_batches", "load_probe", "load_weights", "load_function", "model_from_factory",
-        "build_model", "_prefix_hint", "parse_device", "parse_model_kwargs", "_items", "first_line", "one_line", "batch_limit",
+        "build_user_model", "_prefix_hint", "parse_device", "parse_model_kwargs", "_items", "first_line", "one_line", "batch_limit",
         "thresholds_from")]
                            + ["bnrotation.inputs.xǁInputErrorǁ*"],
 }

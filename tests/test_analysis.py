@@ -121,14 +121,14 @@ def write_run(root: Path, row: str, seed: int, *, rotation: float, norm_growth: 
     iv = []
     for s in sorted(set(range(scale["check_start"], scale["steps"] + 1, scale["intervene_every"])) | {scale["steps"]}):
         stored = acc_eval_at(s) if acc_eval_at else acc_eval  # ``lowest`` is a check's, not an intervention's
-        iv += [dict(base, step=s, intervention="none", k=-1, layer="", acc_eval_mode=stored),
-               dict(base, step=s, intervention="reestimate", k=-1, layer="", acc_eval_mode=reestimated)]
-        iv += [dict(base, step=s, intervention="layer", k=-1, layer=bn,
+        iv += [dict(base, step=s, intervention="none", k=-1, norm_layer="", acc_eval_mode=stored),
+               dict(base, step=s, intervention="reestimate", k=-1, norm_layer="", acc_eval_mode=reestimated)]
+        iv += [dict(base, step=s, intervention="layer", k=-1, norm_layer=bn,
                     acc_eval_mode=lifted if bn == lifted_layer else stored) for bn, _ in layers.values()]
         total = sum(width for _, width in layers.values())
         for k in [0] + [2 ** i for i in range(total.bit_length()) if 2 ** i < total] + [total]:
             # half the gain at k = 2, all of it at k = 8 (0, 1, 2, 4, 8, 16 for the 16 channels of LAYERS)
-            iv.append(dict(base, step=s, intervention="top_k", k=k, layer="",
+            iv.append(dict(base, step=s, intervention="top_k", k=k, norm_layer="",
                            acc_eval_mode=stored + (reestimated - stored) * min(1.0, {0: 0, 1: .2, 2: .5, 4: .8}
                                                                                    .get(k, 1.0))))
     records.write_table(pd.DataFrame(iv), out / "interventions.parquet", "interventions")
@@ -140,9 +140,9 @@ def write_run(root: Path, row: str, seed: int, *, rotation: float, norm_growth: 
 @functools.lru_cache(maxsize=None)
 def _resnet_pairs() -> tuple[tuple[str, str], ...]:
     from bnrotation.study.config import ModelConfig
-    from bnrotation.study.model import build_model
+    from bnrotation.study.model import build_network
     from bnrotation.monitor import find_pairs
-    model = build_model(ModelConfig(arch="resnet20", channels=[16, 32, 64]), 10, seed=0)
+    model = build_network(ModelConfig(arch="resnet20", channels=[16, 32, 64]), 10, seed=0)
     return tuple((p.weight, p.norm) for p in find_pairs(model).pairs)
 
 
@@ -238,7 +238,7 @@ def _checks_run(acc: list[float]) -> Run:
     """A run whose checks (and stored-statistics interventions) at steps 2,000, 2,100, ... have accuracies ``acc``."""
     steps = [2000 + 100 * i for i in range(len(acc))]
     checks = pd.DataFrame({"step": steps, "acc_eval_mode": acc, "acc_train_mode": 1.0})
-    iv = pd.DataFrame({"step": steps, "intervention": "none", "k": -1, "layer": "", "acc_eval_mode": acc})
+    iv = pd.DataFrame({"step": steps, "intervention": "none", "k": -1, "norm_layer": "", "acc_eval_mode": acc})
     return Run(Path("runs/adam/seed=0"), {"row": "adam", "seed": 0},
                {"scale": {"check_start": 2000, "steps": steps[-1]}}, {"checks": checks, "interventions": iv})
 

@@ -17,7 +17,7 @@ from bnrotation.averaging import (EMA, POLICIES, average_checkpoints, compare_st
                                   saved_checkpoints)
 from bnrotation.bnstats import reestimate, running_stat_layers, weights_fingerprint
 from bnrotation.study.config import ConfigError, ModelConfig, TaskConfig
-from bnrotation.study.model import build_model
+from bnrotation.study.model import build_network
 from bnrotation.study.run_averages import RunAverages
 from bnrotation.study.task import NoisyTemplates, generator
 
@@ -55,7 +55,7 @@ def _train(model, steps: int, lr: float = 3e-3, on_step=None):
 @pytest.fixture(scope="module")
 def trajectory() -> dict[int, dict]:
     """State dicts of one training run at steps 0, 10, 20 and 60."""
-    model = build_model(MODEL, TASK.num_classes, 0)
+    model = build_network(MODEL, TASK.num_classes, 0)
     states, done = {0: copy.deepcopy(model.state_dict())}, 0
     for step in (10, 20, 60):
         _train(model, step - done)
@@ -65,7 +65,7 @@ def trajectory() -> dict[int, dict]:
 
 
 def _template():
-    return build_model(MODEL, TASK.num_classes, 1)
+    return build_network(MODEL, TASK.num_classes, 1)
 
 
 def _params(m) -> dict:
@@ -187,7 +187,7 @@ def test_uniform_average_matches_averaged_model_swa_with_buffers(trajectory):
 
 def test_ema_matches_averaged_model_with_an_ema_function():
     decay = 0.9
-    model = build_model(MODEL, TASK.num_classes, 0)
+    model = build_network(MODEL, TASK.num_classes, 0)
     ema = EMA(model, decay)
     with_buffers = AveragedModel(model, multi_avg_fn=get_ema_multi_avg_fn(decay), use_buffers=True)
     without = AveragedModel(model, multi_avg_fn=get_ema_multi_avg_fn(decay), use_buffers=False)
@@ -215,7 +215,7 @@ def test_ema_matches_averaged_model_with_an_ema_function():
 def test_ema_update_is_swa_utils_ema_function_bit_for_bit():
     """Each update after the first is ``get_ema_multi_avg_fn(decay)`` applied to the same floats, to the bit."""
     decay = 0.999
-    model = build_model(MODEL, TASK.num_classes, 0)
+    model = build_network(MODEL, TASK.num_classes, 0)
     ema = EMA(model, decay)
     oracle = [t.detach().clone() for t in [*model.parameters(), *model.buffers()] if t.is_floating_point()]
     step_fn = get_ema_multi_avg_fn(decay)
@@ -240,7 +240,7 @@ def test_an_ema_survives_torch_save_pickle_and_deepcopy(tmp_path):
     import io
     import pickle
 
-    model = build_model(MODEL, TASK.num_classes, 0)
+    model = build_network(MODEL, TASK.num_classes, 0)
     ema = EMA(model, 0.9)
     _train(model, 3, on_step=ema.update)
     torch.save(ema, tmp_path / "ema.pt")
@@ -295,7 +295,7 @@ def test_bad_arguments_are_refused(kwargs, match, trajectory):
 
 
 def test_checkpoint_of_another_architecture_is_refused(trajectory):
-    other = build_model(ModelConfig(channels=[8, 8, 16], channels_last=False), TASK.num_classes, 0)
+    other = build_network(ModelConfig(channels=[8, 8, 16], channels_last=False), TASK.num_classes, 0)
     with pytest.raises(ValueError, match="checkpoint 1: shapes"):
         average_checkpoints(_template(), [trajectory[10], other])
     with pytest.raises(ValueError, match="mixture"):
@@ -406,7 +406,7 @@ def test_saved_checkpoints_of_a_run_are_averaged(averaging_run):
     _, out, *_ = averaging_run
     ckpts = saved_checkpoints(out, last=2)
     assert [c["step"] for c in ckpts] == [10, 20]  # the intervention steps, oldest first
-    avg, prov = average_checkpoints(build_model(ModelConfig(), TASK.num_classes, 0), ckpts, policy="copy")
+    avg, prov = average_checkpoints(build_network(ModelConfig(), TASK.num_classes, 0), ckpts, policy="copy")
     for n, p in avg.named_parameters():
         torch.testing.assert_close(p.detach(), (ckpts[0]["model"][n] + ckpts[1]["model"][n]) / 2)
     assert prov.source == "buffers of constituent 1 of 2"

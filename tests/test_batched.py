@@ -15,7 +15,7 @@ from bnrotation import records
 
 from bnrotation.study import ensemble
 from bnrotation.study.config import ModelConfig, OptimizerConfig
-from bnrotation.study.model import build_model
+from bnrotation.study.model import build_network
 from bnrotation.study.optim import build_optimizer
 from bnrotation.study.rundir import RESUME_FILE
 from bnrotation.study.runner import run, run_seeds
@@ -103,7 +103,7 @@ def test_a_stopped_batch_resumes_batched_or_seed_by_seed(tmp_path, monkeypatch):
 
 
 def test_member_optimizer_state_round_trips_through_the_batch():
-    models = [build_model(ModelConfig(channels=[4, 8, 8]), 10, seed=s) for s in SEEDS]
+    models = [build_network(ModelConfig(channels=[4, 8, 8]), 10, seed=s) for s in SEEDS]
     batched = ensemble.stack_models(models)
     opt = build_optimizer(OptimizerConfig(name="adamp", delta=1.0), batched, members=3)
     x = torch.randn(16, 9, 8, 8).contiguous(memory_format=torch.channels_last)
@@ -112,7 +112,7 @@ def test_member_optimizer_state_round_trips_through_the_batch():
         opt.zero_grad()
         ensemble.member_losses(batched(x), targets).sum().backward()
         opt.step()
-    plain = [build_model(ModelConfig(channels=[4, 8, 8]), 10, seed=s) for s in SEEDS]
+    plain = [build_network(ModelConfig(channels=[4, 8, 8]), 10, seed=s) for s in SEEDS]
     plain_opts = [build_optimizer(OptimizerConfig(name="adamp", delta=1.0), m) for m in plain]
     for i, (m, o) in enumerate(zip(plain, plain_opts)):
         ensemble.copy_member(batched, i, 3, m)

@@ -16,7 +16,7 @@ from bnrotation import records
 from bnrotation.bnstats import (parameter_digests, reestimate, running_stat_layers, running_stats,
                                 swapped_statistics, top_k_channel_masks, weights_fingerprint)
 from bnrotation.study.config import ModelConfig
-from bnrotation.study.model import build_model
+from bnrotation.study.model import build_network
 from bnrotation.study.interventions import run_interventions, top_k_grid
 
 
@@ -415,7 +415,7 @@ def test_top_k_ranks_channels_by_absolute_lag_across_layers():
 # ----------------------------------------------------------------------------- the runner's interventions
 def test_run_interventions_rows_and_their_invariants():
     torch.manual_seed(3)
-    model = build_model(ModelConfig(channels=[4, 8, 8], channels_last=False), 10, seed=0).eval()
+    model = build_network(ModelConfig(channels=[4, 8, 8], channels_last=False), 10, seed=0).eval()
     g = torch.Generator().manual_seed(4)
     batches = [torch.randn(16, 3, 16, 16, generator=g) * 2 + 1 for _ in range(3)]
     x, y = torch.randn(40, 3, 16, 16, generator=g), torch.randint(0, 10, (40,), generator=g)
@@ -424,7 +424,7 @@ def test_run_interventions_rows_and_their_invariants():
     t = res.table
     assert _same(_buffers(model), before)  # the model keeps its stored statistics
     assert t["intervention"].tolist() == ["none", "reestimate", "layer", "layer", "layer"] + ["top_k"] * 7
-    assert t.loc[t["intervention"] == "layer", "layer"].tolist() == ["bn1", "bn2", "bn3"]
+    assert t.loc[t["intervention"] == "layer", "norm_layer"].tolist() == ["bn1", "bn2", "bn3"]
     assert t.loc[t["intervention"] == "top_k", "k"].tolist() == [0, 1, 2, 4, 8, 16, 20]
     acc = lambda what, k=-1: float(t.loc[(t["intervention"] == what) & (t["k"] == k), "acc_eval_mode"].iloc[0])
     assert acc("top_k", 0) == acc("none") and acc("top_k", 20) == acc("reestimate")

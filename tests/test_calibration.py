@@ -264,9 +264,8 @@ def _zoo_folder(root: Path, done: bool = True, **info) -> Path:
                            "eval_error_median_sigma": [0.5, 0.0], "eval_error_max_sigma": [0.6, 0.0]})
     for name, df in (("checks", run.tables["checks"]), ("interventions", run.tables["interventions"]),
                      ("layers", layers)):
-        records.write_table(df.assign(row="lcnet_050-adam", seed=0, **({"k": -1, "layer": ""} if name == "interventions"
-                                                                        else {}), **({"lr": 0.0, "loss": 0.0}
-                                                                                     if name == "checks" else {})),
+        extra = {"interventions": {"k": -1, "norm_layer": ""}, "checks": {"lr": 0.0, "loss": 0.0}}.get(name, {})
+        records.write_table(df.assign(row="lcnet_050-adam", seed=0, **extra),
                             d / f"{name}.parquet", name)
     (d / "run.json").write_text(json.dumps({**run.info, **ZOO_INFO, **info}))
     (d / "config.yaml").write_text("arch: lcnet_050\ntask:\n  name: fashion_mnist\nsteps: 1600\n")

@@ -119,7 +119,7 @@ def test_a_library_test_that_imports_the_suite_is_caught(tmp_path):
     """The failure case: the suite's network (its config needs Hydra), the conftest, another test file and a
     package the venvs lack."""
     bad = tmp_path / "test_bad.py"
-    bad.write_text("import torch\nfrom bnrotation.study.model import build_model\n\n\ndef test():\n"
+    bad.write_text("import torch\nfrom bnrotation.study.model import build_network\n\n\ndef test():\n"
                    "    from conftest import TOY_SIZE\n    import test_probes\n    import timm\n")
     problems = library_test_problems([bad])
     assert len(problems) == 4 and re.search(r"test_bad.py imports bnrotation.study.model, which needs the suite's "

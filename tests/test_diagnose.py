@@ -28,7 +28,7 @@ def diagnosis(adam_smoke_run):
 @pytest.mark.kernels
 def test_the_checkpoint_reproduces_the_logged_interventions(diagnosis, adam_smoke_run):
     iv = pd.read_parquet(adam_smoke_run / "interventions.parquet")
-    keys = ["intervention", "k", "layer"]
+    keys = ["intervention", "k", "norm_layer"]
     logged_20 = iv[iv["step"] == 20].set_index(keys)["acc_eval_mode"]
     ours = diagnosis.result.table.set_index(keys)["acc_eval_mode"]
     pd.testing.assert_series_equal(ours.sort_index(), logged_20.sort_index())
@@ -37,12 +37,13 @@ def test_the_checkpoint_reproduces_the_logged_interventions(diagnosis, adam_smok
 
 def test_the_lag_summary_is_the_stored_buffers_against_the_fresh_ones(diagnosis, adam_smoke_run):
     state = load_checkpoint(checkpoint_path(adam_smoke_run, 20))["model"]
-    lags = diagnosis.lags.set_index("layer")
+    lags = diagnosis.lags.set_index("norm_layer")
     assert list(lags.index) == ["bn1", "bn2", "bn3"] and lags["channels"].tolist() == [32, 64, 64]
+    eps = diagnosis.cfg.model.bn_eps  # every BatchNorm's eps: lag = (stored - fresh mean) / sqrt(fresh var + eps)
     for name, (fresh_mean, fresh_var) in diagnosis.result.fresh.items():
         assert torch.equal(diagnosis.result.stored[name][0], state[f"{name}.running_mean"])
-        lag = (state[f"{name}.running_mean"].double() - fresh_mean.double()) / fresh_var.double().sqrt()  # (C,)
-        assert lags.loc[name, "median_abs_lag_sigma"] == pytest.approx(float(lag.abs().median()), rel=1e-12)
+        lag = (state[f"{name}.running_mean"].double() - fresh_mean.double()) / (fresh_var.double() + eps).sqrt()
+        assert lags.loc[name, "lag_median_abs_sigma"] == pytest.approx(float(lag.abs().median()), rel=1e-12)
         worst = int(lag.abs().argmax())
         assert lags.loc[name, "worst_channel"] == worst
         assert lags.loc[name, "worst_lag_sigma"] == pytest.approx(float(lag[worst]), rel=1e-12)
@@ -52,9 +53,9 @@ def test_bisection_finds_a_k_where_the_accuracy_crosses_the_threshold(diagnosis,
     """The refined k reaches the threshold and k - 1 does not; the k = all point always reaches it."""
     from bnrotation.study.task import heldout_set
     from bnrotation.study.task import NoisyTemplates
-    from bnrotation.study.model import build_model
+    from bnrotation.study.model import build_network
     cfg = diagnosis.cfg
-    model = build_model(cfg.model, cfg.task.num_classes, cfg.seed)
+    model = build_network(cfg.model, cfg.task.num_classes, cfg.seed)
     model.load_state_dict(load_checkpoint(checkpoint_path(adam_smoke_run, 20))["model"])
     x, y = heldout_set(NoisyTemplates.build(cfg.task, cfg.seed), cfg)
     res = diagnosis.result
@@ -119,7 +120,7 @@ def _table(step: int, stored: float, reest: float, layers: dict[str, float], cur
     rows = [(step, "none", -1, "", stored), (step, "reestimate", -1, "", reest)]
     rows += [(step, "layer", -1, n, a) for n, a in layers.items()]
     rows += [(step, "top_k", k, "", a) for k, a in curve.items()]
-    return pd.DataFrame(rows, columns=["step", "intervention", "k", "layer", "acc_eval_mode"])
+    return pd.DataFrame(rows, columns=["step", "intervention", "k", "norm_layer", "acc_eval_mode"])
 
 
 def test_per_step_summary_on_a_table_with_known_answers():

@@ -18,7 +18,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from thirdparty import import_optional
 
-from bnrotation.check import build_model, check_checkpoint, load_weights, main
+from bnrotation.check import build_user_model, check_checkpoint, load_weights, main
 from bnrotation.evaluation import evaluation_forward, read_logits
 from bnrotation.monitor import MonitorSetupWarning, StalenessMonitor
 from bnrotation.probes import accuracy
@@ -203,7 +203,7 @@ def test_the_check_reads_a_trainers_folders_for_a_model_built_from_their_config(
     assert (checkpoint / "model.safetensors").is_file() and (checkpoint / "config.json").is_file()
     want = check_checkpoint(copy.deepcopy(trained), {"pixel_values": x, "labels": y}, input_key="pixel_values",
                             target_key="labels")
-    built, how = build_model(CHECK[1], {}, checkpoint)
+    built, how = build_user_model(CHECK[1], {}, checkpoint)
     got = check_checkpoint(built, {"pixel_values": x, "labels": y}, weights=checkpoint, input_key="pixel_values",
                            target_key="labels")
     _report_equal(got, want)

@@ -81,13 +81,13 @@ def _nets_module(tmp_path, monkeypatch) -> None:
 def test_a_factory_is_called_with_its_keyword_arguments_and_its_failures_are_one_line(tmp_path, monkeypatch):
     import sys
 
-    from bnrotation.inputs import build_model, model_from_factory
+    from bnrotation.inputs import build_user_model, model_from_factory
     _nets_module(tmp_path, monkeypatch)
     try:
         model = model_from_factory("factory_nets:make", {"width": 6})
         assert isinstance(model, nn.Sequential) and model[1].num_features == 6
         assert model_from_factory("factory_nets:make")[1].num_features == 4  # no kwargs: the factory's defaults
-        built, how = build_model("factory_nets:make", None)
+        built, how = build_user_model("factory_nets:make", None)
         assert how == "" and built[0].out_channels == 4
         with pytest.raises(InputError) as err:
             model_from_factory("factory_nets:broken", {"width": 2})
@@ -329,19 +329,19 @@ def test_a_hugging_face_class_is_built_from_the_config_beside_the_weights_with_t
     settings, ``--model-kwargs`` override them, and a setting the config lacks names ``--model-kwargs``."""
     from thirdparty import import_optional
 
-    from bnrotation.inputs import build_model, model_from_factory
+    from bnrotation.inputs import build_user_model, model_from_factory
     hf = import_optional("transformers")
     spec = "transformers:ResNetForImageClassification"
     hf.ResNetConfig(num_channels=3, embedding_size=8, hidden_sizes=[8, 8], depths=[1, 1], num_labels=3,
                     layer_type="basic").save_pretrained(tmp_path)
-    model, how = build_model(spec, {"num_labels": 5}, tmp_path)
+    model, how = build_user_model(spec, {"num_labels": 5}, tmp_path)
     assert isinstance(model, hf.ResNetForImageClassification)
     assert how == f"built from {tmp_path / 'config.json'} with --model-kwargs num_labels"
     assert model.config.hidden_sizes == [8, 8] and model.config.num_labels == 5  # the folder's, then the kwargs'
     beside = model_from_factory(spec, None, tmp_path / "model.safetensors")  # the config beside a weights file
     assert beside.config.hidden_sizes == [8, 8] and beside.config.num_labels == 3
     with pytest.raises(InputError) as err:
-        build_model(spec, {"hiden_sizes": [8]}, tmp_path)
+        build_user_model(spec, {"hiden_sizes": [8]}, tmp_path)
     assert str(err.value) == ("--model-kwargs: 'hiden_sizes' is not a setting of ResNetConfig (--model "
                               "transformers:ResNetForImageClassification takes the settings of its config)")
 

@@ -78,7 +78,7 @@ def test_seeds_are_averaged_with_their_spread_and_norms_without_statistics_liste
     assert conv2["median_predicted_lag_sigma_mean"] == pytest.approx(1.5 * one)
     assert conv2["median_predicted_lag_sigma_std"] == pytest.approx(np.std([one, two], ddof=1))
     assert conv2["n_seeds"] == 2 and conv2["n_per_seed"] == "15" and conv2["spearman_mean"] == pytest.approx(1.0)
-    md = to_markdown(table, without, Path("results"))
+    md = to_markdown(table, without, Path("results"), schema="schema version 2")
     assert "| Adam, lr 3e-3 (`adam`) | conv2 (bn2) | 2 | 15 |" in md
     assert "no lag to measure: `adam_groupnorm`" in md
 

@@ -72,7 +72,7 @@ def write_map_run(root: Path, base: str, seed: int, *, knob: str | None = None, 
                                   fresh_var=fresh_var, lag_sigma=0.0, drift_sigma_per_step=0.0,
                                   predicted_lag_sigma=0.0, abs_mean_over_std=0.0))
     records.write_table(pd.DataFrame(lines), out / "channels.parquet", "channels")
-    iv = [dict(base_line, step=s, intervention=i, k=-1, layer="", acc_eval_mode=a)
+    iv = [dict(base_line, step=s, intervention=i, k=-1, norm_layer="", acc_eval_mode=a)
           for s in range(SCALE["check_start"], SCALE["steps"] + 1, SCALE["intervene_every"])
           for i, a in (("none", acc_eval), ("reestimate", reestimated))]
     records.write_table(pd.DataFrame(iv), out / "interventions.parquet", "interventions")

@@ -17,7 +17,7 @@ from torch.nn.modules.batchnorm import _BatchNorm
 from bnrotation.bnstats import reestimate
 from bnrotation.study.config import ModelConfig
 from bnrotation.evaluation import EVAL_CHUNK
-from bnrotation.study.model import build_model
+from bnrotation.study.model import build_network
 from bnrotation.evaluation import evaluation_forward
 from bnrotation.monitor import MonitorSetupWarning, StaleStatisticsWarning, StalenessMonitor, Thresholds, find_pairs
 from bnrotation.probe_batch import split_probe
@@ -158,7 +158,7 @@ def test_a_model_fx_cannot_trace_is_paired_by_execution_order():
 
 
 def test_every_batchnorm_of_resnet20_is_paired_with_its_convolution():
-    model = build_model(ModelConfig(arch="resnet20", channels=[16, 32, 64]), 10, seed=0)
+    model = build_network(ModelConfig(arch="resnet20", channels=[16, 32, 64]), 10, seed=0)
     pairing = find_pairs(model, torch.randn(4, 3, 16, 16))
     assert pairing.method == "fx" and not pairing.unpaired and len(pairing.pairs) == 21
     pairs = {p.norm: p.weight for p in pairing.pairs}
@@ -413,7 +413,7 @@ def test_stale_statistics_warn_naming_the_worst_layer_and_channel_and_re_estimat
     from bnrotation.study.task import NoisyTemplates, generator
     torch.manual_seed(0)
     task = NoisyTemplates.build(TaskConfig(image_size=8), seed=0)
-    model = build_model(ModelConfig(channels=[8, 16, 16], channels_last=False), 10, seed=0)
+    model = build_network(ModelConfig(channels=[8, 16, 16], channels_last=False), 10, seed=0)
     opt = torch.optim.Adam(model.parameters(), lr=3e-3)
     g = generator(0, "train")
     for _ in range(60):  # enough to learn the templates
@@ -488,7 +488,7 @@ def test_records_have_the_suites_column_names_and_append_to_parquet(tmp_path):
 def test_on_the_suites_network_the_monitor_equals_a_direct_computation():
     """The runner's tables come from the monitor (tests/test_runner.py compares them with the runner's own
     probes before the monitor); here its fresh statistics against probes.fresh_statistics and rotation_deg."""
-    model = build_model(ModelConfig(), 10, seed=0)
+    model = build_network(ModelConfig(), 10, seed=0)
     x = torch.randn(48, 3, 32, 32).contiguous(memory_format=torch.channels_last)
     monitor = StalenessMonitor(model, x, warn=False, modes=False)
     w0 = model.conv3.weight.detach().clone()

@@ -9,13 +9,13 @@ import torch
 from adamp import AdamP
 
 from bnrotation.study.config import OPTIMIZERS, SCHEDULES, ModelConfig, OptimizerConfig, ScheduleConfig
-from bnrotation.study.model import build_model
+from bnrotation.study.model import build_network
 from bnrotation.study.names import OPTIMIZER_CLASSES, PROJECTION_MODES, SCHEDULE_CLASSES
 from bnrotation.study.optim import ProjectedAdam, build_optimizer, build_schedule, project_tangential, radial_coefficient
 
 
 def _net():
-    return build_model(ModelConfig(channels_last=False), 10, seed=3)
+    return build_network(ModelConfig(channels_last=False), 10, seed=3)
 
 
 def _steps(model, opt, n=6, seed=0):

@@ -12,7 +12,7 @@ import torch
 
 from bnrotation.bnstats import batch_statistics, reestimate, running_stat_layers, swapped_statistics
 from bnrotation.study.config import ModelConfig, TaskConfig
-from bnrotation.study.model import build_model
+from bnrotation.study.model import build_network
 from bnrotation.probes import accuracy
 from bnrotation.study.interventions import run_interventions
 from bnrotation.evaluation import EVAL_CHUNK, EVAL_CHUNK_BYTES, eval_chunk
@@ -33,7 +33,7 @@ def bench():
 @pytest.fixture(scope="module")
 def stale():
     """A model whose stored statistics are wrong, labels its re-estimated twin gets all right, the batches."""
-    model = build_model(ModelConfig(), 10, seed=0)
+    model = build_network(ModelConfig(), 10, seed=0)
     task = NoisyTemplates.build(TaskConfig(), seed=0)
     g = generator(0, "reestimate")
     batches = [task.sample(32, g)[0].contiguous(memory_format=torch.channels_last) for _ in range(4)]
@@ -103,7 +103,7 @@ def test_the_monitor_evaluates_the_suites_networks_in_chunks_of_eval_chunk(arch)
     from bnrotation.monitor import StalenessMonitor
 
     cfg = ModelConfig(arch=arch, channels=[16, 32, 64] if arch == "resnet20" else [32, 64, 64])
-    model = build_model(cfg, 10, seed=0)
+    model = build_network(cfg, 10, seed=0)
     x = torch.randn(TaskConfig().probe_size, 3, 32, 32).contiguous(memory_format=torch.channels_last)
     monitor = StalenessMonitor(model, x, warn=False)
     monitor(0)
@@ -180,7 +180,7 @@ def test_bench_layerwise_chunked_training_pass_equals_one_pass(bench, arch):
     """The alternative (c) times against the one training-mode pass computes the same outputs, ragged last
     chunk included, so the timing compares like with like."""
     cfg = ModelConfig(arch=arch, channels=[16, 32, 64] if arch == "resnet20" else [32, 64, 64])
-    model = build_model(cfg, 10, seed=0)
+    model = build_network(cfg, 10, seed=0)
     x = torch.randn(50, 3, 16, 16).contiguous(memory_format=torch.channels_last)
     with torch.no_grad(), batch_statistics(model):
         one = model(x)
@@ -198,7 +198,7 @@ def test_compiled_evaluation_equals_eager_and_one_graph_serves_every_model_of_a_
 
     from bnrotation.evaluation import compiled_evaluation, evaluation_forward
 
-    models = [build_model(ModelConfig(), 10, seed=s) for s in (0, 1)]
+    models = [build_network(ModelConfig(), 10, seed=s) for s in (0, 1)]
     for m in models[1].modules():
         if isinstance(m, torch.nn.BatchNorm2d):
             m.running_mean.normal_()

@@ -9,7 +9,7 @@ import torch
 
 from bnrotation.bnstats import batch_statistics
 from bnrotation.study.config import ModelConfig
-from bnrotation.study.model import build_model
+from bnrotation.study.model import build_network
 from bnrotation import probes
 from bnrotation.probes import (Scratch, accuracy, batch_statistics_pass, channel_norms, drift_sigma_per_step,
                                fresh_statistics, input_moments, lag_sigma, predicted_lag_sigma, rotation_deg,
@@ -104,7 +104,7 @@ def test_drift_and_lag_on_a_mean_drifting_at_a_known_rate():
     var = torch.tensor([sigma ** 2], dtype=torch.float64)
     drift = drift_sigma_per_step(means[-1:], means[-1 - interval:-interval], var, interval)
     assert torch.allclose(drift, torch.tensor([r], dtype=torch.float64), rtol=1e-12)
-    lag = lag_sigma(running.reshape(1), means[-1:], var)
+    lag = lag_sigma(running.reshape(1), means[-1:], var, eps=0.0)  # the closed form has no eps
     predicted = predicted_lag_sigma(drift, m)
     assert torch.allclose(-lag, predicted, rtol=1e-6)  # the running mean is behind: negative lag
     assert math.isclose(float(predicted), 0.0074 * 0.97 / 0.03, rel_tol=1e-12)  # the article's 0.24 sigma
@@ -112,7 +112,7 @@ def test_drift_and_lag_on_a_mean_drifting_at_a_known_rate():
 
 def _trained_bn_model():
     torch.manual_seed(0)
-    model = build_model(ModelConfig(channels_last=False), 10, seed=0)
+    model = build_network(ModelConfig(channels_last=False), 10, seed=0)
     model.train()
     with torch.no_grad():
         for _ in range(3):

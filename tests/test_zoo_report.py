@@ -171,7 +171,7 @@ def test_the_calibration_truth_of_a_run_without_running_statistics_is_empty_not_
     the fix, ``calibration.truth`` raised KeyError on the committed control runs)."""
     from bnrotation.study.analysis.tables import calibration
 
-    iv = pd.DataFrame({"step": [0, 0, 75, 75], "intervention": ["none", "reestimate"] * 2, "k": -1, "layer": "",
+    iv = pd.DataFrame({"step": [0, 0, 75, 75], "intervention": ["none", "reestimate"] * 2, "k": -1, "norm_layer": "",
                        "acc_eval_mode": [0.09, float("nan"), 0.51, float("nan")]})
     run = _run("resnet10t_gn", "sgd", 0, SEED0, {}, refused="no BatchNorm")
     run.tables["interventions"] = iv

@@ -23,8 +23,8 @@ from bnrotation.study.config import ConfigError
 from bnrotation.monitor import StalenessMonitor
 from bnrotation.study.rundir import RunExistsError, config_yaml
 from bnrotation.study.task import FashionMNIST
-from bnrotation.study.zoo import (CONTROL, STALE_RECOVERY, ZooConfig, build_model, check_steps, costs, optimizer_config,
-                            run, to_zoo_config)
+from bnrotation.study.zoo import (CONTROL, STALE_RECOVERY, ZooConfig, build_zoo_network, check_steps, costs,
+                                  optimizer_config, run, to_zoo_config)
 
 CHEAP = "lcnet_050"  # the cheapest BatchNorm architecture of the zoo
 # probe_size 20: the smallest probe whose one sample moves the mode gap by no more than the threshold (no warning)
@@ -134,7 +134,7 @@ def test_the_groupnorm_control_trains_and_records_the_monitors_refusal(tmp_path)
     out = run(cfg)
     task = FashionMNIST.build(cfg.task, 0)
     with pytest.raises(ValueError) as err:
-        StalenessMonitor(build_model(CONTROL, 0), task.fixed_set(20, 0, "probe"))
+        StalenessMonitor(build_zoo_network(CONTROL, 0), task.fixed_set(20, 0, "probe"))
     info = json.loads((out / "run.json").read_text())
     assert info["monitor"]["refused"] == str(err.value).splitlines()[0] and "no BatchNorm" in info["monitor"]["refused"]
     assert info["bn_momenta"] == [] and {v["class"] for v in info["norm_layers"].values()} == {"GroupNorm"}

@@ -78,7 +78,7 @@ from .helptext import EXIT_STATUS, EXIT_UNUSABLE, exit_status, plain
 from .bnstats import SavedBuffers, nonfinite_state, running_stat_layers
 from .evaluation import without_autocast
 from .inputs import (DEFAULT_MAX_BATCHES, MESSAGE_CHARS, PRETRAINED_WEIGHTS, CheckInputError, InputError,
-                     add_batch_arguments, batch_limit, build_model, first_line, load_batches, load_function,
+                     add_batch_arguments, batch_limit, build_user_model, first_line, load_batches, load_function,
                      load_probe, load_weights, model_from_factory, one_line, parse_device, parse_model_kwargs,
                      pretrained_from_config, thresholds_from)
 from .monitor import MonitorRecord
@@ -88,7 +88,7 @@ from .staleness import Thresholds
 
 # The loaders live in bnrotation.inputs; these names are re-exported for the code and tests that import them from here.
 __all__ = ["CheckInputError", "InputError", "CheckReport", "check_checkpoint", "format_report", "load_batches",
-           "load_weights", "load_function", "model_from_factory", "build_model", "pretrained_from_config",
+           "load_weights", "load_function", "model_from_factory", "build_user_model", "pretrained_from_config",
            "parse_device", "parse_model_kwargs", "probe_size_warning", "PRETRAINED_WEIGHTS", "DEFAULT_MAX_BATCHES",
            "MESSAGE_CHARS", "main"]
 
@@ -335,7 +335,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         max_batches, thresholds = batch_limit(args), thresholds_from(args)
         device = parse_device(args.device)
-        model, built = build_model(args.model, parse_model_kwargs(args.model_kwargs), args.weights)
+        model, built = build_user_model(args.model, parse_model_kwargs(args.model_kwargs), args.weights)
         report = check_checkpoint(model, args.batches, weights=args.weights, weights_key=args.weights_key,
                                   strip_prefix=args.strip_prefix, thresholds=thresholds,
                                   input_key=args.input_key, target_key=args.target_key,

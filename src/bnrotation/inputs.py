@@ -2,7 +2,7 @@
 
 The loaders of :mod:`bnrotation.check` and :mod:`bnrotation.audit` (and of any command built the same way):
 
-* :func:`build_model` and :func:`model_from_factory`: ``module:function`` called with keyword arguments
+* :func:`build_user_model` and :func:`model_from_factory`: ``module:function`` called with keyword arguments
   (:func:`parse_model_kwargs`), or a Hugging Face model class built from its config
   (:func:`pretrained_from_config`; nothing is downloaded);
 * :func:`load_weights`: a ``torch.save`` or ``.safetensors`` file, a checkpoint dict, a Hugging Face folder,
@@ -38,7 +38,7 @@ from .probe_batch import CheckedProbe, check_probe, split_probe
 from .staleness import Thresholds
 
 __all__ = ["InputError", "CheckInputError", "load_function", "parse_model_kwargs", "model_from_factory",
-           "build_model", "pretrained_from_config", "load_weights", "load_batches", "load_probe", "parse_device",
+           "build_user_model", "pretrained_from_config", "load_weights", "load_batches", "load_probe", "parse_device",
            "one_line",
            "first_line", "add_batch_arguments", "batch_limit", "thresholds_from", "PRETRAINED_WEIGHTS",
            "DEFAULT_MAX_BATCHES", "MESSAGE_CHARS"]
@@ -131,15 +131,15 @@ def parse_model_kwargs(text: str | None) -> dict:
 
 def model_from_factory(spec: str, kwargs: Mapping | None = None, weights=None) -> nn.Module:
     """Call the factory ``module:function`` (``timm:create_model``, ``mynets:make_net``) with ``kwargs``; or build a
-    Hugging Face model class (``transformers:ResNetForImageClassification``) from its config (:func:`build_model`).
+    Hugging Face model class (``transformers:ResNetForImageClassification``) from its config (:func:`build_user_model`).
 
     Raises:
-        InputError: as :func:`build_model`.
+        InputError: as :func:`build_user_model`.
     """
-    return build_model(spec, kwargs, weights)[0]
+    return build_user_model(spec, kwargs, weights)[0]
 
 
-def build_model(spec: str, kwargs: Mapping | None = None, weights=None) -> tuple[nn.Module, str]:
+def build_user_model(spec: str, kwargs: Mapping | None = None, weights=None) -> tuple[nn.Module, str]:
     """The model ``--model spec`` names, and how it was built for the report (``""`` for a factory): the factory
     ``module:function`` called with ``kwargs``, or a Hugging Face model class built from its config
     (:func:`pretrained_from_config`: the ``config.json`` of the ``weights`` folder if it holds one, ``kwargs`` as

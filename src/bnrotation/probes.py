@@ -323,10 +323,11 @@ def fresh_statistics(model: nn.Module, x: torch.Tensor) -> dict[str, tuple[torch
 
 
 def lag_sigma(running_mean: torch.Tensor, fresh_mean: torch.Tensor, fresh_var: torch.Tensor,
-              eps: float = 0.0) -> torch.Tensor:
+              eps: float) -> torch.Tensor:
     """Running-mean lag per channel: ``(running_mean - fresh_mean) / sqrt(fresh_var + eps)``, in sigma
-    (:func:`bnrotation.staleness.mean_lag_sigma`). Shapes (C,). The monitor passes the layer's ``eps``, the σ
-    BatchNorm divides by; without it a near-constant channel's lag is meaningless (10⁶ σ)."""
+    (:func:`bnrotation.staleness.mean_lag_sigma`). Shapes (C,). ``eps`` is the layer's (``norm.eps``), the σ
+    BatchNorm divides by, as the monitor and the study pass it; it has no default, since without it a
+    near-constant channel's lag is meaningless (10⁶ σ)."""
     return mean_lag_sigma(running_mean.double(), fresh_mean, fresh_var, eps)
 
 

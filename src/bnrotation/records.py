@@ -20,7 +20,11 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-SCHEMA_VERSION = 1
+# 2: the study's lag is the monitor's, with the layer's eps (σ = sqrt(var + eps)); the averaging table's network-wide
+# median |lag| is ``lag_network_median_abs_sigma`` (was ``lag_median_abs_sigma``, the monitor's name for one layer's
+# median) and the interventions table names the norm layer ``norm_layer`` (was ``layer``, the weight layer's name in
+# the monitor's tables). The run reader reads schema 1 under the new names (analysis.results.read_table).
+SCHEMA_VERSION = 2
 DONE = "DONE"
 
 # The columns each table must have (more may follow).
@@ -30,7 +34,7 @@ TABLE_COLUMNS = {
     "channels": ("row", "seed", "step", "layer", "channel", "rotation_deg", "weight_norm", "running_mean",
                  "running_var", "fresh_mean", "fresh_var", "lag_sigma", "drift_sigma_per_step",
                  "predicted_lag_sigma", "abs_mean_over_std"),
-    "interventions": ("row", "seed", "step", "intervention", "k", "layer", "acc_eval_mode"),
+    "interventions": ("row", "seed", "step", "intervention", "k", "norm_layer", "acc_eval_mode"),
     # average: live | ema | tail; decay: EMA decay (NaN otherwise); policy: none | copy | average | mixture | refresh
     "averaging": ("row", "seed", "step", "average", "decay", "window_steps", "policy", "acc_eval_mode"),
     # the fresh and running statistics of every norm layer at every step of the dense windows (scale.dense_windows)

@@ -10,8 +10,9 @@ interventions are rerun on it (:func:`interventions.run_interventions`, with the
 re-estimation batches, :func:`task.reestimation_batches`, and the same
 held-out set): the report gives per BatchNorm layer the lag of the stored
 running mean behind the fresh (re-estimated) one, ``(stored - fresh) /
-fresh_std`` in sigma (median |lag| and the worst channel), the evaluation-mode
-accuracy after each intervention, and the smallest number k of top-|lag|
+sqrt(fresh var + eps)`` in sigma with the layer's eps, as the monitor measures
+it (median |lag| and the worst channel), the evaluation-mode accuracy after
+each intervention, and the smallest number k of top-|lag|
 channels whose fresh statistics bring the accuracy to 90%, found on the grid
 0, 1, 2, 4, ... and then by bisection between grid points. Without ``step`` it
 reads the run's ``interventions.parquet`` (no checkpoint needed) and reports
@@ -35,7 +36,7 @@ from ..checkpoints import checkpoint_path, load_checkpoint
 from .config import ConfigError, RunConfig, to_run_config
 from ..evaluation import eval_chunk
 from .interventions import Interventions, layer_lags, run_interventions, top_k_accuracy
-from .model import build_model
+from .model import build_network
 from .runtime import resolve_device
 from .task import build_task, heldout_set, reestimation_batches
 
@@ -131,8 +132,8 @@ class CheckpointDiagnosis:
     """What :func:`diagnose_checkpoint` found.
 
     Attributes:
-        lags: one line per BatchNorm layer (:func:`interventions.layer_lags`): ``layer``, ``channels``,
-            ``median_abs_lag_sigma``, ``worst_channel``, ``worst_lag_sigma``
+        lags: one line per BatchNorm layer (:func:`interventions.layer_lags`): ``norm_layer``, ``channels``,
+            ``lag_median_abs_sigma``, ``worst_channel``, ``worst_lag_sigma``
             (signed), ``median_var_ratio`` (stored / fresh running variance).
         k_refined: smallest k reaching ``threshold`` by bisection between the
             grid points around it (None if even k = all does not).
@@ -194,7 +195,7 @@ def diagnose_checkpoint(run_dir: str | Path, step: str | int, device: str = "aut
     found = {k: ckpt.get(k) for k in ("row", "seed", "step")}
     if found != {"row": cfg.row, "seed": cfg.seed, "step": n}:
         raise ValueError(f"{path}: holds {found}, but the folder is row {cfg.row!r} seed {cfg.seed} step {n}")
-    model = build_model(cfg.model, cfg.task.num_classes, cfg.seed, dev, cfg.task.in_channels)
+    model = build_network(cfg.model, cfg.task.num_classes, cfg.seed, dev, cfg.task.in_channels)
     model.load_state_dict(ckpt["model"])
     task = build_task(cfg.task, cfg.seed, dev)
     x, y = heldout_set(task, cfg)
@@ -204,14 +205,14 @@ def diagnose_checkpoint(run_dir: str | Path, step: str | int, device: str = "aut
     if file.exists():
         iv = read_table(file, "interventions")
         logged_here = iv[iv["step"] == n] if (iv["step"] == n).any() else None
-    return CheckpointDiagnosis(run_dir, cfg, n, str(dev), result, layer_lags(result.stored, result.fresh), threshold,
+    return CheckpointDiagnosis(run_dir, cfg, n, str(dev), result, layer_lags(result), threshold,
                                refine_k(model, result, x, y, threshold), logged_here)
 
 
 def _agreement(d: CheckpointDiagnosis) -> str:
     if d.logged is None:
         return "nothing logged at this step to compare with"
-    keys = ["intervention", "k", "layer"]
+    keys = ["intervention", "k", "norm_layer"]
     both = d.result.table.merge(d.logged[keys + ["acc_eval_mode"]], on=keys, suffixes=("", "_logged"))
     if len(both) != len(d.result.table):
         return "the logged interventions at this step are not the same set; not compared"
@@ -227,11 +228,12 @@ def format_checkpoint_report(d: CheckpointDiagnosis) -> str:
            f"Re-estimation: {r.batches} batches, {r.samples:,} samples from the run's own re-estimation stream, "
            f"{len(r.layers)} layers, weights {r.weights_fingerprint}.",
            "",
-           "Stored versus fresh running statistics; lag = (stored - fresh mean) / fresh std, in sigma:",
-           "| layer | channels | median abs lag (σ) | worst channel | its lag (σ) | median var stored/fresh |",
+           "Stored versus fresh running statistics; lag = (stored - fresh mean) / sqrt(fresh var + the layer's eps), "
+           "in sigma:",
+           "| norm layer | channels | median abs lag (σ) | worst channel | its lag (σ) | median var stored/fresh |",
            "|---|---:|---:|---:|---:|---:|"]
     for _, s in d.lags.iterrows():
-        out.append(f"| {s['layer']} | {s['channels']} | {s['median_abs_lag_sigma']:.3f} | {s['worst_channel']} | "
+        out.append(f"| {s['norm_layer']} | {s['channels']} | {s['lag_median_abs_sigma']:.3f} | {s['worst_channel']} | "
                    f"{s['worst_lag_sigma']:+.3f} | {s['median_var_ratio']:.3f} |")
     out += ["", f"Evaluation-mode accuracy on the {d.cfg.scale.heldout_size:,} held-out samples:"]
     out += logged.describe_step(d.result.table, d.threshold)

@@ -97,7 +97,7 @@ from ..oneshot import measure_once
 from ..probes import accuracy
 from .provenance import describe_built, git_state
 from .config import ModelConfig, OptimizerConfig, Schema, TaskConfig, choice, require, semantic_dict
-from .model import ConvNet, build_model
+from .model import ConvNet, build_network
 from .optim import build_optimizer, cross_entropy_step
 from .rows import FROZEN_MODES, FROZEN_SEEDS, FROZEN_TABLES, frozen_row
 from .rundir import Experiment, Trained, run_in_folder
@@ -290,7 +290,7 @@ def pretrain(cfg: FrozenConfig, data: _Data | None = None) -> tuple[ConvNet, dic
     """
     data = data or task_data(cfg)
     t0 = time.perf_counter()
-    model = build_model(cfg.model, cfg.task.num_classes, cfg.seed)
+    model = build_network(cfg.model, cfg.task.num_classes, cfg.seed)
     optimizer = build_optimizer(_sgd(cfg.pretrain.lr, cfg.pretrain.momentum), model)
     g = generator(cfg.seed, "train")
     model.train()
@@ -332,7 +332,7 @@ def pretrained_backbone(cfg: FrozenConfig, data: _Data | None = None) -> tuple[C
         if path.exists():
             saved = torch.load(path, weights_only=True)
             if yaml.safe_load(saved["key"]) == key:
-                model = build_model(cfg.model, cfg.task.num_classes, cfg.seed)
+                model = build_network(cfg.model, cfg.task.num_classes, cfg.seed)
                 model.load_state_dict(saved["model"])
                 return model.train(), {**yaml.safe_load(saved["info"]), "cached": True}
         model, info = pretrain(cfg, data)
@@ -375,7 +375,7 @@ def finetune_model(cfg: FrozenConfig, backbone: ConvNet | None = None) -> tuple[
     Returns:
         ``(model, original_head)``: the model, in training mode, and a copy of the backbone's own head.
     """
-    base = backbone if backbone is not None else build_model(cfg.model, cfg.task.num_classes, cfg.seed)
+    base = backbone if backbone is not None else build_network(cfg.model, cfg.task.num_classes, cfg.seed)
     model = copy.deepcopy(base)
     original_head = copy.deepcopy(model.fc)
     for p in backbone_parameters(model).values():

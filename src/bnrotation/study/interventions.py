@@ -16,7 +16,8 @@ import pandas as pd
 import torch
 import torch.nn as nn
 
-from ..bnstats import ReestimationReport, reestimate, running_stats, swapped_statistics, top_k_channel_masks
+from ..bnstats import (ReestimationReport, reestimate, running_stat_layers, running_stats, swapped_statistics,
+                       top_k_channel_masks)
 from ..evaluation import CompiledEvaluation
 from ..probes import accuracy, lag_sigma
 
@@ -40,25 +41,25 @@ def top_k_accuracy(model: nn.Module, fresh: dict[str, tuple[torch.Tensor, torch.
         return accuracy(model, x, y, "eval", chunk, compiled)
 
 
-def layer_lags(stored: dict[str, tuple[torch.Tensor, torch.Tensor]],
-               fresh: dict[str, tuple[torch.Tensor, torch.Tensor]]) -> pd.DataFrame:
-    """Per BatchNorm layer, how far the stored running statistics are from the fresh (re-estimated) ones.
+def layer_lags(result: Interventions) -> pd.DataFrame:
+    """Per BatchNorm layer, how far the stored running statistics are from the fresh (re-estimated) ones, with the
+    monitor's definition and names (:class:`bnrotation.monitor.StalenessMonitor`'s ``layers`` table).
 
     Args:
-        stored, fresh: ``{norm layer: (mean (C,), var (C,))}``; the layers of ``fresh``, in its order.
+        result: :func:`run_interventions`' measurement; its ``lag_sigma`` is the lag of every channel.
 
     Returns:
-        One line per layer: ``layer`` (the norm layer), ``channels``, ``median_abs_lag_sigma`` (median over
-        channels of |lag|, lag = (stored - fresh mean) / fresh std, :func:`probes.lag_sigma`, in σ),
-        ``worst_channel`` (largest |lag|), ``worst_lag_sigma`` (its lag, signed), ``median_var_ratio``
-        (median of stored / fresh running variance).
+        One line per layer, in the order of ``result.fresh``: ``norm_layer``, ``channels``,
+        ``lag_median_abs_sigma`` (median over channels of |lag|; lag = (stored - fresh mean) / sqrt(fresh var +
+        the layer's eps), :func:`probes.lag_sigma`, in σ), ``worst_channel`` (largest |lag|), ``worst_lag_sigma``
+        (its lag, signed, σ), ``median_var_ratio`` (median of stored / fresh running variance).
     """
     lines = []
-    for name, (mean, var) in fresh.items():
-        lag = lag_sigma(stored[name][0], mean.double(), var.double()).cpu()  # (C,)
+    for name, (_, var) in result.fresh.items():
+        lag = result.lag_sigma[name].cpu()  # (C,)
         worst = int(lag.abs().argmax())
-        ratio = stored[name][1].double().cpu() / var.double().cpu()  # (C,)
-        lines.append({"layer": name, "channels": lag.numel(), "median_abs_lag_sigma": float(lag.abs().median()),
+        ratio = result.stored[name][1].double().cpu() / var.double().cpu()  # (C,)
+        lines.append({"norm_layer": name, "channels": lag.numel(), "lag_median_abs_sigma": float(lag.abs().median()),
                       "worst_channel": worst, "worst_lag_sigma": float(lag[worst]),
                       "median_var_ratio": float(ratio.median())})
     return pd.DataFrame(lines)
@@ -70,12 +71,14 @@ class Interventions:
 
     Attributes:
         table: one line per intervention: ``intervention`` (none | reestimate |
-            layer | top_k), ``k`` (-1 where it does not apply), ``layer`` (""
-            where it does not apply), ``acc_eval_mode`` (fraction).
+            layer | top_k), ``k`` (-1 where it does not apply), ``norm_layer``
+            (the norm layer made fresh; "" where it does not apply),
+            ``acc_eval_mode`` (fraction).
         stored, fresh: ``{norm layer: (running_mean (C,), running_var (C,))}``,
             the checkpoint's statistics and the re-estimated ones.
         lag_sigma: ``{norm layer: (C,)}`` float64, ``(stored - fresh) mean /
-            fresh std``, the ranking of the top-k curve.
+            sqrt(fresh var + the layer's eps)`` (:func:`probes.lag_sigma`, the
+            monitor's ``lag_sigma``), the ranking of the top-k curve.
         reestimation: provenance of the re-estimation pass.
     """
 
@@ -116,11 +119,12 @@ def run_interventions(model: nn.Module, batches, x: torch.Tensor, y: torch.Tenso
     for name in fresh:
         with swapped_statistics(model, {name: fresh[name]}):
             rows.append(("layer", -1, name, accuracy(model, x, y, "eval", chunk, compiled)))
-    lag = {n: lag_sigma(stored[n][0], fresh[n][0].double(), fresh[n][1].double()) for n in fresh}
+    eps = {n: float(m.eps) for n, m in running_stat_layers(model)}
+    lag = {n: lag_sigma(stored[n][0], fresh[n][0].double(), fresh[n][1].double(), eps[n]) for n in fresh}
     total = sum(v.numel() for v in lag.values())
     for k in top_k_grid(total):
         acc = {0: acc_none, total: acc_fresh}.get(k)
         rows.append(("top_k", k, "", acc if acc is not None
                      else top_k_accuracy(model, fresh, lag, k, x, y, chunk, compiled)))
-    table = pd.DataFrame(rows, columns=["intervention", "k", "layer", "acc_eval_mode"])
+    table = pd.DataFrame(rows, columns=["intervention", "k", "norm_layer", "acc_eval_mode"])
     return Interventions(table, stored, fresh, lag, report)

@@ -130,7 +130,7 @@ class ResNet20(nn.Module):
 ARCHITECTURES = {"convnet": ConvNet, "resnet20": ResNet20}
 
 
-def build_model(cfg: ModelConfig, num_classes: int, seed: int, device: torch.device | str = "cpu",
+def build_network(cfg: ModelConfig, num_classes: int, seed: int, device: torch.device | str = "cpu",
                 in_channels: int = 3) -> nn.Module:
     """The network ``cfg.arch`` names, for inputs of ``in_channels`` channels (``task.in_channels``), with
     PyTorch's default initialisation drawn from the run's own ``init`` stream.

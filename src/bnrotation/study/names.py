@@ -18,5 +18,5 @@ OPTIMIZER_CLASSES = {"sgd": "SGD", "adam": "Adam", "adamw": "AdamW", "adam_proje
 PROJECTION_MODES = {"adam_projected": ("always", "never"), "adamp": ("adamp", "adamp")}
 # schedule.name -> class name of the scheduler build_schedule returns (None: no scheduler)
 SCHEDULE_CLASSES = {"constant": None, "cosine": "CosineAnnealingLR"}
-# model.arch -> class name of the network build_model returns
+# model.arch -> class name of the network build_network returns
 ARCH_CLASSES = {"convnet": "ConvNet", "resnet20": "ResNet20"}

@@ -27,19 +27,21 @@ from ..evaluation import CompiledEvaluation
 from ..probes import accuracy, fresh_statistics, lag_sigma
 from .config import AveragingConfig
 
-__all__ = ["RunAverages", "AveragesFactory", "lag_median_abs_sigma"]
+__all__ = ["RunAverages", "AveragesFactory", "lag_network_median_abs_sigma"]
 
 
-def lag_median_abs_sigma(model: nn.Module, fresh: Mapping[str, tuple[torch.Tensor, torch.Tensor]]) -> float:
-    """The averaging table's ``lag_median_abs_sigma``: the median, over every channel of every BatchNorm layer
-    with running statistics, of |running mean - fresh mean| / fresh std (:func:`probes.lag_sigma`), in σ; NaN
-    for a model without such layers.
+def lag_network_median_abs_sigma(model: nn.Module, fresh: Mapping[str, tuple[torch.Tensor, torch.Tensor]]) -> float:
+    """The averaging table's ``lag_network_median_abs_sigma``: the median, over every channel of every BatchNorm
+    layer with running statistics (the whole network at once, not a layer's median as the monitor's
+    ``lag_median_abs_sigma``), of |running mean - fresh mean| / sqrt(fresh var + the layer's eps)
+    (:func:`probes.lag_sigma`, the monitor's ``lag_sigma``), in σ; NaN for a model without such layers.
 
     Args:
         fresh: ``{norm layer: (mean, var)}``, each (C,), :func:`probes.fresh_statistics` of the model's weights
             on the probe (it depends on the weights only, so copies that share weights share it).
     """
-    lags = [lag_sigma(m.running_mean.detach(), *fresh[name]).abs().cpu() for name, m in running_stat_layers(model)]
+    lags = [lag_sigma(m.running_mean.detach(), *fresh[name], float(m.eps)).abs().cpu()  # (C,) each
+            for name, m in running_stat_layers(model)]
     return float(torch.cat(lags).median()) if lags else math.nan
 
 
@@ -52,7 +54,8 @@ class RunAverages:
     without it.
     """
 
-    COLUMNS = ("average", "decay", "window_steps", "policy", "constituents", "acc_eval_mode", "lag_median_abs_sigma")
+    COLUMNS = ("average", "decay", "window_steps", "policy", "constituents", "acc_eval_mode",
+               "lag_network_median_abs_sigma")
 
     def __init__(self, cfg: AveragingConfig, model: nn.Module):
         self.cfg = cfg
@@ -85,13 +88,13 @@ class RunAverages:
             ``decay`` (NaN but for ema); ``window_steps`` (tail window in
             steps, -1 otherwise); ``policy`` (none for live);
             ``constituents`` (snapshots averaged, EMA updates, 1 for live);
-            ``lag_median_abs_sigma`` (median |lag| over every channel on ``probe_x``).
+            ``lag_network_median_abs_sigma`` (median |lag| over every channel of the network on ``probe_x``, σ).
         """
         rows = []
 
         def add(average: str, decay: float, window: int, policy: str, n: int, m: nn.Module, fresh: Mapping,
                 acc: float | None = None, provenance: BufferProvenance | None = None) -> None:
-            lag = lag_median_abs_sigma(m, fresh)
+            lag = lag_network_median_abs_sigma(m, fresh)
             acc = accuracy(m, x, y, "eval", chunk, compiled) if acc is None else acc
             rows.append((average, decay, window, policy, n, acc, lag))
             if provenance is not None:  # an averaged copy, not the live model

@@ -44,7 +44,7 @@ from ..checkpoints import checkpoint_path, save_checkpoint
 from .config import ConfigError, RunConfig, check_row
 from ..evaluation import CompiledEvaluation, compiled_evaluation, eval_chunk
 from .interventions import run_interventions
-from .model import build_model
+from .model import build_network
 from ..monitor import StalenessMonitor
 from .optim import build_optimizer, build_schedule
 from ..probes import accuracy, batch_statistics_pass
@@ -270,7 +270,7 @@ def _build(cfg: RunConfig, device: torch.device) -> _Built:
     contradicts what the row means (what ``make table`` would refuse after the run), or when the task's data
     cannot be read (:class:`~bnrotation.study.fashion_mnist.DataError`)."""
     task = build_task(cfg.task, cfg.seed, device, run_dtype(cfg))
-    model = build_model(cfg.model, cfg.task.num_classes, cfg.seed, device, cfg.task.in_channels).to(run_dtype(cfg))
+    model = build_network(cfg.model, cfg.task.num_classes, cfg.seed, device, cfg.task.in_channels).to(run_dtype(cfg))
     optimizer = build_optimizer(cfg.optimizer, model)
     schedule = build_schedule(cfg.schedule, optimizer, cfg.scale.steps)
     described = {**describe_built(model, optimizer, schedule, device), "task": task.describe()}

@@ -96,7 +96,7 @@ if TYPE_CHECKING:
     from .cli import Outcome
 
 __all__ = ["ARCHS", "CONTROL", "ZOO_ARCHS", "SecondZoo", "SECOND_ZOO", "OPTIMIZERS", "SEEDS", "STALE_RECOVERY", "ZooConfig", "register_zoo_config",
-           "to_zoo_config", "optimizer_config", "build_model", "monitor_or_refusal", "check_steps", "train", "EXPERIMENT",
+           "to_zoo_config", "optimizer_config", "build_zoo_network", "monitor_or_refusal", "check_steps", "train", "EXPERIMENT",
            "run", "run_task",
            "sweep_lists", "costs"]
 
@@ -185,7 +185,7 @@ register_zoo_config = ZOO_SCHEMA.register  # ZooConfig as zoo_schema in Hydra's 
 to_zoo_config = ZOO_SCHEMA.validate  # a composed config as a validated ZooConfig (ConfigError: one line)
 
 
-def build_model(arch: str, seed: int) -> nn.Module:
+def build_zoo_network(arch: str, seed: int) -> nn.Module:
     """The timm model ``arch`` (one of :data:`ZOO_ARCHS`) for 1-channel 10-class inputs, with random weights drawn
     from the run's ``init`` stream (under ``torch.random.fork_rng``: the global stream is left as it was), in
     training mode. :data:`CONTROL` is resnet10t with ``timm.layers.GroupNorm`` of :data:`CONTROL_GROUPS` groups.
@@ -275,7 +275,7 @@ def train(cfg: ZooConfig) -> Trained:
     x_held, y_held = task.fixed_set(cfg.heldout_size, cfg.seed, "heldout")
     probe = task.fixed_set(cfg.task.probe_size, cfg.seed, "probe")
     chunk = eval_chunk(x_held.device, len(y_held))
-    model = build_model(cfg.arch, cfg.seed)
+    model = build_zoo_network(cfg.arch, cfg.seed)
     optimizer = build_optimizer(cfg.optimizer, model)
     monitor, refusal = monitor_or_refusal(model, probe, cfg.evaluation_path)
     g_train, g_re = generator(cfg.seed, "train"), generator(cfg.seed, "reestimate")
@@ -302,7 +302,7 @@ def train(cfg: ZooConfig) -> Trained:
                                             "acc_train_mode": acc_train, "acc_eval_mode": acc_eval, **truth,
                                             **line, "check_seconds": t_check}]))
         tables.add("interventions", pd.DataFrame(
-            {"step": step, "intervention": ["none", "reestimate"], "k": -1, "layer": "",
+            {"step": step, "intervention": ["none", "reestimate"], "k": -1, "norm_layer": "",
              "acc_eval_mode": [acc_eval, truth["acc_eval_mode_reestimated"]]}))
         if layers is not None:
             tables.add("layers", layers)
@@ -387,7 +387,7 @@ def costs(image_size: int, batch_size: int, archs=ZOO_ARCHS, cfg: ZooConfig | No
     shape = (1, image_size, image_size)
     lines = []
     for arch in archs:
-        model = build_model(arch, 0)
+        model = build_zoo_network(arch, 0)
         optimizer = build_optimizer(optimizer_config("adam"), model)
         x, y = torch.randn(batch_size, *shape, generator=g), torch.randint(0, NUM_CLASSES, (batch_size,), generator=g)
         spent = []

@@ -1,6 +1,7 @@
 """The one formatter of numbers in every report: :func:`cell` (a value, optionally with its spread and n) and
 :func:`spread` (a spread, tolerance or difference alone), both driven by one table of units, :data:`UNITS`;
-:func:`seed_ranges` (seeds as ranges) and :func:`decimals_shown` (no torch).
+:func:`seed_ranges` (seeds as ranges), :func:`schema_versions` (the runs' schema versions, for a header) and
+:func:`decimals_shown` (no torch).
 """
 
 from __future__ import annotations
@@ -89,6 +90,18 @@ def seed_ranges(seeds: Iterable[int]) -> str:
             runs.append([s])
     parts = [f"{r[0]}–{r[-1]}" if len(r) >= 3 else ", ".join(map(str, r)) for r in runs]
     return ", ".join(parts) if parts else "–"
+
+
+def schema_versions(versions: Iterable[int | str]) -> str:
+    """The schema versions some runs were written with (each ``run.json``'s ``schema_version``), for a report's
+    header: ``'schema version 1'``, ``'schema versions 1 and 2'`` for runs of several read together,
+    ``'schema version ?'`` for none (None, a run not read from a folder, is skipped). A report prints its runs' versions, not the suite's
+    (:data:`bnrotation.records.SCHEMA_VERSION`): the reader reads every older schema (:func:`.results.read_table`),
+    and a report says what its runs hold."""
+    found = sorted({int(v) for v in versions if v is not None})
+    if len(found) <= 1:
+        return f"schema version {found[0] if found else '?'}"
+    return f"schema versions {', '.join(map(str, found[:-1]))} and {found[-1]}"
 
 
 def decimals_shown(decimals: int, unit: str) -> int:

@@ -273,9 +273,21 @@ def describe_root(root: str | Path, asked: bool) -> str:
     return f"reading {root} ({why})"
 
 
+# Columns renamed by schema 2, per table: {old name: new name}; read_table reads a schema-1 table under the new names.
+# Schema-1 values were computed without the layer's eps (σ = sqrt(fresh var), where schema 2 divides by sqrt(fresh var
+# + eps)) and are read as they are: the averaging table's network-wide median |lag|, the lags that ranked the
+# interventions' top-k channels and, in runs written before the monitor took the layer's eps, the channels' lag_sigma
+# and the layers' lag columns. They agree with schema 2's where a channel's variance is large against eps (1e-5 by
+# default), and differ where it is not.
+SCHEMA_1_NAMES = {"averaging": {"lag_median_abs_sigma": "lag_network_median_abs_sigma"},
+                  "interventions": {"layer": "norm_layer"}}
+
+
 def read_table(path: Path, name: str, columns: tuple[str, ...] | None = None) -> pd.DataFrame:
     """Read one parquet table and check its schema version and columns (``columns``, by default the runner's
-    table of that name's, :data:`bnrotation.records.TABLE_COLUMNS`).
+    table of that name's, :data:`bnrotation.records.TABLE_COLUMNS`). A schema-1 table's renamed columns are read
+    under their schema-2 names (:data:`SCHEMA_1_NAMES`; their values as schema 1 computed them, without the
+    layer's eps).
 
     Raises:
         BadRunError: naming the file, for a missing, unreadable or truncated
@@ -297,6 +309,8 @@ def read_table(path: Path, name: str, columns: tuple[str, ...] | None = None) ->
         raise BadRunError(f"{path}: schema version {raw.decode(errors='replace')!r}, this suite reads up to "
                           f"{records.SCHEMA_VERSION}; update the suite")
     df = table.to_pandas()
+    if version == 1:
+        df = df.rename(columns=SCHEMA_1_NAMES.get(name, {}))
     missing = [c for c in (records.TABLE_COLUMNS[name] if columns is None else columns) if c not in df.columns]
     if missing:
         raise BadRunError(f"{path}: missing columns {missing}")

@@ -53,7 +53,7 @@ from .claims.finding import TASK_ROWS, findings, headline as finding_headline
 from .claims.kinds import ARTICLE, FAIL, PASS, RESNET, Check, published
 from .claims.report import SECTIONS as REPORT_SECTIONS
 from .claims.report import legend, verdict_counts
-from .formatting import cell
+from .formatting import cell, schema_versions
 from .results import ALL_TABLES, Run, add_results_arguments, command_inputs, count, scale_note
 from .tables.figures import FIGURES, Data, network_style, norms, row_palette
 from .tables.table import COLUMNS, build_table, cell_parts, seeds_cell
@@ -418,6 +418,7 @@ def build_page(root: Path, runs: list[Run], out: Path, skipped: list[str] = ()) 
     finished = int((~per_run["diverged"].astype(bool)).sum())
     diverged = len(runs) - finished
     rows_run = sorted(per_run["row"].unique(), key=row_order)
+    schema = schema_versions(r.info.get("schema_version") for r in runs)
     article = [c for c in checks if c.section == ARTICLE]
     resnet = [c for c in checks if c.section == RESNET]
     # plotly.js's own buttons, less its "Share chart" (an upload to Plotly's cloud): nothing leaves the file
@@ -445,7 +446,7 @@ def build_page(root: Path, runs: list[Run], out: Path, skipped: list[str] = ()) 
         f'<p id="provenance">Made by <code>make report</code> from {count(len(runs), "run")} '
         f"({count(finished, 'finished run')}, {diverged} diverged; {count(len(rows_run), 'row')}) under "
         f"<code>{html.escape(str(root))}</code>, parquet only, with the suite at commit "
-        f"<code>{html.escape(suite_commit())}</code> (schema version {records.SCHEMA_VERSION}; plotly "
+        f"<code>{html.escape(suite_commit())}</code> ({schema}; plotly "
         f"{plotly.__version__}). {inline(scale_note(runs))}</p>",
         "<p>The same numbers as <code>table.md</code>, <code>table.csv</code> and <code>claims.md</code> of this "
         "results root, from the same code. Measured figures: mean over seeds ± the sample standard deviation over "

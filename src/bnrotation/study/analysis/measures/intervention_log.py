@@ -2,9 +2,10 @@
 
 The table (:mod:`bnrotation.records`) has one line per (step, intervention):
 ``none`` (the stored running statistics), ``reestimate`` (every layer fresh),
-``layer`` (one layer fresh, ``layer`` names it) and ``top_k`` (the ``k``
+``layer`` (one layer fresh, ``norm_layer`` names it) and ``top_k`` (the ``k``
 channels of largest |lag| across the network fresh, k = 0, 1, 2, 4, ..., all).
-Accuracies are evaluation-mode, as fractions. The runner logs it at each
+Accuracies are evaluation-mode, as fractions (a schema-1 run's ``layer`` column is read as ``norm_layer``,
+:func:`..results.read_table`). The runner logs it at each
 intervention step; :mod:`bnrotation.study.diagnose` builds the same table from a
 checkpoint and formats it with the functions here.
 """
@@ -23,9 +24,9 @@ from ..results import Run
 RECOVERY_THRESHOLD = FAIL_BELOW  # "recovers": evaluation-mode accuracy >= the accuracy below which a check fails
 
 
-def accuracy_of(table: pd.DataFrame, intervention: str, *, layer: str = "", k: int = -1) -> float:
+def accuracy_of(table: pd.DataFrame, intervention: str, *, norm_layer: str = "", k: int = -1) -> float:
     """The accuracy of one intervention in a one-step table; NaN if it is not there."""
-    sel = table[(table["intervention"] == intervention) & (table["layer"] == layer) & (table["k"] == k)]
+    sel = table[(table["intervention"] == intervention) & (table["norm_layer"] == norm_layer) & (table["k"] == k)]
     return float(sel["acc_eval_mode"].iloc[0]) if len(sel) else math.nan
 
 
@@ -58,21 +59,21 @@ def worst_step(iv: pd.DataFrame) -> int:
 
 
 def per_step(iv: pd.DataFrame, threshold: float = RECOVERY_THRESHOLD) -> pd.DataFrame:
-    """One line per step, ascending: ``stored``, ``reestimated``, ``<layer>`` (that layer alone fresh; the layers
+    """One line per step, ascending: ``stored``, ``reestimated``, ``<norm layer>`` (that layer alone fresh; the layers
     in the order the table first names them), ``k_needed`` (smallest grid k reaching ``threshold``, NaN if none:
     :func:`smallest_k`) and ``channels`` (all channels: the curve's largest k, 0 without a curve). Each accuracy
     is :func:`accuracy_of`'s, NaN where the step lacks it. Empty for an empty table."""
     if iv.empty:
         return pd.DataFrame()
     steps = pd.Index(np.unique(iv["step"]), name="step")
-    kind, whole = iv["intervention"], (iv["layer"] == "") & (iv["k"] == -1)
+    kind, whole = iv["intervention"], (iv["norm_layer"] == "") & (iv["k"] == -1)
 
     def accuracy(sel: pd.DataFrame, keys: list[str]) -> pd.Series:  # the first line of each key, as accuracy_of
         return sel.drop_duplicates(keys).set_index(keys)["acc_eval_mode"]
 
     by_layer = iv[kind == "layer"].sort_values("step", kind="stable")
-    alone = (accuracy(by_layer[by_layer["k"] == -1], ["step", "layer"]).unstack("layer")
-             .reindex(index=steps, columns=by_layer["layer"].unique()).rename_axis(columns=None))
+    alone = (accuracy(by_layer[by_layer["k"] == -1], ["step", "norm_layer"]).unstack("norm_layer")
+             .reindex(index=steps, columns=by_layer["norm_layer"].unique()).rename_axis(columns=None))
     top_k = iv[kind == "top_k"]
     out = pd.DataFrame({"stored": accuracy(iv[(kind == "none") & whole], ["step"]),
                         "reestimated": accuracy(iv[(kind == "reestimate") & whole], ["step"])}, index=steps).join(alone)
@@ -86,8 +87,8 @@ def describe_step(table: pd.DataFrame, threshold: float = RECOVERY_THRESHOLD) ->
     line = lambda label, text: f"  {label:<28}{text}"
     lines = [line("stored statistics", cell(accuracy_of(table, "none"), "pct")),
              line("full re-estimation", cell(accuracy_of(table, "reestimate"), "pct"))]
-    for layer in table.loc[table["intervention"] == "layer", "layer"]:
-        lines.append(line(f"fresh {layer} only", cell(accuracy_of(table, "layer", layer=layer), "pct")))
+    for norm in table.loc[table["intervention"] == "layer", "norm_layer"]:
+        lines.append(line(f"fresh {norm} only", cell(accuracy_of(table, "layer", norm_layer=norm), "pct")))
     curve = top_k_curve(table)
     if len(curve):
         lines.append(line("top-k channels by |lag|", " · ".join(f"k={k} {cell(a, 'pct')}" for k, a in curve.items())))

@@ -19,20 +19,20 @@ import pandas as pd
 
 from .... import records
 from ...rows import ROWS, row_order
-from ..formatting import cell
+from ..formatting import cell, schema_versions
 from ..measures.metrics import check_window
 from ..results import Run, once_per_run
 from ..stats import over_seeds
 
 POLICY_ORDER = ("none", "copy", "average", "mixture", "refresh")
 AVERAGE_ORDER = ("live", "ema", "tail")
-MEASURES = ("acc_eval_mode", "lag_median_abs_sigma")  # columns of the averaging table summarised per run
+MEASURES = ("acc_eval_mode", "lag_network_median_abs_sigma")  # columns of the averaging table summarised per run
 # (per-run value: <measure> is the mean over the window, <measure>_last the last evaluation; heading; unit and
 # decimals of a cell, :func:`..formatting.cell`, the unit's sign left to the heading)
 VALUES = (("acc_eval_mode", "Evaluation-mode accuracy (%), mean over the evaluations", "pct", 1),
           ("acc_eval_mode_last", "Evaluation-mode accuracy (%) at the last step", "pct", 1),
-          ("lag_median_abs_sigma", "Median |running-mean lag| over all channels (sigma), mean over the evaluations",
-           "plain", 3))
+          ("lag_network_median_abs_sigma",
+           "Median |running-mean lag| over all channels (sigma), mean over the evaluations", "plain", 3))
 
 
 def column_label(average: str, decay: float, window_steps: int, policy: str) -> str:
@@ -107,12 +107,13 @@ def build_averaging_table(runs: list[Run]) -> pd.DataFrame:
     return out.iloc[sorted(range(len(out)), key=lambda i: order.iloc[i])].reset_index(drop=True)
 
 
-def to_markdown(table: pd.DataFrame, root: Path) -> str:
-    """Both tables as markdown: one line per row, one column per averaged model and policy."""
+def to_markdown(table: pd.DataFrame, root: Path, *, schema: str) -> str:
+    """Both tables as markdown: one line per row, one column per averaged model and policy; ``schema``, the runs'
+    schema versions in words (:func:`..formatting.schema_versions`)."""
     labels = list(dict.fromkeys(table["label"]))
     rows = list(dict.fromkeys(table["row"]))
     out = ["# Weight averaging and BatchNorm buffer policies, measured\n",
-           f"Rebuilt by `make table` from the runs under `{root}` (schema version {records.SCHEMA_VERSION}). "
+           f"Rebuilt by `make table` from the runs under `{root}` ({schema}). "
            "Per run: the mean over its averaging evaluations inside the check window (default: every 500 "
            "steps from step 2,000 and the last step). Each cell: mean over seeds ± sample standard deviation "
            "over seeds; `n` is the number of seeds. Live: the trained model with its own running statistics. "
@@ -140,7 +141,7 @@ def write_averaging(runs: list[Run], out: str | Path, root: str | Path) -> Path 
     table = build_averaging_table(runs)
     if table.empty:
         return None
-    out = Path(out)
-    records.atomic_write_text(out / "averaging.md", to_markdown(table, Path(root)))
+    out, schema = Path(out), schema_versions(r.info.get("schema_version") for r in runs)
+    records.atomic_write_text(out / "averaging.md", to_markdown(table, Path(root), schema=schema))
     records.atomic_write_text(out / "averaging.csv", table.to_csv(index=False))
     return out / "averaging.md"

@@ -66,6 +66,7 @@ from ....staleness import Thresholds, channel_signals, in_warmup, warmup_steps
 from ...constants import STALE_RECOVERY  # the truth's X, below the training code and the analysis
 from ..results import RUNNER, BadRunError, Run, find_run_dirs, load_run, once_per_run
 from ..results import ZOO as ZOO_LAYOUT  # ZOO here is the zoo's folder under a root
+from ..formatting import schema_versions
 from .frozen import load_frozen_runs
 
 __all__ = ["out_of_sample_roots", "load_calibration_runs", "STALE_RECOVERY", "TARGET_RECALL", "IN_SAMPLE_TASK", "SIGNALS", "Signal", "in_sample", "out_of_sample_run", "task_of",
@@ -654,7 +655,7 @@ def to_markdown(samples: dict[str, list[Run]], roots: dict[str, list[Path]], fro
     out = ["# The monitor's rule, calibrated in sample and scored as it ships\n",
            "Rebuilt by `make calibrate` (`bnrotation.study.analysis.tables.calibration`) from the runs under "
            + "; ".join(f"{s.title.lower()}: {', '.join(f'`{p}`' for p in roots[s.key]) or 'no root'}" for s in SAMPLES)
-           + f"; schema version {records.SCHEMA_VERSION}.\n",
+           + f"; {schema_versions(r.info.get('schema_version') for runs in samples.values() for r in runs)}.\n",
            f"- **Truth** (fixed before any data): at an intervention point, the statistics are stale when "
            f"re-estimating them on training data recovers at least {STALE_RECOVERY * 100:g} points of "
            "evaluation-mode accuracy on the held-out set.",

@@ -14,7 +14,7 @@ from pathlib import Path
 import pandas as pd
 
 from .... import records
-from ..formatting import cell, seed_ranges
+from ..formatting import cell, schema_versions, seed_ranges
 from ..measures import dense
 from ..measures.dense import GAUSSIAN_MEDIAN_ABS, MODEL_NAMES, MODELS, gaussian_median_log_error
 from ..measures.lag import COLUMNS, drift_scaling_table, lag_table
@@ -43,10 +43,11 @@ def drift_markdown(scaling: pd.DataFrame) -> list[str]:
 
 
 def to_markdown(table: pd.DataFrame, without: list[str], root: Path, scaling: pd.DataFrame | None = None,
-                dense_sections: list[str] | None = None) -> str:
-    """``results/lag.md``: one line per row and layer, ``mean ± spread`` in each cell."""
+                dense_sections: list[str] | None = None, *, schema: str) -> str:
+    """``results/lag.md``: one line per row and layer, ``mean ± spread`` in each cell; ``schema``, the runs' schema
+    versions in words (:func:`..formatting.schema_versions`)."""
     out = ["# The lag formula, channel by channel\n",
-           f"Rebuilt by `make table` from the runs under `{root}` (schema version {records.SCHEMA_VERSION}). "
+           f"Rebuilt by `make table` from the runs under `{root}` ({schema}). "
            "Per row and conv layer (the lag is that of the BatchNorm after it), over the channels and log steps "
            "inside the check window: measured lag = |running mean − fresh mean| / fresh std; predicted lag = "
            "drift · (1 − m) / m, with the drift of the fresh mean over the last log interval, in σ per step; "
@@ -83,7 +84,8 @@ def dense_markdown(runs: list[Run]) -> list[str]:
 def write_lag(runs: list[Run], out: Path, root: Path) -> str:
     """Write ``<out>/lag.md`` atomically and return its text."""
     table, without = lag_table(runs)
-    md = to_markdown(table, without, root, drift_scaling_table(runs), dense_markdown(runs))
+    md = to_markdown(table, without, root, drift_scaling_table(runs), dense_markdown(runs),
+                     schema=schema_versions(r.info.get("schema_version") for r in runs))
     records.atomic_write_text(Path(out) / "lag.md", md)
     return md
 

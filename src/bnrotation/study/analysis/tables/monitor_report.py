@@ -42,6 +42,7 @@ from ...article import FAIL_BELOW
 from ...rows import ROWS, row_order
 from ....staleness import Thresholds
 from ..measures.metrics import in_window
+from ..formatting import schema_versions
 from ..results import Run
 
 # monitor.Thresholds' defaults (bnrotation.staleness, torch-free); tests/test_monitoring.py checks that rule_fires
@@ -181,8 +182,9 @@ def to_markdown(table: pd.DataFrame, signals: pd.DataFrame, without: list[str], 
     """``monitor.md``: the default thresholds per row, the grid over all rows, and the two signals' quartiles
     at failing and passing checks."""
     heldout, probe = _sizes(runs, "scale", "heldout_size"), _sizes(runs, "task", "probe_size")
+    schema = schema_versions(r.info.get("schema_version") for r in runs)
     out = ["# The monitor's warning rule on these runs\n",
-           f"Rebuilt by `make table` from the runs under `{root}` (schema version {records.SCHEMA_VERSION}). At every "
+           f"Rebuilt by `make table` from the runs under `{root}` ({schema}). At every "
            "check inside the check window that is also a log step: mode gap = training- minus evaluation-mode "
            f"accuracy on the held-out set ({heldout} samples); lag = the largest, over BatchNorm layers, median over "
            "channels of |running mean − fresh mean| / fresh std, with the fresh statistics of the probe set "

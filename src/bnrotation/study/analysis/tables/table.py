@@ -28,7 +28,7 @@ from ....helptext import plain
 from .... import records
 from ...article import FAIL_BELOW
 from ...rows import ROWS, SETS, SWEEPS, TASKS, expected_seeds, network_label, row_order
-from ..formatting import cell, seed_ranges
+from ..formatting import cell, schema_versions, seed_ranges
 from ..measures import metrics
 from ..results import ALL_TABLES, Run, add_results_arguments, command_inputs, count, once_per_run, scale_note
 from ..stats import over_seeds
@@ -111,6 +111,17 @@ def run_metrics(run: Run) -> dict:
     }
 
 
+def _versions(versions: set) -> int | str:
+    """A row's ``schema_version`` cell: its runs' one version, or several as ``'1,2'`` (None, unknown, left out)."""
+    known = sorted(v for v in versions if v is not None)
+    return known[0] if len(known) == 1 else ",".join(map(str, known))
+
+
+def _split(table: pd.DataFrame) -> list[str]:
+    """Every schema version in :func:`build_table`'s ``schema_version`` cells."""
+    return [v for cell_ in table["schema_version"] for v in str(cell_).split(",") if v] if len(table) else []
+
+
 def build_table(runs: list[Run], seeds_expected: int | None = None) -> pd.DataFrame:
     """One line per row: ``<col>_mean``, ``<col>_std``, ``<col>_published`` for each column, plus
     ``n_seeds``, ``seeds_expected`` (how many), ``seeds``, ``seeds_missing`` (expected seeds with no run,
@@ -118,7 +129,8 @@ def build_table(runs: list[Run], seeds_expected: int | None = None) -> pd.DataFr
     :func:`bnrotation.study.rows.network_label`) and ``arch`` (``model.arch``), ``task`` (the task in words,
     :data:`bnrotation.study.rows.TASKS`, from :attr:`..results.Run.task`), ``last_conv`` (the layer of the
     rotation and norm columns, :func:`..measures.metrics.last_conv`), ``scale`` (the runs' scale name),
-    ``wall_seconds_mean`` (mean wall time of a finished run, seconds), ``schema_version``.
+    ``wall_seconds_mean`` (mean wall time of a finished run, seconds), ``schema_version`` (the schema version
+    the row's runs were written with; several as ``'1,2'``).
 
     The seeds a row should have are those its sweeps run (:func:`bnrotation.study.rows.expected_seeds`, at the runs'
     scale: the default sweep's 0-2, and 3-9 for the rows of the ``ten_seeds`` set at full scale), or seeds
@@ -133,6 +145,7 @@ def build_table(runs: list[Run], seeds_expected: int | None = None) -> pd.DataFr
     nan and -1 where none has a check.
     """
     per_run = pd.DataFrame([run_metrics(r) for r in runs])
+    written = {(r.row, r.seed): r.info.get("schema_version") for r in runs}  # each run's schema version
     lines = []
     if per_run.empty:
         return pd.DataFrame()
@@ -152,7 +165,8 @@ def build_table(runs: list[Run], seeds_expected: int | None = None) -> pd.DataFr
                 "seeds_missing": ",".join(map(str, missing)),
                 "diverged": len(diverged), "diverged_seeds": ",".join(map(str, sorted(diverged["seed"]))),
                 "scale": scale,
-                "schema_version": records.SCHEMA_VERSION, "wall_seconds_mean": float(g["wall_seconds"].mean())}
+                "schema_version": _versions({written[(row, s)] for s in runs_of_row["seed"]}),
+                "wall_seconds_mean": float(g["wall_seconds"].mean())}
         for col in COLUMNS:
             line |= over_seeds(g, [col.key])
             has_figure = spec and spec.published and col.published
@@ -199,7 +213,7 @@ def to_markdown(table: pd.DataFrame, root: Path, skipped: list[str] = (), scale:
                        dict.fromkeys(zip(table["network"], table["last_conv"])) if isinstance(layer, str)) \
         if len(table) else ""
     out = [f"# The rotation study's table, measured\n",
-           f"Rebuilt by `make table` from the runs under `{root}` (schema version {records.SCHEMA_VERSION}). "
+           f"Rebuilt by `make table` from the runs under `{root}` ({schema_versions(_split(table))}). "
            "Each cell: mean over seeds ± sample standard deviation over seeds, and [the published figure]. "
            + (scale + " " if scale else "") +
            (f"Rotation and norm growth are those of each run's last conv layer ({layers}); the published figures "
