@@ -28,8 +28,8 @@ def test_depth_profile_has_its_closed_form_and_its_rank_correlation():
     lags = [[0.1 * (d + 1), -0.2 * (d + 1), 0.3 * (d + 1)] for d in range(21)]
     profile = depth.layer_profile(_channels_run(lags))
     assert list(profile["depth"]) == list(range(21)) and list(profile["norm_layer"]) == [f"bn{d}" for d in range(21)]
-    assert profile["median_abs_lag_sigma"].to_numpy() == pytest.approx(0.2 * np.arange(1, 22))
-    assert profile["worst_abs_lag_sigma"].to_numpy() == pytest.approx(0.3 * np.arange(1, 22))
+    assert profile["lag_window_median_abs_sigma"].to_numpy() == pytest.approx(0.2 * np.arange(1, 22))
+    assert profile["lag_window_max_abs_sigma"].to_numpy() == pytest.approx(0.3 * np.arange(1, 22))
     assert (profile["n"] == 2 * 3).all()  # two steps in the window (2,000 and 3,000) x three channels
     assert depth.depth_rho(profile) == pytest.approx(1.0)
     assert depth.depth_rho(depth.layer_profile(_channels_run(lags[::-1]))) == pytest.approx(-1.0)  # failure
@@ -54,7 +54,7 @@ def test_row_profile_averages_seeds_layer_by_layer():
     b = _channels_run([[0.3], [0.2], [0.1]])
     b.info = {"row": "x", "seed": 1}
     profile = depth.row_profile([a, b])
-    assert profile["median_abs_lag_sigma"].to_numpy() == pytest.approx([0.2, 0.2, 0.2])
+    assert profile["lag_window_median_abs_sigma"].to_numpy() == pytest.approx([0.2, 0.2, 0.2])
     assert profile["median_sd"].to_numpy() == pytest.approx([math.sqrt(0.02), 0.0, math.sqrt(0.02)])
     assert list(profile["seeds"]) == [2, 2, 2] and math.isnan(depth.depth_rho(profile))  # a constant profile
     assert depth.short_name("layer3.0.shortcut.1") == "3.0.sc" and depth.short_name("bn1") == "bn1"

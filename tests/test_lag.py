@@ -52,8 +52,8 @@ def test_one_run_medians_and_rank_correlation_inside_the_window():
     pred = np.array([0.1 * (c + 1) * s / 1000 for s in (2000, 2100, 2200) for c in range(5)])
     assert lags.loc["conv2", "n"] == 15  # step 1900 is outside the window
     assert lags.loc["conv2", "median_predicted_lag_sigma"] == pytest.approx(np.median(pred))
-    assert lags.loc["conv2", "median_abs_lag_sigma"] == pytest.approx(np.median(pred ** 2))
-    assert lags.loc["conv3", "median_abs_lag_sigma"] == pytest.approx(np.median(1 / pred))
+    assert lags.loc["conv2", "lag_window_median_abs_sigma"] == pytest.approx(np.median(pred ** 2))
+    assert lags.loc["conv3", "lag_window_median_abs_sigma"] == pytest.approx(np.median(1 / pred))
     assert lags.loc["conv2", "spearman"] == pytest.approx(1.0)
     assert lags.loc["conv3", "spearman"] == pytest.approx(-1.0)
     assert lags.loc["conv2", "measured_over_predicted"] == pytest.approx(np.median(pred ** 2) / np.median(pred))

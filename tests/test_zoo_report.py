@@ -112,7 +112,7 @@ def _on_disk(root, run: Run) -> Path:
         records.write_table(run.tables[name].assign(row=run.row, seed=run.seed, **extra), path / f"{name}.parquet",
                             name)
     interventions = pd.DataFrame({"row": run.row, "seed": run.seed, "step": checks["step"].repeat(2).to_numpy(),
-                                  "intervention": ["none", "reestimate"] * len(checks), "k": -1, "layer": "",
+                                  "intervention": ["none", "reestimate"] * len(checks), "k": -1, "norm_layer": "",
                                   "acc_eval_mode": checks[["acc_eval_mode", "acc_eval_mode_reestimated"]]
                                   .to_numpy().ravel()})
     records.write_table(interventions, path / "interventions.parquet", "interventions")

@@ -121,14 +121,14 @@ def resnet_lag_grows_with_depth(ev: Evidence) -> Outcome:
     rho, n = depth.depth_rho(profile), len(profile)
     crit, method = spearman_threshold(n, DEPTH_ALPHA)
     per_seed = [depth.depth_rho(depth.layer_profile(r)) for r in sorted(runs, key=lambda r: r.seed)]
-    top = profile.loc[profile["median_abs_lag_sigma"].idxmax()]
+    top = profile.loc[profile["lag_window_median_abs_sigma"].idxmax()]
     first, last = profile.iloc[0], profile.iloc[-1]
     return Outcome(f"rho = {cell(rho, 'rho')} over {n} layers (each layer's median |lag|, mean over "
                    f"{count(len(runs), 'seed')}); per seed {', '.join(cell(r, 'rho') for r in per_seed)}; median "
-                   f"|lag| {cell(first['median_abs_lag_sigma'], 'sigma')} at depth 0 "
+                   f"|lag| {cell(first['lag_window_median_abs_sigma'], 'sigma')} at depth 0 "
                    f"(`{first['norm_layer'] or first['layer']}`), "
-                   f"{cell(last['median_abs_lag_sigma'], 'sigma')} at depth {int(last['depth'])} "
-                   f"(`{last['norm_layer'] or last['layer']}`), largest {cell(top['median_abs_lag_sigma'], 'sigma')} "
+                   f"{cell(last['lag_window_median_abs_sigma'], 'sigma')} at depth {int(last['depth'])} "
+                   f"(`{last['norm_layer'] or last['layer']}`), largest {cell(top['lag_window_median_abs_sigma'], 'sigma')} "
                    f"at depth {int(top['depth'])} (`{top['norm_layer'] or top['layer']}`)",
                    f"rho ≥ +{crit:.3f}, the one-sided {cell(DEPTH_ALPHA, 'pct', digits=0)} critical value for {n} "
                    f"layers ({method}; exact counts stop at 12 items, and a permutation simulation in the tests puts "

@@ -84,7 +84,7 @@ def per_run_values(run: Run) -> dict:
         drift_mid=middle("median_drift_sigma_per_step"),
         drift_exponent_mid=lag.drift_exponent(lag.drift_over_intervals(run, multiples=lag.INTERVAL_MULTIPLES[:2])),
         predicted_lag_mid=middle("median_predicted_lag_sigma"),
-        lag_mid=middle("median_abs_lag_sigma"),
+        lag_mid=middle("lag_window_median_abs_sigma"),
         lag_ratio_mid=middle("measured_over_predicted"),
         lag_spearman_mid=middle("spearman"),
         abs_mean_over_std_mid=metrics.channel_median(run, "abs_mean_over_std"),

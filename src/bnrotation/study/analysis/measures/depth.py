@@ -30,14 +30,14 @@ from ..results import Run
 from ..stats import spearman_rho
 from . import metrics
 
-PROFILE_COLUMNS = ("depth", "layer", "norm_layer", "n", "median_abs_lag_sigma", "worst_abs_lag_sigma")
+PROFILE_COLUMNS = ("depth", "layer", "norm_layer", "n", "lag_window_median_abs_sigma", "lag_window_max_abs_sigma")
 
 
 def layer_profile(run: Run) -> pd.DataFrame:
     """One line per BatchNorm layer of ``run``, in forward order: ``depth`` (0, 1, …), ``layer`` (the conv
     layer it normalises), ``norm_layer`` ("" where the table does not name it), ``n`` (finite (step, channel)
-    pairs in the check window), ``median_abs_lag_sigma`` (median |lag| over them, σ) and
-    ``worst_abs_lag_sigma`` (the largest, σ). Empty for a run that logs no lag (no running statistics)."""
+    pairs in the check window), ``lag_window_median_abs_sigma`` (median |lag| over them, σ) and
+    ``lag_window_max_abs_sigma`` (the largest, σ). Empty for a run that logs no lag (no running statistics)."""
     ch = metrics.in_window(run, run.tables["channels"])
     ch = ch[np.isfinite(ch["lag_sigma"])]
     by_layer = dict(list(ch.groupby("layer", sort=False)))  # each layer's lines, in the table's order
@@ -49,11 +49,11 @@ def layer_profile(run: Run) -> pd.DataFrame:
         lag = sel["lag_sigma"].abs()
         norm = str(sel["norm_layer"].iloc[0]) if "norm_layer" in sel else ""
         lines.append({"depth": depth, "layer": layer, "norm_layer": norm, "n": int(len(lag)),
-                      "median_abs_lag_sigma": float(lag.median()), "worst_abs_lag_sigma": float(lag.max())})
+                      "lag_window_median_abs_sigma": float(lag.median()), "lag_window_max_abs_sigma": float(lag.max())})
     return pd.DataFrame(lines, columns=list(PROFILE_COLUMNS))
 
 
-def depth_rho(profile: pd.DataFrame, column: str = "median_abs_lag_sigma") -> float:
+def depth_rho(profile: pd.DataFrame, column: str = "lag_window_median_abs_sigma") -> float:
     """Spearman's ρ between ``depth`` and ``column`` over the layers of a profile (:func:`layer_profile` or
     :func:`row_profile`): +1 when the lag grows layer after layer. NaN with fewer than 3 layers."""
     return spearman_rho(profile["depth"], profile[column]) if len(profile) >= 3 else math.nan
@@ -74,10 +74,10 @@ def row_profile(runs: list[Run]) -> pd.DataFrame:
     out["depth"] = [int(g.get_group(la)["depth"].iloc[0]) for la in order]
     out["norm_layer"] = [str(g.get_group(la)["norm_layer"].iloc[0]) for la in order]
     out["n"] = [int(g.get_group(la)["n"].sum()) for la in order]
-    for col in ("median_abs_lag_sigma", "worst_abs_lag_sigma"):
+    for col in ("lag_window_median_abs_sigma", "lag_window_max_abs_sigma"):
         out[col] = [float(g.get_group(la)[col].mean()) for la in order]
     out["seeds"] = [int(g.get_group(la)["seed"].nunique()) for la in order]
-    out["median_sd"] = [float(g.get_group(la)["median_abs_lag_sigma"].std(ddof=1)) for la in order]
+    out["median_sd"] = [float(g.get_group(la)["lag_window_median_abs_sigma"].std(ddof=1)) for la in order]
     return out[[*PROFILE_COLUMNS, "seeds", "median_sd"]]
 
 

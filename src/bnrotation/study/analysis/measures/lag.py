@@ -44,7 +44,7 @@ from .metrics import MIDDLE_CONV, check_window
 # (column key, header, decimals of a cell: mean ± sd over seeds, unit in the header)
 COLUMNS = (
     ("median_drift_sigma_per_step", "Median drift (σ/step)", 4),
-    ("median_abs_lag_sigma", "Median measured abs lag (σ)", 3),
+    ("lag_window_median_abs_sigma", "Median measured abs lag (σ)", 3),
     ("median_predicted_lag_sigma", "Median predicted lag (σ)", 3),
     ("measured_over_predicted", "Measured / predicted", 2),
     ("spearman", "Spearman ρ", 2),
@@ -170,7 +170,8 @@ def age_interval(m: float) -> int:
 def run_lags(run: Run) -> pd.DataFrame:
     """One line per conv layer of one run, over the (step, channel) pairs inside the check window
     where both the measured and the predicted lag are finite: ``layer``, ``norm_layer``, ``n``,
-    ``median_abs_lag_sigma``, ``median_predicted_lag_sigma``, ``measured_over_predicted``,
+    ``lag_window_median_abs_sigma`` (median |lag| over those pairs, σ: :func:`.depth.layer_profile`'s column, over
+    the pairs whose prediction is finite too), ``median_predicted_lag_sigma``, ``measured_over_predicted``,
     ``median_drift_sigma_per_step``, ``spearman``. Empty for a run without running statistics. Kept per run
     (:func:`..results.once_per_run`): ``lag.md`` and the claims share it."""
     ch = run.tables["channels"]
@@ -182,7 +183,7 @@ def run_lags(run: Run) -> pd.DataFrame:
     for layer, g in ch.groupby("layer", sort=True):
         med_lag, med_pred = float(g["abs_lag"].median()), float(g["predicted_lag_sigma"].median())
         lines.append({"layer": layer, "norm_layer": g["norm_layer"].iloc[0] if "norm_layer" in g else "",
-                      "n": len(g), "median_abs_lag_sigma": med_lag, "median_predicted_lag_sigma": med_pred,
+                      "n": len(g), "lag_window_median_abs_sigma": med_lag, "median_predicted_lag_sigma": med_pred,
                       "measured_over_predicted": med_lag / med_pred if med_pred > 0 else math.nan,
                       "median_drift_sigma_per_step": float(g["drift_sigma_per_step"].median()),
                       "spearman": spearman_rho(g["abs_lag"], g["predicted_lag_sigma"])})

@@ -61,10 +61,10 @@ def reestimated_at_every_step(run: Run) -> pd.DataFrame:
 
 def over_checks(run: Run) -> pd.DataFrame:
     """Per logged check step in the window: ``step``, ``lr``, ``acc_eval_mode``, ``acc_train_mode`` and
-    ``median_abs_lag_sigma``, the median |lag| over every BatchNorm channel of the network at that step (σ;
+    ``lag_network_median_abs_sigma``, the median |lag| over every BatchNorm channel of the network at that step (σ;
     NaN where the step logged no channels)."""
     checks = metrics.in_window(run, run.tables["checks"])[["step", "lr", "acc_eval_mode", "acc_train_mode"]]
     ch = run.tables["channels"]
     ch = ch[np.isfinite(ch["lag_sigma"])]
     lag = ch.assign(abs_lag=ch["lag_sigma"].abs()).groupby("step")["abs_lag"].median()
-    return checks.assign(median_abs_lag_sigma=checks["step"].map(lag).astype(float)).reset_index(drop=True)
+    return checks.assign(lag_network_median_abs_sigma=checks["step"].map(lag).astype(float)).reset_index(drop=True)

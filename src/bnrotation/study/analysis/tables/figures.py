@@ -702,8 +702,8 @@ def fig_lag_by_depth(d: Data) -> tuple[plt.Figure, str]:
         raise Skip(f"no {network_label('resnet20')} run with a logged lag (rows resnet20_*): the study's network has "
                    "only three BatchNorm layers")
     fig, axes = plt.subplots(1, 2, figsize=(11.5, 4.4), sharey=True)
-    columns = (("median_abs_lag_sigma", "median |lag| over the layer's (step, channel) pairs"),
-               ("worst_abs_lag_sigma", "worst channel: largest |lag| over the same pairs"))
+    columns = (("lag_window_median_abs_sigma", "median |lag| over the layer's (step, channel) pairs"),
+               ("lag_window_max_abs_sigma", "worst channel: largest |lag| over the same pairs"))
     names = []
     for ax, (column, title) in zip(axes, columns):
         for row in rows:
@@ -751,7 +751,7 @@ def fig_cosine_mid_run(d: Data) -> tuple[plt.Figure, str]:
     checks = pd.concat(frames, ignore_index=True)
     fig, axes = plt.subplots(1, 2, figsize=(11.0, 4.0))
     panels = (("acc_eval_mode", "evaluation-mode accuracy"),
-              ("median_abs_lag_sigma", "median |running-mean lag| over every\nBatchNorm channel (σ, log scale)"))
+              ("lag_network_median_abs_sigma", "median |running-mean lag| over every\nBatchNorm channel (σ, log scale)"))
     for ax, (column, ylabel) in zip(axes, panels):
         for row in rows:
             g = checks[checks["row"] == row]
@@ -768,7 +768,7 @@ def fig_cosine_mid_run(d: Data) -> tuple[plt.Figure, str]:
     axes[0].set_ylim(0, 1.04)
     _pct(axes[0])
     axes[0].axhline(FAIL_BELOW, color="0.3", ls=":", lw=1)
-    if checks["median_abs_lag_sigma"].gt(0).any():
+    if checks["lag_network_median_abs_sigma"].gt(0).any():
         axes[1].set_yscale("log")
     from matplotlib.lines import Line2D
     handles, labels = axes[0].get_legend_handles_labels()
