@@ -52,7 +52,7 @@ def stale():
 def test_reused_intervention_evaluations_equal_recomputed_ones(stale):
     model, batches, x, y = stale
     df = run_interventions(model, batches, x, y, chunk=64).table
-    acc = {(r.intervention, r.k, r.layer): r.acc_eval_mode for r in df.itertuples()}
+    acc = {(r.intervention, r.k, r.norm_layer): r.acc_eval_mode for r in df.itertuples()}
     total = sum(m.num_features for _, m in running_stat_layers(model))
     stored = accuracy(model, x, y, "eval")
     assert acc[("reestimate", -1, "")] == 1.0 and stored < 0.9  # the oracle separates the two
