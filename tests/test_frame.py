@@ -56,8 +56,31 @@ def test_a_toy_experiment_on_the_frame_is_read_back_by_the_run_reader(tmp_path):
                                                                                                    2.0, 3)
     assert {"schema_version", "started_at", "ended_at", "wall_seconds"} <= set(run.info)
     assert run.config["gain"] == 2.0 and run.tables["scores"]["score"].tolist() == [0.0, 2.0, 4.0]
-    with pytest.raises(BadRunError, match="expected integer keys scale"):  # not a runner's run: its layout refuses it
+    with pytest.raises(BadRunError, match="expected integer keys scale.*a run of another experiment\\? pass its "
+                                          "results.Layout"):  # not a runner's run: its layout refuses it, and says so
         load_run(out, ("checks",), RUNNER)
+
+
+def test_a_layout_needs_only_its_tables_and_a_misspelt_table_is_refused_before_any_file_is_read(tmp_path):
+    """Layout's scale keys and row check have defaults (none, nothing against the row); a table the layout does not
+    have is the caller's typo: a ValueError naming it, not an empty ``tables`` (the second case: a folder that does
+    not even exist still gets the typo first)."""
+    out = run_in_folder(Toy(results_root=str(tmp_path)), TOY)
+    run = load_run(out, ("scores",), Layout(TOY.tables, tuple(TOY.tables)))
+    assert run.tables["scores"]["score"].tolist() == [0.0, 1.0, 2.0]
+    for where in (out, tmp_path / "nowhere"):
+        with pytest.raises(ValueError, match="table 'score' not in the layout's tables \\(losses, scores\\)"):
+            load_run(where, ("score",), Layout(TOY.tables, tuple(TOY.tables)))
+
+
+def test_an_experiments_table_named_like_a_runner_table_is_held_to_its_own_layout(tmp_path):
+    """A toy table called ``checks`` with the toy's own columns is written: the frame holds it to the experiment's
+    layout, not to the runner's ``checks`` columns (which it lacks)."""
+    own = {"checks": SCORES}
+    toy = Experiment(Toy, lambda cfg: {"checks": train(cfg).tables["scores"]}, own)
+    out = run_in_folder(Toy(results_root=str(tmp_path)), toy)
+    assert (out / "DONE").exists()
+    assert load_run(out, ("checks",), Layout(own, ("checks",))).tables["checks"]["score"].tolist() == [0.0, 1.0, 2.0]
 
 
 def test_a_train_function_may_return_its_tables_alone(tmp_path):
@@ -77,12 +100,23 @@ def test_a_crash_mid_train_leaves_no_done_and_no_table_and_is_rerun_from_scratch
         run_in_folder(cfg, Experiment(Toy, crashing, TOY.tables))
     out = records.run_dir(tmp_path, "toy", 0)
     assert sorted(p.name for p in out.iterdir()) == ["config.yaml", "run.json"]
-    assert json.loads((out / "run.json").read_text())["status"] == "running"
+    info = json.loads((out / "run.json").read_text())
+    assert (info["status"], info["error"]) == ("failed", "RuntimeError: killed mid-train") and "ended_at" in info
     with pytest.raises(BadRunError, match="no DONE marker"):
         load_run(out, ("scores",), TOY_LAYOUT)
     (out / "stray.txt").write_text("left by the crashed run")
     assert run_in_folder(cfg, TOY) == out and not (out / "stray.txt").exists()  # rerun from scratch
     assert load_run(out, ("scores", "losses"), TOY_LAYOUT).info["status"] == "done"
+
+
+def test_a_stop_from_the_keyboard_mid_train_says_interrupted(tmp_path):
+    def stopped(cfg):
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        run_in_folder(Toy(results_root=str(tmp_path)), Experiment(Toy, stopped, TOY.tables))
+    info = json.loads((records.run_dir(tmp_path, "toy", 0) / "run.json").read_text())
+    assert (info["status"], info["error"]) == ("interrupted", "KeyboardInterrupt")
 
 
 def test_a_table_against_the_layout_is_refused_before_any_table_is_written(tmp_path):
@@ -155,7 +189,7 @@ def test_the_run_reader_reads_each_experiments_runs_with_its_own_layout(tmp_path
     marked = dataclasses.replace(TOY_LAYOUT, marker="gain")
     assert load_run(out, ("scores",), (RUNNER, ZOO, marked)).tables["scores"]["score"].tolist() == [0.0, 1.0, 2.0]
     with pytest.raises(BadRunError, match="expected integer keys scale"):  # no marker of theirs: a runner's run
-        load_run(out, ("scores",), (RUNNER, ZOO))
+        load_run(out, ("checks",), (RUNNER, ZOO))
     with pytest.raises(BadRunError, match=r"run.json: a run of another experiment \(it has none of the keys 'mode', "
                                           r"'arch'\)"):
-        load_run(out, ("scores",), (FROZEN, ZOO))
+        load_run(out, ("checks",), (FROZEN, ZOO))

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -118,13 +119,19 @@ def write_json(path: str | os.PathLike, obj: dict) -> None:
     atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=False, default=str) + "\n")
 
 
-def write_table(df: pd.DataFrame, path: str | os.PathLike, name: str) -> None:
+def write_table(df: pd.DataFrame, path: str | os.PathLike, name: str,
+                required: Sequence[str] | None = None) -> None:
     """Write one long-format table as parquet, atomically, with the schema version in its metadata.
+
+    ``required``: the columns the table must have; None: those :data:`TABLE_COLUMNS` gives ``name`` (the runner's
+    tables), none for another name. An experiment with its own layout passes its own, so that a table of its
+    own that shares a runner table's name is held to its layout, not the runner's.
 
     Raises:
         ValueError: if a required column of table ``name`` is missing.
     """
-    missing = [c for c in TABLE_COLUMNS.get(name, ()) if c not in df.columns]
+    required = TABLE_COLUMNS.get(name, ()) if required is None else required
+    missing = [c for c in required if c not in df.columns]
     if missing:
         raise ValueError(f"table {name!r} lacks columns {missing}")
     table = pa.Table.from_pandas(df, preserve_index=False)

@@ -224,7 +224,7 @@ class RunFolder:
             if missing := [c for c in columns[name] if c not in frame.columns]:
                 raise ValueError(f"table {name!r} lacks columns {missing}")
         for name, frame in trained.tables.items():
-            records.write_table(frame, self.path / f"{name}.parquet", name)
+            records.write_table(frame, self.path / f"{name}.parquet", name, columns[name])
         ended = time.time()
         self.info.update(trained.info, status=trained.status, ended_at=_iso(ended),
                          wall_seconds=round(wall_before + ended - self.started, 3))
@@ -232,6 +232,18 @@ class RunFolder:
         (self.path / RESUME_FILE).unlink(missing_ok=True)
         records.mark_done(self.path)
         return self.path
+
+    def fail(self, error: BaseException) -> None:
+        """Say in ``run.json`` that the run ended without its tables: status ``interrupted`` (a stop from the
+        keyboard) or ``failed`` (an exception), the error's first line, and the end time. No ``DONE``: the next
+        call reruns the folder from scratch, and the run reader refuses it meanwhile."""
+        if not self.info:
+            return  # nothing written yet: the folder holds no run.json to correct
+        line = (str(error).splitlines() or [""])[0]
+        self.info.update(status="interrupted" if isinstance(error, KeyboardInterrupt) else "failed",
+                         error=f"{type(error).__name__}: {line}" if line else type(error).__name__,
+                         ended_at=_iso(time.time()))
+        records.write_json(self.path / "run.json", self.info)
 
 
 @contextmanager
@@ -255,7 +267,8 @@ def run_in_folder(cfg: Any, experiment: Experiment) -> Path | None:
     """One run of ``experiment`` in its folder: the lock and the folder's policy (:func:`claim`), the set-up,
     ``config.yaml`` and ``run.json`` (:meth:`RunFolder.start`), the training (``experiment.train``), then the
     tables, ``run.json`` again and ``DONE`` (:meth:`RunFolder.finish`). A crash leaves the folder without ``DONE``
-    and without any table, and the next call reruns it from scratch.
+    and without any table, its ``run.json`` saying so (:meth:`RunFolder.fail`), and the next call reruns it from
+    scratch.
 
     Returns:
         The run folder, or None when it was finished already with the same config (skipped).
@@ -269,5 +282,9 @@ def run_in_folder(cfg: Any, experiment: Experiment) -> Path | None:
         if folder is None:
             return None
         folder.start(experiment.set_up(cfg))
-        trained = experiment.train(cfg)
-        return folder.finish(trained if isinstance(trained, Trained) else Trained(trained), experiment.tables)
+        try:
+            trained = experiment.train(cfg)
+            return folder.finish(trained if isinstance(trained, Trained) else Trained(trained), experiment.tables)
+        except BaseException as err:
+            folder.fail(err)
+            raise

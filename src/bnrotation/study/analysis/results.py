@@ -35,19 +35,24 @@ class BadRunError(ValueError):
     """A run folder cannot be used; the message names the folder and what is wrong."""
 
 
+def _nothing_against(info: dict) -> list[str]:
+    """A layout without a row check: nothing its ``run.json`` says is against its row."""
+    return []
+
+
 @dataclass(frozen=True)
 class Layout:
     """What a finished run folder of one experiment holds, for :func:`load_run` to check: ``columns``, each table
     it may hold and the columns that table must have (the experiment's table layout, which its writer,
     :class:`bnrotation.study.rundir.Experiment`, holds too); ``required``, the tables every run has; ``scale_keys``,
-    the integer keys of its ``config.yaml``'s ``scale`` section; ``contradicts(info)``, one line per thing its
-    ``run.json`` says against its row; ``marker``, a ``run.json`` key that only this experiment's runs have, by which
+    the integer keys of its ``config.yaml``'s ``scale`` section (none by default); ``contradicts(info)``, one line per
+    thing its ``run.json`` says against its row (nothing by default); ``marker``, a ``run.json`` key that only this experiment's runs have, by which
     :func:`load_run` tells its runs from another experiment's ("" for the runner's, whose runs have none)."""
 
     columns: Mapping[str, tuple[str, ...]]
     required: tuple[str, ...]
-    scale_keys: tuple[str, ...]
-    contradicts: Callable[[dict], list[str]]
+    scale_keys: tuple[str, ...] = ()
+    contradicts: Callable[[dict], list[str]] = _nothing_against
     marker: str = ""
 
 
@@ -338,7 +343,13 @@ def load_run(path: str | Path, tables: tuple[str, ...] = records.REQUIRED_TABLES
 
     Raises:
         BadRunError: naming the folder and what is wrong.
+        ValueError: a table of ``tables`` that no layout of ``layout`` has (a misspelt name: the caller's
+            mistake, raised before any file is read).
     """
+    known = {t for one in (layout if isinstance(layout, tuple) else (layout,)) for t in one.columns}
+    if unknown := [t for t in tables if t not in known]:
+        raise ValueError(f"load_run: table{'s' * (len(unknown) > 1)} {', '.join(map(repr, unknown))} not in the "
+                         f"layout's tables ({', '.join(sorted(known))})")
     path = Path(path)
     if not path.is_dir():
         raise BadRunError(f"{path}: no such run folder (expected <results root>/runs/<row>/seed=<s>)")
@@ -368,7 +379,9 @@ def load_run(path: str | Path, tables: tuple[str, ...] = records.REQUIRED_TABLES
     scale = config.get("scale") if layout.scale_keys else {}
     if not isinstance(scale, dict) or not all(isinstance(scale.get(k), int) for k in layout.scale_keys):
         raise BadRunError(f"{path / 'config.yaml'}: expected integer keys scale.{{{','.join(layout.scale_keys)}}} "
-                          "(the check window and probe interval)")
+                          "(the check window and probe interval)"
+                          + ("; a run of another experiment? pass its results.Layout to load_run"
+                             if layout is RUNNER and "scale" not in config else ""))
     problems = layout.contradicts(info)
     if problems:
         raise BadRunError(f"{path}: what ran contradicts row {info['row']!r}: " + "; ".join(problems))
