@@ -47,6 +47,8 @@ def test_a_sweep_that_lost_a_run_exits_non_zero_naming_it(tmp_path):
     summary = lines.index(next(line for line in lines if line.startswith("sweep: 2 runs")))
     assert "1 done" in lines[summary] and "1 failed" in lines[summary]
     assert lines[summary + 1].startswith("  failed: adam seed=0: ")
+    assert any(line.startswith("error: run adam seed=0 failed: ") and line.endswith(
+        "(its traceback: rerun with hydra.verbose=true)") for line in lines)  # the one line says where the rest is
     assert lines[-1].startswith("sweep FAILED: 1 of 2 runs did not finish")
 
 

@@ -159,7 +159,8 @@ def attempt(where: str, train) -> tuple[object, Outcome | None]:
         print(f"interrupted: {where} {err}; the next sweep resumes it", file=sys.stderr)
         return None, Outcome("interrupted", 128 + err.signum, where, str(err))
     except Exception as err:  # noqa: BLE001 - a sweep must outlive one crashing run
-        print(f"error: run {where} failed: {type(err).__name__}: {err}", file=sys.stderr)
+        print(f"error: run {where} failed: {type(err).__name__}: {err} (its traceback: rerun with "
+              "hydra.verbose=true)", file=sys.stderr)
         log.debug("".join(traceback.format_exception(err)))
         return None, Outcome("failed", 1, where, f"{type(err).__name__}: {err}")
 
