@@ -282,3 +282,46 @@ def test_a_call_between_the_forward_and_the_backward_pass_leaves_the_graph_usabl
     monitor(1)
     loss.backward()  # raised RuntimeError before the fix
     assert all(p.grad is not None for p in model.parameters())
+
+
+class _Unreached(nn.Module):
+    """A network with a BatchNorm layer its forward pass never calls (a head swapped out, a branch unused)."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.conv, self.bn, self.head = nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.Linear(8 * 8 * 8, 4)
+
+    def forward(self, x):
+        return self.head(torch.relu(self.conv(x)).flatten(1))
+
+
+def test_an_undetermined_check_says_not_measured_where_a_number_is_nan():
+    """Found by a new user: a BatchNorm layer the forward pass never reaches has no lag and no E, and the check's last
+    line compared NaN with its thresholds ("worst median E nanσ < 0.069σ or worst median |lag| nanσ () < 0.1σ"),
+    which reads like a measurement. A NaN number of the rule reads "not measured (NaN)"; the gap, measured, keeps
+    its comparison."""
+    model = _Unreached()
+    x, _ = _probe()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        report = check_checkpoint(model, [(x, _labels_of(model, x))])
+    assert report.summary.startswith("Undetermined:")
+    measured = report.summary.split("Measured: ", 1)[1]
+    assert "nan" not in measured.replace("not measured (NaN)", "").lower() and "()" not in measured
+    assert measured.count("not measured (NaN)") == 2 and "mode gap 0.000 < 0.05" in measured
+
+
+def test_float64_inputs_for_a_float32_model_are_refused_with_the_cast_to_make():
+    """Found by a new user: a probe saved as float64 was refused with torch's "expected scalar type Double but found
+    Float" alone. The refusal names both dtypes and the cast; float32 inputs of the same values are accepted (the
+    second case: the hint is not printed for a model that fails for another reason)."""
+    model = _net()
+    x, y = _probe()
+    with pytest.raises(ValueError, match=r"the inputs are float64, the model's parameters float32: save the batches "
+                                         r"as float32 \(x.to\(torch.float32\)\)"):
+        StalenessMonitor(model, (x.double(), y), warn=False)
+    StalenessMonitor(model, (x.double().float(), y), warn=False)
+    with pytest.raises(ValueError, match="cannot run on the probe inputs") as err:
+        StalenessMonitor(model, (x[:, :2], y), warn=False)  # two channels for a three-channel convolution
+    assert "float64" not in str(err.value)

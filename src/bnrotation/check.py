@@ -191,10 +191,9 @@ class CheckReport:
         thresholds and what to do, ``Not stale: ...``, or ``Undetermined: ...`` (:attr:`undetermined`)."""
         t = self.thresholds
         lag, err = self.worst_median_lag_sigma, self.worst_median_eval_error_sigma
-        rule = (f"mode gap {self.mode_gap:.3f} {'≥' if self.mode_gap >= t.mode_gap else '<'} {t.mode_gap:g} and "
-                f"(worst median E {err:.3f}σ {'≥' if err >= t.eval_error_sigma else '<'} {t.eval_error_sigma:g}σ or "
-                f"worst median |lag| {lag:.3f}σ ({self.worst_layer}) {'≥' if lag >= t.lag_sigma else '<'} "
-                f"{t.lag_sigma:g}σ)")
+        rule = (f"mode gap {_against(self.mode_gap, t.mode_gap, '')} and "
+                f"(worst median E {_against(err, t.eval_error_sigma, 'σ')} or "
+                f"worst median |lag| {_against(lag, t.lag_sigma, 'σ', f' ({self.worst_layer})')})")
         advice = "Re-estimate the running statistics (bnrotation.reestimate) before evaluating or saving this model."
         if self.nonfinite:
             return (f"STALE: NaN or infinite running statistics in {self.nonfinite} (evaluation mode is unusable); "
@@ -204,6 +203,14 @@ class CheckReport:
         if self.undetermined:
             return f"Undetermined: {self.undetermined}; no verdict. Measured: {rule}."
         return f"Not stale: {rule} (the gap and one of the others are needed to warn)."
+
+
+def _against(value: float, threshold: float, unit: str, where: str = "") -> str:
+    """One of the rule's numbers against its threshold (``0.120σ (bn1) ≥ 0.1σ``), or ``not measured (NaN)``: a
+    comparison with NaN is no comparison, and the line says so rather than print ``nanσ < 0.1σ``."""
+    if math.isnan(value):
+        return "not measured (NaN)"
+    return f"{value:.3f}{unit}{where} {'≥' if value >= threshold else '<'} {threshold:g}{unit}"
 
 
 @torch.no_grad()

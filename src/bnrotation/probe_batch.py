@@ -56,6 +56,19 @@ def split_probes(probe, input_key: str | None = "input", target_key: str = "targ
     return out
 
 
+def _dtype_hint(model: nn.Module, tensors: dict[str, torch.Tensor]) -> str:
+    """``; the inputs are float64, the model's parameters float32: ...`` when the probe's floating-point dtype is not
+    the model's (the common cause of "expected scalar type Double but found Float"), else ""."""
+    params = {p.dtype for p in model.parameters() if p.is_floating_point()}
+    inputs = {t.dtype for t in tensors.values()}
+    if len(params) != 1 or not inputs or inputs == params:
+        return ""
+    (want,) = params
+    got = ", ".join(sorted(str(d).removeprefix("torch.") for d in inputs))
+    return (f"; the inputs are {got}, the model's parameters {str(want).removeprefix('torch.')}: save the batches "
+            f"as {str(want).removeprefix('torch.')} (x.to({want}))")
+
+
 def check_probe(model: nn.Module, x, y: torch.Tensor | None) -> str:
     """Fail at construction, naming the probe, on what would fail or mislead at the first call: non-finite or
     non-floating inputs (of a mapping: non-finite floating tensors), inputs the model cannot run on (tried on
@@ -86,7 +99,7 @@ def check_probe(model: nn.Module, x, y: torch.Tensor | None) -> str:
     except Exception as e:  # any error the model raises on these inputs, reported as the probe's
         shape = tuple(x.shape) if isinstance(x, torch.Tensor) else f"(a mapping with keys {sorted(map(str, x))})"
         raise ValueError(f"probe: the model cannot run on the probe inputs {shape} "
-                         f"({type(e).__name__}: {e})") from e
+                         f"({type(e).__name__}: {e}){_dtype_hint(model, tensors)}") from e
     note = logits_note(out)
     try:
         out = read_logits(out)
