@@ -54,8 +54,37 @@ NAMES = {
         "parse_device", "parse_model_kwargs", "_items", "first_line", "one_line", "batch_limit",
         "thresholds_from")]
                            + ["bnrotation.inputs.xǁInputErrorǁ*"],
+    # issue 52: the newer modules
+    "staleness": ["bnrotation.staleness.*"],
+    "probes (the evaluation path)": ["bnrotation.probes.x_pooled_chunk_moments__mutmut_*",
+                                     "bnrotation.probes.x_evaluation_path_pass__mutmut_*"],
+    "calibration": [f"bnrotation.study.analysis.tables.calibration.x_{f}__mutmut_*" for f in (
+        "task_of", "in_sample", "out_of_sample_run", "_bn_layers", "_log_signals", "_layer_signals",
+        "_with_gap_and_warmup", "_forecaster_signals", "_truth", "points", "_round_down", "choose_threshold",
+        "score", "warns_at", "lead_times", "chosen_thresholds", "logged", "forecast_threshold", "_round_up",
+        "early_warning", "forecast_thresholds", "score_of")],
+    "zoo_report": [f"bnrotation.study.analysis.tables.zoo_report.x_{f}__mutmut_*" for f in (
+        "per_run", "_count", "depth_split")],
+    "fashion_mnist": [f"bnrotation.study.fashion_mnist.x_{f}__mutmut_*" for f in (
+        "_path", "read_idx", "check_dir", "verify_official")],
+    "task": [f"bnrotation.study.task.x_{f}__mutmut_*" for f in (
+        "stream_seed", "generator", "build_task", "run_dtype", "memory_format", "heldout_set", "probe_set",
+        "reestimation_batches")]
+            + [f"bnrotation.study.task.xǁ{c}ǁ{m}__mutmut_*" for c, m in (
+                ("NoisyTemplates", "build"), ("NoisyTemplates", "to"), ("NoisyTemplates", "cpu"),
+                ("NoisyTemplates", "population"), ("NoisyTemplates", "sample"), ("NoisyTemplates", "fixed_set"),
+                ("FashionMNIST", "build"), ("FashionMNIST", "_noisy"), ("FashionMNIST", "sample"),
+                ("FashionMNIST", "fixed_set"), ("FashionMNIST", "cpu"))],
+    "claims.real_images": ["bnrotation.study.analysis.claims.real_images.x__recovery__mutmut_*"],
+    "claims.carryover": [f"bnrotation.study.analysis.claims.carryover.x_{f}__mutmut_*" for f in (
+        "resnet_runs", "_halves_text", "_reestimated_text")],
 }
 
+ROUND_PLACES = ("round(..., max(places, 1)) for max(places, 0): places < 0 only for t >= 10, where the rounded value is "
+                "a whole number (a multiple of 10), the same rounded to 0 or 1 decimal")
+FAR_SCALE = ("the false-alarm rate scaled by another positive constant (the fresh count times, the stale count, or 2 "
+             "for 1 when there are no fresh points): it is only compared with itself across thresholds (far < best), "
+             "so the choice is the same")
 # Mutants no input can tell from the original: excluded from the score, each with its reason.
 UNREAD_SOURCE = ("the source of a placement or piece that holds a weight layer's channels is never read: reasons name "
                  "the source only of channels without a weight layer (pairing._decide, _concatenated)")
@@ -101,14 +130,49 @@ EQUIVALENT: dict[str, str] = {
         "returns [batches] for those without reading spec (it names spec only when refusing any other type)",
     "bnrotation.inputs.x_load_batches__mutmut_31": "load_checkpoint(batches) for load_checkpoint(batches, "
         "map_location='cpu'): 'cpu' is load_checkpoint's default",
+    # issue 52: the newer modules
+    "bnrotation.probes.x_evaluation_path_pass__mutmut_7": "the caller's scratch always (never a new Scratch for "
+        "None): input_moments gives the same values with and without a buffer (scratch=None: a fresh tensor)",
+    "bnrotation.probes.x_evaluation_path_pass__mutmut_12": "at = [1] for [0]: the chunk index is only a key of the "
+        "layer's parts, rewritten by the chunk loop; one pass has one key whatever it is",
+    "bnrotation.probes.x_evaluation_path_pass__mutmut_17": "n = numel / C for numel // C: a whole number either "
+        "way (float or int), and the pooling's arithmetic is float64 on both",
+    "bnrotation.probes.x_evaluation_path_pass__mutmut_26": "hook(None, inp, name): the hook never reads its module",
+    "bnrotation.probes.x_evaluation_path_pass__mutmut_37": "chunk > len(x) for chunk >= len(x): a chunk of exactly "
+        "N splits x into one chunk, which the pooling returns as it is: the same pass",
+    "bnrotation.study.analysis.tables.calibration.x__round_down__mutmut_29": ROUND_PLACES,
+    "bnrotation.study.analysis.tables.calibration.x__round_up__mutmut_34": ROUND_PLACES,
+    **{f"bnrotation.study.analysis.tables.calibration.x_choose_threshold__mutmut_{i}": FAR_SCALE for i in (23, 30, 31)},
+    "bnrotation.study.analysis.tables.calibration.x_early_warning__mutmut_9": "t.empty and s.empty for t.empty or "
+        "s.empty: the truth restricted to the log steps (t[t.step.isin(s.step)]) is empty when either is, and an "
+        "empty truth has no stale point: the run adds nothing either way",
+    "bnrotation.study.analysis.tables.calibration.x_early_warning__mutmut_13": "to_numpy(None) for to_numpy(bool): "
+        "warming_up is a bool column (log_signals makes it with staleness.in_warmup)",
+    "bnrotation.study.analysis.tables.calibration.x_early_warning__mutmut_16": "np.errstate(invalid=None): numpy "
+        "compares NaN with no floating-point warning, so the state it would set is never consulted",
+    "bnrotation.study.analysis.tables.calibration.x_early_warning__mutmut_20": "to_numpy(None) for to_numpy(float): "
+        "the forecasters' columns are float arrays (_forecaster_signals builds them with numpy)",
+    "bnrotation.study.fashion_mnist.x_read_idx__mutmut_67": "len(raw) <= want for len(raw) < want inside "
+        "len(raw) != want: the two agree there",
+    "bnrotation.study.task.xǁFashionMNISTǁsample__mutmut_7": "torch.randint(len, (n,)) for torch.randint(0, len, "
+        "(n,)): low defaults to 0, the same call",
 }
 
+DEVICE = ("a device argument dropped or None (the default device, the CPU): with every tensor on the CPU the same "
+          "tensors; a CUDA machine tells them apart (tensors left on the CPU beside the run's device)")
 # Mutants only a machine with CUDA devices can tell from the original: every tensor of make mutants is on the CPU
 # (the lock file's torch is CPU-only). Excluded from the score as the equivalent ones are, each with its reason.
 CPU_ONLY: dict[str, str] = {
     "bnrotation.inputs.x_parse_device__mutmut_17": "(device.index or 1) for (device.index or 0): killable only where "
         "torch sees exactly one CUDA device (cuda and cuda:0 then refused): with none every cuda device is refused "
         "before its index is read, with two or more index 0 and 1 are both below the count",
+    # issue 52: the task's tensors are drawn on the CPU and moved to the run's device
+    **{f"bnrotation.study.task.{k}": DEVICE for k in (
+        "xǁFashionMNISTǁ_noisy__mutmut_6", "xǁFashionMNISTǁ_noisy__mutmut_9", "xǁFashionMNISTǁfixed_set__mutmut_62",
+        "xǁFashionMNISTǁfixed_set__mutmut_63", "xǁFashionMNISTǁfixed_set__mutmut_65",
+        "xǁFashionMNISTǁfixed_set__mutmut_71", "xǁFashionMNISTǁsample__mutmut_6", "xǁFashionMNISTǁsample__mutmut_11",
+        "xǁNoisyTemplatesǁfixed_set__mutmut_14", "xǁNoisyTemplatesǁfixed_set__mutmut_24",
+        "xǁNoisyTemplatesǁfixed_set__mutmut_25")},
 }
 EXCLUDED = {**EQUIVALENT, **CPU_ONLY}
 

@@ -221,3 +221,20 @@ def test_table_claims_and_figures_run_on_a_root_holding_both_networks(both_netwo
     runs = _load(both_networks)
     channels = runs[-1].tables["channels"]
     assert channels["layer"].nunique() == 21 and records.run_dir(both_networks, R_COS, 0).exists()
+
+
+def test_the_halves_are_compared_low_rate_minus_high_rate_per_seed(monkeypatch):
+    """Issue 52's second case for the cosine check's figure: two seeds whose halves differ by different amounts,
+    so that a sum, or a difference the other way round, gives other numbers; failing checks summed over seeds."""
+    from bnrotation.study.analysis.results import Run
+
+    halves = {0: dict(acc_high=0.6, acc_low=0.9, failing_high=3, failing_low=1, n_high=5, n_low=5, rho_lr_acc=-0.5),
+              1: dict(acc_high=0.8, acc_low=0.85, failing_high=1, failing_low=0, n_high=4, n_low=6, rho_lr_acc=-0.25)}
+    monkeypatch.setattr(carryover.midrun, "rate_halves", lambda run: halves[run.seed])
+    runs = [Run(Path(f"/nowhere/{s}"), {"row": "resnet_cosine", "seed": s}, {}, {}) for s in (1, 0)]
+    diff, text, fail_high, fail_low = carryover._halves_text(runs)
+    assert diff.values == pytest.approx((0.3, 0.05)) and diff.seeds == (0, 1)
+    assert (fail_high, fail_low) == (4, 1)
+    assert text.endswith("failing checks 4 of 9 high-rate, 1 of 11 low-rate (seed 0: 60.0% high-rate, 90.0% "
+                         "low-rate, rho(lr, accuracy) -0.50; seed 1: 80.0% high-rate, 85.0% low-rate, rho(lr, "
+                         "accuracy) -0.25)")
