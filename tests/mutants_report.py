@@ -1,9 +1,13 @@
 """``make mutants``: which functions mutmut mutates, and its report (``results/mutants/report.md``).
 
 ``python tests/mutants_report.py --names`` prints the mutant-name patterns ``mutmut run`` takes: the pure-logic
-functions of the pairing, the lint, the refresh, the claim kinds' judges and verdicts, and the commands'
-input readers (``bnrotation.inputs``). Text-only functions (a warning's wording, a claim's sentences) are left out: a mutant there changes a
-message, which the suite checks only where a message is the promise. ``--out FILE`` reads mutmut's results under
+functions of the pairing, the lint, the refresh, the claim kinds' judges and verdicts, the commands'
+input readers (``bnrotation.inputs``), and (issue 52) the signal and its rule (``bnrotation.staleness``), the evaluation
+path of ``bnrotation.probes``, the calibration's signals, truth, method and scores, the zoo report's per-run and depth
+tables, the Fashion-MNIST reader, the tasks' draws (``study.task``) and the per-run helpers of two claim sections
+(``claims.real_images``, ``claims.carryover``). Text-only functions (a warning's wording, a claim's sentences, the
+reports' markdown, figures, ``main``) are left out: a mutant there changes a message, which the suite checks only
+where a message is the promise. ``--out FILE`` reads mutmut's results under
 ``mutants/`` and writes the score, per module and in all, and every surviving mutant with its diff.
 
 The score is killed / (mutants − equivalent − CPU only − not checked), with a timeout counted as killed and a
@@ -15,6 +19,11 @@ of the lock file), each with the machine that would.
 mutmut 3 does not mutate decorated functions (``@property``, ``@dataclass`` fields' defaults): the judges'
 ``passed`` and ``tolerance`` properties are not in the score; tests/test_claims.py and
 tests/test_mutation_targets.py judge them across their boundaries.
+For the same reason the claims declared with ``@bespoke`` (the verdicts of ``claims.real_images`` and
+``claims.carryover``) and the ``functools.lru_cache`` readers (``fashion_mnist.load_split``, ``task._grey_images``,
+``task._normalised_images``) are out of the score; ``calibration.log_signals`` and ``truth`` keep their
+``once_per_run`` cache in a decorated shell around an undecorated body (``_log_signals``, ``_truth``), which is
+mutated, and ``probes.evaluation_path_pass`` holds ``torch.no_grad()`` as a block.
 """
 
 from __future__ import annotations
@@ -80,8 +89,8 @@ NAMES = {
         "resnet_runs", "_halves_text", "_reestimated_text")],
 }
 
-ROUND_PLACES = ("round(..., max(places, 1)) for max(places, 0): places < 0 only for t >= 10, where the rounded value is "
-                "a whole number (a multiple of 10), the same rounded to 0 or 1 decimal")
+ROUND_PLACES = ("round(..., max(places, 1)) for max(places, 0): places < 0 only for t >= 10, where the rounded value "
+                "is a whole number (a multiple of 10), the same rounded to 0 or 1 decimal")
 FAR_SCALE = ("the false-alarm rate scaled by another positive constant (the fresh count times, the stale count, or 2 "
              "for 1 when there are no fresh points): it is only compared with itself across thresholds (far < best), "
              "so the choice is the same")
@@ -154,8 +163,14 @@ EQUIVALENT: dict[str, str] = {
         "the forecasters' columns are float arrays (_forecaster_signals builds them with numpy)",
     "bnrotation.study.fashion_mnist.x_read_idx__mutmut_67": "len(raw) <= want for len(raw) < want inside "
         "len(raw) != want: the two agree there",
-    "bnrotation.study.task.xǁFashionMNISTǁsample__mutmut_7": "torch.randint(len, (n,)) for torch.randint(0, len, "
-        "(n,)): low defaults to 0, the same call",
+    **{f"bnrotation.study.task.{k}": "torch.randint(high, size) for torch.randint(0, high, size): low defaults to 0, "
+       "the same call" for k in ("xǁFashionMNISTǁsample__mutmut_7", "xǁNoisyTemplatesǁsample__mutmut_9",
+                                  "xǁNoisyTemplatesǁsample__mutmut_21")},
+    **{f"bnrotation.study.task.x_stream_seed__mutmut_{i}": "a mask of every bit (-1, 2**64 - 1, 2**65 - 1) for "
+       "2**63 - 1: state[0] < 2**32, so (state[0] << 31) ^ state[1] < 2**63 already" for i in (22, 23, 24)},
+    "bnrotation.study.task.x_stream_seed__mutmut_7": "generate_state(2) without dtype: numpy.uint32 is its default",
+    "bnrotation.study.task.x_stream_seed__mutmut_11": "generate_state(3) for (2): each word of a SeedSequence's state "
+        "depends on its index alone, so the first two words are the same, and only those are read",
 }
 
 DEVICE = ("a device argument dropped or None (the default device, the CPU): with every tensor on the CPU the same "
@@ -172,7 +187,12 @@ CPU_ONLY: dict[str, str] = {
         "xǁFashionMNISTǁfixed_set__mutmut_63", "xǁFashionMNISTǁfixed_set__mutmut_65",
         "xǁFashionMNISTǁfixed_set__mutmut_71", "xǁFashionMNISTǁsample__mutmut_6", "xǁFashionMNISTǁsample__mutmut_11",
         "xǁNoisyTemplatesǁfixed_set__mutmut_14", "xǁNoisyTemplatesǁfixed_set__mutmut_24",
-        "xǁNoisyTemplatesǁfixed_set__mutmut_25")},
+        "xǁNoisyTemplatesǁfixed_set__mutmut_25", "x_build_task__mutmut_5", "x_generator__mutmut_4",
+        "x_reestimation_batches__mutmut_15", "xǁFashionMNISTǁbuild__mutmut_37", "xǁFashionMNISTǁbuild__mutmut_39",
+        "xǁFashionMNISTǁbuild__mutmut_41", "xǁNoisyTemplatesǁbuild__mutmut_48", "xǁNoisyTemplatesǁcpu__mutmut_1",
+        "xǁNoisyTemplatesǁsample__mutmut_1", "xǁNoisyTemplatesǁsample__mutmut_8", "xǁNoisyTemplatesǁsample__mutmut_13",
+        "xǁNoisyTemplatesǁsample__mutmut_20", "xǁNoisyTemplatesǁsample__mutmut_25",
+        "xǁNoisyTemplatesǁsample__mutmut_30", "xǁNoisyTemplatesǁsample__mutmut_33", "xǁNoisyTemplatesǁto__mutmut_7")},
 }
 EXCLUDED = {**EQUIVALENT, **CPU_ONLY}
 

@@ -9,6 +9,7 @@ BatchNorm layers from the real model's pairing (:func:`test_analysis.resnet_laye
 
 from __future__ import annotations
 
+import math
 import re
 from pathlib import Path
 
@@ -238,3 +239,20 @@ def test_the_halves_are_compared_low_rate_minus_high_rate_per_seed(monkeypatch):
     assert text.endswith("failing checks 4 of 9 high-rate, 1 of 11 low-rate (seed 0: 60.0% high-rate, 90.0% "
                          "low-rate, rho(lr, accuracy) -0.50; seed 1: 80.0% high-rate, 85.0% low-rate, rho(lr, "
                          "accuracy) -0.25)")
+
+
+def test_the_lowest_re_estimated_accuracy_names_its_seed_and_step_over_runs_of_one_and_several_steps(monkeypatch):
+    from bnrotation.study.analysis.results import Run
+
+    frames = {0: pd.DataFrame({"step": [500, 1000, 1500], "stored": [0.6, 0.2, 0.4],
+                               "reestimated": [0.99, 0.998, 0.97]}),
+              1: pd.DataFrame({"step": [500], "stored": [0.3], "reestimated": [0.994]}),
+              2: pd.DataFrame({"step": [], "stored": [], "reestimated": []})}
+    monkeypatch.setattr(carryover.midrun, "reestimated_at_every_step", lambda run: frames[run.seed])
+    runs = [Run(Path(f"/nowhere/{s}"), {"row": "resnet_cosine", "seed": s}, {}, {}) for s in (1, 2, 0)]
+    lowest, text = carryover._reestimated_text(runs)
+    assert lowest == 0.97
+    assert text == ("lowest 97.0% (seed 0, step 1,500) over 4 intervention steps of 2 runs, mean 98.8%; with the "
+                    "stored statistics as low as 20.0%")
+    nothing, words = carryover._reestimated_text(runs[1:2])
+    assert math.isnan(nothing) and words == "no interventions logged"

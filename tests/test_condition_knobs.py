@@ -182,7 +182,7 @@ def test_a_run_records_its_knobs_in_run_json(tmp_path):
     assert (task["train_size"], task["template_scale"], task["num_classes"]) == (32, 0.3, 10)
 
 
-# ----------------------------------------------------------------------------- a run's fixed sets (bnrotation.study.task)
+# ----------------------------------------------------------------------------- a run's fixed sets (study.task)
 @pytest.mark.parametrize("channels_last", [True, False])
 def test_a_runs_fixed_sets_are_its_seeds_own_in_its_memory_format_and_dtype(channels_last, tmp_path):
     """The held-out and probe sets of a run: their sizes, their own streams of the run's seed (the second case: the
@@ -239,3 +239,48 @@ def test_fashion_mnist_pixel_noise_is_the_generators_normal_draws_in_the_runs_dt
     want = base + 0.5 * torch.randn(base.shape, generator=generator(0, "train")).to(torch.float64)
     assert got.dtype is torch.float64 and torch.equal(got, want)
     assert task.fixed_set(8, 0, "probe")[0].dtype is torch.float64
+
+
+def test_the_tasks_draw_from_the_generator_they_are_given_at_their_defaults_and_in_the_runs_dtype():
+    """Each draw comes from the generator passed (the same seed again gives the same draw, with the global RNG
+    disturbed in between), the builders' own defaults (the CPU) work, and a float64 run samples float64."""
+    cfg = TaskConfig(**SMALL, train_size=16)
+    finite = NoisyTemplates.build(cfg, 0)  # the defaults: CPU, float32
+    for task in (finite, NoisyTemplates.build(TaskConfig(**SMALL), 0), fmnist(train_size=40)):
+        a = task.sample(8, generator(0, "train"))
+        torch.manual_seed(123)  # another global state: the draw must not read it
+        b = task.sample(8, generator(0, "train"))
+        assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
+    wide = build_task(TaskConfig(**SMALL), 0, dtype=torch.float64)
+    assert wide.sample(4, generator(0, "train"))[0].dtype is torch.float64
+    with pytest.raises(KeyError, match="unknown random stream 'nope'; expected one of"):
+        stream_seed(0, "nope")
+
+
+def test_a_fashion_mnist_subset_is_the_seeds_own_and_may_keep_the_whole_file():
+    a, b = fmnist(0, train_size=50), fmnist(0, train_size=50)
+    torch.manual_seed(7)
+    assert torch.equal(a.train_index, b.train_index)
+    assert torch.equal(a.train_index, fmnist(0, train_size=50).train_index)
+    assert not torch.equal(a.train_index, fmnist(1, train_size=50).train_index)
+    whole = fmnist(train_size=300)  # all 300 of the sample's training file: allowed, in the seed's order
+    assert sorted(whole.train_index.tolist()) == list(range(300))
+    direct = FashionMNIST.build(TaskConfig(name="fashion_mnist", image_size=8, probe_size=8,
+                                           data_dir=str(FASHION_MNIST_SAMPLE)), 0)  # the defaults: CPU, float32
+    assert direct.train_x.dtype is torch.float32 and direct.train_x.device.type == "cpu"
+    with pytest.raises(ConfigError) as refused:
+        direct.fixed_set(301, 0, "probe")
+    assert str(refused.value) == "task.probe_size: expected at most 300 (Fashion-MNIST's train file), got 301"
+
+
+def test_the_re_estimation_batches_are_the_streams_of_seed_times_1000003_plus_step(tmp_path):
+    """The formula of the docstring, written out: (seed, step) reseeds the ``reestimate`` stream, which the runner,
+    the zoo and an offline diagnosis share."""
+    from bnrotation.study.task import reestimation_batches
+
+    cfg = run_cfg(["experiment=adam", *TOY_SIZE, "scale.reestimate_batches=2", "seed=2"], tmp_path)
+    task = build_task(cfg.task, cfg.seed)
+    got = reestimation_batches(task, cfg, torch.device("cpu"), 300)
+    g = generator(2 * 1_000_003 + 300, "reestimate")
+    want = [task.sample(cfg.task.batch_size, g)[0] for _ in range(2)]
+    assert all(torch.equal(a, b) for a, b in zip(got, want, strict=True))

@@ -231,7 +231,8 @@ def test_every_official_file_missing_or_not_official_is_one_line_naming_it(tmp_p
     lines = fm.verify_official(SAMPLE)  # the sample's files are cut from the official ones: none matches
     assert len(lines) == len(fm.OFFICIAL)
     for line, (name, sha256) in zip(lines, fm.OFFICIAL.items()):
-        assert line.startswith(f"{SAMPLE / name}: SHA-256 ") and line.endswith(f", expected {sha256} (the official file)")
+        assert line.startswith(f"{SAMPLE / name}: SHA-256 ")
+        assert line.endswith(f", expected {sha256} (the official file)")
 
 
 def test_the_readers_refusals_give_the_bytes_they_found_and_the_shape_they_expected(tmp_path):
