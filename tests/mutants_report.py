@@ -161,6 +161,12 @@ EQUIVALENT: dict[str, str] = {
         "compares NaN with no floating-point warning, so the state it would set is never consulted",
     "bnrotation.study.analysis.tables.calibration.x_early_warning__mutmut_20": "to_numpy(None) for to_numpy(float): "
         "the forecasters' columns are float arrays (_forecaster_signals builds them with numpy)",
+    "bnrotation.study.analysis.tables.calibration.x_warns_at__mutmut_22": "np.errstate(invalid=None): as "
+        "early_warning's _16",
+    **{f"bnrotation.study.analysis.tables.calibration.x_warns_at__mutmut_{i}": "np.asarray(w) without bool: w is "
+       "already a bool array (a comparison, or Thresholds.warns)" for i in (30, 32)},
+    "bnrotation.study.analysis.tables.calibration.x_warns_at__mutmut_34": "to_numpy(None) for to_numpy(bool): as "
+        "early_warning's _13",
     "bnrotation.study.fashion_mnist.x_read_idx__mutmut_67": "len(raw) <= want for len(raw) < want inside "
         "len(raw) != want: the two agree there",
     **{f"bnrotation.study.task.{k}": "torch.randint(high, size) for torch.randint(0, high, size): low defaults to 0, "

@@ -424,3 +424,15 @@ def test_a_layers_table_is_read_with_its_lag_alone_and_refused_without_the_lag_o
         other.tables["layers"] = run.tables["layers"].assign(eval_error_median_sigma=0.5).drop(columns=drop)
         empty = cal.log_signals(other)
         assert empty.empty and list(empty.columns) == columns, drop
+
+
+def test_a_signal_warns_at_its_threshold_itself_never_where_unlogged_nor_in_the_warm_up():
+    """At or above the threshold (the value itself warns), None (a line that logged no value, as an object column
+    holds it) never warns, and no line in the warm-up warns; the rule reads the same way."""
+    sig = pd.DataFrame({"lag_sigma": [0.5, 0.5, 0.49, None], "eval_error_median_sigma": [None, 0.07, None, 0.5],
+                        "mode_gap": [0.3, 0.3, 0.3, None], "heldout_mode_gap": [0.3, None, 0.3, 0.3],
+                        "warming_up": [False, True, False, False]})
+    assert cal.warns_at(sig, "lag_sigma", Thresholds(), {"lag_sigma": 0.5}).tolist() == [True, False, False, False]
+    rule = Thresholds(mode_gap=0.3, lag_sigma=0.5, eval_error_sigma=0.5)
+    assert cal.warns_at(sig, cal.RULE, rule, {}).tolist() == [True, False, False, False]
+    assert cal.warns_at(sig, cal.RULE_HELDOUT, rule, {}).tolist() == [True, False, False, True]
