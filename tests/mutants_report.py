@@ -167,6 +167,9 @@ EQUIVALENT: dict[str, str] = {
        "already a bool array (a comparison, or Thresholds.warns)" for i in (30, 32)},
     "bnrotation.study.analysis.tables.calibration.x_warns_at__mutmut_34": "to_numpy(None) for to_numpy(bool): as "
         "early_warning's _13",
+    "bnrotation.study.analysis.claims.real_images.x__recovery__mutmut_19": "astype(None) for astype(float): the "
+        "steps map onto acc_train_mode, a float column (NaN where a step has no check), so the column is float "
+        "already",
     "bnrotation.study.fashion_mnist.x_read_idx__mutmut_67": "len(raw) <= want for len(raw) < want inside "
         "len(raw) != want: the two agree there",
     **{f"bnrotation.study.task.{k}": "torch.randint(high, size) for torch.randint(0, high, size): low defaults to 0, "
@@ -240,10 +243,23 @@ def diff(name: str) -> str:
         return f"(no diff: {type(err).__name__}: {err})"
 
 
-def write_report(out: Path, folder: Path, note: str = "") -> str:
+def earlier_parts(report: Path, modules: set[str]) -> tuple[dict[str, str], list[str]]:
+    """From an earlier report: the table row of each module of ``modules`` (``{module: row}``) and the lines of its
+    surviving mutants' sections, for a run that did not rerun those modules."""
+    text = report.read_text()
+    rows = {m: line for line in text.splitlines() for m in modules if line.startswith(f"| {m} |")}
+    blocks = re.split(r"(?m)^(?=### `)", text.split("## Surviving mutants", 1)[-1])[1:]
+    kept = [b for b in blocks if module_of(b.split("`")[1]) in modules]
+    return rows, [line for b in kept for line in b.rstrip("\n").split("\n") + [""]]
+
+
+def write_report(out: Path, folder: Path, note: str = "", earlier: Path | None = None) -> str:
     found = results(folder)
     if not found:
         raise SystemExit(f"mutants_report: no mutmut results under {folder}; run `make mutants`")
+    not_run = {m for m in NAMES if all(v == "not checked" for k, v in found.items() if module_of(k) == m)}
+    kept_rows, kept_survivors = earlier_parts(earlier, not_run) if earlier else ({}, [])
+    found = {k: v for k, v in found.items() if module_of(k) not in kept_rows}
     lines = ["# Mutation score (`make mutants`)", "",
              f"Made by `make mutants` (mutmut {_version()}) on {dt.date.today().isoformat()}, commit "
              f"{_commit()}: `mutmut run` over the functions of tests/mutants_report.py (NAMES), each mutant "
@@ -254,8 +270,12 @@ def write_report(out: Path, folder: Path, note: str = "") -> str:
              "| module | killed | total | equivalent | CPU only | score | survived | no tests | not checked |",
              "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for module in list(NAMES) + ["all"]:
+        if module in kept_rows:
+            lines.append(kept_rows[module].replace(f"| {module} |", f"| {module} (earlier run) |", 1))
+            continue
         part = {k: v for k, v in found.items() if module == "all" or module_of(k) == module}
         killed, total = score(part)
+        module = "all (this run)" if module == "all" and kept_rows else module
         counts = Counter(v for k, v in part.items() if k not in EXCLUDED)
         eq, cpu = sum(k in EQUIVALENT for k in part), sum(k in CPU_ONLY for k in part)
         lines.append(f"| {module} | {killed} | {total} | {eq} | {cpu} | {killed / total:.1%} | {counts['survived']} | "
@@ -269,9 +289,12 @@ def write_report(out: Path, folder: Path, note: str = "") -> str:
     lines += ["", "## Mutants only a CUDA machine can tell apart, excluded (CPU only)", ""]
     lines += [f"- `{k}`: {why}" for k, why in CPU_ONLY.items()] or ["None."]
     survivors = [k for k, v in found.items() if v in ("survived", "no tests") and k not in EXCLUDED]
-    lines += ["", f"## Surviving mutants ({len(survivors)})", ""]
+    earlier_count = sum(line.startswith("### `") for line in kept_survivors)
+    lines += ["", f"## Surviving mutants ({len(survivors) + earlier_count})", ""]
     for name in survivors:
         lines += [f"### `{name}` ({found[name]})", "", "```diff", diff(name), "```", ""]
+    if kept_survivors:
+        lines += [f"Of the earlier run ({', '.join(sorted(kept_rows))}):", ""] + kept_survivors
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text("\n".join(lines) + "\n")
     killed, total = score(found)
@@ -294,13 +317,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path, help="write the report here")
     p.add_argument("--note", default="", help="a sentence on how this run was made, if not by make mutants alone")
     p.add_argument("--mutants", type=Path, default=ROOT / "mutants", help="mutmut's folder (default: mutants/)")
+    p.add_argument("--earlier", type=Path, help="an earlier report whose rows (and surviving mutants) stand for the "
+                   "modules this run did not check at all")
     args = p.parse_args(argv)
     if args.names:
         print(" ".join(patterns()))  # the Makefile turns globbing off (set -f)
         return 0
     if args.out is None:
         p.error("--names or --out FILE")
-    print(write_report(args.out, args.mutants, args.note))
+    print(write_report(args.out, args.mutants, args.note, args.earlier))
     return 0
 
 

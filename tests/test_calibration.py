@@ -436,3 +436,10 @@ def test_a_signal_warns_at_its_threshold_itself_never_where_unlogged_nor_in_the_
     rule = Thresholds(mode_gap=0.3, lag_sigma=0.5, eval_error_sigma=0.5)
     assert cal.warns_at(sig, cal.RULE, rule, {}).tolist() == [True, False, False, False]
     assert cal.warns_at(sig, cal.RULE_HELDOUT, rule, {}).tolist() == [True, False, False, True]
+
+
+def test_a_run_without_interventions_has_an_empty_truth_with_its_columns():
+    run = _run()
+    run.tables["interventions"] = run.tables["interventions"].iloc[:0]
+    empty = cal.truth(run)
+    assert empty.empty and list(empty.columns) == ["step", "acc_stored", "acc_reestimated", "recovery", "stale"]
