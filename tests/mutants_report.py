@@ -170,6 +170,11 @@ EQUIVALENT: dict[str, str] = {
     "bnrotation.study.analysis.claims.real_images.x__recovery__mutmut_19": "astype(None) for astype(float): the "
         "steps map onto acc_train_mode, a float column (NaN where a step has no check), so the column is float "
         "already",
+    "bnrotation.study.analysis.tables.zoo_report.x_per_run__mutmut_52": "astype(None) (float 1.0/0.0) for "
+        "astype(bool) of the filled rule_stale, which holds only True and False: & with the bool stale column gives "
+        "the same truth values",
+    "bnrotation.study.analysis.tables.zoo_report.x_per_run__mutmut_53": "fillna(None) for fillna(False): pandas "
+        "puts None where NaN was, and astype(bool) reads None as False too",
     "bnrotation.study.fashion_mnist.x_read_idx__mutmut_67": "len(raw) <= want for len(raw) < want inside "
         "len(raw) != want: the two agree there",
     **{f"bnrotation.study.task.{k}": "torch.randint(high, size) for torch.randint(0, high, size): low defaults to 0, "

@@ -291,6 +291,10 @@ def test_the_method_reads_none_as_not_measured_and_zero_one_truth_as_truth_value
     """The inputs as a table column gives them: None (a point without the signal) never warns, and a truth of 0/1
     is the same truth as False/True (not indices)."""
     assert cal.choose_threshold([None, 1.0, 2.0, 3.0], [1, 1, 0, 1], target=0.6) == 1.0
+    assert cal.choose_threshold([0.5, 3.0, 1.0, 2.0], [0, 0, 1, 1], target=1.0) == 1.0  # 0/1 read as indices: 0.5
+    with pytest.raises(ValueError) as refused:
+        cal.choose_threshold([1.0], [False])
+    assert str(refused.value) == "choose_threshold: no stale point to reach a recall on"
     assert cal.choose_threshold([None, 1.0, 2.0, 3.0], [True, True, False, True], target=0.6) == 1.0
     assert cal.forecast_threshold([None, 1.0, 2.0, 3.0, 9.0], [0, 0, 0, 0, 1], far=0.4) == 3.0
     assert cal.forecast_threshold([None, 1.0, 2.0, 3.0, 9.0], [False] * 4 + [True], far=0.4) == 3.0
@@ -429,8 +433,11 @@ def test_a_layers_table_is_read_with_its_lag_alone_and_refused_without_the_lag_o
 def test_a_signal_warns_at_its_threshold_itself_never_where_unlogged_nor_in_the_warm_up():
     """At or above the threshold (the value itself warns), None (a line that logged no value, as an object column
     holds it) never warns, and no line in the warm-up warns; the rule reads the same way."""
-    sig = pd.DataFrame({"lag_sigma": [0.5, 0.5, 0.49, None], "eval_error_median_sigma": [None, 0.07, None, 0.5],
-                        "mode_gap": [0.3, 0.3, 0.3, None], "heldout_mode_gap": [0.3, None, 0.3, 0.3],
+    def column(*values):
+        return pd.Series(values, dtype=object)  # None kept as None
+
+    sig = pd.DataFrame({"lag_sigma": column(0.5, 0.5, 0.49, None),
+                        "eval_error_median_sigma": column(None, 0.07, None, 0.5), "mode_gap": column(0.3, 0.3, 0.3, None), "heldout_mode_gap": column(0.3, None, 0.3, 0.3),
                         "warming_up": [False, True, False, False]})
     assert cal.warns_at(sig, "lag_sigma", Thresholds(), {"lag_sigma": 0.5}).tolist() == [True, False, False, False]
     rule = Thresholds(mode_gap=0.3, lag_sigma=0.5, eval_error_sigma=0.5)
@@ -438,8 +445,16 @@ def test_a_signal_warns_at_its_threshold_itself_never_where_unlogged_nor_in_the_
     assert cal.warns_at(sig, cal.RULE_HELDOUT, rule, {}).tolist() == [True, False, False, True]
 
 
-def test_a_run_without_interventions_has_an_empty_truth_with_its_columns():
+def test_a_run_without_interventions_has_an_empty_truth_with_its_columns_and_a_recovery_of_x_is_stale():
+    columns = ["step", "acc_stored", "acc_reestimated", "recovery", "stale"]
+    for drop in (True, False):
+        run = _run()
+        if drop:
+            del run.tables["interventions"]
+        else:
+            run.tables["interventions"] = run.tables["interventions"].iloc[:0]
+        empty = cal.truth(run)
+        assert empty.empty and list(empty.columns) == columns
     run = _run()
-    run.tables["interventions"] = run.tables["interventions"].iloc[:0]
-    empty = cal.truth(run)
-    assert empty.empty and list(empty.columns) == ["step", "acc_stored", "acc_reestimated", "recovery", "stale"]
+    run.tables["interventions"]["acc_eval_mode"] = [0.0, cal.STALE_RECOVERY, 0.0, cal.STALE_RECOVERY - 1e-9]
+    assert cal.truth(run)["stale"].tolist() == [True, False]  # a recovery of exactly X is stale (at least X)
