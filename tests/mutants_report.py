@@ -161,6 +161,15 @@ EQUIVALENT: dict[str, str] = {
         "compares NaN with no floating-point warning, so the state it would set is never consulted",
     "bnrotation.study.analysis.tables.calibration.x_early_warning__mutmut_20": "to_numpy(None) for to_numpy(float): "
         "the forecasters' columns are float arrays (_forecaster_signals builds them with numpy)",
+    **{f"bnrotation.study.analysis.tables.calibration.x__forecaster_signals__mutmut_{i}": "reset_index(drop=None or False): the old index becomes a "
+       "column 'index', which _with_gap_and_warmup's column selection drops" for i in (2, 6)},
+    "bnrotation.study.analysis.tables.calibration.x__forecaster_signals__mutmut_8": "to_numpy(None) for to_numpy(float) of E: a float column already",
+    "bnrotation.study.analysis.tables.calibration.x__forecaster_signals__mutmut_11": "to_numpy(None) for to_numpy(float) of the steps: integer steps give the "
+        "same slope (numpy's true division)",
+    "bnrotation.study.analysis.tables.calibration.x__forecaster_signals__mutmut_19": "len(out) >= 1 for > 1: with one line the slope's assignment is to an empty "
+        "slice (slope[1:] of one), changing nothing",
+    **{f"bnrotation.study.analysis.tables.calibration.x__with_gap_and_warmup__mutmut_{i}": "merge without on='step': the only column the signals and the "
+       "checks' gaps share is step" for i in (28, 31)},
     "bnrotation.study.analysis.tables.calibration.x_warns_at__mutmut_22": "np.errstate(invalid=None): as "
         "early_warning's _16",
     **{f"bnrotation.study.analysis.tables.calibration.x_warns_at__mutmut_{i}": "np.asarray(w) without bool: w is "
