@@ -170,6 +170,10 @@ EQUIVALENT: dict[str, str] = {
         "slice (slope[1:] of one), changing nothing",
     **{f"bnrotation.study.analysis.tables.calibration.x__with_gap_and_warmup__mutmut_{i}": "merge without on='step': the only column the signals and the "
        "checks' gaps share is step" for i in (28, 31)},
+    **{f"bnrotation.study.analysis.tables.calibration.x__forecaster_signals__mutmut_{i}": "a column of None or of objects for NaN floats (rot = None, "
+       "np.full(n, None), to_numpy(None) of a mapped float column, an empty Series of object dtype): every reader "
+       "converts it to float first (to_numpy(float), np.asarray(..., float)), where None is NaN"
+       for i in (42, 44, 73, 92, 96)},
     "bnrotation.study.analysis.tables.calibration.x_warns_at__mutmut_22": "np.errstate(invalid=None): as "
         "early_warning's _16",
     **{f"bnrotation.study.analysis.tables.calibration.x_warns_at__mutmut_{i}": "np.asarray(w) without bool: w is "

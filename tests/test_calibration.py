@@ -458,3 +458,30 @@ def test_a_run_without_interventions_has_an_empty_truth_with_its_columns_and_a_r
     run = _run()
     run.tables["interventions"]["acc_eval_mode"] = [0.0, cal.STALE_RECOVERY, 0.0, cal.STALE_RECOVERY - 1e-9]
     assert cal.truth(run)["stale"].tolist() == [True, False]  # a recovery of exactly X is stale (at least X)
+
+
+def test_only_batchnorm_layers_that_track_statistics_count_and_the_memory_reads_their_momenta():
+    """``_bn_layers`` keeps a BatchNorm layer with running statistics, not a GroupNorm nor a BatchNorm without
+    them; the forecasters' memory is 1/m of the smallest momentum above 0 (None and 0 are skipped), 1 step without
+    any; a run of two log steps has a slope at its second; no layers table: no rotation (NaN)."""
+    run = _run(momentum=0.5)
+    run.info["norm_layers"]["gn"] = {"class": "GroupNorm", "momentum": None, "eps": 1e-5}
+    run.info["norm_layers"]["off"] = {"class": "BatchNorm2d", "momentum": 0.01, "eps": 1e-5,
+                                      "track_running_stats": False}
+    assert list(cal._bn_layers(run)) == ["bn"]
+    run.tables["channels"] = run.tables["channels"][run.tables["channels"]["step"] > 0]
+    run.tables["layers"] = pd.DataFrame({"step": [100, 200], "norm_layer": "bn", "rotation_deg_per_100": [3.0, 5.0]})
+    sig = cal.log_signals(run).set_index("step")
+    assert sig["rotation_in_memory_deg"].tolist() == pytest.approx([0.06, 0.1])  # memory 1/0.5 = 2 steps
+    assert not math.isnan(sig.loc[200, "e_slope_per_100"]) and math.isnan(sig.loc[100, "e_slope_per_100"])
+    for momenta, memory in (([None, 0.0], 1.0), ([None, 0.0, 0.25], 4.0)):
+        lines = cal._log_signals(run)[["step", "eval_error_median_sigma"]]
+        out = cal._forecaster_signals(run, cal._bn_layers(run), lines, momenta)
+        assert out["rotation_in_memory_deg"].tolist() == pytest.approx([0.03 * memory, 0.05 * memory]), momenta
+    del run.tables["layers"]
+    assert cal._log_signals(run)["rotation_in_memory_deg"].isna().all()
+    del run.info["norm_layers"]
+    with pytest.raises(cal.BadRunError) as refused:
+        cal._log_signals(run)  # afresh: the cache does not see a run.json changed in place
+    assert str(refused.value) == (f"{run.path / 'run.json'}: no norm_layers (each layer's eps and momentum), which the "
+                                  "calibration needs to recompute the signals")
