@@ -174,6 +174,10 @@ EQUIVALENT: dict[str, str] = {
        "np.full(n, None), to_numpy(None) of a mapped float column, an empty Series of object dtype): every reader "
        "converts it to float first (to_numpy(float), np.asarray(..., float)), where None is NaN"
        for i in (42, 44, 73, 92, 96)},
+    "bnrotation.staleness.xǁThresholdsǁwarns__mutmut_1": "np.errstate(invalid=None): as calibration.early_warning's "
+        "_16",
+    "bnrotation.study.analysis.tables.calibration.x__log_signals__mutmut_33": "to_numpy(None) for to_numpy(float) of "
+        "the channels table's statistics: float64 columns (records' schema)",
     "bnrotation.study.analysis.tables.calibration.x_warns_at__mutmut_22": "np.errstate(invalid=None): as "
         "early_warning's _16",
     **{f"bnrotation.study.analysis.tables.calibration.x_warns_at__mutmut_{i}": "np.asarray(w) without bool: w is "
