@@ -161,7 +161,7 @@ test-compat: $(VENV)/.installed ## the library's tests beside the oldest and the
 # make mutants: mutmut over the pure-logic functions tests/mutants_report.py names, with the tests pyproject.toml's
 # [tool.mutmut] selects (each mutant runs only those that reach its function); a fresh mutants/ each time. Not in
 # make test: about 40 minutes on 2 shared cores.
-mutants: $(VENV)/.installed ## mutation score of pairing, lint, refresh, the claim judges, the commands' input readers (mutmut): results/mutants/report.md
+mutants: $(VENV)/.installed ## mutation score of pairing, lint, refresh, the claim judges, the input readers, the signal, the evaluation path, the calibration, the zoo report, the tasks and two claim sections (mutmut): results/mutants/report.md
 	rm -rf mutants
 	set -f; nice -n 5 $(VENV)/bin/mutmut run --max-children $(TEST_JOBS) $$($(PY) tests/mutants_report.py --names)
 	$(PY) tests/mutants_report.py --out results/mutants/report.md

@@ -1,9 +1,13 @@
 """``make mutants``: which functions mutmut mutates, and its report (``results/mutants/report.md``).
 
 ``python tests/mutants_report.py --names`` prints the mutant-name patterns ``mutmut run`` takes: the pure-logic
-functions of the pairing, the lint, the refresh, the claim kinds' judges and verdicts, and the commands'
-input readers (``bnrotation.inputs``). Text-only functions (a warning's wording, a claim's sentences) are left out: a mutant there changes a
-message, which the suite checks only where a message is the promise. ``--out FILE`` reads mutmut's results under
+functions of the pairing, the lint, the refresh, the claim kinds' judges and verdicts, the commands'
+input readers (``bnrotation.inputs``), and (issue 52) the signal and its rule (``bnrotation.staleness``), the evaluation
+path of ``bnrotation.probes``, the calibration's signals, truth, method and scores, the zoo report's per-run and depth
+tables, the Fashion-MNIST reader, the tasks' draws (``study.task``) and the per-run helpers of two claim sections
+(``claims.real_images``, ``claims.carryover``). Text-only functions (a warning's wording, a claim's sentences, the
+reports' markdown, figures, ``main``) are left out: a mutant there changes a message, which the suite checks only
+where a message is the promise. ``--out FILE`` reads mutmut's results under
 ``mutants/`` and writes the score, per module and in all, and every surviving mutant with its diff.
 
 The score is killed / (mutants − equivalent − CPU only − not checked), with a timeout counted as killed and a
@@ -15,6 +19,11 @@ of the lock file), each with the machine that would.
 mutmut 3 does not mutate decorated functions (``@property``, ``@dataclass`` fields' defaults): the judges'
 ``passed`` and ``tolerance`` properties are not in the score; tests/test_claims.py and
 tests/test_mutation_targets.py judge them across their boundaries.
+For the same reason the claims declared with ``@bespoke`` (the verdicts of ``claims.real_images`` and
+``claims.carryover``) and the ``functools.lru_cache`` readers (``fashion_mnist.load_split``, ``task._grey_images``,
+``task._normalised_images``) are out of the score; ``calibration.log_signals`` and ``truth`` keep their
+``once_per_run`` cache in a decorated shell around an undecorated body (``_log_signals``, ``_truth``), which is
+mutated, and ``probes.evaluation_path_pass`` holds ``torch.no_grad()`` as a block.
 """
 
 from __future__ import annotations
@@ -54,8 +63,37 @@ NAMES = {
         "build_user_model", "_prefix_hint", "parse_device", "parse_model_kwargs", "_items", "first_line", "one_line", "batch_limit",
         "thresholds_from")]
                            + ["bnrotation.inputs.xǁInputErrorǁ*"],
+    # issue 52: the newer modules
+    "staleness": ["bnrotation.staleness.*"],
+    "probes (the evaluation path)": ["bnrotation.probes.x_pooled_chunk_moments__mutmut_*",
+                                     "bnrotation.probes.x_evaluation_path_pass__mutmut_*"],
+    "calibration": [f"bnrotation.study.analysis.tables.calibration.x_{f}__mutmut_*" for f in (
+        "task_of", "in_sample", "out_of_sample_run", "_bn_layers", "_log_signals", "_layer_signals",
+        "_with_gap_and_warmup", "_forecaster_signals", "_truth", "points", "_round_down", "choose_threshold",
+        "score", "warns_at", "lead_times", "chosen_thresholds", "logged", "forecast_threshold", "_round_up",
+        "early_warning", "forecast_thresholds", "score_of")],
+    "zoo_report": [f"bnrotation.study.analysis.tables.zoo_report.x_{f}__mutmut_*" for f in (
+        "per_run", "_count", "depth_split")],
+    "fashion_mnist": [f"bnrotation.study.fashion_mnist.x_{f}__mutmut_*" for f in (
+        "_path", "read_idx", "check_dir", "verify_official")],
+    "task": [f"bnrotation.study.task.x_{f}__mutmut_*" for f in (
+        "stream_seed", "generator", "build_task", "run_dtype", "memory_format", "heldout_set", "probe_set",
+        "reestimation_batches")]
+            + [f"bnrotation.study.task.xǁ{c}ǁ{m}__mutmut_*" for c, m in (
+                ("NoisyTemplates", "build"), ("NoisyTemplates", "to"), ("NoisyTemplates", "cpu"),
+                ("NoisyTemplates", "population"), ("NoisyTemplates", "sample"), ("NoisyTemplates", "fixed_set"),
+                ("FashionMNIST", "build"), ("FashionMNIST", "_noisy"), ("FashionMNIST", "sample"),
+                ("FashionMNIST", "fixed_set"), ("FashionMNIST", "cpu"))],
+    "claims.real_images": ["bnrotation.study.analysis.claims.real_images.x__recovery__mutmut_*"],
+    "claims.carryover": [f"bnrotation.study.analysis.claims.carryover.x_{f}__mutmut_*" for f in (
+        "resnet_runs", "_halves_text", "_reestimated_text")],
 }
 
+ROUND_PLACES = ("round(..., max(places, 1)) for max(places, 0): places < 0 only for t >= 10, where the rounded value "
+                "is a whole number (a multiple of 10), the same rounded to 0 or 1 decimal")
+FAR_SCALE = ("the false-alarm rate scaled by another positive constant (the fresh count times, the stale count, or 2 "
+             "for 1 when there are no fresh points): it is only compared with itself across thresholds (far < best), "
+             "so the choice is the same")
 # Mutants no input can tell from the original: excluded from the score, each with its reason.
 UNREAD_SOURCE = ("the source of a placement or piece that holds a weight layer's channels is never read: reasons name "
                  "the source only of channels without a weight layer (pairing._decide, _concatenated)")
@@ -101,14 +139,91 @@ EQUIVALENT: dict[str, str] = {
         "returns [batches] for those without reading spec (it names spec only when refusing any other type)",
     "bnrotation.inputs.x_load_batches__mutmut_31": "load_checkpoint(batches) for load_checkpoint(batches, "
         "map_location='cpu'): 'cpu' is load_checkpoint's default",
+    # issue 52: the newer modules
+    "bnrotation.probes.x_evaluation_path_pass__mutmut_7": "the caller's scratch always (never a new Scratch for "
+        "None): input_moments gives the same values with and without a buffer (scratch=None: a fresh tensor)",
+    "bnrotation.probes.x_evaluation_path_pass__mutmut_12": "at = [1] for [0]: the chunk index is only a key of the "
+        "layer's parts, rewritten by the chunk loop; one pass has one key whatever it is",
+    "bnrotation.probes.x_evaluation_path_pass__mutmut_17": "n = numel / C for numel // C: a whole number either "
+        "way (float or int), and the pooling's arithmetic is float64 on both",
+    "bnrotation.probes.x_evaluation_path_pass__mutmut_26": "hook(None, inp, name): the hook never reads its module",
+    "bnrotation.probes.x_evaluation_path_pass__mutmut_37": "chunk > len(x) for chunk >= len(x): a chunk of exactly "
+        "N splits x into one chunk, which the pooling returns as it is: the same pass",
+    "bnrotation.study.analysis.tables.calibration.x__round_down__mutmut_29": ROUND_PLACES,
+    "bnrotation.study.analysis.tables.calibration.x__round_up__mutmut_34": ROUND_PLACES,
+    **{f"bnrotation.study.analysis.tables.calibration.x_choose_threshold__mutmut_{i}": FAR_SCALE for i in (23, 30, 31)},
+    "bnrotation.study.analysis.tables.calibration.x_early_warning__mutmut_9": "t.empty and s.empty for t.empty or "
+        "s.empty: the truth restricted to the log steps (t[t.step.isin(s.step)]) is empty when either is, and an "
+        "empty truth has no stale point: the run adds nothing either way",
+    "bnrotation.study.analysis.tables.calibration.x_early_warning__mutmut_13": "to_numpy(None) for to_numpy(bool): "
+        "warming_up is a bool column (log_signals makes it with staleness.in_warmup)",
+    "bnrotation.study.analysis.tables.calibration.x_early_warning__mutmut_16": "np.errstate(invalid=None): numpy "
+        "compares NaN with no floating-point warning, so the state it would set is never consulted",
+    "bnrotation.study.analysis.tables.calibration.x_early_warning__mutmut_20": "to_numpy(None) for to_numpy(float): "
+        "the forecasters' columns are float arrays (_forecaster_signals builds them with numpy)",
+    **{f"bnrotation.study.analysis.tables.calibration.x__forecaster_signals__mutmut_{i}": "reset_index(drop=None or False): the old index becomes a "
+       "column 'index', which _with_gap_and_warmup's column selection drops" for i in (2, 6)},
+    "bnrotation.study.analysis.tables.calibration.x__forecaster_signals__mutmut_8": "to_numpy(None) for to_numpy(float) of E: a float column already",
+    "bnrotation.study.analysis.tables.calibration.x__forecaster_signals__mutmut_11": "to_numpy(None) for to_numpy(float) of the steps: integer steps give the "
+        "same slope (numpy's true division)",
+    "bnrotation.study.analysis.tables.calibration.x__forecaster_signals__mutmut_19": "len(out) >= 1 for > 1: with one line the slope's assignment is to an empty "
+        "slice (slope[1:] of one), changing nothing",
+    **{f"bnrotation.study.analysis.tables.calibration.x__with_gap_and_warmup__mutmut_{i}": "merge without on='step': the only column the signals and the "
+       "checks' gaps share is step" for i in (28, 31)},
+    **{f"bnrotation.study.analysis.tables.calibration.x__forecaster_signals__mutmut_{i}": "a column of None or of objects for NaN floats (rot = None, "
+       "np.full(n, None), to_numpy(None) of a mapped float column, an empty Series of object dtype): every reader "
+       "converts it to float first (to_numpy(float), np.asarray(..., float)), where None is NaN"
+       for i in (42, 44, 73, 92, 96)},
+    "bnrotation.staleness.xǁThresholdsǁwarns__mutmut_1": "np.errstate(invalid=None): as calibration.early_warning's "
+        "_16",
+    "bnrotation.study.analysis.tables.calibration.x__log_signals__mutmut_33": "to_numpy(None) for to_numpy(float) of "
+        "the channels table's statistics: float64 columns (records' schema)",
+    "bnrotation.study.analysis.tables.calibration.x_warns_at__mutmut_22": "np.errstate(invalid=None): as "
+        "early_warning's _16",
+    **{f"bnrotation.study.analysis.tables.calibration.x_warns_at__mutmut_{i}": "np.asarray(w) without bool: w is "
+       "already a bool array (a comparison, or Thresholds.warns)" for i in (30, 32)},
+    "bnrotation.study.analysis.tables.calibration.x_warns_at__mutmut_34": "to_numpy(None) for to_numpy(bool): as "
+        "early_warning's _13",
+    "bnrotation.study.analysis.claims.real_images.x__recovery__mutmut_19": "astype(None) for astype(float): the "
+        "steps map onto acc_train_mode, a float column (NaN where a step has no check), so the column is float "
+        "already",
+    "bnrotation.study.analysis.tables.zoo_report.x_per_run__mutmut_52": "astype(None) (float 1.0/0.0) for "
+        "astype(bool) of the filled rule_stale, which holds only True and False: & with the bool stale column gives "
+        "the same truth values",
+    "bnrotation.study.analysis.tables.zoo_report.x_per_run__mutmut_53": "fillna(None) for fillna(False): pandas "
+        "puts None where NaN was, and astype(bool) reads None as False too",
+    "bnrotation.study.fashion_mnist.x_read_idx__mutmut_67": "len(raw) <= want for len(raw) < want inside "
+        "len(raw) != want: the two agree there",
+    **{f"bnrotation.study.task.{k}": "torch.randint(high, size) for torch.randint(0, high, size): low defaults to 0, "
+       "the same call" for k in ("xǁFashionMNISTǁsample__mutmut_7", "xǁNoisyTemplatesǁsample__mutmut_9",
+                                  "xǁNoisyTemplatesǁsample__mutmut_21")},
+    **{f"bnrotation.study.task.x_stream_seed__mutmut_{i}": "a mask of every bit (-1, 2**64 - 1, 2**65 - 1) for "
+       "2**63 - 1: state[0] < 2**32, so (state[0] << 31) ^ state[1] < 2**63 already" for i in (22, 23, 24)},
+    "bnrotation.study.task.x_stream_seed__mutmut_7": "generate_state(2) without dtype: numpy.uint32 is its default",
+    "bnrotation.study.task.x_stream_seed__mutmut_11": "generate_state(3) for (2): each word of a SeedSequence's state "
+        "depends on its index alone, so the first two words are the same, and only those are read",
 }
 
+DEVICE = ("a device argument dropped or None (the default device, the CPU): with every tensor on the CPU the same "
+          "tensors; a CUDA machine tells them apart (tensors left on the CPU beside the run's device)")
 # Mutants only a machine with CUDA devices can tell from the original: every tensor of make mutants is on the CPU
 # (the lock file's torch is CPU-only). Excluded from the score as the equivalent ones are, each with its reason.
 CPU_ONLY: dict[str, str] = {
     "bnrotation.inputs.x_parse_device__mutmut_17": "(device.index or 1) for (device.index or 0): killable only where "
         "torch sees exactly one CUDA device (cuda and cuda:0 then refused): with none every cuda device is refused "
         "before its index is read, with two or more index 0 and 1 are both below the count",
+    # issue 52: the task's tensors are drawn on the CPU and moved to the run's device
+    **{f"bnrotation.study.task.{k}": DEVICE for k in (
+        "xǁFashionMNISTǁ_noisy__mutmut_6", "xǁFashionMNISTǁ_noisy__mutmut_9", "xǁFashionMNISTǁfixed_set__mutmut_62",
+        "xǁFashionMNISTǁfixed_set__mutmut_63", "xǁFashionMNISTǁfixed_set__mutmut_65",
+        "xǁFashionMNISTǁfixed_set__mutmut_71", "xǁFashionMNISTǁsample__mutmut_6", "xǁFashionMNISTǁsample__mutmut_11",
+        "xǁNoisyTemplatesǁfixed_set__mutmut_14", "xǁNoisyTemplatesǁfixed_set__mutmut_24",
+        "xǁNoisyTemplatesǁfixed_set__mutmut_25", "x_build_task__mutmut_5", "x_generator__mutmut_4",
+        "x_reestimation_batches__mutmut_15", "xǁFashionMNISTǁbuild__mutmut_37", "xǁFashionMNISTǁbuild__mutmut_39",
+        "xǁFashionMNISTǁbuild__mutmut_41", "xǁNoisyTemplatesǁbuild__mutmut_48", "xǁNoisyTemplatesǁcpu__mutmut_1",
+        "xǁNoisyTemplatesǁsample__mutmut_1", "xǁNoisyTemplatesǁsample__mutmut_8", "xǁNoisyTemplatesǁsample__mutmut_13",
+        "xǁNoisyTemplatesǁsample__mutmut_20", "xǁNoisyTemplatesǁsample__mutmut_25",
+        "xǁNoisyTemplatesǁsample__mutmut_30", "xǁNoisyTemplatesǁsample__mutmut_33", "xǁNoisyTemplatesǁto__mutmut_7")},
 }
 EXCLUDED = {**EQUIVALENT, **CPU_ONLY}
 
@@ -150,10 +265,23 @@ def diff(name: str) -> str:
         return f"(no diff: {type(err).__name__}: {err})"
 
 
-def write_report(out: Path, folder: Path, note: str = "") -> str:
+def earlier_parts(report: Path, modules: set[str]) -> tuple[dict[str, str], list[str]]:
+    """From an earlier report: the table row of each module of ``modules`` (``{module: row}``) and the lines of its
+    surviving mutants' sections, for a run that did not rerun those modules."""
+    text = report.read_text()
+    rows = {m: line for line in text.splitlines() for m in modules if line.startswith(f"| {m} |")}
+    blocks = re.split(r"(?m)^(?=### `)", text.split("## Surviving mutants", 1)[-1])[1:]
+    kept = [b for b in blocks if module_of(b.split("`")[1]) in modules]
+    return rows, [line for b in kept for line in b.rstrip("\n").split("\n") + [""]]
+
+
+def write_report(out: Path, folder: Path, note: str = "", earlier: Path | None = None) -> str:
     found = results(folder)
     if not found:
         raise SystemExit(f"mutants_report: no mutmut results under {folder}; run `make mutants`")
+    not_run = {m for m in NAMES if all(v == "not checked" for k, v in found.items() if module_of(k) == m)}
+    kept_rows, kept_survivors = earlier_parts(earlier, not_run) if earlier else ({}, [])
+    found = {k: v for k, v in found.items() if module_of(k) not in kept_rows}
     lines = ["# Mutation score (`make mutants`)", "",
              f"Made by `make mutants` (mutmut {_version()}) on {dt.date.today().isoformat()}, commit "
              f"{_commit()}: `mutmut run` over the functions of tests/mutants_report.py (NAMES), each mutant "
@@ -164,8 +292,12 @@ def write_report(out: Path, folder: Path, note: str = "") -> str:
              "| module | killed | total | equivalent | CPU only | score | survived | no tests | not checked |",
              "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for module in list(NAMES) + ["all"]:
+        if module in kept_rows:
+            lines.append(kept_rows[module].replace(f"| {module} |", f"| {module} (earlier run) |", 1))
+            continue
         part = {k: v for k, v in found.items() if module == "all" or module_of(k) == module}
         killed, total = score(part)
+        module = "all (this run)" if module == "all" and kept_rows else module
         counts = Counter(v for k, v in part.items() if k not in EXCLUDED)
         eq, cpu = sum(k in EQUIVALENT for k in part), sum(k in CPU_ONLY for k in part)
         lines.append(f"| {module} | {killed} | {total} | {eq} | {cpu} | {killed / total:.1%} | {counts['survived']} | "
@@ -179,9 +311,12 @@ def write_report(out: Path, folder: Path, note: str = "") -> str:
     lines += ["", "## Mutants only a CUDA machine can tell apart, excluded (CPU only)", ""]
     lines += [f"- `{k}`: {why}" for k, why in CPU_ONLY.items()] or ["None."]
     survivors = [k for k, v in found.items() if v in ("survived", "no tests") and k not in EXCLUDED]
-    lines += ["", f"## Surviving mutants ({len(survivors)})", ""]
+    earlier_count = sum(line.startswith("### `") for line in kept_survivors)
+    lines += ["", f"## Surviving mutants ({len(survivors) + earlier_count})", ""]
     for name in survivors:
         lines += [f"### `{name}` ({found[name]})", "", "```diff", diff(name), "```", ""]
+    if kept_survivors:
+        lines += [f"Of the earlier run ({', '.join(sorted(kept_rows))}):", ""] + kept_survivors
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text("\n".join(lines) + "\n")
     killed, total = score(found)
@@ -204,13 +339,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path, help="write the report here")
     p.add_argument("--note", default="", help="a sentence on how this run was made, if not by make mutants alone")
     p.add_argument("--mutants", type=Path, default=ROOT / "mutants", help="mutmut's folder (default: mutants/)")
+    p.add_argument("--earlier", type=Path, help="an earlier report whose rows (and surviving mutants) stand for the "
+                   "modules this run did not check at all")
     args = p.parse_args(argv)
     if args.names:
         print(" ".join(patterns()))  # the Makefile turns globbing off (set -f)
         return 0
     if args.out is None:
         p.error("--names or --out FILE")
-    print(write_report(args.out, args.mutants, args.note))
+    print(write_report(args.out, args.mutants, args.note, args.earlier))
     return 0
 
 

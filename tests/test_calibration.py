@@ -312,3 +312,204 @@ def test_the_second_zoos_claims_wait_for_the_whole_zoo(monkeypatch):
         assert (out is None) == judged
         if not judged:
             assert out.passed is None and f"{have} of the second zoo's {SECOND_ZOO.runs} runs" in out.measured
+
+
+# ----------------------------------------------------------------------------- second cases (issue 52, make mutants)
+def test_the_method_reads_none_as_not_measured_and_zero_one_truth_as_truth_values():
+    """The inputs as a table column gives them: None (a point without the signal) never warns, and a truth of 0/1
+    is the same truth as False/True (not indices)."""
+    assert cal.choose_threshold([None, 1.0, 2.0, 3.0], [1, 1, 0, 1], target=0.6) == 1.0
+    assert cal.choose_threshold([0.5, 3.0, 1.0, 2.0], [0, 0, 1, 1], target=1.0) == 1.0  # 0/1 read as indices: 0.5
+    with pytest.raises(ValueError) as refused:
+        cal.choose_threshold([1.0], [False])
+    assert str(refused.value) == "choose_threshold: no stale point to reach a recall on"
+    assert cal.choose_threshold([None, 1.0, 2.0, 3.0], [True, True, False, True], target=0.6) == 1.0
+    assert cal.forecast_threshold([None, 1.0, 2.0, 3.0, 9.0], [0, 0, 0, 0, 1], far=0.4) == 3.0
+    assert cal.forecast_threshold([None, 1.0, 2.0, 3.0, 9.0], [False] * 4 + [True], far=0.4) == 3.0
+
+
+def test_the_methods_thresholds_are_stale_values_even_at_a_target_of_zero():
+    """Every threshold tried is a stale point's value: with a target of 0 any would do, and the fresh value 3
+    above every stale point (no false alarm below it at all) is not one of them."""
+    assert cal.choose_threshold([1.0, 2.0, 3.0], [True, False, False], target=0.0) == 1.0
+
+
+def test_a_forecasters_threshold_over_one_fresh_point_and_none_that_holds_its_rate():
+    # one fresh point: warning at it is a rate of 1 (not 1/2), above a far of 0.5
+    assert cal.forecast_threshold([1.0, 5.0], [False, True], far=0.5) == 5.0
+    assert math.isnan(cal.forecast_threshold([np.nan, np.nan], [False, True]))
+    assert math.isnan(cal.forecast_threshold([3.0, 1.0], [False, False], far=0.0))  # the top value already warns
+
+
+def test_rounding_leaves_zero_negatives_and_non_finite_values_as_they_are():
+    for round_ in (cal._round_down, cal._round_up):
+        assert round_(0.0) == 0.0 and round_(-0.5) == -0.5 and round_(math.inf) == math.inf
+        assert math.isnan(round_(math.nan))
+    assert (cal._round_down(0.0789), cal._round_up(0.0781)) == (0.078, 0.079)
+    assert (cal._round_down(1234.0), cal._round_up(1234.0)) == (1200.0, 1300.0)
+    # rounding up forgives float noise below 5e-10 of the last figure kept (0.013 * 1000 = 12.999999999999998)
+    assert (cal._round_up(0.013), cal._round_up(0.0120000000003), cal._round_up(0.012000000003)) == (0.013, 0.012,
+                                                                                                     0.013)
+
+
+def _points_frame() -> pd.DataFrame:
+    """Six intervention points, the first two in the warm-up, with every signal's column."""
+    stale = [True, False, True, True, False, False]
+    cols = {c: [np.nan] * 6 for c in (*cal.BY_COLUMN, cal.HELDOUT_GAP.column, *cal.FORECAST_COLUMNS)}
+    cols["lag_sigma"] = [0.05, 0.9, 0.3, 0.2, 0.1, 0.15]
+    cols["heldout_mode_gap"] = [0.01, 0.5, 0.4, 0.2, 0.0, 0.05]
+    cols["probe_disagreement"] = [0.01, 0.9, 0.4, 0.6, 0.3, 0.2]
+    return pd.DataFrame({"stale": stale, "warming_up": [True, True, False, False, False, False], **cols})
+
+
+def test_chosen_thresholds_choose_on_every_logged_signal_and_leave_the_others_nan():
+    pts = _points_frame()
+    chosen = cal.chosen_thresholds(pts)
+    assert set(chosen) == {*cal.BY_COLUMN, cal.HELDOUT_GAP.column}
+    assert chosen["lag_sigma"] == cal.choose_threshold(pts["lag_sigma"], pts["stale"]) == 0.05
+    assert chosen["heldout_mode_gap"] == cal.choose_threshold(pts["heldout_mode_gap"], pts["stale"]) == 0.01
+    assert all(math.isnan(chosen[c]) for c in ("mode_gap", "eval_error_median_sigma", "eval_error_max_sigma",
+                                               "log_std_ratio_median_abs"))
+
+
+def test_forecast_thresholds_leave_the_warm_up_out():
+    """Past the warm-up the fresh disagreements are 0.3 and 0.2: a far of 5% keeps the threshold above both (0.4,
+    a stale value); with the warm-up's fresh 0.9 counted, nothing below 0.9 would do."""
+    found = cal.forecast_thresholds(_points_frame())
+    assert set(found) == set(cal.FORECAST_COLUMNS)
+    assert found["probe_disagreement"] == 0.4
+    assert math.isnan(found["e_slope_per_100"]) and math.isnan(found["rotation_in_memory_deg"])
+
+
+def _variant(seed: int, *, stale: tuple[bool, bool] | None, agreement: tuple[float, float], e_high: bool = True,
+             signals: bool = True) -> Run:
+    """:func:`_run` with its truth at steps 100 and 200 (``stale``; None: no interventions), the probe's mode
+    agreement there, the running mean off at step 200 (E 0.5) or nowhere (``e_high`` False: E 0.01), and no
+    logged signals at all (``signals`` False: neither channels nor layers)."""
+    run = _run()
+    run.info["seed"] = seed
+    run.tables["checks"] = run.tables["checks"].assign(mode_agreement=list(agreement), mode_gap=[0.0, 0.3])
+    if stale is None:
+        run.tables["interventions"] = run.tables["interventions"].iloc[:0]
+    else:
+        run.tables["interventions"]["acc_eval_mode"] = [0.7 if s else 0.99 for s in stale for _ in (0, 1)]
+        run.tables["interventions"].loc[1::2, "acc_eval_mode"] = 1.0
+    if not e_high:
+        run.tables["channels"]["running_mean"] = 0.01
+    if not signals:
+        del run.tables["channels"]
+    return run
+
+
+def _several_runs() -> list[Run]:
+    """First the runs every score skips (no truth; no stale point; no signals), then three with a stale point."""
+    return [_variant(0, stale=None, agreement=(0.5, 0.5)),
+            _variant(1, stale=(False, False), agreement=(0.6, 0.6)),  # fresh only: two false alarms at 0.25
+            _variant(2, stale=(False, True), agreement=(0.5, 0.5), signals=False),
+            _variant(3, stale=(False, True), agreement=(0.75, 0.2)),  # warns at 100 (0.25 exactly): early
+            _variant(4, stale=(True, True), agreement=(0.9, 0.1), e_high=False),  # warns at 200 only: late
+            _variant(5, stale=(True, True), agreement=(0.5, 0.5), e_high=False)]  # warns at 100: on time
+
+
+def test_early_warning_sums_over_several_runs_and_skips_those_without_a_stale_point():
+    """Issue 52's second case for the forecasters' score: several runs, some skipped, each adding its own fresh
+    points and false alarms, the threshold itself warning (at or above it)."""
+    got = cal.early_warning(_several_runs(), "probe_disagreement", 0.25)
+    # run 1: fresh 100 and 200 both warned; run 3: fresh 100 warned; runs 4, 5: no fresh point
+    assert got == {"runs": 3, "early": 1, "median_lead_steps": 0.0, "fresh": 3, "false_alarms": 3, "far": 1.0}
+    assert math.isnan(cal.early_warning(_several_runs()[4:5], "probe_disagreement", 0.25)["far"])  # no fresh point
+
+
+def test_lead_times_over_several_runs_count_the_runs_never_warned_and_the_rule_reads_its_thresholds():
+    got = cal.lead_times(_several_runs(), "eval_error_median_sigma", Thresholds(), {"eval_error_median_sigma": 0.4})
+    # runs 3 (warned at 200, its first stale step), 4 and 5 (E 0.01: never); the others are skipped
+    assert got == {"runs": 3, "warned_by": 1, "never": 2, "median_steps": 0.0, "first_warning_step": 200.0}
+    rule = cal.lead_times(_several_runs()[3:4], cal.RULE, Thresholds(), {})  # probe gap 0.3 and E 0.5 at 200
+    assert (rule["runs"], rule["median_steps"]) == (1, 0.0)
+
+
+def test_runs_that_never_warn_give_nan_without_a_warning():
+    import warnings
+
+    runs = _several_runs()[4:]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        lead = cal.lead_times(runs, "eval_error_median_sigma", Thresholds(), {"eval_error_median_sigma": 9.0})
+        early = cal.early_warning(runs, "probe_disagreement", 0.95)
+    assert math.isnan(lead["median_steps"]) and math.isnan(lead["first_warning_step"]) and lead["never"] == 2
+    assert math.isnan(early["median_lead_steps"]) and early["runs"] == 2
+
+
+def test_a_layers_table_is_read_with_its_lag_alone_and_refused_without_the_lag_or_the_layer_names():
+    """A monitor before E logged the lag alone: its steps are kept (the lag is finite). A layers table without the
+    lag column, or without the layers' names, gives the empty signals, with their columns."""
+    run = _run()
+    del run.tables["channels"]
+    run.tables["layers"] = pd.DataFrame({"step": [100, 200], "norm_layer": "bn", "lag_median_abs_sigma": [0.1, 0.5]})
+    sig = cal.log_signals(run)
+    assert sig["step"].tolist() == [100, 200] and sig["lag_sigma"].tolist() == [0.1, 0.5]
+    assert sig["eval_error_median_sigma"].isna().all()
+    columns = ["step", *cal.BY_COLUMN, cal.HELDOUT_GAP.column, *cal.FORECAST_COLUMNS, "warming_up"]
+    for drop in ("lag_median_abs_sigma", "norm_layer"):
+        other = _run()
+        del other.tables["channels"]
+        other.tables["layers"] = run.tables["layers"].assign(eval_error_median_sigma=0.5).drop(columns=drop)
+        empty = cal.log_signals(other)
+        assert empty.empty and list(empty.columns) == columns, drop
+
+
+def test_a_signal_warns_at_its_threshold_itself_never_where_unlogged_nor_in_the_warm_up():
+    """At or above the threshold (the value itself warns), None (a line that logged no value, as an object column
+    holds it) never warns, and no line in the warm-up warns; the rule reads the same way."""
+    def column(*values):
+        return pd.Series(values, dtype=object)  # None kept as None
+
+    sig = pd.DataFrame({"lag_sigma": column(0.5, 0.5, 0.49, None),
+                        "eval_error_median_sigma": column(None, 0.07, None, 0.5), "mode_gap": column(0.3, 0.3, 0.3, None), "heldout_mode_gap": column(0.3, None, 0.3, 0.3),
+                        "warming_up": [False, True, False, False]})
+    assert cal.warns_at(sig, "lag_sigma", Thresholds(), {"lag_sigma": 0.5}).tolist() == [True, False, False, False]
+    rule = Thresholds(mode_gap=0.3, lag_sigma=0.5, eval_error_sigma=0.5)
+    assert cal.warns_at(sig, cal.RULE, rule, {}).tolist() == [True, False, False, False]
+    assert cal.warns_at(sig, cal.RULE_HELDOUT, rule, {}).tolist() == [True, False, False, True]
+
+
+def test_a_run_without_interventions_has_an_empty_truth_with_its_columns_and_a_recovery_of_x_is_stale():
+    columns = ["step", "acc_stored", "acc_reestimated", "recovery", "stale"]
+    for drop in (True, False):
+        run = _run()
+        if drop:
+            del run.tables["interventions"]
+        else:
+            run.tables["interventions"] = run.tables["interventions"].iloc[:0]
+        empty = cal.truth(run)
+        assert empty.empty and list(empty.columns) == columns
+    run = _run()
+    run.tables["interventions"]["acc_eval_mode"] = [0.0, cal.STALE_RECOVERY, 0.0, cal.STALE_RECOVERY - 1e-9]
+    assert cal.truth(run)["stale"].tolist() == [True, False]  # a recovery of exactly X is stale (at least X)
+
+
+def test_only_batchnorm_layers_that_track_statistics_count_and_the_memory_reads_their_momenta():
+    """``_bn_layers`` keeps a BatchNorm layer with running statistics, not a GroupNorm nor a BatchNorm without
+    them; the forecasters' memory is 1/m of the smallest momentum above 0 (None and 0 are skipped), 1 step without
+    any; a run of two log steps has a slope at its second; no layers table: no rotation (NaN)."""
+    run = _run(momentum=0.5)
+    run.info["norm_layers"]["gn"] = {"class": "GroupNorm", "momentum": None, "eps": 1e-5}
+    run.info["norm_layers"]["off"] = {"class": "BatchNorm2d", "momentum": 0.01, "eps": 1e-5,
+                                      "track_running_stats": False}
+    assert list(cal._bn_layers(run)) == ["bn"]
+    run.tables["channels"] = run.tables["channels"][run.tables["channels"]["step"] > 0]
+    run.tables["layers"] = pd.DataFrame({"step": [100, 200], "norm_layer": "bn", "rotation_deg_per_100": [3.0, 5.0]})
+    sig = cal.log_signals(run).set_index("step")
+    assert sig["rotation_in_memory_deg"].tolist() == pytest.approx([0.06, 0.1])  # memory 1/0.5 = 2 steps
+    assert not math.isnan(sig.loc[200, "e_slope_per_100"]) and math.isnan(sig.loc[100, "e_slope_per_100"])
+    for momenta, memory in (([None, 0.0], 1.0), ([None, 0.0, 0.25], 4.0)):
+        lines = cal._log_signals(run)[["step", "eval_error_median_sigma"]]
+        out = cal._forecaster_signals(run, cal._bn_layers(run), lines, momenta)
+        assert out["rotation_in_memory_deg"].tolist() == pytest.approx([0.03 * memory, 0.05 * memory]), momenta
+    del run.tables["layers"]
+    assert cal._log_signals(run)["rotation_in_memory_deg"].isna().all()
+    del run.info["norm_layers"]
+    with pytest.raises(cal.BadRunError) as refused:
+        cal._log_signals(run)  # afresh: the cache does not see a run.json changed in place
+    assert str(refused.value) == (f"{run.path / 'run.json'}: no norm_layers (each layer's eps and momentum), which the "
+                                  "calibration needs to recompute the signals")

@@ -9,6 +9,7 @@ BatchNorm layers from the real model's pairing (:func:`test_analysis.resnet_laye
 
 from __future__ import annotations
 
+import math
 import re
 from pathlib import Path
 
@@ -221,3 +222,37 @@ def test_table_claims_and_figures_run_on_a_root_holding_both_networks(both_netwo
     runs = _load(both_networks)
     channels = runs[-1].tables["channels"]
     assert channels["layer"].nunique() == 21 and records.run_dir(both_networks, R_COS, 0).exists()
+
+
+def test_the_halves_are_compared_low_rate_minus_high_rate_per_seed(monkeypatch):
+    """Issue 52's second case for the cosine check's figure: two seeds whose halves differ by different amounts,
+    so that a sum, or a difference the other way round, gives other numbers; failing checks summed over seeds."""
+    from bnrotation.study.analysis.results import Run
+
+    halves = {0: dict(acc_high=0.6, acc_low=0.9, failing_high=3, failing_low=1, n_high=5, n_low=5, rho_lr_acc=-0.5),
+              1: dict(acc_high=0.8, acc_low=0.85, failing_high=1, failing_low=0, n_high=4, n_low=6, rho_lr_acc=-0.25)}
+    monkeypatch.setattr(carryover.midrun, "rate_halves", lambda run: halves[run.seed])
+    runs = [Run(Path(f"/nowhere/{s}"), {"row": "resnet_cosine", "seed": s}, {}, {}) for s in (1, 0)]
+    diff, text, fail_high, fail_low = carryover._halves_text(runs)
+    assert diff.values == pytest.approx((0.3, 0.05)) and diff.seeds == (0, 1)
+    assert (fail_high, fail_low) == (4, 1)
+    assert text.endswith("failing checks 4 of 9 high-rate, 1 of 11 low-rate (seed 0: 60.0% high-rate, 90.0% "
+                         "low-rate, rho(lr, accuracy) -0.50; seed 1: 80.0% high-rate, 85.0% low-rate, rho(lr, "
+                         "accuracy) -0.25)")
+
+
+def test_the_lowest_re_estimated_accuracy_names_its_seed_and_step_over_runs_of_one_and_several_steps(monkeypatch):
+    from bnrotation.study.analysis.results import Run
+
+    frames = {0: pd.DataFrame({"step": [500, 1000, 1500], "stored": [0.6, 0.2, 0.4],
+                               "reestimated": [0.99, 0.998, 0.97]}),
+              1: pd.DataFrame({"step": [500], "stored": [0.3], "reestimated": [0.994]}),
+              2: pd.DataFrame({"step": [], "stored": [], "reestimated": []})}
+    monkeypatch.setattr(carryover.midrun, "reestimated_at_every_step", lambda run: frames[run.seed])
+    runs = [Run(Path(f"/nowhere/{s}"), {"row": "resnet_cosine", "seed": s}, {}, {}) for s in (1, 2, 0)]
+    lowest, text = carryover._reestimated_text(runs)
+    assert lowest == 0.97
+    assert text == ("lowest 97.0% (seed 0, step 1,500) over 4 intervention steps of 2 runs, mean 98.8%; with the "
+                    "stored statistics as low as 20.0%")
+    nothing, words = carryover._reestimated_text(runs[1:2])
+    assert math.isnan(nothing) and words == "no interventions logged"

@@ -180,3 +180,108 @@ def test_a_run_records_its_knobs_in_run_json(tmp_path):
                        "task.template_scale=0.3", "model.channels=[4,8,8]"], tmp_path))
     task = json.loads((out / "run.json").read_text())["task"]
     assert (task["train_size"], task["template_scale"], task["num_classes"]) == (32, 0.3, 10)
+
+
+# ----------------------------------------------------------------------------- a run's fixed sets (study.task)
+@pytest.mark.parametrize("channels_last", [True, False])
+def test_a_runs_fixed_sets_are_its_seeds_own_in_its_memory_format_and_dtype(channels_last, tmp_path):
+    """The held-out and probe sets of a run: their sizes, their own streams of the run's seed (the second case: the
+    probe set is not the held-out set's first images), the model's memory format; and the run's dtype by name."""
+    from bnrotation.study.task import heldout_set, memory_format, probe_set, run_dtype
+
+    cfg = run_cfg(["experiment=adam", *TOY_SIZE, f"model.channels_last={str(channels_last).lower()}",
+                   "dtype=float64", "seed=3"], tmp_path)
+    task = build_task(cfg.task, cfg.seed, dtype=run_dtype(cfg))
+    assert run_dtype(cfg) is torch.float64 and task.templates.dtype is torch.float64
+    fmt = torch.channels_last if channels_last else torch.contiguous_format
+    assert memory_format(cfg) is fmt
+    (hx, hy), (px, py) = heldout_set(task, cfg), probe_set(task, cfg)
+    assert hx.shape == (32, 3, 8, 8) and px.shape == (16, 3, 8, 8) and hy.shape == (32,) and py.shape == (16,)
+    assert hx.is_contiguous(memory_format=fmt) and px.is_contiguous(memory_format=fmt)
+    for (x, y), stream in (((hx, hy), "heldout"), ((px, py), "probe")):
+        want_x, want_y = task.fixed_set(len(y), 3, stream)
+        assert torch.equal(x, want_x) and torch.equal(y, want_y), stream
+    assert not torch.equal(px, hx[:16])
+
+
+def test_a_finite_template_sets_probe_may_take_all_of_it_in_its_seeds_order_and_no_more():
+    """The probe set of a finite template set: all N of them at most (the boundary, from both sides), drawn in the
+    order of the seed's own stream (again the same, another seed another)."""
+    task = templates(train_size=8)
+    a, _ = task.fixed_set(8, 0, "probe")
+    assert torch.equal(a, task.fixed_set(8, 0, "probe")[0]) and not torch.equal(a, task.fixed_set(8, 1, "probe")[0])
+    assert rows_of(a) == rows_of(task.train_x)
+    with pytest.raises(ConfigError) as refused:
+        task.fixed_set(9, 0, "probe")
+    assert str(refused.value) == ("task.probe_size: expected at most task.train_size=8 (the probe set is drawn from "
+                                  "the finite training set), got 9")
+
+
+def test_a_fashion_mnist_subset_keeps_the_test_files_held_out_set_and_its_own_fields_on_the_cpu():
+    full, sub = fmnist(), fmnist(train_size=50)
+    assert torch.equal(sub.fixed_set(20, 0, "heldout")[0], full.fixed_set(20, 0, "heldout")[0])
+    on_cpu = sub.cpu()
+    assert on_cpu.cfg is sub.cfg and on_cpu.norm == sub.norm
+    assert all(torch.equal(getattr(on_cpu, k), getattr(sub, k)) for k in ("train_x", "train_y", "train_index"))
+    with pytest.raises(ConfigError) as refused:
+        sub.fixed_set(51, 0, "probe")
+    assert str(refused.value) == ("task.probe_size: expected at most 50 (Fashion-MNIST's training images kept by "
+                                  "task.train_size), got 51")
+
+
+def test_fashion_mnist_pixel_noise_is_the_generators_normal_draws_in_the_runs_dtype():
+    """The noise as its docstring gives it: ``x + pixel_noise * N(0, 1)`` drawn with the generator (float32, then
+    in x's dtype, before the product: 0.3 times a float32 value rounds otherwise), so the sign and the precision of
+    the sum are pinned; a fixed set comes in the run's dtype."""
+    task = build_task(TaskConfig(name="fashion_mnist", image_size=8, probe_size=8, pixel_noise=0.3,
+                                 data_dir=str(FASHION_MNIST_SAMPLE)), 0, dtype=torch.float64)
+    base = task.train_x[:4]
+    got = task._noisy(base, generator(0, "train"))
+    want = base + 0.3 * torch.randn(base.shape, generator=generator(0, "train")).to(torch.float64)
+    assert got.dtype is torch.float64 and torch.equal(got, want)
+    assert task.fixed_set(8, 0, "probe")[0].dtype is torch.float64
+
+
+def test_the_tasks_draw_from_the_generator_they_are_given_at_their_defaults_and_in_the_runs_dtype():
+    """Each draw comes from the generator passed (the same seed again gives the same draw, with the global RNG
+    disturbed in between), the builders' own defaults (the CPU) work, and a float64 run samples float64."""
+    cfg = TaskConfig(**SMALL, train_size=16)
+    finite = NoisyTemplates.build(cfg, 0)  # the defaults: CPU, float32
+    for task in (finite, NoisyTemplates.build(TaskConfig(**SMALL), 0), fmnist(train_size=40)):
+        a = task.sample(8, generator(0, "train"))
+        torch.manual_seed(123)  # another global state: the draw must not read it
+        b = task.sample(8, generator(0, "train"))
+        assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
+    wide = build_task(TaskConfig(**SMALL), 0, dtype=torch.float64)
+    assert wide.sample(4, generator(0, "train"))[0].dtype is torch.float64
+    with pytest.raises(KeyError, match="unknown random stream 'nope'; expected one of"):
+        stream_seed(0, "nope")
+
+
+def test_a_fashion_mnist_subset_is_the_seeds_own_and_may_keep_the_whole_file():
+    a, b = fmnist(0, train_size=50), fmnist(0, train_size=50)
+    torch.manual_seed(7)
+    assert torch.equal(a.train_index, b.train_index)
+    assert torch.equal(a.train_index, fmnist(0, train_size=50).train_index)
+    assert not torch.equal(a.train_index, fmnist(1, train_size=50).train_index)
+    whole = fmnist(train_size=300)  # all 300 of the sample's training file: allowed, in the seed's order
+    assert sorted(whole.train_index.tolist()) == list(range(300))
+    direct = FashionMNIST.build(TaskConfig(name="fashion_mnist", image_size=8, probe_size=8,
+                                           data_dir=str(FASHION_MNIST_SAMPLE)), 0)  # the defaults: CPU, float32
+    assert direct.train_x.dtype is torch.float32 and direct.train_x.device.type == "cpu"
+    with pytest.raises(ConfigError) as refused:
+        direct.fixed_set(301, 0, "probe")
+    assert str(refused.value) == "task.probe_size: expected at most 300 (Fashion-MNIST's train file), got 301"
+
+
+def test_the_re_estimation_batches_are_the_streams_of_seed_times_1000003_plus_step(tmp_path):
+    """The formula of the docstring, written out: (seed, step) reseeds the ``reestimate`` stream, which the runner,
+    the zoo and an offline diagnosis share."""
+    from bnrotation.study.task import reestimation_batches
+
+    cfg = run_cfg(["experiment=adam", *TOY_SIZE, "scale.reestimate_batches=2", "seed=2"], tmp_path)
+    task = build_task(cfg.task, cfg.seed)
+    got = reestimation_batches(task, cfg, torch.device("cpu"), 300)
+    g = generator(2 * 1_000_003 + 300, "reestimate")
+    want = [task.sample(cfg.task.batch_size, g)[0] for _ in range(2)]
+    assert all(torch.equal(a, b) for a, b in zip(got, want, strict=True))

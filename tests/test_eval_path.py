@@ -13,7 +13,7 @@ import torch
 import torch.nn as nn
 
 from bnrotation.monitor import StalenessMonitor
-from bnrotation.probes import batch_statistics_pass, evaluation_path_pass, pooled_chunk_moments
+from bnrotation.probes import Scratch, batch_statistics_pass, evaluation_path_pass, pooled_chunk_moments
 from bnrotation.staleness import channel_signals
 
 from thirdparty import import_optional
@@ -89,6 +89,39 @@ def test_pooled_chunk_moments_refuses_nothing_to_pool():
     one = torch.zeros(2, dtype=torch.float64)
     with pytest.raises(ValueError, match="at least 2"):
         pooled_chunk_moments([(1, one, one), (0, one, one)])
+
+
+def test_two_values_per_channel_are_enough_to_pool_and_no_chunk_is_refused_in_words():
+    """The refusal's boundary, from the side it does not refuse: two chunks of one value each (n = 2 in all) pool
+    to the two values' mean and unbiased variance."""
+    a = torch.tensor([1.0, -2.0], dtype=torch.float64)
+    b = torch.tensor([3.0, 2.0], dtype=torch.float64)
+    zero = torch.zeros(2, dtype=torch.float64)  # one value: M2 = 0
+    mean, var = pooled_chunk_moments([(1, a, zero), (1, b, zero)])
+    torch.testing.assert_close(mean, (a + b) / 2, rtol=0, atol=0)
+    torch.testing.assert_close(var, (a - b).square() / 2, rtol=0, atol=0)
+    with pytest.raises(ValueError) as refused:
+        pooled_chunk_moments([])
+    assert str(refused.value) == "pooled_chunk_moments: no chunks"
+
+
+def test_the_pass_runs_one_forward_per_chunk_and_measures_the_layers_asked_with_the_buffer_lent():
+    """Chunks of ``chunk`` samples, the last one shorter (a chunk of 1 included); ``chunk`` of N or more: one
+    pass. ``layers`` names the layers measured (only those), and the ``scratch`` lent is the one used: its
+    ``largest`` is the bytes of the layer input measured."""
+    net = _staled(_net())
+    seen: list[int] = []
+    net.register_forward_pre_hook(lambda mod, inp: seen.append(len(inp[0])))
+    x = torch.randn(20, 3, 8, 8)
+    for chunk, calls in ((7, [7, 7, 6]), (1, [1] * 20), (19, [19, 1]), (20, [20]), (None, [20])):
+        seen.clear()
+        evaluation_path_pass(net, x, chunk=chunk)
+        assert seen == calls, chunk
+    scratch = Scratch()
+    _, moments = evaluation_path_pass(net, x, layers=[("4", net[4])], chunk=7, scratch=scratch)
+    assert list(moments) == ["4"]
+    assert scratch.largest == 7 * 6 * 8 * 8 * 4  # the largest chunk's (7, 6, 8, 8) float32 input to net[4]
+    _assert_moments_close(moments, {"4": _oracle(net, x)["4"]})
 
 
 # ----------------------------------------------------------------------------- the pass against an oracle

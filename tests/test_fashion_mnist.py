@@ -207,3 +207,57 @@ def test_a_templates_row_cannot_be_run_on_fashion_mnist_under_its_own_name(tmp_p
     with pytest.raises(ConfigError, match=r"task.name: 'fashion_mnist' changes what row 'adam' means"):
         from bnrotation.study.config import check_row
         check_row(run_cfg(["experiment=adam", "task=fashion_mnist"], tmp_path))
+
+
+# ----------------------------------------------------------------------------- second cases (issue 52, make mutants)
+def test_a_split_holding_just_enough_passes_and_one_too_few_names_its_images_file_and_its_use(tmp_path):
+    fm.check_dir(SAMPLE, {"train": 300, "test": 100})  # exactly enough, both splits
+    for split, got, use in (("train", 300, "probe set and batches"), ("test", 100, "held-out set")):
+        with pytest.raises(fm.DataError) as err:
+            fm.check_dir(SAMPLE, {split: got + 1})
+        assert str(err.value) == (f"{SAMPLE / fm.FILES[split][0]}: {got} images, expected at least {got + 1} for "
+                                  f"this run's {use}")
+    folder = copy_sample(tmp_path)  # a test split of one image: enough when nothing more is asked
+    rewrite(_images(folder, "test"), lambda raw: raw[:4] + np.array([1, 28, 28], ">u4").tobytes() + raw[16:16 + 784])
+    rewrite(_labels(folder, "test"), lambda raw: raw[:4] + np.array([1], ">u4").tobytes() + raw[8:9])
+    fm.load_split.cache_clear()
+    fm.check_dir(folder)
+    assert len(fm.load_split(folder, "test").labels) == 1
+
+
+def test_every_official_file_missing_or_not_official_is_one_line_naming_it(tmp_path):
+    gone = tmp_path / "nowhere"
+    assert fm.verify_official(gone) == [f"{gone / name}: missing" for name in fm.OFFICIAL]
+    lines = fm.verify_official(SAMPLE)  # the sample's files are cut from the official ones: none matches
+    assert len(lines) == len(fm.OFFICIAL)
+    for line, (name, sha256) in zip(lines, fm.OFFICIAL.items()):
+        assert line.startswith(f"{SAMPLE / name}: SHA-256 ")
+        assert line.endswith(f", expected {sha256} (the official file)")
+
+
+def test_the_readers_refusals_give_the_bytes_they_found_and_the_shape_they_expected(tmp_path):
+    """Each refusal of :func:`read_idx` in full, on unzipped files built byte by byte; and a header with nothing
+    after it (no items) is a valid, empty file, not a short one."""
+    def idx(name: str, raw: bytes) -> Path:
+        (tmp_path / name).write_bytes(raw)
+        return tmp_path / name
+
+    labels = b"\0\0\x08\x01" + np.array([3], ">u4").tobytes()
+    assert fm.read_idx(idx("none", b"\0\0\x08\x01" + np.array([0], ">u4").tobytes()), 1).shape == (0,)
+    cases = {"empty": (b"", 1, "not an idx file of 1-dimensional unsigned bytes (expected magic 00 00 08 01, got "
+                                  "nothing)"),
+             "magic": (b"\0\0\x08\x03" + bytes(8), 1, "not an idx file of 1-dimensional unsigned bytes (expected "
+                                                      "magic 00 00 08 01, got 00 00 08 03)"),
+             "short": (labels + b"\1\2", 1, "2 bytes of data, expected 3 for shape 3 (truncated)"),
+             "long": (labels + b"\1\2\3\4", 1, "4 bytes of data, expected 3 for shape 3 (bytes beyond the data)"),
+             "images": (b"\0\0\x08\x03" + np.array([2, 2, 3], ">u4").tobytes() + bytes(11), 3,
+                        "11 bytes of data, expected 12 for shape 2x2x3 (truncated)")}
+    for name, (raw, ndim, words) in cases.items():
+        path = idx(name, raw)
+        with pytest.raises(fm.DataError) as err:
+            fm.read_idx(path, ndim)
+        assert str(err.value) == f"{path}: {words}", name
+    bad = idx("bad.gz", b"not a gzip file at all")
+    with pytest.raises(fm.DataError) as err:
+        fm.read_idx(bad, 1)
+    assert str(err.value).startswith(f"{bad}: cannot be read (BadGzipFile: ")

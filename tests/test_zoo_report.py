@@ -6,6 +6,7 @@ rule's recall and false alarms; the GroupNorm control's refusal; a root without 
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import pandas as pd
@@ -179,3 +180,48 @@ def test_the_calibration_truth_of_a_run_without_running_statistics_is_empty_not_
     run = _run("lcnet_050", "sgd", 0, SEED0, E0)
     run.tables["interventions"] = iv.assign(acc_eval_mode=[0.5, 0.6, 0.7, 0.7])
     assert calibration.truth(run)["recovery"].tolist() == pytest.approx([0.1, 0.0])
+
+
+# ----------------------------------------------------------------------------- second cases (issue 52, make mutants)
+def test_per_run_counts_one_stale_check_of_three_and_reads_runs_that_logged_less():
+    """One stale check of three judged (where stale and fresh counts differ), a rule that logged no verdict at a
+    check (NaN: not warned), a run without the warm-up column, without E in its layers, without a layers table,
+    without a monitor entry or timings in its run.json."""
+    checks = [_check(10, 0.8, 0.6, 0.2, True, True), _check(20, 0.8, 0.79, 0.0, False, float("nan")),
+              _check(30, 0.8, 0.8, 0.0, False, True)]
+    run = _run("lcnet_050", "adam", 4, checks, {10: [0.3], 20: [0.2], 30: [0.1]})
+    run.tables["checks"] = run.tables["checks"].drop(columns="warming_up")
+    run.tables["layers"] = run.tables["layers"].drop(columns="eval_error_median_sigma").assign(lag=0.1)
+    del run.info["monitor"]
+    bare = _run("lcnet_050", "sgd", 5, checks, {10: [0.3]})
+    del bare.tables["layers"]
+    bare.info["timings_s"] = {"cpu": 12.5}
+    frame = zoo_report.per_run([run, bare]).set_index("seed")
+    for seed in (4, 5):
+        line = frame.loc[seed]
+        assert (line["checks"], line["stale"], line["warned_stale"], line["fresh"], line["warned_fresh"]) == \
+            (3, 1, 1, 2, 1)
+        assert math.isnan(line["worst_e"])
+    assert frame.loc[4, "refused"] is None and math.isnan(frame.loc[4, "cpu_s"]) and frame.loc[5, "cpu_s"] == 12.5
+    assert frame.loc[5, "optimizer"] == "sgd" and frame.loc[5, "arch"] == "lcnet_050"
+
+
+def test_depth_split_at_another_threshold_with_layers_exactly_at_it_and_runs_that_logged_less():
+    """The threshold given, not the rule's; a layer exactly at it is over (at or above); a run without a layers
+    table or without the evaluation path is passed over wherever it comes, and a run without the warm-up column
+    has every check judged."""
+    e, met = {10: [0.25, 0.1, 0.3]}, {10: [0.25, 0.25, 0.2]}
+    with_path = _run("regnetx_002", "adam", 0, [_check(10, 0.8, 0.6, 0.2, True, True)], e, met=met)
+    with_path.tables["checks"] = with_path.tables["checks"].drop(columns="warming_up")
+    without_layers = _run("lcnet_050", "adam", 1, SEED0, E0)
+    del without_layers.tables["layers"]
+    frame = zoo_report.depth_split([without_layers, _run("lcnet_050", "adam", 2, SEED0, E0), with_path],
+                                   threshold=0.25)
+    assert frame["seed"].tolist() == [0] and frame["step"].tolist() == [10]
+    line = frame.iloc[0]
+    assert (line["over_own"], line["over_met"], line["carried"], line["layers"]) == (2, 2, 1, 3)
+    assert (line["own"], line["met"]) == (0.3, 0.25)
+
+
+def test_a_count_over_nothing_is_a_dash():
+    assert (zoo_report._count(0, 0), zoo_report._count(0, 3), zoo_report._count(2, 3)) == ("–", "0/3", "2/3")

@@ -150,6 +150,11 @@ def log_signals(run: Run) -> pd.DataFrame:
         gap before ``scale.check_start``) and ``warming_up`` (the step is below the monitor's warm-up). Empty
         for a run without BatchNorm running statistics.
     """
+    return _log_signals(run)
+
+
+def _log_signals(run: Run) -> pd.DataFrame:
+    """:func:`log_signals` computed afresh (undecorated, so that ``make mutants`` mutates it)."""
     layers = _bn_layers(run)
     ch = run.tables.get("channels")
     ch = ch[ch["norm_layer"].isin(list(layers))] if ch is not None and "norm_layer" in ch else None
@@ -253,6 +258,11 @@ def truth(run: Run) -> pd.DataFrame:
     set with the stored and the re-estimated statistics, fractions), ``recovery`` (their difference) and
     ``stale`` (``recovery >= STALE_RECOVERY``). Empty without interventions, or without a re-estimated accuracy
     (a run without running statistics records NaN there)."""
+    return _truth(run)
+
+
+def _truth(run: Run) -> pd.DataFrame:
+    """:func:`truth` computed afresh (undecorated, so that ``make mutants`` mutates it)."""
     empty = pd.DataFrame(columns=["step", "acc_stored", "acc_reestimated", "recovery", "stale"])
     iv = run.tables.get("interventions")
     if iv is None or iv.empty:
