@@ -241,6 +241,8 @@ def test_a_run_of_unknown_task_is_in_neither_sample():
     run = _run(task={})
     assert not cal.in_sample(run) and not cal.out_of_sample_run(run)
     assert cal.out_of_sample_run(_run(task={"name": "fashion_mnist"})) and cal.out_of_sample_run(_run(row="fmnist_x"))
+    # the second case: a task that cannot be told, on a row named as Fashion-MNIST's, is out of sample by its name
+    assert cal.out_of_sample_run(_run(row="fmnist_adam", task={})) and not cal.in_sample(_run(row="fmnist_adam", task={}))
 
 
 ZOO_INFO = {"schema_version": 1, "row": "lcnet_050-adam", "seed": 0, "status": "done", "arch": "lcnet_050",
@@ -513,3 +515,22 @@ def test_only_batchnorm_layers_that_track_statistics_count_and_the_memory_reads_
         cal._log_signals(run)  # afresh: the cache does not see a run.json changed in place
     assert str(refused.value) == (f"{run.path / 'run.json'}: no norm_layers (each layer's eps and momentum), which the "
                                   "calibration needs to recompute the signals")
+
+
+def test_score_of_leaves_the_warm_up_out_unless_asked_and_a_gap_score_reads_only_the_runs_that_logged_it():
+    """score_of's two filters, each with a case where it changes the counts: with momentum 0.03 the warm-up is 152
+    steps, so the fresh point at step 100 is in it and the stale one at 200 past it (``warmup_points`` puts it
+    back, not warned); and the rule, which needs the probe gap, reads only the run that logged one, while E, which
+    needs none, reads both."""
+    e = "eval_error_median_sigma"
+    warm = _run(row="warm", momentum=0.03)
+    past = cal.score_of([warm], e, Thresholds(), {e: 0.1})
+    assert (past["stale"], past["caught"], past["fresh"]) == (1, 1, 0)
+    every = cal.score_of([warm], e, Thresholds(), {e: 0.1}, warmup_points=True)
+    assert (every["stale"], every["caught"], every["fresh"], every["false_alarms"]) == (1, 1, 1, 0)
+    with_gap, without = _run(row="with_gap"), _run(row="without_gap")
+    with_gap.tables["checks"] = with_gap.tables["checks"].assign(mode_gap=[0.0, 0.3])
+    rule = cal.score_of([with_gap, without], cal.RULE, Thresholds(mode_gap=0.2, lag_sigma=0.1, eval_error_sigma=0.1))
+    assert (rule["stale"], rule["caught"], rule["fresh"], rule["false_alarms"]) == (1, 1, 1, 0)
+    both = cal.score_of([with_gap, without], e, Thresholds(), {e: 0.1})
+    assert (both["stale"], both["caught"], both["fresh"]) == (2, 2, 2)
