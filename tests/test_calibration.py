@@ -44,6 +44,8 @@ def test_score_counts():
     assert (s["stale"], s["caught"], s["fresh"], s["false_alarms"]) == (2, 1, 2, 2)
     assert s["recall"] == 0.5 and s["far"] == 1.0
     assert math.isnan(cal.score([False], [False])["recall"])
+    # the second case: warnings and truth as 0/1 numbers (a float column, an int one) count as the truth values
+    assert cal.score(np.array([1.0, 0.0, 1.0, 1.0]), np.array([1, 1, 0, 0])) == s
 
 
 # ----------------------------------------------------------------------------- which runs, and what they hold
