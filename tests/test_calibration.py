@@ -536,3 +536,20 @@ def test_score_of_leaves_the_warm_up_out_unless_asked_and_a_gap_score_reads_only
     assert (rule["stale"], rule["caught"], rule["fresh"], rule["false_alarms"]) == (1, 1, 1, 0)
     both = cal.score_of([with_gap, without], e, Thresholds(), {e: 0.1})
     assert (both["stale"], both["caught"], both["fresh"]) == (2, 2, 2)
+
+
+def test_points_of_several_runs_are_each_runs_own_lines_numbered_afresh_and_none_has_the_columns():
+    """points over several runs (issue 52's second case: the tests before read one run, where a run's name, the
+    index and a skipped run cannot show): each line names its run; the index runs 0..n-1 over every run; a run
+    without interventions or without signals adds nothing; no run at all gives the columns and no line."""
+    a, b, no_truth = _run(row="pts_a"), _run(row="pts_b"), _run(row="pts_none")
+    no_truth.tables["interventions"] = no_truth.tables["interventions"].iloc[:0]
+    no_signals = _run(row="pts_nosig")
+    del no_signals.tables["channels"]
+    pts = cal.points([a, no_truth, b, no_signals])
+    assert pts["row"].tolist() == ["pts_a", "pts_a", "pts_b", "pts_b"] and pts["seed"].tolist() == [0] * 4
+    assert pts.index.tolist() == [0, 1, 2, 3] and pts["step"].tolist() == [100, 200, 100, 200]
+    assert pts["stale"].tolist() == [False, True, False, True]
+    empty = cal.points([no_truth])
+    assert empty.empty and list(empty.columns) == ["row", "seed", "step", "recovery", "stale", *cal.BY_COLUMN,
+                                                   cal.HELDOUT_GAP.column, *cal.FORECAST_COLUMNS, "warming_up"]

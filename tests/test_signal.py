@@ -243,3 +243,14 @@ def test_thresholds_rule_and_validation():
                 {"lag_sigma": True}):
         with pytest.raises(ValueError, match=f"Thresholds.{next(iter(bad))}"):
             Thresholds(**bad)
+
+
+def test_e_weights_the_variance_part_by_the_fresh_variance_share_also_where_sigma_squared_is_one():
+    """E = sqrt(d² + ρ (s - 1)²) with ρ = v_f / (v_f + eps). The guard against 0 / 0 (a channel without spread at
+    eps = 0) must touch only σ_f² = 0: at σ_f² = 1 exactly (v_f = eps = 0.5) ρ is 0.5, so with s = 0.5 (running
+    σ 2, fresh σ 1) and d = 0, E = sqrt(0.5 · 0.25); and at σ_f² = 0, ρ is 0 and E is |d| (issue 52, a boundary a
+    mutant of make mutants crossed unseen)."""
+    e = channel_signals(np.array([0.0]), np.array([3.5]), np.array([0.0]), np.array([0.5]), 0.5).eval_error_sigma
+    assert e[0] == pytest.approx(math.sqrt(0.5 * 0.25), rel=1e-12)
+    flat = channel_signals(np.array([0.0]), np.array([1.0]), np.array([0.3]), np.array([0.0]), 0.0).eval_error_sigma
+    assert flat[0] == pytest.approx(0.3, rel=1e-12)
