@@ -5,6 +5,7 @@ monitor's records of it, and its rule firing on a moved variance that the mean l
 from __future__ import annotations
 
 import math
+import re
 
 import numpy as np
 import pytest
@@ -254,3 +255,23 @@ def test_e_weights_the_variance_part_by_the_fresh_variance_share_also_where_sigm
     assert e[0] == pytest.approx(math.sqrt(0.5 * 0.25), rel=1e-12)
     flat = channel_signals(np.array([0.0]), np.array([1.0]), np.array([0.3]), np.array([0.0]), 0.0).eval_error_sigma
     assert flat[0] == pytest.approx(0.3, rel=1e-12)
+
+
+@pytest.mark.parametrize("key, value, allowed", [
+    ("mode_gap", math.inf, "a finite number >= 0"), ("mode_gap", -0.1, "a finite number >= 0"),
+    ("mode_gap", math.nan, "a finite number >= 0"), ("mode_gap", True, "a finite number >= 0"),
+    ("lag_sigma", -1.0, "a number >= 0 or math.inf"), ("eval_error_sigma", math.nan, "a number >= 0 or math.inf"),
+    ("eval_error_sigma", "0.1", "a number >= 0 or math.inf")])
+def test_thresholds_refuse_each_key_with_what_that_key_allows(key, value, allowed):
+    """Each key's refusal names the key and what that key allows: the gap must be finite, a σ threshold may be
+    math.inf (that condition off); the column beside: infinity is accepted for the σ keys, refused for the gap
+    (issue 52: make mutants' survivors in Thresholds.__post_init__)."""
+    with pytest.raises(ValueError, match=rf"^Thresholds\.{key}: expected {re.escape(allowed)}, got "):
+        Thresholds(**{key: value})
+
+
+def test_thresholds_take_infinity_for_a_sigma_key_only():
+    assert Thresholds(lag_sigma=math.inf).lag_sigma == math.inf
+    assert Thresholds(eval_error_sigma=math.inf).eval_error_sigma == math.inf
+    with pytest.raises(ValueError, match="mode_gap"):
+        Thresholds(mode_gap=math.inf)
