@@ -245,7 +245,11 @@ def test_the_front_pages_say_how_much_of_the_map_is_in_until_it_is_complete(tmp_
     write_point(tmp_path, "fashion_mnist", None, None, sgd=0.86, adam=0.855)
     write_point(tmp_path, "noisy_templates", "template_scale", 1.2, sgd=0.99, adam=0.985, seeds=(0, 1))
     line = mr.front_line(tmp_path)
-    assert "has 16 of its 18 runs" in line and "lives on" not in line
+    assert "has 16 of its 18 runs" in line and "lives on" not in line and "refused" not in line
+    crashed = tmp_path / "runs" / "map_sgd+reference" / "seed=9"
+    crashed.mkdir()  # a folder without DONE: refused, and the front line says so
+    assert "has 16 of its 18 runs under" in mr.front_line(tmp_path) and "(1 folder refused" in mr.front_line(tmp_path)
+    crashed.rmdir()
     write_point(tmp_path, "noisy_templates", "template_scale", 1.2, sgd=0.99, adam=0.985, seeds=(2,))
     assert mr.front_line(tmp_path) == ("Where the collapse lives, from the condition map's 18 runs: "
                                        + mr.headline(tmp_path))

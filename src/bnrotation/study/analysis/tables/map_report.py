@@ -298,9 +298,13 @@ def headline(root: str | Path) -> str | None:
     """The sentence for a front page (README, docs/results.md, the report page): :func:`where_sentence` of the
     map's runs under ``root``, or None unless every point of :data:`bnrotation.study.condition_map.KNOBS` and both
     reference points have both rows at every seed the sweep runs (no sentence from a map half run)."""
+    return _headline_of(*load_map_runs(root))
+
+
+def _headline_of(runs: list[Run], problems: list[str]) -> str | None:
+    """:func:`headline` of runs already read (:func:`load_map_runs`)."""
     from ...condition_map import OPTIMIZERS as ROWS_RUN, SEEDS, runs_in_map
 
-    runs, problems = load_map_runs(root)
     if problems or len(runs) < runs_in_map():
         return None
     frame = per_run(runs)
@@ -312,16 +316,19 @@ def headline(root: str | Path) -> str | None:
 
 def front_line(root: str | Path) -> str:
     """What the front pages (the README, docs/results.md, the report page) say of the map under ``root``: its
-    :func:`headline` when every point has every seed, else how many of its runs are in and that the sentence waits
-    for the rest (a map half run says nothing about where the collapse lives)."""
+    :func:`headline` when every point has every seed, else how many of its runs are in (and how many folders were
+    refused) and that the sentence waits for the rest (a map half run says nothing about where the collapse
+    lives). The runs are read once."""
     from ...condition_map import runs_in_map
 
-    sentence = headline(root)
+    runs, problems = load_map_runs(root)
+    sentence = _headline_of(runs, problems)
     if sentence is not None:
         return f"Where the collapse lives, from the condition map's {count(runs_in_map(), 'run')}: {sentence}"
-    runs, _ = load_map_runs(root)
+    refused = [p for p in problems if not p.endswith("no runs/ folder")]
     return (f"Where the collapse lives: the condition map (`make map`) has {len(runs)} of its {runs_in_map()} runs "
-            f"under `{root}`; its sentence is written here once every point has every seed.")
+            f"under `{root}`" + (f" ({count(len(refused), 'folder')} refused: `make map` says why)" if refused else "")
+            + "; its sentence is written here once every point has every seed.")
 
 
 # ----------------------------------------------------------------------------- tables
