@@ -197,7 +197,11 @@ def test_compiled_evaluation_equals_eager_and_one_graph_serves_every_model_of_a_
     import torch._dynamo.utils as dynamo_utils
 
     from bnrotation.evaluation import compiled_evaluation, evaluation_forward
+    from bnrotation.study.provenance import compile_cache_per_kernel_path
 
+    # As the runner does: torch's on-disk cache does not tell CPU kernel paths apart, so code compiled by an
+    # earlier `make test` under AVX2 would be handed to `make test-kernels`' default path and fail to run there.
+    compile_cache_per_kernel_path()
     models = [build_network(ModelConfig(), 10, seed=s) for s in (0, 1)]
     for m in models[1].modules():
         if isinstance(m, torch.nn.BatchNorm2d):
