@@ -119,6 +119,9 @@ x_held, y_held = sample(2000, torch.Generator().manual_seed(3))  # held-out, for
 # one-line summary is printed. A call runs the probe batch once with batch statistics and once in evaluation
 # mode; it changes no buffer, parameter, gradient, optimizer state, random stream or training flag.
 #
+# At step 0 the untrained model does no better on the probe than a constant guess, so its gap cannot show
+# staleness: the summary says `UNDETERMINED` and why, rather than "not stale".
+#
 # The gap opens and closes from call to call. So that re-estimation has a gap to close, training stops at the
 # first call after `steps` where the gap is open (at least the warning's 0.05), or at twice `steps`: the
 # notebook's own stopping rule, not part of attaching the monitor.

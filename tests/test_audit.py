@@ -14,7 +14,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 from thirdparty import import_optional, import_timm
-from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
+from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn, update_bn
 
 from bnrotation import audit as audit_module
 from bnrotation.audit import audit_averaged, format_audit, unwrap_averaged
@@ -85,6 +85,46 @@ def test_an_averaged_model_that_stopped_updating_was_never_updated_since_its_las
     a = audit_averaged(raw, swa, _probe())
     assert a.policy == "never updated" and a.since_count == 8 and a.judged
     assert (a.layers["count_raw"] == 13).all() and not a.layers["same_as_raw"].any()
+
+
+def _swa_recipe(epochs_of_batches: int) -> tuple[nn.Module, AveragedModel]:
+    """torch's SWA recipe (``torch.optim.swa_utils`` docs): ``AveragedModel`` updated at every step of the
+    averaging phase, then ``update_bn`` over ``epochs_of_batches`` batches of the training data, which resets each
+    layer's statistics and count and takes the cumulative average over those batches."""
+    raw = _net()
+    swa = AveragedModel(raw)
+    _train(raw, 8)
+    _train(raw, 8, lambda: swa.update_parameters(raw))
+    g = torch.Generator().manual_seed(6)  # batches of 128 of the same task, not the probe's samples
+    x = torch.randn(epochs_of_batches * 128, 3, 8, 8, generator=g) + 0.5 * torch.randn(epochs_of_batches * 128, 3,
+                                                                                        1, 1, generator=g)
+    update_bn(x.split(128), swa)
+    return raw, swa
+
+
+def _large_probe() -> tuple[torch.Tensor, torch.Tensor]:
+    """512 samples of the task: a lag that sampling alone gives is about 0.674/√512 ≈ 0.03σ, under the rule's."""
+    return _data(512)
+
+
+def test_torchs_swa_recipe_with_update_bn_is_not_called_never_updated():
+    """After ``update_bn`` on fewer batches than the raw model's count, the copy's count trails the raw model's as a
+    frozen copy's would; but its statistics fit its own weights, which a copy frozen since then need not: the
+    audit names both candidates, and the copy is not stale."""
+    raw, swa = _swa_recipe(3)
+    a = audit_averaged(raw, swa, _large_probe())
+    assert (a.layers["count_copy"] == 3).all() and (a.layers["count_raw"] == 16).all()
+    assert a.policy == "undetermined" and set(a.candidates) == {"re-estimated", "never updated"}, a.reason
+    assert "fit the copy's own weights" in a.reason and not a.stale and a.since_count is None
+
+
+def test_torchs_swa_recipe_with_more_batches_than_the_raw_model_saw_is_re_estimated():
+    """A count above the raw model's cannot come from copying it: with statistics that fit the copy's own weights,
+    the copy was re-estimated after its last update (``update_bn``), whatever ``use_buffers=False`` declares."""
+    raw, swa = _swa_recipe(20)
+    a = audit_averaged(raw, swa, _large_probe())
+    assert (a.layers["count_copy"] == 20).all() and (a.layers["count_raw"] == 16).all()
+    assert a.policy == "re-estimated" and a.judged and not a.stale, a.reason
 
 
 def test_a_copy_identical_to_the_raw_model_is_not_judged():
@@ -403,7 +443,8 @@ def test_the_command_line_exits_0_for_a_fitting_copy_1_for_a_stale_one_and_2_whe
         torch.save(model.state_dict(), tmp_path / f"{name}.pt")
     torch.save(_probe(), tmp_path / "probe.pt")
     args = ["--model", "audit_nets:make", "--batches", "probe.pt"]
-    assert audit_module.main(["raw.pt", "swa.pt", *args, "--mode-gap", "1"]) == 0  # a gap cannot reach 1 here
+    off = ["--lag-sigma", "100", "--eval-error-sigma", "100"]  # a rule that E or a lag of 100σ alone can fire
+    assert audit_module.main(["raw.pt", "swa.pt", *args, *off]) == 0
     out = capsys.readouterr().out
     assert "Buffer policy: copied" in out and "| 1 | copied | 40 | 40 |" in out and "Not stale" in out
     assert audit_module.main(["raw.pt", "teacher.pt", *args]) == 1
@@ -411,7 +452,7 @@ def test_the_command_line_exits_0_for_a_fitting_copy_1_for_a_stale_one_and_2_whe
     assert "Buffer policy: never updated" in out and "STALE: the copy's buffers do not fit" in out
     assert audit_module.main(["raw.pt", "raw.pt", *args]) == 1  # identical, undetermined; stale, which outranks it
     assert "Buffer policy: undetermined" in capsys.readouterr().out
-    assert audit_module.main(["raw.pt", "raw.pt", *args, "--mode-gap", "1"]) == 2  # not stale: undetermined
+    assert audit_module.main(["raw.pt", "raw.pt", *args, *off]) == 2  # not stale: undetermined
     assert "Buffer policy: undetermined" in capsys.readouterr().out
     assert audit_module.main(["raw.pt", "missing.pt", *args]) == 2
     err = capsys.readouterr().err
@@ -434,7 +475,8 @@ def test_the_command_line_probes_with_every_batch_it_reads_and_names_its_rules_f
     x, y = _data()
     batches = [(x[:32], y[:32]), (x[64:], y[64:])]  # unlike halves: the first alone measures other statistics
     torch.save(batches, tmp_path / "two.pt")
-    args = ["raw.pt", "teacher.pt", "--model", "audit_nets:make", "--batches", "two.pt", "--mode-gap", "1"]
+    args = ["raw.pt", "teacher.pt", "--model", "audit_nets:make", "--batches", "two.pt", "--lag-sigma", "100",
+            "--eval-error-sigma", "100"]  # not stale: exit 0
     assert audit_module.main(args) == 0
     pooled_out = capsys.readouterr().out
     assert audit_module.main([*args, "--max-batches", "1"]) == 0

@@ -20,6 +20,7 @@ from thirdparty import import_optional
 
 from bnrotation.check import build_user_model, check_checkpoint, load_weights, main
 from bnrotation.evaluation import evaluation_forward, read_logits
+from bnrotation.helptext import exit_status
 from bnrotation.monitor import MonitorSetupWarning, StalenessMonitor
 from bnrotation.probes import accuracy
 
@@ -211,7 +212,7 @@ def test_the_check_reads_a_trainers_folders_for_a_model_built_from_their_config(
     capsys.readouterr()  # the Trainer's own lines are not the check's
     code = main([*CHECK, "--weights", str(checkpoint)])
     out, err = capsys.readouterr()
-    assert code == (1 if want.stale else 0) and err == "", err
+    assert code == exit_status(want.stale, bool(want.undetermined)) and err == "", err  # the report's own status
     assert f"({how}) with {checkpoint} (its model.safetensors: a state dict)" in out
     assert f"Note: {NOTE}." in out and "| resnet.embedder.embedder.normalization |" in out
     auto = ["--model", "transformers:AutoModelForImageClassification", *CHECK[2:]]  # the config's model_type
@@ -246,7 +247,7 @@ def test_a_wrapped_models_safetensors_has_its_prefix_stripped_and_a_wrapping_mod
     capsys.readouterr()
     code = main([*CHECK, "--weights", str(weights), "--model-kwargs", json.dumps(CONFIG)])
     out, err = capsys.readouterr()
-    assert code == (1 if want.stale else 0) and err == "", err
+    assert code == exit_status(want.stale, bool(want.undetermined)) and err == "", err  # the report's own status
     assert "the prefix 'model.' stripped from its keys (as --strip-prefix model. does)" in out
     assert "(built from its default config with --model-kwargs num_channels, embedding_size" in out
     assert f"worst median |lag| {want.worst_median_lag_sigma:.3f}σ" in out

@@ -3,6 +3,8 @@ before and after, and put the previous buffers back exactly."""
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 import torch.nn as nn
@@ -189,12 +191,30 @@ def test_parameters_stay_and_dropout_stays_off():
     assert parameter_digests(a) == digests and [m.training for m in a.modules()] == flags
 
 
-def test_a_rule_that_cannot_fire_leaves_stale_statistics_and_says_so():
-    """The failure case: the statistics are stale, but the thresholds are out of reach; nothing may change."""
+def test_a_gap_threshold_out_of_reach_is_undetermined_and_re_estimates():
+    """Stale statistics, and a gap threshold the probe cannot reach: even an evaluation mode collapsed to the
+    probe's largest class would stay under it. The rule cannot judge, and an undetermined verdict cannot rule
+    staleness out: it re-estimates and says why. (Before the constant-guess bound it read "not stale" and left the
+    stale statistics.) The threshold at the gap itself judges: stale."""
+    net = _net()
+    result = reestimate_if_stale(net, _batches(), _probe(), thresholds=Thresholds(mode_gap=1.0, lag_sigma=0.1))
+    assert result.before.worst_median_lag_sigma > 0.1 and result.before.mode_gap < 1.0
+    assert "constant guess" in result.before.undetermined and result.fired
+    assert result.summary.startswith("undetermined")
+    net = _net()
+    reached = Thresholds(mode_gap=result.before.mode_gap, lag_sigma=0.1)
+    again = reestimate_if_stale(net, _batches(), _probe(), thresholds=reached)
+    assert not again.before.undetermined and again.before.stale and again.fired
+
+
+def test_a_rule_that_cannot_fire_leaves_the_statistics_and_says_so():
+    """The failure case: the statistics are stale, the gap crosses its threshold, but the lag's is out of reach
+    (E left out of the rule); nothing may change."""
     net = _net()
     before = _buffers(net)
-    result = reestimate_if_stale(net, _batches(), _probe(), thresholds=Thresholds(mode_gap=1.0, lag_sigma=0.1))
-    assert result.before.worst_median_lag_sigma > 0.1 and result.before.mode_gap < 1.0 and not result.fired
+    result = reestimate_if_stale(net, _batches(), _probe(),
+                                 thresholds=Thresholds(lag_sigma=1e6, eval_error_sigma=math.inf))
+    assert result.before.worst_median_lag_sigma > 0.1 and not result.before.undetermined and not result.fired
     assert _same(_buffers(net), before)
 
 

@@ -271,6 +271,64 @@ def test_a_layer_whose_fresh_statistics_overflow_makes_the_verdict_undetermined(
     assert not record.stale and record.summary.startswith("UNDETERMINED")
 
 
+def _zeroed_variance(model: nn.Module) -> nn.Module:
+    """``model`` with every running variance 0: E reads hundreds of σ, the statistics are plainly off."""
+    with torch.no_grad():
+        for m in model.modules():
+            if isinstance(m, nn.BatchNorm2d):
+                m.running_var.zero_()
+    return model
+
+
+def test_a_probe_the_model_does_not_classify_cannot_say_not_stale():
+    """An untrained net on labels it does not know: both modes at chance, so the gap is 0 whatever the statistics,
+    and the rule read "not stale" with E at hundreds of σ. Even an evaluation mode collapsed to the probe's largest
+    class would leave a gap under the threshold: undetermined, saying so; E still measured."""
+    model = _zeroed_variance(_net())
+    x, y = _probe(256)
+    record = _quiet(model, (x, y))(0)
+    assert record.mode_gap < Thresholds().mode_gap and record.worst_median_eval_error_sigma > 10
+    assert "constant guess" in record.undetermined and not record.stale
+    assert record.summary.startswith("UNDETERMINED") and "E median" in record.summary
+    report = check_checkpoint(model, [(x, y)])  # the check says the same, and exits 2
+    assert report.summary.startswith("Undetermined:") and "constant guess" in report.summary
+
+
+def test_a_probe_of_one_class_judges_a_gap_it_measures_and_no_other():
+    """The second case: labels of one class. A constant guess of it scores 100%, so a gap of 0 says nothing
+    (undetermined); a gap that crosses the threshold is measured all the same: stale."""
+    from bnrotation.bnstats import reestimate
+
+    model = _net()
+    x, _ = _probe(64)
+    reestimate(model, [x])  # statistics of exactly this batch: evaluation mode is training mode, gap 0
+    y = torch.full((64,), int(torch.mode(_labels_of(model, x)).values))
+    fresh = _quiet(model, (x, y))(0)
+    assert fresh.mode_gap == 0 and "100.0% of a constant guess" in fresh.undetermined
+    stale = _quiet(_stale(copy.deepcopy(model)), (x, y))(0)
+    assert stale.mode_gap >= Thresholds().mode_gap and not stale.undetermined and stale.stale
+
+
+@pytest.mark.parametrize("above, judged", [(0, True), (1, False)])
+def test_the_constant_guess_boundary_is_the_gap_threshold_itself(above, judged):
+    """Labels that training mode gets all right, on inputs whose per-sample offsets spread the predictions over
+    classes, the largest holding L of n: a collapse gap of (n - L)/n. A gap threshold of exactly that can still be
+    crossed (judged); one sample above it cannot (undetermined). Counted in samples: no float rounding decides."""
+    from bnrotation.bnstats import reestimate
+
+    model = _net()
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(100, 3, 8, 8, generator=g) + 2 * torch.randn(100, 3, 1, 1, generator=g)
+    reestimate(model, [x])  # statistics of exactly this batch: evaluation mode is training mode, gap 0
+    y = _labels_of(model, x)
+    largest = int(torch.bincount(y).max())
+    assert 25 < largest < 95  # the case: more than one class, and room for a threshold of at least 5%
+    thresholds = Thresholds(mode_gap=(100 - largest + above) / 100, lag_sigma=0.0)  # the gap alone decides
+    record = _quiet(model, (x, y), thresholds=thresholds)(0)
+    assert record.mode_gap < thresholds.mode_gap
+    assert bool(record.undetermined) == (not judged), record.undetermined
+
+
 def test_a_call_between_the_forward_and_the_backward_pass_leaves_the_graph_usable():
     """Found by a new user: the monitor put the running statistics back in place, which bumped their version
     counters, and the backward pass of a forward made before the call failed ("modified by an inplace operation").

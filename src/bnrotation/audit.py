@@ -17,11 +17,17 @@ they show (:data:`BUFFER_POLICIES`):
 * ``averaged``: they differ from the raw model's while ``num_batches_tracked`` equals its count (the float
   buffers were averaged, the count copied), or the wrapper declares that it averages them;
 * ``never updated``: at their initial values (mean 0, variance 1, count 0) while the raw model's have moved, or
-  (for a wrapper that copies at each update) behind the raw model's count: not updated since that count;
-* ``re-estimated``: declared by the suite's provenance (:class:`averaging.BufferProvenance`, ``refresh``);
+  (for a wrapper that copies at each update) behind the raw model's count, with statistics that do not fit the
+  copy's own weights: not updated since that count;
+* ``re-estimated``: declared by the suite's provenance (:class:`averaging.BufferProvenance`, ``refresh``), or, for
+  a wrapper that copies at each update, a count above the raw model's with statistics that fit the copy's own
+  weights (the copy's median |lag| under the rule's ``lag_sigma``): torch's SWA recipe after
+  ``torch.optim.swa_utils.update_bn``, which resets the count to its number of batches;
 * ``undetermined``: the buffers do not tell, said with the candidates: a count behind the raw model's with
   different statistics fits a copy frozen at that count, an average of the counts too, and a re-estimation on
-  that many batches; a copy identical to the raw model shows no policy at all.
+  that many batches (with statistics that fit the copy's weights, a copying wrapper's trailing count leaves a
+  re-estimation and a copy frozen while the weights hardly moved); a copy identical to the raw model shows no
+  policy at all.
 
 ``num_batches_tracked`` is the witness: PyTorch adds one at each training-mode forward pass of a layer, so a copy
 that holds a smaller count than the raw model last saw the raw model's statistics at that count. The audit
@@ -243,16 +249,30 @@ def _layer_evidence(raw: nn.Module, avg: nn.Module) -> tuple[str, tuple[str, ...
 
 
 def _resolve(observed: str, candidates: tuple[str, ...], declared: str | None,
-             count_may_trail: bool) -> tuple[str, str]:
-    """The layer's policy once the wrapper's declaration is read, and what that adds to the reason."""
+             count_may_trail: bool, fit: str = "") -> tuple[str, str]:
+    """The layer's policy once the wrapper's declaration is read, and what that adds to the reason.
+
+    ``fit``: "" when the copy's statistics do not fit its own weights, else the evidence that they do (its median
+    |lag| under the rule's threshold, in words). A copy that holds a count the raw model's buffers never had, yet
+    fits its own weights, was re-estimated after its last update, as ``torch.optim.swa_utils.update_bn`` does
+    (it resets the count to its number of batches): its count alone then reads like a frozen copy's.
+    """
     if declared is None or observed in ("copied", "never updated"):
         if observed == "copied" and declared not in (None, "copied"):
             return "copied", f"; the wrapper declares {declared!r}, yet these are the raw model's"
         return observed, ""
     if declared == "copied":
+        if "never updated" in candidates and fit:
+            return "undetermined", (f"; they {fit}: re-estimated on these weights after the last update (as "
+                                    "torch.optim.swa_utils.update_bn leaves them), or frozen since that count while "
+                                    "the weights hardly moved")
         if "never updated" in candidates:
             return "never updated", ("; the wrapper copies the buffers at each update: they were not updated since "
                                      "its last one")
+        if candidates == ("re-estimated",) and fit:
+            return "re-estimated", (f"; they {fit}, and a copy of the raw model's buffers cannot hold a count above "
+                                    "its: re-estimated after the wrapper's last update (torch.optim.swa_utils."
+                                    "update_bn)")
         return "undetermined", "; the wrapper declares 'copied', yet they differ from the raw model's"
     if declared == "averaged" and not count_may_trail and "never updated" in candidates:
         return "never updated", ("; the wrapper copies num_batches_tracked at each update: it has made none since "
@@ -383,8 +403,14 @@ def audit_averaged(raw, averaged, probe, *, model: nn.Module | None = None,
     for name, m in avg_layers:
         r = raw_layers[name]
         observed, cands, why = _layer_evidence(r, m)
-        policy, more = _resolve(observed, cands, held.declared, held.count_may_trail)
+        lag = float(lag_copy.loc[name, "lag_median_abs_sigma"])
+        fit = (f"fit the copy's own weights (median |lag| {lag:.3f}σ, under the rule's {thresholds.lag_sigma:g}σ)"
+               if provenance is None and math.isfinite(thresholds.lag_sigma) and lag < thresholds.lag_sigma else "")
+        # (the suite's provenance records what was done to the buffers: no later re-estimation to read from the fit)
+        policy, more = _resolve(observed, cands, held.declared, held.count_may_trail, fit)
         policies.append(policy)
+        if policy == "undetermined" and fit and held.declared == "copied" and "never updated" in cands:
+            cands = ("re-estimated", "never updated")  # what the fit leaves of the count's three readings
         candidates.append(cands if policy == "undetermined" else ())
         reasons.append(why + more)
         count = getattr(m, _COUNT, None)

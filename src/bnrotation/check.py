@@ -57,7 +57,8 @@ the mode gap, and the worst layer's median E or median |lag|. The verdict is und
 judge (:attr:`monitor.MonitorRecord.undetermined`): fewer samples than the mode-gap threshold needs (one sample
 moves the gap by 1/N; :func:`probe_batch.smallest_probe`, 20 at the default 0.05), with one ``warning: --batches:
 ...`` line on stderr naming the smallest size and the argument that sets it; or, not stale, a gap or every lag
-that is NaN (activations that overflow). The exit status is the one every judging command shares
+that is NaN (activations that overflow), or labelled batches the model does not classify (training-mode accuracy
+within the gap threshold of a constant guess of their largest class). The exit status is the one every judging command shares
 (:data:`helptext.EXIT_STATUS`, at the end of ``--help``): 0 not stale; 1 stale; 2 undetermined, or bad input,
 one line naming the argument or file, before any measurement. Everything is measured in float32 whatever
 autocast context :func:`check_checkpoint` is called in.
@@ -175,7 +176,7 @@ class CheckReport:
     def undetermined(self) -> str:
         """Why the rule cannot give a verdict, or "" when it can: the monitor's own reason
         (:attr:`monitor.MonitorRecord.undetermined`: a probe smaller than :func:`probe_batch.smallest_probe`, a mode gap
-        that is NaN, no finite lag or E), or, not :attr:`stale`, every layer's lag NaN (the batches' activations
+        that is NaN, no finite lag or E, a probe the model does not classify), or, not :attr:`stale`, every layer's lag NaN (the batches' activations
         overflow, say, so the fresh statistics are not finite)."""
         if self.stale:
             return ""

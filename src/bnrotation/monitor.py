@@ -151,7 +151,10 @@ class MonitorRecord:
         undetermined: why the rule could not judge this call, in one line, or "" when it could: a probe smaller
             than :func:`.probe_batch.smallest_probe` of the gap threshold (one sample could cross it), no mode gap
             measured (``modes=False``) or a NaN one, a layer whose fresh statistics are infinite (activations that
-            overflow: its lag would read 0σ), or no layer whose lag or E is finite. Then :attr:`stale` is False
+            overflow: its lag would read 0σ), no layer whose lag or E is finite, or, with labels and a gap under
+            the threshold, a probe on which even an evaluation mode collapsed to one constant class could not cross
+            it (training-mode accuracy within the threshold of the largest class's share: a model that does not
+            classify the probe, or a probe of one class). Then :attr:`stale` is False
             (unless a running statistic is non-finite, which is stale whatever else) and :attr:`summary` starts
             with ``UNDETERMINED``: a quantity that is NaN or meaningless by construction is never read as "not
             stale".
@@ -650,7 +653,27 @@ class StalenessMonitor:
                     "are not finite (activations that overflow: inputs on another scale?)")
         if math.isnan(record.worst_median_lag_sigma) and math.isnan(record.worst_median_eval_error_sigma):
             return "no layer's lag or E is finite (no running statistics measured, or fresh statistics not finite)"
+        collapse = self._collapse_gap(record)
+        if record.mode_gap < self.thresholds.mode_gap and collapse < self.thresholds.mode_gap:  # "not stale" unfounded
+            acc = float(record.checks["acc_train_mode"].iloc[0])
+            guess = f"the {acc - collapse:.1%} of a constant guess of the probe's largest class"
+            why = ("no better than " + guess + ": the mode gap cannot show staleness" if collapse <= 0 else
+                   f"and {guess} leaves a gap of {collapse:.1%} at most, under the {self.thresholds.mode_gap:.1%} "
+                   "threshold, even where evaluation mode collapses to that class")
+            return (f"training mode gets {acc:.1%} of the probe right, {why} (a model that has not learned the probe "
+                    "yet, or labels of another task)")
         return ""
+
+    def _collapse_gap(self, record: MonitorRecord) -> float:
+        """The mode gap an evaluation mode collapsed to one constant class would leave at most: training-mode
+        accuracy minus the share of the probe's largest class (a fraction); +inf without labels, whose gap (the
+        share of changed predictions) a collapse moves whatever the model gets right."""
+        if self.y is None:
+            return math.inf
+        n = self.y.numel()
+        largest = int(torch.bincount(self.y.flatten().long().cpu()).max())
+        right = round(float(record.checks["acc_train_mode"].iloc[0]) * n)
+        return (right - largest) / n  # in counts: 5 of 100 samples is the 5% threshold itself
 
     def _stale(self, record: MonitorRecord) -> bool:
         if record.nonfinite.running_statistics:

@@ -160,8 +160,9 @@ class Thresholds:
     ``results/reference/calibration.md`` (:mod:`bnrotation.study.analysis.tables.calibration`).
 
     Raises:
-        ValueError: for a threshold that is NaN or below 0 (``lag_sigma`` and ``eval_error_sigma`` may be
-            ``math.inf``), or a ``mode_gap`` that is not a finite fraction in [0, 1].
+        ValueError: for a threshold that is NaN or below 0 (``lag_sigma`` or ``eval_error_sigma`` may be
+            ``math.inf``, not both: the rule could never fire), or a ``mode_gap`` that is not a finite fraction in
+            [0, 1].
     """
 
     mode_gap: float = 0.05
@@ -176,6 +177,10 @@ class Thresholds:
             if isinstance(value, bool) or not finite or value < 0:
                 allowed = "a finite number >= 0" if key == "mode_gap" else "a number >= 0 or math.inf"
                 raise ValueError(f"Thresholds.{key}: expected {allowed}, got {value!r}")
+        if self.lag_sigma == math.inf and self.eval_error_sigma == math.inf:  # the gap alone never fires the rule
+            raise ValueError("Thresholds.eval_error_sigma: math.inf with lag_sigma math.inf too: both math.inf leave the "
+                             "rule nothing to fire on (it needs the gap and one of them): keep one finite (0 fires on "
+                             "the gap alone)")
         if self.mode_gap > 1:  # a gap is a difference of two fractions: the rule could never fire
             raise ValueError(f"Thresholds.mode_gap: expected a fraction in [0, 1] (a gap cannot exceed 1), got "
                              f"{self.mode_gap!r}")
