@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import torch.nn as nn
 
 from bnrotation.bnstats import batch_statistics, reestimate
 from bnrotation.check import MESSAGE_CHARS, CheckInputError, check_checkpoint, format_report, load_batches, main
@@ -455,3 +456,58 @@ def test_a_factory_module_that_fails_while_importing_is_told_apart_from_one_not_
         load_function("needs_missing_xyz:make", "--model")
     with pytest.raises(CheckInputError, match=r"cannot find 'absent_module_xyz'"):
         load_function("absent_module_xyz:make", "--model")
+
+
+# ----------------------------------------------------------------------------- batches on another scale
+def _trained_on_normalised_inputs() -> tuple[nn.Module, torch.Tensor, torch.Tensor]:
+    """A small net trained 200 SGD steps on uniform pixels normalised to unit σ, and 256 fresh normalised samples
+    with their labels (which channel is brightest)."""
+    import torch.nn.functional as F
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(), nn.Conv2d(8, 8, 3, padding=1),
+                        nn.BatchNorm2d(8), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(8, 3))
+    g = torch.Generator().manual_seed(4)
+
+    def data(n):
+        x = torch.rand(n, 3, 8, 8, generator=g) + 0.3 * torch.rand(n, 3, 1, 1, generator=g)
+        return (x - 0.65) / 0.3, x.mean((2, 3)).argmax(1)
+
+    opt = torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9)
+    for _ in range(200):
+        x, y = data(64)
+        loss = F.cross_entropy(net(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    return net.eval(), *data(256)
+
+
+@pytest.mark.parametrize("inputs, note", [("normalised", None), ("pixels 0-255", "×"), ("divided by 100", "1/")])
+def test_batches_on_another_scale_are_named_before_the_advice_to_re_estimate(inputs, note):
+    """Found by a new user: pixels in 0-255 given to a model trained on normalised inputs read STALE (rightly: the
+    statistics do not fit those batches), and the advice was to re-estimate on them, which fits the statistics to
+    the wrong scale. The first layer's batch σ is then tens of times its running σ (or a small fraction of it,
+    the other direction): the verdict asks about the scale first. On the training scale, nothing is added."""
+    net, x, y = _trained_on_normalised_inputs()
+    x = {"normalised": x, "pixels 0-255": (x * 0.3 + 0.65) * 255, "divided by 100": x / 100}[inputs]
+    report = check_checkpoint(net, [(x, y)])
+    if note is None:
+        assert not report.input_scale and "scaled as the training inputs" not in report.summary
+        return
+    assert report.input_scale.startswith("The first BatchNorm layer (1) sees a batch σ ") and note in report.input_scale
+    if report.stale:  # the rule fired: the scale is asked about before the advice
+        assert report.summary.index("scaled as the training inputs") < report.summary.index("Otherwise: re-estimate")
+    else:  # never "not stale" on batches of another scale (0-255 pixels here: E at tens of σ, gap under 0)
+        assert report.summary.startswith("Undetermined: The first BatchNorm layer (1)")
+    assert {"pixels 0-255": False, "divided by 100": True}[inputs] == report.stale  # both cases are exercised
+
+
+def test_statistics_moved_by_a_few_sigma_are_not_taken_for_another_scale():
+    """The second case: genuinely stale statistics (the first layer's running mean moved by 2σ, its variance
+    halved) read STALE with the plain advice: the scale note is for ratios beyond INPUT_SCALE_RATIO alone."""
+    net, x, y = _trained_on_normalised_inputs()
+    with torch.no_grad():
+        net[1].running_mean += 2 * net[1].running_var.sqrt()
+        net[1].running_var *= 0.5
+    report = check_checkpoint(net, [(x, y)])
+    assert report.stale and not report.input_scale and report.summary.endswith("before evaluating or saving this model.")

@@ -91,7 +91,12 @@ from .staleness import Thresholds
 __all__ = ["CheckInputError", "InputError", "CheckReport", "check_checkpoint", "format_report", "load_batches",
            "load_weights", "load_function", "model_from_factory", "build_user_model", "pretrained_from_config",
            "parse_device", "parse_model_kwargs", "probe_size_warning", "PRETRAINED_WEIGHTS", "DEFAULT_MAX_BATCHES",
-           "MESSAGE_CHARS", "main"]
+           "MESSAGE_CHARS", "INPUT_SCALE_RATIO", "main"]
+
+# The first BatchNorm layer's batch σ against its running σ beyond which the check asks whether its batches are scaled
+# as the training inputs were (CheckReport.input_scale): pixels in 0-255 against inputs normalised to unit σ differ
+# by about 60x; the statistics of a trained network whose weights rotated on differ by tens of percent.
+INPUT_SCALE_RATIO = 10.0
 
 
 # ----------------------------------------------------------------------------- the check
@@ -176,26 +181,54 @@ class CheckReport:
     def undetermined(self) -> str:
         """Why the rule cannot give a verdict, or "" when it can: the monitor's own reason
         (:attr:`monitor.MonitorRecord.undetermined`: a probe smaller than :func:`probe_batch.smallest_probe`, a mode gap
-        that is NaN, no finite lag or E, a probe the model does not classify), or, not :attr:`stale`, every layer's lag NaN (the batches' activations
-        overflow, say, so the fresh statistics are not finite)."""
+        that is NaN, no finite lag or E, a probe the model does not classify), or, not :attr:`stale`, every layer's
+        lag NaN (the batches' activations overflow, say, so the fresh statistics are not finite) or batches that look
+        like another scale than the training inputs (:attr:`input_scale`)."""
         if self.stale:
             return ""
         if self.before.undetermined:
             return self.before.undetermined
         if math.isnan(self.worst_median_lag_sigma):
             return "every layer's median |lag| is NaN; the batches' activations may overflow"
+        if self.input_scale:  # the rule measured the batches' scale, not the statistics' staleness
+            return self.input_scale
         return ""
+
+    @property
+    def input_scale(self) -> str:
+        """A sentence when the model's first BatchNorm layer sees a batch σ more than :data:`INPUT_SCALE_RATIO`
+        times its running σ, or less than its inverse (the median over channels of the fresh against the running
+        σ): batches on another scale than the training inputs (pixels in 0-255 against normalised ones, say), which
+        the rule reads as stale and a re-estimation on them would make worse; else "". Statistics that weight
+        rotation left behind differ by a few tens of percent."""
+        first = self.before.channels
+        if not len(first):
+            return ""
+        name = first["norm_layer"].iloc[0]
+        log_ratio = first.loc[first["norm_layer"] == name, "log_std_ratio"].median()
+        if not math.isfinite(log_ratio) or abs(log_ratio) <= math.log(INPUT_SCALE_RATIO):
+            return ""
+        ratio = math.exp(abs(log_ratio))
+        how = f"{ratio:,.0f}× its running σ" if log_ratio > 0 else f"1/{ratio:,.0f} of its running σ"
+        return (f"The first BatchNorm layer ({name}) sees a batch σ {how}: are these batches scaled as the training "
+                "inputs were (0-255 pixels against normalised ones, say)? If not, the rule measures the scale, not "
+                "staleness, and re-estimating on them would fit the statistics to it.")
 
     @property
     def summary(self) -> str:
         """The verdict in one line, as the report ends: ``STALE: ...`` with the rule's numbers against their
-        thresholds and what to do, ``Not stale: ...``, or ``Undetermined: ...`` (:attr:`undetermined`)."""
+        thresholds and what to do, ``Not stale: ...``, or ``Undetermined: ...`` (:attr:`undetermined`). Batches that
+        look like another scale (:attr:`input_scale`) are never "not stale" (undetermined), and a stale verdict on
+        them asks about the scale before its advice to re-estimate."""
         t = self.thresholds
         lag, err = self.worst_median_lag_sigma, self.worst_median_eval_error_sigma
         rule = (f"mode gap {_against(self.mode_gap, t.mode_gap, '')} and "
                 f"(worst median E {_against(err, t.eval_error_sigma, 'σ')} or "
                 f"worst median |lag| {_against(lag, t.lag_sigma, 'σ', f' ({self.worst_layer})')})")
         advice = "Re-estimate the running statistics (bnrotation.reestimate) before evaluating or saving this model."
+        scale = self.input_scale
+        if scale:
+            advice = scale + " Otherwise: r" + advice[1:]
         if self.nonfinite:
             return (f"STALE: NaN or infinite running statistics in {self.nonfinite} (evaluation mode is unusable); "
                     f"elsewhere, {rule}. {advice}")
