@@ -127,6 +127,47 @@ def test_torchs_swa_recipe_with_more_batches_than_the_raw_model_saw_is_re_estima
     assert a.policy == "re-estimated" and a.judged and not a.stale, a.reason
 
 
+def test_torchs_swa_recipe_saved_as_state_dicts_is_re_estimated_too(tmp_path, monkeypatch, capsys):
+    """Found by a new user: the recipe's copy saved as a state dict (or read by the command) declares nothing, and a
+    count above the raw model's with statistics that fit read "undetermined (candidates: re-estimated)". Neither a
+    copy nor an average of the raw model's buffers holds a count above its: re-estimated, exit 0."""
+    raw, swa = _swa_recipe(20)
+    a = audit_averaged(raw.state_dict(), swa.module.state_dict(), _large_probe(), model=_net())
+    assert a.policy == "re-estimated" and a.judged and not a.stale, a.reason
+    assert not a.reason.startswith("2 layers")  # one reason, said once, when the layers agree
+    (tmp_path / "audit_nets.py").write_text(NETS)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    torch.save(raw.state_dict(), tmp_path / "raw.pt")
+    torch.save(swa.state_dict(), tmp_path / "swa.pt")  # the AveragedModel's own: n_averaged and module. keys
+    torch.save(_large_probe(), tmp_path / "probe.pt")
+    assert audit_module.main(["raw.pt", "swa.pt", "--model", "audit_nets:make", "--batches", "probe.pt"]) == 0
+    assert "Buffer policy: re-estimated" in capsys.readouterr().out
+    sys.modules.pop("audit_nets", None)
+
+
+def test_an_averaged_model_that_averages_its_buffers_then_update_bn_is_re_estimated():
+    """The second case, from the same user: ``AveragedModel(use_buffers=True)`` declares averaged buffers, but after
+    ``update_bn`` on more batches than the raw model saw its count is above the raw model's, which no average of
+    counts reaches: re-estimated."""
+    raw = _net()
+    swa = AveragedModel(raw, use_buffers=True)
+    _train(raw, 8, lambda: swa.update_parameters(raw))
+    g = torch.Generator().manual_seed(6)
+    x = torch.randn(20 * 128, 3, 8, 8, generator=g) + 0.5 * torch.randn(20 * 128, 3, 1, 1, generator=g)
+    update_bn(x.split(128), swa)
+    a = audit_averaged(raw, swa, _large_probe())
+    assert (a.layers["count_copy"] == 20).all() and a.declared == "averaged"
+    assert a.policy == "re-estimated" and not a.stale, a.reason
+
+
+def test_the_audits_records_have_no_warm_up():
+    """Found by a new user: the audit measures once, yet its records said "warming up, 44 steps left"."""
+    raw, swa = _swa_recipe(3)
+    a = audit_averaged(raw, swa, _large_probe())
+    assert not a.copy.warming_up and not a.raw.warming_up and "warming up" not in a.copy.summary
+
+
 def test_a_copy_identical_to_the_raw_model_is_not_judged():
     """The first update of an AveragedModel copies everything: nothing shows which policy it will apply."""
     raw = _net()

@@ -15,7 +15,7 @@ MONITOR_NOTEBOOK = "monitor_your_model.py"  # it trains a model (torch): not amo
 NOTEBOOK = ROOT / "notebooks" / MONITOR_NOTEBOOK
 # A summary line: the warm-up's words while it holds the verdict back, then the modes, rotation (from the second
 # call on), the lag and E.
-SUMMARY = re.compile(r"^step +(\d+)  (?:UNDETERMINED \(.*?\) \| )?(?:warming up, \d+ steps? left(?:; the rule would fire)? \| )?(STALE )?"
+SUMMARY = re.compile(r"^step +(\d+)  (?:UNDETERMINED \(.*?\) \| )?(?:warming up, \d+ steps? left(?:; the rule would fire|; UNDETERMINED \(.*?\))? \| )?(STALE )?"
                      r"train ([\d.]+)% / eval ([\d.]+)%(?: \| rotation [\d.]+°/100 steps)? \| "
                      r"lag median ([\d.]+)σ in \S+, max [\d.]+σ(?: \| E median [\d.]+σ in \S+)?$", re.M)
 

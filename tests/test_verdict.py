@@ -304,9 +304,46 @@ def test_a_probe_of_one_class_judges_a_gap_it_measures_and_no_other():
     reestimate(model, [x])  # statistics of exactly this batch: evaluation mode is training mode, gap 0
     y = torch.full((64,), int(torch.mode(_labels_of(model, x)).values))
     fresh = _quiet(model, (x, y))(0)
-    assert fresh.mode_gap == 0 and "100.0% of a constant guess" in fresh.undetermined
+    assert fresh.mode_gap == 0 and "largest class scores 100.0%" in fresh.undetermined
+    assert "a probe of one class" in fresh.undetermined and "not learned" not in fresh.undetermined
     stale = _quiet(_stale(copy.deepcopy(model)), (x, y))(0)
     assert stale.mode_gap >= Thresholds().mode_gap and not stale.undetermined and stale.stale
+
+
+def test_a_model_right_on_an_imbalanced_probe_is_told_to_balance_it_not_that_it_has_not_learned():
+    """Found by a new user: a model 100% right on a probe of 96% one class read "a model that has not learned the
+    probe yet". A constant guess of that class scores within the threshold of training mode: a collapse to it would
+    not cross it, so the verdict stays undetermined, and the reason names the probe's imbalance. Here one class
+    holds the share s > 1/2 of a probe the model gets all right, under a gap threshold of 1 - s + 0.05."""
+    from bnrotation.bnstats import reestimate
+
+    model = _net()
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(400, 3, 8, 8, generator=g) + 2 * torch.randn(400, 3, 1, 1, generator=g)
+    reestimate(model, [x])
+    y = _labels_of(model, x)
+    major = int(torch.mode(y).values)
+    keep = torch.cat([torch.nonzero(y == major).flatten()[:90], torch.nonzero(y != major).flatten()[:10]])
+    y_kept = _labels_of(model, x[keep])  # right on every sample with the statistics of these 100
+    share = int(torch.bincount(y_kept).max()) / 100
+    assert share > 0.5  # the case: one class dominates
+    record = _quiet(model, (x[keep], y_kept), thresholds=Thresholds(mode_gap=round(1 - share + 0.05, 2)))(0)
+    assert record.checks["acc_train_mode"].iloc[0] == 1.0
+    assert f"largest class scores {share:.1%}" in record.undetermined and "dominated by one class" in record.undetermined
+    assert "not learned" not in record.undetermined
+    assert not _quiet(model, (x[keep], y_kept))(0).undetermined  # at the default 5%: judged
+
+
+def test_an_undetermined_call_in_the_warm_up_says_it_is_warming_up_first():
+    """Found by a new user: the docs say a summary in the warm-up starts ``warming up, k steps left``; an undetermined
+    call at step 0 started ``UNDETERMINED``. Both are said, the warm-up first."""
+    model = _net()
+    x, y = _probe(64)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", MonitorSetupWarning)
+        record = StalenessMonitor(model, (x, y), warn=False)(0)  # random labels: a constant guess does as well
+    assert record.warming_up and record.undetermined
+    assert record.summary.startswith("warming up, 44 steps left; UNDETERMINED (a constant guess")
 
 
 @pytest.mark.parametrize("above, judged", [(0, True), (1, False)])

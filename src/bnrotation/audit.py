@@ -19,10 +19,11 @@ they show (:data:`BUFFER_POLICIES`):
 * ``never updated``: at their initial values (mean 0, variance 1, count 0) while the raw model's have moved, or
   (for a wrapper that copies at each update) behind the raw model's count, with statistics that do not fit the
   copy's own weights: not updated since that count;
-* ``re-estimated``: declared by the suite's provenance (:class:`averaging.BufferProvenance`, ``refresh``), or, for
-  a wrapper that copies at each update, a count above the raw model's with statistics that fit the copy's own
-  weights (the copy's median |lag| under the rule's ``lag_sigma``): torch's SWA recipe after
-  ``torch.optim.swa_utils.update_bn``, which resets the count to its number of batches;
+* ``re-estimated``: declared by the suite's provenance (:class:`averaging.BufferProvenance`, ``refresh``), or a
+  count above the raw model's, which neither a copy nor an average of its buffers reaches, with statistics that
+  fit the copy's own weights (the copy's median |lag| under the rule's ``lag_sigma``), whatever the wrapper
+  declares: torch's SWA recipe after ``torch.optim.swa_utils.update_bn``, which resets the count to its number of
+  batches;
 * ``undetermined``: the buffers do not tell, said with the candidates: a count behind the raw model's with
   different statistics fits a copy frozen at that count, an average of the counts too, and a re-estimation on
   that many batches (with statistics that fit the copy's weights, a copying wrapper's trailing count leaves a
@@ -243,7 +244,7 @@ def _layer_evidence(raw: nn.Module, avg: nn.Module) -> tuple[str, tuple[str, ...
     if c_avg < c_raw:
         return "undetermined", ("never updated", "averaged", "re-estimated"), (
             f"differ from the raw model's and hold count {c_avg} against its {c_raw}: frozen since the raw model's "
-            f"batch {c_avg}, averaged with their counts, or re-estimated on {c_avg} batches")
+            f"batch {c_avg}, averaged with their counts, or re-estimated on {c_avg} batch{'es' * (c_avg != 1)}")
     return "undetermined", ("re-estimated",), (f"hold count {c_avg}, more than the raw model's {c_raw}: the raw model "
                                                "is not their source, or they were re-estimated")
 
@@ -257,22 +258,24 @@ def _resolve(observed: str, candidates: tuple[str, ...], declared: str | None,
     fits its own weights, was re-estimated after its last update, as ``torch.optim.swa_utils.update_bn`` does
     (it resets the count to its number of batches): its count alone then reads like a frozen copy's.
     """
-    if declared is None or observed in ("copied", "never updated"):
-        if observed == "copied" and declared not in (None, "copied"):
-            return "copied", f"; the wrapper declares {declared!r}, yet these are the raw model's"
+    if observed == "copied" and declared not in (None, "copied"):
+        return "copied", f"; the wrapper declares {declared!r}, yet these are the raw model's"
+    if observed in ("copied", "never updated"):
+        return observed, ""
+    if candidates == ("re-estimated",) and fit:  # whatever the wrapper declares: neither a copy nor an average of
+        # the raw model's buffers can hold a count above its own
+        return "re-estimated", (f"; they {fit}: re-estimated after the last averaging update (as "
+                                "torch.optim.swa_utils.update_bn leaves them)")
+    if declared is None:
         return observed, ""
     if declared == "copied":
         if "never updated" in candidates and fit:
-            return "undetermined", (f"; they {fit}: re-estimated on these weights after the last update (as "
-                                    "torch.optim.swa_utils.update_bn leaves them), or frozen since that count while "
-                                    "the weights hardly moved")
+            return "undetermined", (f"; the wrapper copies rather than averages them, and they {fit}: re-estimated "
+                                    "on these weights after its last update (as torch.optim.swa_utils.update_bn "
+                                    "leaves them), or frozen since that count while the weights hardly moved")
         if "never updated" in candidates:
             return "never updated", ("; the wrapper copies the buffers at each update: they were not updated since "
                                      "its last one")
-        if candidates == ("re-estimated",) and fit:
-            return "re-estimated", (f"; they {fit}, and a copy of the raw model's buffers cannot hold a count above "
-                                    "its: re-estimated after the wrapper's last update (torch.optim.swa_utils."
-                                    "update_bn)")
         return "undetermined", "; the wrapper declares 'copied', yet they differ from the raw model's"
     if declared == "averaged" and not count_may_trail and "never updated" in candidates:
         return "never updated", ("; the wrapper copies num_batches_tracked at each update: it has made none since "
@@ -336,6 +339,22 @@ class AuditReport:
         return self.policy in BUFFER_POLICIES and self.policy != "undetermined"
 
 
+def _grouped(reasons: list[str], names: list[str], shown: int = 3) -> str:
+    """The audit's reason: the one reason every layer gives, or each distinct reason once, after the layers that
+    give it (the first ``shown`` named, then how many more)."""
+    groups: dict[str, list[str]] = {}
+    for name, why in zip(names, reasons):
+        groups.setdefault(why, []).append(name)
+    if len(groups) == 1:
+        return reasons[0]
+
+    def named(layers: list[str]) -> str:
+        more = f" and {len(layers) - shown} more" if len(layers) > shown else ""
+        return f"layer{'s' * (len(layers) > 1)} {', '.join(layers[:shown])}{more}"
+
+    return f"{len(names)} layers: " + "; ".join(f"{named(layers)}: {why}" for why, layers in groups.items())
+
+
 def _whole(policies: list[str], candidates: list[tuple[str, ...]]) -> tuple[str, tuple[str, ...]]:
     kinds = set(policies)
     if len(kinds) == 1:
@@ -394,17 +413,19 @@ def audit_averaged(raw, averaged, probe, *, model: nn.Module | None = None,
     diff = compare_states(raw_model.state_dict(), held.module.state_dict(), held.module)
     same_weights = diff.same_parameters
     # an averaged copy's parameters are frozen by construction, not a mistake: the lint's line on that is not shown
+    # one measurement of each, at no step of a training run: no warm-up
     rec_copy = measure_once(held.module, probe, thresholds=thresholds, input_key=input_key, target_key=target_key,
-                            quiet=COPY_IS_FROZEN)
-    rec_raw = measure_once(raw_model, probe, thresholds=thresholds, input_key=input_key, target_key=target_key)
+                            warmup_steps=0, quiet=COPY_IS_FROZEN)
+    rec_raw = measure_once(raw_model, probe, thresholds=thresholds, input_key=input_key, target_key=target_key,
+                           warmup_steps=0)
     lag_copy = rec_copy.layers.set_index("norm_layer")
     lag_raw = rec_raw.layers.set_index("norm_layer")["lag_median_abs_sigma"]
     rows, policies, candidates, reasons = [], [], [], []
     for name, m in avg_layers:
         r = raw_layers[name]
         observed, cands, why = _layer_evidence(r, m)
-        lag = float(lag_copy.loc[name, "lag_median_abs_sigma"])
-        fit = (f"fit the copy's own weights (median |lag| {lag:.3f}σ, under the rule's {thresholds.lag_sigma:g}σ)"
+        lag = float(lag_copy.loc[name, "lag_median_abs_sigma"])  # each layer's own is in report.layers
+        fit = (f"fit the copy's own weights (median |lag| under the rule's {thresholds.lag_sigma:g}σ)"
                if provenance is None and math.isfinite(thresholds.lag_sigma) and lag < thresholds.lag_sigma else "")
         # (the suite's provenance records what was done to the buffers: no later re-estimation to read from the fit)
         policy, more = _resolve(observed, cands, held.declared, held.count_may_trail, fit)
@@ -423,8 +444,7 @@ def audit_averaged(raw, averaged, probe, *, model: nn.Module | None = None,
                      "lag_median_abs_sigma_raw": float(lag_raw.loc[name])})
     layers = pd.DataFrame(rows)
     policy, cands = _whole(policies, candidates)
-    reason = reasons[0] if len(set(reasons)) == 1 else f"{len(avg_layers)} layers: " + "; ".join(
-        f"{n}: {w}" for (n, _), w in zip(avg_layers, reasons))
+    reason = _grouped(reasons, [n for n, _ in avg_layers])
     if same_weights and not diff.buffers:
         policy, cands = "undetermined", ()
         reason = ("the copy's weights and buffers equal the raw model's: no averaging step has moved it yet, so "

@@ -656,12 +656,17 @@ class StalenessMonitor:
         collapse = self._collapse_gap(record)
         if record.mode_gap < self.thresholds.mode_gap and collapse < self.thresholds.mode_gap:  # "not stale" unfounded
             acc = float(record.checks["acc_train_mode"].iloc[0])
-            guess = f"the {acc - collapse:.1%} of a constant guess of the probe's largest class"
-            why = ("no better than " + guess + ": the mode gap cannot show staleness" if collapse <= 0 else
-                   f"and {guess} leaves a gap of {collapse:.1%} at most, under the {self.thresholds.mode_gap:.1%} "
-                   "threshold, even where evaluation mode collapses to that class")
-            return (f"training mode gets {acc:.1%} of the probe right, {why} (a model that has not learned the probe "
-                    "yet, or labels of another task)")
+            share = acc - collapse
+            if share == 1:
+                hint = "a probe of one class: give it several"
+            elif share > 0.5:
+                hint = "a probe dominated by one class: balance its classes"
+            elif collapse <= 0:
+                hint = "a model that has not learned the probe yet, or labels of another task"
+            else:
+                hint = "a model that has barely learned the probe"
+            return (f"a constant guess of the probe's largest class scores {share:.1%} against training mode's "
+                    f"{acc:.1%}: an evaluation mode collapsed to that class would not cross the gap threshold ({hint})")
         return ""
 
     def _collapse_gap(self, record: MonitorRecord) -> float:
@@ -717,6 +722,10 @@ class StalenessMonitor:
         text = " | ".join(t for t in (bad, modes, rot_text, lag_text, err_text) if t)
         if record.flagged:
             return "STALE " + text
+        if record.undetermined and record.warming_up:  # a summary in the warm-up starts by saying so
+            left = self.warmup_steps - record.step
+            held = f"warming up, {left} step{'s' * (left != 1)} left; UNDETERMINED ({record.undetermined})"
+            return " | ".join(t for t in (held, text) if t)
         if record.undetermined:
             return " | ".join(t for t in (f"UNDETERMINED ({record.undetermined})", text) if t)
         if record.warming_up:  # the rule's verdict is held back: say so, and what it is

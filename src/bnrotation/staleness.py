@@ -178,9 +178,9 @@ class Thresholds:
                 allowed = "a finite number >= 0" if key == "mode_gap" else "a number >= 0 or math.inf"
                 raise ValueError(f"Thresholds.{key}: expected {allowed}, got {value!r}")
         if self.lag_sigma == math.inf and self.eval_error_sigma == math.inf:  # the gap alone never fires the rule
-            raise ValueError("Thresholds.eval_error_sigma: math.inf with lag_sigma math.inf too: both math.inf leave the "
-                             "rule nothing to fire on (it needs the gap and one of them): keep one finite (0 fires on "
-                             "the gap alone)")
+            raise ValueError("Thresholds.eval_error_sigma: infinite, and lag_sigma too: both infinite (math.inf, inf on "
+                             "the command line) leave the rule nothing to fire on (it needs the gap and one of them): "
+                             "keep one finite (0 fires on the gap alone)")
         if self.mode_gap > 1:  # a gap is a difference of two fractions: the rule could never fire
             raise ValueError(f"Thresholds.mode_gap: expected a fraction in [0, 1] (a gap cannot exceed 1), got "
                              f"{self.mode_gap!r}")
