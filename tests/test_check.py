@@ -511,3 +511,19 @@ def test_statistics_moved_by_a_few_sigma_are_not_taken_for_another_scale():
         net[1].running_var *= 0.5
     report = check_checkpoint(net, [(x, y)])
     assert report.stale and not report.input_scale and report.summary.endswith("before evaluating or saving this model.")
+
+
+def test_batches_of_one_class_are_warned_of_and_two_classes_are_not():
+    """Found by a new user: labelled batches of one class read STALE and advised re-estimating on them, which fits
+    the statistics to that class alone (evaluation mode then 14% on the same batches). The report warns, naming
+    the argument; a second class among the labels is enough to stay quiet (the boundary), and so are no labels."""
+    from bnrotation.check import one_class_warning
+
+    net, x, y = _trained_on_normalised_inputs()
+    one = torch.full_like(y, int(y[0]))
+    report = check_checkpoint(net, [(x[:128], one[:128]), (x[128:], one[128:])])
+    assert any(w.startswith(f"--batches: every labelled sample is of class {int(y[0])}") for w in report.warnings)
+    two = one.clone()
+    two[-1] = (int(y[0]) + 1) % 3
+    assert one_class_warning([one[:128], two[128:]]) is None and one_class_warning([None]) is None
+    assert not [w for w in check_checkpoint(net, [(x, two)]).warnings if "every labelled sample" in w]

@@ -136,7 +136,8 @@ class CheckReport:
         weights: what the weights loaded were (:func:`inputs.load_weights`); "" when none were given.
         warnings: what makes the verdict less sure without making the input unusable, one line each, naming the
             argument to change (``bnrotation-check`` prints each on stderr as ``warning: ...``): batches too few
-            for the mode-gap threshold (:func:`probe_size_warning`).
+            for the mode-gap threshold (:func:`probe_size_warning`), labelled samples all of one class
+            (:func:`one_class_warning`).
         output: ``""`` for a model that returns a tensor, else the line saying that its ``logits`` were read
             (:func:`evaluation.logits_note`).
 
@@ -302,8 +303,23 @@ def check_checkpoint(model: nn.Module, batches, *, weights=None, weights_key: st
     samples = int(before.checks["probe_size"].iloc[0])
     count = len(probe.batches)
     small = probe_size_warning(samples, thresholds.mode_gap, count, truncated)
+    one = one_class_warning([y for _, y in probe.batches])
     return CheckReport(before, after, thresholds, count, samples, probe.batches[0][1] is not None, truncated, kind,
-                       (small,) if small else (), probe.output_note)
+                       tuple(w for w in (small, one) if w), probe.output_note)
+
+
+def one_class_warning(labels: list[torch.Tensor | None]) -> str | None:
+    """One line when every labelled sample of the batches (labels (N_b,) each, None when unlabelled) is of one
+    class: their gap cannot show an evaluation mode that collapses to that class, and statistics re-estimated on them
+    describe that class alone. None otherwise, and without labels."""
+    if not labels or any(y is None for y in labels):
+        return None
+    classes = torch.cat([y.flatten() for y in labels]).unique()
+    if classes.numel() != 1:
+        return None
+    return (f"--batches: every labelled sample is of class {int(classes[0])}: the mode gap cannot show an evaluation "
+            "mode that predicts that class alone, and statistics re-estimated on these batches describe that class "
+            "alone; give batches of every class, as in training")
 
 
 # ----------------------------------------------------------------------------- the report
