@@ -527,3 +527,24 @@ def test_batches_of_one_class_are_warned_of_and_two_classes_are_not():
     two[-1] = (int(y[0]) + 1) % 3
     assert one_class_warning([one[:128], two[128:]]) is None and one_class_warning([None]) is None
     assert not [w for w in check_checkpoint(net, [(x, two)]).warnings if "every labelled sample" in w]
+
+
+@pytest.mark.parametrize("ratio, asked", [(10.0, False), (10.5, True), (1 / 10.0, False), (1 / 10.5, True)])
+def test_the_scale_question_starts_past_the_ratio_and_reads_the_first_layer_alone(ratio, asked):
+    """The boundary: a first-layer median σ ratio of exactly INPUT_SCALE_RATIO (or its inverse) is not asked about,
+    one past it is. The column beside: the second layer's ratio, far off here, is not read (its inputs are already
+    normalised by the first), and the median over the first layer's channels is (one channel far off is not)."""
+    import types
+
+    import pandas as pd
+
+    from bnrotation.check import INPUT_SCALE_RATIO, CheckReport
+
+    first = [math.log(ratio * INPUT_SCALE_RATIO / 10.0)] * 3 + [math.log(1000.0)] * 2  # median: the first three's
+    channels = pd.DataFrame({"norm_layer": ["bn0"] * 5 + ["bn1"] * 3,
+                             "log_std_ratio": first + [math.log(1000.0)] * 3})
+    fake = types.SimpleNamespace(before=types.SimpleNamespace(channels=channels))
+    text = CheckReport.input_scale.fget(fake)
+    assert bool(text) == asked
+    if asked:
+        assert text.startswith("The first BatchNorm layer (bn0) sees a batch σ ")
