@@ -346,6 +346,35 @@ def test_an_undetermined_call_in_the_warm_up_says_it_is_warming_up_first():
     assert record.summary.startswith("warming up, 44 steps left; UNDETERMINED (a constant guess")
 
 
+def _pooled_net() -> nn.Module:
+    """An untrained net with a global average pool: on noise it predicts one class for every sample."""
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(),
+                         nn.Conv2d(8, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(),
+                         nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(8, 4))
+
+
+def test_without_labels_a_model_that_predicts_one_class_cannot_say_not_stale():
+    """The second case of the constant guess, without labels: the gap is then the share of predictions that change
+    between the modes, and a model that predicts one class everywhere shows none when evaluation mode collapses to
+    that class: undetermined. A model whose predictions spread over classes is judged; and stale statistics that
+    move the predictions off that class cross the threshold all the same."""
+    x, _ = _probe(64)
+    fresh = _quiet(_pooled_net(), x)(0)
+    assert fresh.mode_gap == 0 and "predicts one class for 100.0% of the probe" in fresh.undetermined
+    assert not fresh.stale and fresh.summary.startswith("UNDETERMINED")
+    assert not _quiet(_net(), x)(0).undetermined  # predictions over several classes
+    net = _pooled_net()  # a head that predicts class 0 while the last layer's channel 0 is on, else class 1
+    with torch.no_grad():
+        head = net[-1]
+        head.weight.zero_(), head.bias.zero_()
+        head.weight[0, 0], head.weight[1, 0], head.bias[1] = 1.0, -1.0, 0.5
+        net[4].running_mean[0] = 10.0  # stale: evaluation mode switches channel 0 off
+    stale = _quiet(net, x)(0)
+    assert stale.checks["mode_agreement"].iloc[0] < 0.5  # the case: evaluation mode moved the predictions
+    assert stale.mode_gap >= Thresholds().mode_gap and not stale.undetermined and stale.stale
+
+
 @pytest.mark.parametrize("above, judged", [(0, True), (1, False)])
 def test_the_constant_guess_boundary_is_the_gap_threshold_itself(above, judged):
     """Labels that training mode gets all right, on inputs whose per-sample offsets spread the predictions over

@@ -154,7 +154,8 @@ class MonitorRecord:
             overflow: its lag would read 0σ), no layer whose lag or E is finite, or, with labels and a gap under
             the threshold, a probe on which even an evaluation mode collapsed to one constant class could not cross
             it (training-mode accuracy within the threshold of the largest class's share: a model that does not
-            classify the probe, or a probe of one class). Then :attr:`stale` is False
+            classify the probe, or a probe of one class; without labels, training-mode predictions of one class
+            for all but a share of the probe under the threshold). Then :attr:`stale` is False
             (unless a running statistic is non-finite, which is stale whatever else) and :attr:`summary` starts
             with ``UNDETERMINED``: a quantity that is NaN or meaningless by construction is never read as "not
             stale".
@@ -519,7 +520,7 @@ class StalenessMonitor:
         channels = pd.DataFrame({k: np.concatenate([c[k] for c in channel_columns]) for k in channel_columns[0]})
         record = MonitorRecord(step, checks, pd.DataFrame(layer_rows), channels, False, "",
                                nonfinite_state(self.model), warming_up=in_warmup(step, self.warmup_steps))
-        record.undetermined = self._undetermined(record)
+        record.undetermined = self._undetermined(record, out_train)
         record.stale = self._stale(record)
         record.summary = self._summary(record)
         if record.nonfinite.parameters and self.warn:
@@ -634,8 +635,9 @@ class StalenessMonitor:
                          "eval_path_error_sigma": error.numpy()})
         line.update(_median_max("eval_path_error", "_sigma", error))
 
-    def _undetermined(self, record: MonitorRecord) -> str:
-        """Why the rule cannot judge ``record`` (:attr:`MonitorRecord.undetermined`), or ""."""
+    def _undetermined(self, record: MonitorRecord, out_train: torch.Tensor) -> str:
+        """Why the rule cannot judge ``record`` (:attr:`MonitorRecord.undetermined`), or "" (``out_train``: the
+        training-mode outputs (N, classes, ...) of the call)."""
         n = int(record.checks["probe_size"].iloc[0])
         smallest = smallest_probe(self.thresholds.mode_gap)
         if not self.modes:
@@ -653,7 +655,11 @@ class StalenessMonitor:
                     "are not finite (activations that overflow: inputs on another scale?)")
         if math.isnan(record.worst_median_lag_sigma) and math.isnan(record.worst_median_eval_error_sigma):
             return "no layer's lag or E is finite (no running statistics measured, or fresh statistics not finite)"
-        collapse = self._collapse_gap(record)
+        collapse = self._collapse_gap(record, out_train)
+        if record.mode_gap < self.thresholds.mode_gap and collapse < self.thresholds.mode_gap and self.y is None:
+            return (f"training mode predicts one class for {1 - collapse:.1%} of the probe: an evaluation mode "
+                    f"collapsed to that class would change {collapse:.1%} of the predictions, not enough to cross the "
+                    "gap threshold (an untrained model, or a probe of one class)")
         if record.mode_gap < self.thresholds.mode_gap and collapse < self.thresholds.mode_gap:  # "not stale" unfounded
             acc = float(record.checks["acc_train_mode"].iloc[0])
             share = acc - collapse
@@ -669,12 +675,14 @@ class StalenessMonitor:
                     f"{acc:.1%}: an evaluation mode collapsed to that class would not cross the gap threshold ({hint})")
         return ""
 
-    def _collapse_gap(self, record: MonitorRecord) -> float:
-        """The mode gap an evaluation mode collapsed to one constant class would leave at most: training-mode
-        accuracy minus the share of the probe's largest class (a fraction); +inf without labels, whose gap (the
-        share of changed predictions) a collapse moves whatever the model gets right."""
+    def _collapse_gap(self, record: MonitorRecord, out_train: torch.Tensor) -> float:
+        """The mode gap an evaluation mode collapsed to the probe's largest class would leave (a fraction):
+        training-mode accuracy minus that class's share of the labels; without labels, where the gap is the share
+        of changed predictions, the share of training-mode predictions (``out_train`` (N, classes, ...), argmax
+        over dim 1) that are not of the class it predicts most."""
         if self.y is None:
-            return math.inf
+            pred = out_train.argmax(1).flatten()
+            return (pred.numel() - int(torch.bincount(pred.long().cpu()).max())) / pred.numel()
         n = self.y.numel()
         largest = int(torch.bincount(self.y.flatten().long().cpu()).max())
         right = round(float(record.checks["acc_train_mode"].iloc[0]) * n)
