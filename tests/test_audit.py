@@ -20,6 +20,7 @@ from bnrotation import audit as audit_module
 from bnrotation.audit import audit_averaged, format_audit, unwrap_averaged
 from bnrotation.averaging import EMA, average_checkpoints
 from bnrotation.monitor import StalenessMonitor
+from bnrotation.staleness import Thresholds
 
 torch.set_num_threads(1)
 NORMS = ["1", "4"]  # the BatchNorm layers of _net
@@ -166,6 +167,19 @@ def test_the_audits_records_have_no_warm_up():
     raw, swa = _swa_recipe(3)
     a = audit_averaged(raw, swa, _large_probe())
     assert not a.copy.warming_up and not a.raw.warming_up and "warming up" not in a.copy.summary
+
+
+def test_torchs_swa_recipe_with_as_many_batches_as_the_raw_model_saw_is_re_estimated():
+    """Found by a new user: ``update_bn`` over exactly as many batches as the raw model's steps leaves the raw
+    model's count with other statistics, which read "averaged, the count copied" (a state dict) or undetermined with
+    no candidates (the live wrapper). A wrapper that copies averages nothing: re-estimated, as its fit says; without
+    the fit's evidence, undetermined with re-estimated its candidate."""
+    raw, swa = _swa_recipe(16)
+    a = audit_averaged(raw, swa, _large_probe())
+    assert (a.layers["count_copy"] == a.layers["count_raw"]).all()  # the case: 16 and 16
+    assert a.policy == "re-estimated" and not a.stale, a.reason
+    b = audit_averaged(raw, swa, _large_probe(), thresholds=Thresholds(lag_sigma=0.0))  # no layer can "fit"
+    assert b.policy == "undetermined" and b.candidates == ("re-estimated",), b.reason
 
 
 def test_a_copy_identical_to_the_raw_model_is_not_judged():

@@ -496,7 +496,7 @@ def test_batches_on_another_scale_are_named_before_the_advice_to_re_estimate(inp
         return
     assert report.input_scale.startswith("The first BatchNorm layer (1) sees a batch σ ") and note in report.input_scale
     if report.stale:  # the rule fired: the scale is asked about before the advice
-        assert report.summary.index("scaled as the training inputs") < report.summary.index("Otherwise: re-estimate")
+        assert report.summary.index("scaled as the training inputs") < report.summary.index("If they are: re-estimate")
     else:  # never "not stale" on batches of another scale (0-255 pixels here: E at tens of σ, gap under 0)
         assert report.summary.startswith("Undetermined: The first BatchNorm layer (1)")
     assert {"pixels 0-255": False, "divided by 100": True}[inputs] == report.stale  # both cases are exercised
@@ -548,3 +548,39 @@ def test_the_scale_question_starts_past_the_ratio_and_reads_the_first_layer_alon
     assert bool(text) == asked
     if asked:
         assert text.startswith("The first BatchNorm layer (bn0) sees a batch σ ")
+
+
+def test_the_scale_question_reads_the_layer_the_forward_pass_reaches_first():
+    """Found by a new user: a tabular net whose input BatchNorm1d has no layer before it (unpaired, so listed after
+    the paired layers) had the second layer's ratio read, and features 1000 times their training scale got the
+    plain advice. The first layer the forward pass reaches is read: the input BatchNorm."""
+    import torch.nn.functional as F
+
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.BatchNorm1d(10), nn.Linear(10, 32), nn.BatchNorm1d(32), nn.ReLU(), nn.Linear(32, 3))
+    g = torch.Generator().manual_seed(2)
+    x = torch.randn(512, 10, generator=g)
+    y = x[:, :3].argmax(1)
+    opt = torch.optim.SGD(net.parameters(), lr=0.1)
+    for i in range(100):
+        loss = F.cross_entropy(net(x[i % 8 * 64:(i % 8 + 1) * 64]), y[i % 8 * 64:(i % 8 + 1) * 64])
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    report = check_checkpoint(net.eval(), [(x * 1000, y)])
+    assert report.first_norm_layer == "0" and list(report.layers["norm_layer"])[0] != "0"  # the case
+    import re
+    assert re.match(r"The first BatchNorm layer \(0\) sees a batch σ (9\d\d|1,0\d\d)× its running σ", report.input_scale)
+    assert not check_checkpoint(net, [(x, y)]).input_scale
+
+
+def test_a_stale_verdict_on_batches_of_one_class_advises_re_estimating_on_every_class():
+    """Found by a new user: the warning said statistics re-estimated on one-class batches describe that class alone,
+    while the verdict still advised re-estimating, without a word on which batches."""
+    net, x, y = _trained_on_normalised_inputs()
+    with torch.no_grad():
+        net[1].running_mean += 2 * net[1].running_var.sqrt()
+    one = torch.full_like(y, int(y[0]))
+    report = check_checkpoint(net, [(x, one)])
+    assert report.stale and report.summary.endswith("on batches of every class as in training, not these.")
+    assert check_checkpoint(net, [(x, y)]).summary.endswith("before evaluating or saving this model.")

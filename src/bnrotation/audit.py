@@ -269,6 +269,13 @@ def _resolve(observed: str, candidates: tuple[str, ...], declared: str | None,
     if declared is None:
         return observed, ""
     if declared == "copied":
+        if observed == "averaged":  # the raw model's count, other statistics: not a copy, and the wrapper averages none
+            if fit:
+                return "re-estimated", (f"; the wrapper copies rather than averages them, and they {fit}: re-estimated "
+                                        "after its last update on as many batches as the raw model saw (as "
+                                        "torch.optim.swa_utils.update_bn leaves them)")
+            return "undetermined", ("; the wrapper copies rather than averages them: re-estimated on as many batches "
+                                    "as the raw model saw, or not this raw model's copy")
         if "never updated" in candidates and fit:
             return "undetermined", (f"; the wrapper copies rather than averages them, and they {fit}: re-estimated "
                                     "on these weights after its last update (as torch.optim.swa_utils.update_bn "
@@ -432,6 +439,8 @@ def audit_averaged(raw, averaged, probe, *, model: nn.Module | None = None,
         policies.append(policy)
         if policy == "undetermined" and fit and held.declared == "copied" and "never updated" in cands:
             cands = ("re-estimated", "never updated")  # what the fit leaves of the count's three readings
+        elif policy == "undetermined" and held.declared == "copied" and observed == "averaged":
+            cands = ("re-estimated",)
         candidates.append(cands if policy == "undetermined" else ())
         reasons.append(why + more)
         count = getattr(m, _COUNT, None)

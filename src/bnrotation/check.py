@@ -97,6 +97,7 @@ __all__ = ["CheckInputError", "InputError", "CheckReport", "check_checkpoint", "
 # as the training inputs were (CheckReport.input_scale): pixels in 0-255 against inputs normalised to unit σ differ
 # by about 60x; the statistics of a trained network whose weights rotated on differ by tens of percent.
 INPUT_SCALE_RATIO = 10.0
+ONE_CLASS = "--batches: every labelled sample is of class"  # how one_class_warning's line starts
 
 
 # ----------------------------------------------------------------------------- the check
@@ -140,6 +141,8 @@ class CheckReport:
             (:func:`one_class_warning`).
         output: ``""`` for a model that returns a tensor, else the line saying that its ``logits`` were read
             (:func:`evaluation.logits_note`).
+        first_norm_layer: the BatchNorm layer the forward pass reached first (the monitor's fresh statistics are
+            kept in that order), which :attr:`input_scale` reads; "" when none was reached.
 
     The numbers are the records' own (:func:`oneshot.record_field`): ``layers``, ``nonfinite``, ``stale``,
     ``mode_gap``, ``acc_eval_mode``, ``worst_median_lag_sigma`` and ``worst_median_eval_error_sigma`` read
@@ -156,6 +159,7 @@ class CheckReport:
     weights: str = ""
     warnings: tuple[str, ...] = ()
     output: str = ""
+    first_norm_layer: str = ""
 
     layers = record_field("before", "layers")  # one line per BatchNorm layer in the model's order
     nonfinite = record_field("before", "nonfinite")
@@ -205,15 +209,16 @@ class CheckReport:
         first = self.before.channels
         if not len(first):
             return ""
-        name = first["norm_layer"].iloc[0]
+        name = getattr(self, "first_norm_layer", "") or first["norm_layer"].iloc[0]
         log_ratio = first.loc[first["norm_layer"] == name, "log_std_ratio"].median()
         if not math.isfinite(log_ratio) or abs(log_ratio) <= math.log(INPUT_SCALE_RATIO):
             return ""
         ratio = math.exp(abs(log_ratio))
         how = f"{ratio:,.0f}× its running σ" if log_ratio > 0 else f"1/{ratio:,.0f} of its running σ"
         return (f"The first BatchNorm layer ({name}) sees a batch σ {how}: are these batches scaled as the training "
-                "inputs were (0-255 pixels against normalised ones, say)? If not, the rule measures the scale, not "
-                "staleness, and re-estimating on them would fit the statistics to it.")
+                "inputs were (pixels in 0-255 against normalised ones, say, or features in other units)? If they are "
+                "not, the rule measured the scale, not staleness, and re-estimating on them would fit the statistics "
+                "to it.")
 
     @property
     def summary(self) -> str:
@@ -227,9 +232,11 @@ class CheckReport:
                 f"(worst median E {_against(err, t.eval_error_sigma, 'σ')} or "
                 f"worst median |lag| {_against(lag, t.lag_sigma, 'σ', f' ({self.worst_layer})')})")
         advice = "Re-estimate the running statistics (bnrotation.reestimate) before evaluating or saving this model."
+        if any(w.startswith(ONE_CLASS) for w in self.warnings):  # the warning line says why
+            advice = advice[:-1] + ", on batches of every class as in training, not these."
         scale = self.input_scale
         if scale:
-            advice = scale + " Otherwise: r" + advice[1:]
+            advice = scale + " If they are: r" + advice[1:]
         if self.nonfinite:
             return (f"STALE: NaN or infinite running statistics in {self.nonfinite} (evaluation mode is unusable); "
                     f"elsewhere, {rule}. {advice}")
@@ -304,8 +311,9 @@ def check_checkpoint(model: nn.Module, batches, *, weights=None, weights_key: st
     count = len(probe.batches)
     small = probe_size_warning(samples, thresholds.mode_gap, count, truncated)
     one = one_class_warning([y for _, y in probe.batches])
+    first = next(iter(monitor.last_fresh or {}), "")  # the fresh statistics, in the order the forward pass reached them
     return CheckReport(before, after, thresholds, count, samples, probe.batches[0][1] is not None, truncated, kind,
-                       tuple(w for w in (small, one) if w), probe.output_note)
+                       tuple(w for w in (small, one) if w), probe.output_note, first)
 
 
 def one_class_warning(labels: list[torch.Tensor | None]) -> str | None:
@@ -317,7 +325,7 @@ def one_class_warning(labels: list[torch.Tensor | None]) -> str | None:
     classes = torch.cat([y.flatten() for y in labels]).unique()
     if classes.numel() != 1:
         return None
-    return (f"--batches: every labelled sample is of class {int(classes[0])}: the mode gap cannot show an evaluation "
+    return (f"{ONE_CLASS} {int(classes[0])}: the mode gap cannot show an evaluation "
             "mode that predicts that class alone, and statistics re-estimated on these batches describe that class "
             "alone; give batches of every class, as in training")
 

@@ -666,7 +666,7 @@ class StalenessMonitor:
             if share == 1:
                 hint = "a probe of one class: give it several"
             elif share > 0.5:
-                hint = "a probe dominated by one class: balance its classes"
+                hint = "a probe dominated by one class, on which a collapse to it hardly shows"
             elif collapse <= 0:
                 hint = "a model that has not learned the probe yet, or labels of another task"
             else:
