@@ -543,7 +543,7 @@ def test_the_scale_question_starts_past_the_ratio_and_reads_the_first_layer_alon
     first = [math.log(ratio * INPUT_SCALE_RATIO / 10.0)] * 3 + [math.log(1000.0)] * 2  # median: the first three's
     channels = pd.DataFrame({"norm_layer": ["bn0"] * 5 + ["bn1"] * 3,
                              "log_std_ratio": first + [math.log(1000.0)] * 3})
-    fake = types.SimpleNamespace(before=types.SimpleNamespace(channels=channels))
+    fake = types.SimpleNamespace(before=types.SimpleNamespace(channels=channels), first_norm_layer="bn0")
     text = CheckReport.input_scale.fget(fake)
     assert bool(text) == asked
     if asked:

@@ -250,48 +250,50 @@ def _layer_evidence(raw: nn.Module, avg: nn.Module) -> tuple[str, tuple[str, ...
 
 
 def _resolve(observed: str, candidates: tuple[str, ...], declared: str | None,
-             count_may_trail: bool, fit: str = "") -> tuple[str, str]:
-    """The layer's policy once the wrapper's declaration is read, and what that adds to the reason.
+             count_may_trail: bool, fit: str = "") -> tuple[str, tuple[str, ...], str]:
+    """The layer's policy once the wrapper's declaration is read, the candidates left when it is ``undetermined``,
+    and what the declaration adds to the reason.
 
     ``fit``: "" when the copy's statistics do not fit its own weights, else the evidence that they do (its median
     |lag| under the rule's threshold, in words). A copy that holds a count the raw model's buffers never had, yet
     fits its own weights, was re-estimated after its last update, as ``torch.optim.swa_utils.update_bn`` does
     (it resets the count to its number of batches): its count alone then reads like a frozen copy's.
     """
+    update_bn = "as torch.optim.swa_utils.update_bn leaves them"
     if observed == "copied" and declared not in (None, "copied"):
-        return "copied", f"; the wrapper declares {declared!r}, yet these are the raw model's"
+        return "copied", candidates, f"; the wrapper declares {declared!r}, yet these are the raw model's"
     if observed in ("copied", "never updated"):
-        return observed, ""
+        return observed, candidates, ""
     if candidates == ("re-estimated",) and fit:  # whatever the wrapper declares: neither a copy nor an average of
         # the raw model's buffers can hold a count above its own
-        return "re-estimated", (f"; they {fit}: re-estimated after the last averaging update (as "
-                                "torch.optim.swa_utils.update_bn leaves them)")
+        return "re-estimated", candidates, f"; they {fit}: re-estimated after the last averaging update ({update_bn})"
     if declared is None:
-        return observed, ""
+        return observed, candidates, ""
     if declared == "copied":
+        copies = "; the wrapper copies rather than averages them"
         if observed == "averaged":  # the raw model's count, other statistics: not a copy, and the wrapper averages none
             if fit:
-                return "re-estimated", (f"; the wrapper copies rather than averages them, and they {fit}: re-estimated "
-                                        "after its last update on as many batches as the raw model saw (as "
-                                        "torch.optim.swa_utils.update_bn leaves them)")
-            return "undetermined", ("; the wrapper copies rather than averages them: re-estimated on as many batches "
-                                    "as the raw model saw, or not this raw model's copy")
-        if "never updated" in candidates and fit:
-            return "undetermined", (f"; the wrapper copies rather than averages them, and they {fit}: re-estimated "
-                                    "on these weights after its last update (as torch.optim.swa_utils.update_bn "
-                                    "leaves them), or frozen since that count while the weights hardly moved")
+                return "re-estimated", (), (f"{copies}, and they {fit}: re-estimated after its last update on as many "
+                                            f"batches as the raw model saw ({update_bn})")
+            return "undetermined", ("re-estimated",), (f"{copies}: re-estimated on as many batches as the raw model "
+                                                       "saw, or not this raw model's copy")
+        if "never updated" in candidates and fit:  # what the fit leaves of the count's three readings
+            return "undetermined", ("re-estimated", "never updated"), (
+                f"{copies}, and they {fit}: re-estimated on these weights after its last update ({update_bn}), or "
+                "frozen since that count while the weights hardly moved")
         if "never updated" in candidates:
-            return "never updated", ("; the wrapper copies the buffers at each update: they were not updated since "
-                                     "its last one")
-        return "undetermined", "; the wrapper declares 'copied', yet they differ from the raw model's"
+            return "never updated", candidates, ("; the wrapper copies the buffers at each update: they were not "
+                                                 "updated since its last one")
+        return "undetermined", candidates, "; the wrapper declares 'copied', yet they differ from the raw model's"
     if declared == "averaged" and not count_may_trail and "never updated" in candidates:
-        return "never updated", ("; the wrapper copies num_batches_tracked at each update: it has made none since "
-                                 "that count")
+        return "never updated", candidates, ("; the wrapper copies num_batches_tracked at each update: it has made "
+                                             "none since that count")
     if declared == "averaged" and (observed == "averaged" or (count_may_trail and "averaged" in candidates)):
-        return "averaged", "; the wrapper averages the buffers" + (", its count trails" if count_may_trail else "")
+        return "averaged", candidates, ("; the wrapper averages the buffers"
+                                        + (", its count trails" if count_may_trail else ""))
     if declared == "re-estimated":
-        return "re-estimated", "; the provenance records a re-estimation on these weights"
-    return "undetermined", f"; the wrapper declares {declared!r}, which the buffers do not show"
+        return "re-estimated", candidates, "; the provenance records a re-estimation on these weights"
+    return "undetermined", candidates, f"; the wrapper declares {declared!r}, which the buffers do not show"
 
 
 # ----------------------------------------------------------------------------- the report
@@ -435,12 +437,8 @@ def audit_averaged(raw, averaged, probe, *, model: nn.Module | None = None,
         fit = (f"fit the copy's own weights (median |lag| under the rule's {thresholds.lag_sigma:g}σ)"
                if provenance is None and math.isfinite(thresholds.lag_sigma) and lag < thresholds.lag_sigma else "")
         # (the suite's provenance records what was done to the buffers: no later re-estimation to read from the fit)
-        policy, more = _resolve(observed, cands, held.declared, held.count_may_trail, fit)
+        policy, cands, more = _resolve(observed, cands, held.declared, held.count_may_trail, fit)
         policies.append(policy)
-        if policy == "undetermined" and fit and held.declared == "copied" and "never updated" in cands:
-            cands = ("re-estimated", "never updated")  # what the fit leaves of the count's three readings
-        elif policy == "undetermined" and held.declared == "copied" and observed == "averaged":
-            cands = ("re-estimated",)
         candidates.append(cands if policy == "undetermined" else ())
         reasons.append(why + more)
         count = getattr(m, _COUNT, None)

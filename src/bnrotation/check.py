@@ -58,7 +58,8 @@ judge (:attr:`monitor.MonitorRecord.undetermined`): fewer samples than the mode-
 moves the gap by 1/N; :func:`probe_batch.smallest_probe`, 20 at the default 0.05), with one ``warning: --batches:
 ...`` line on stderr naming the smallest size and the argument that sets it; or, not stale, a gap or every lag
 that is NaN (activations that overflow), or labelled batches the model does not classify (training-mode accuracy
-within the gap threshold of a constant guess of their largest class). The exit status is the one every judging command shares
+within the gap threshold of a constant guess of their largest class), or batches on another scale than the
+training inputs (:attr:`CheckReport.input_scale`). The exit status is the one every judging command shares
 (:data:`helptext.EXIT_STATUS`, at the end of ``--help``): 0 not stale; 1 stale; 2 undetermined, or bad input,
 one line naming the argument or file, before any measurement. Everything is measured in float32 whatever
 autocast context :func:`check_checkpoint` is called in.
@@ -206,11 +207,10 @@ class CheckReport:
         σ): batches on another scale than the training inputs (pixels in 0-255 against normalised ones, say), which
         the rule reads as stale and a re-estimation on them would make worse; else "". Statistics that weight
         rotation left behind differ by a few tens of percent."""
-        first = self.before.channels
-        if not len(first):
+        channels, name = self.before.channels, self.first_norm_layer
+        if not name:
             return ""
-        name = getattr(self, "first_norm_layer", "") or first["norm_layer"].iloc[0]
-        log_ratio = first.loc[first["norm_layer"] == name, "log_std_ratio"].median()
+        log_ratio = channels.loc[channels["norm_layer"] == name, "log_std_ratio"].median()
         if not math.isfinite(log_ratio) or abs(log_ratio) <= math.log(INPUT_SCALE_RATIO):
             return ""
         ratio = math.exp(abs(log_ratio))

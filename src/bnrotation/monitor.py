@@ -372,6 +372,8 @@ class StalenessMonitor:
         ys = [y for _, y in self.batches]
         self.y = ys[0] if len(ys) == 1 or ys[0] is None else torch.cat(ys)  # (N,) over every batch
         n = sum(sample_count(x) for x, _ in self.batches)
+        # the labels of the probe's largest class: what a constant guess of it gets right (_collapse_gap)
+        self.largest_class = int(torch.bincount(self.y.flatten().long().cpu()).max()) if self.y is not None else 0
         note = probe.output_note
         self.output_note = note  # "" for a model that returns a tensor
         if note:  # said once, here: every pass of every call reads the logits the same way (read_logits)
@@ -656,24 +658,24 @@ class StalenessMonitor:
         if math.isnan(record.worst_median_lag_sigma) and math.isnan(record.worst_median_eval_error_sigma):
             return "no layer's lag or E is finite (no running statistics measured, or fresh statistics not finite)"
         collapse = self._collapse_gap(record, out_train)
-        if record.mode_gap < self.thresholds.mode_gap and collapse < self.thresholds.mode_gap and self.y is None:
+        if record.mode_gap >= self.thresholds.mode_gap or collapse >= self.thresholds.mode_gap:
+            return ""  # a gap that crosses is judged; one that could cross, had evaluation mode collapsed, too
+        if self.y is None:
             return (f"training mode predicts one class for {1 - collapse:.1%} of the probe: an evaluation mode "
                     f"collapsed to that class would change {collapse:.1%} of the predictions, not enough to cross the "
                     "gap threshold (an untrained model, or a probe of one class)")
-        if record.mode_gap < self.thresholds.mode_gap and collapse < self.thresholds.mode_gap:  # "not stale" unfounded
-            acc = float(record.checks["acc_train_mode"].iloc[0])
-            share = acc - collapse
-            if share == 1:
-                hint = "a probe of one class: give it several"
-            elif share > 0.5:
-                hint = "a probe dominated by one class, on which a collapse to it hardly shows"
-            elif collapse <= 0:
-                hint = "a model that has not learned the probe yet, or labels of another task"
-            else:
-                hint = "a model that has barely learned the probe"
-            return (f"a constant guess of the probe's largest class scores {share:.1%} against training mode's "
-                    f"{acc:.1%}: an evaluation mode collapsed to that class would not cross the gap threshold ({hint})")
-        return ""
+        acc = float(record.checks["acc_train_mode"].iloc[0])
+        share = acc - collapse
+        if share == 1:
+            hint = "a probe of one class: give it several"
+        elif share > 0.5:
+            hint = "a probe dominated by one class, on which a collapse to it hardly shows"
+        elif collapse <= 0:
+            hint = "a model that has not learned the probe yet, or labels of another task"
+        else:
+            hint = "a model that has barely learned the probe"
+        return (f"a constant guess of the probe's largest class scores {share:.1%} against training mode's "
+                f"{acc:.1%}: an evaluation mode collapsed to that class would not cross the gap threshold ({hint})")
 
     def _collapse_gap(self, record: MonitorRecord, out_train: torch.Tensor) -> float:
         """The mode gap an evaluation mode collapsed to the probe's largest class would leave (a fraction):
@@ -684,9 +686,8 @@ class StalenessMonitor:
             pred = out_train.argmax(1).flatten()
             return (pred.numel() - int(torch.bincount(pred.long().cpu()).max())) / pred.numel()
         n = self.y.numel()
-        largest = int(torch.bincount(self.y.flatten().long().cpu()).max())
         right = round(float(record.checks["acc_train_mode"].iloc[0]) * n)
-        return (right - largest) / n  # in counts: 5 of 100 samples is the 5% threshold itself
+        return (right - self.largest_class) / n  # in counts: 5 of 100 samples is the 5% threshold itself
 
     def _stale(self, record: MonitorRecord) -> bool:
         if record.nonfinite.running_statistics:
