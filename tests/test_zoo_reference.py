@@ -15,10 +15,10 @@ from conftest import ROOT
 from bnrotation.study.analysis.tables import zoo_report
 
 ZOO, EVAL_PATH = "results/reference/zoo", "results/reference/zoo_eval_path"
-SECOND_ZOO = "results/reference/zoo2"  # the second zoo (issue 48): its finished runs, committed as they land
+SECOND_ZOO_DIR = "results/reference/zoo2"  # the second zoo (issue 48): its finished runs, committed as they land
 
 
-@pytest.mark.parametrize("root", [ZOO, EVAL_PATH, SECOND_ZOO])
+@pytest.mark.parametrize("root", [ZOO, EVAL_PATH, SECOND_ZOO_DIR])
 def test_the_committed_zoo_md_is_what_zoo_report_writes_from_the_committed_runs(root, monkeypatch):
     monkeypatch.chdir(ROOT)
     runs, problems = zoo_report.load_zoo_runs(root)

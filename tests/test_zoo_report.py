@@ -225,3 +225,13 @@ def test_depth_split_at_another_threshold_with_layers_exactly_at_it_and_runs_tha
 
 def test_a_count_over_nothing_is_a_dash():
     assert (zoo_report._count(0, 0), zoo_report._count(0, 3), zoo_report._count(2, 3)) == ("–", "0/3", "2/3")
+
+
+def test_the_table_names_the_zoo_its_runs_come_from_and_the_command_that_runs_it():
+    """The second zoo's table says ``make zoo2``; one run of a first-zoo architecture beside it makes it the first's."""
+    second = [_run("tinynet_e", "sgd", 10, SEED0, E0), _run("regnety_002", "adam", 11, SEED1, E1)]
+    text = zoo_report.table_markdown(second, "results/reference/zoo2")
+    assert text.startswith("The second staleness zoo: 2 finished runs under `results/reference/zoo2` (`make zoo2`;")
+    mixed = second + [_run("lcnet_050", "adam", 0, SEED0, E0)]
+    assert zoo_report.table_markdown(mixed, "r").startswith("The staleness zoo: 3 finished runs under `r` (`make zoo`;")
+    assert zoo_report.zoo_name([]) == ("The staleness zoo", "make zoo")

@@ -65,7 +65,7 @@ def _committed() -> dict[str, float]:
 
 def _second_zoo(ev: Evidence) -> list[Run]:
     """The second zoo's runs (``ev.root/zoo2``), read once."""
-    return list(_zoo(str(ev.root / cal.SECOND_ZOO)))
+    return list(_zoo(str(ev.root / cal.SECOND_ZOO_DIR)))
 
 
 def _second_zoo_incomplete(ev: Evidence, tolerance: str) -> Outcome | None:

@@ -521,7 +521,7 @@ def frozen_verdicts(root: str | Path, thresholds: Thresholds) -> pd.DataFrame:
 
 # ----------------------------------------------------------------------------- reading the roots
 ZOO = "zoo"  # <root>/zoo/runs/...: the staleness zoo's runs, beside a root's own
-SECOND_ZOO = "zoo2"  # <root>/zoo2/runs/...: the second zoo (bnrotation.study.zoo.SECOND_ZOO), run after issue 48
+SECOND_ZOO_DIR = "zoo2"  # <root>/zoo2/runs/...: the second zoo's runs (bnrotation.study.constants.SECOND_ZOO)
 
 
 def out_of_sample_roots(root: str | Path) -> list[Path]:
@@ -532,7 +532,7 @@ def out_of_sample_roots(root: str | Path) -> list[Path]:
 
 def second_zoo_roots(root: str | Path) -> list[Path]:
     """The roots of the runs none of issue 48's choices was made on (:data:`FRESH`): ``root/zoo2``."""
-    return [Path(root) / SECOND_ZOO]
+    return [Path(root) / SECOND_ZOO_DIR]
 
 
 @dataclass(frozen=True)

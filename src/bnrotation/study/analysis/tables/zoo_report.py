@@ -1,4 +1,5 @@
-"""The staleness zoo's table and figure: per architecture and optimizer, what the runs of ``make zoo`` measured.
+"""The staleness zoo's table and figure: per architecture and optimizer, what the runs of ``make zoo`` (or of the
+second zoo, ``make zoo2``) measured.
 
 Reads the finished runs under ``<root>/runs/<arch>-<optimizer>/seed=<s>/`` (:mod:`bnrotation.study.zoo`'s layout,
 read as :func:`.calibration.load_calibration_runs` reads it) and writes ``<root>/zoo.md`` and ``<root>/zoo.png``
@@ -44,6 +45,7 @@ import pandas as pd
 from .... import records
 from ....helptext import plain
 from ....staleness import Thresholds
+from ...constants import SECOND_ZOO
 from ..formatting import cell
 from ..results import Run, say_refused
 from ..stats import SeedStat
@@ -100,12 +102,21 @@ def _count(k: int, n: int) -> str:
     return f"{k}/{n}" if n else "–"
 
 
+def zoo_name(runs: list[Run]) -> tuple[str, str]:
+    """The zoo's name and the command that runs it: the second zoo's (``make zoo2``) when every run is of one of
+    :data:`bnrotation.study.constants.SECOND_ZOO`'s architectures, else the first's (``make zoo``)."""
+    if runs and all(r.info["arch"] in SECOND_ZOO.archs for r in runs):
+        return "The second staleness zoo", "make zoo2"
+    return "The staleness zoo", "make zoo"
+
+
 def table_markdown(runs: list[Run], root: str | Path) -> str:
     """The zoo as a markdown table: one line per architecture and optimizer, in the order the runs sort."""
     frame = per_run(runs)
+    name, command = zoo_name(runs)
     truth = " or ".join(cell(x, "pct", digits=0).replace("%", " points")
                         for x in sorted({r.info["stale_recovery"] for r in runs}))  # each run's own X
-    out = [f"The staleness zoo: {len(runs)} finished runs under `{root}` (`make zoo`; `bnrotation.study.zoo`). "
+    out = [f"{name}: {len(runs)} finished runs under `{root}` (`{command}`; `bnrotation.study.zoo`). "
            "Held-out accuracies at the last check; mode gap: training- minus evaluation-mode accuracy on the same "
            "held-out images; worst median E: the largest over the checks past the warm-up of the worst layer's "
            "median E, in running σ; recovered: re-estimated minus stored evaluation-mode accuracy. Mean ± sample "
@@ -233,7 +244,7 @@ def depth_figure(runs: list[Run], path: Path) -> Path | None:
 def report_text(runs: list[Run], root: str | Path) -> str:
     """``zoo.md``: :func:`table_markdown` and its figure, and :func:`depth_markdown` and its figure where runs
     measured the evaluation path."""
-    text = table_markdown(runs, root) + "\n![The staleness zoo](zoo.png)\n"
+    text = table_markdown(runs, root) + f"\n![{zoo_name(runs)[0]}](zoo.png)\n"
     depth = depth_markdown(runs)
     return text + ("\n" + depth + "\n![Own and met E by depth](zoo_eval_path.png)\n" if depth else "")
 
@@ -264,7 +275,7 @@ def figure(runs: list[Run], path: Path) -> Path:
     ax.set_xscale("log")
     ax.set_xlabel("worst layer's median E, largest over the checks (running σ)")
     ax.set_ylabel("accuracy re-estimation recovers, largest (points)")
-    ax.set_title("The staleness zoo: one point per run")
+    ax.set_title(f"{zoo_name(runs)[0]}: one point per run")
     ax.legend(fontsize=6, ncol=2, loc="upper left", title="architecture, optimizer (o SGD, ^ Adam)",
               title_fontsize=7)
     save(fig, path.parent, path.stem)
