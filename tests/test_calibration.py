@@ -310,12 +310,36 @@ def test_the_second_zoos_claims_wait_for_the_whole_zoo(monkeypatch):
     from bnrotation.study.analysis.claims import outofsample as oos
     from bnrotation.study.constants import SECOND_ZOO
 
+    monkeypatch.setattr(oos, "_second_zoo_diverged", lambda ev: [])
     for have, judged in ((SECOND_ZOO.runs - 1, False), (SECOND_ZOO.runs, True)):
         monkeypatch.setattr(oos, "_second_zoo", lambda ev, n=have: [_run()] * n)
         out = oos._second_zoo_incomplete(None, "t")
         assert (out is None) == judged
         if not judged:
             assert out.passed is None and f"{have} of the second zoo's {SECOND_ZOO.runs} runs" in out.measured
+
+
+def test_a_diverged_run_counts_in_the_whole_zoo_and_is_named_where_it_is_left_out(monkeypatch, tmp_path):
+    """A run that diverged has finished: the zoo is whole with it (one run short without it is still NOT RUN),
+    every score leaves it out as it leaves out every diverged run, and the claim and the sample line name it."""
+    from bnrotation.study.analysis.claims import outofsample as oos
+    from bnrotation.study.constants import SECOND_ZOO
+
+    _zoo_folder(tmp_path, status="diverged", diverged_at_step=2000)
+    assert cal.load_calibration_runs([tmp_path], cal.out_of_sample_run)[0] == []
+    assert cal.diverged_runs([tmp_path]) == ["`lcnet_050-adam` seed 0 (step 2,000)"]
+    unfinished = tmp_path / "other"
+    _zoo_folder(unfinished, done=False, status="diverged")
+    assert cal.diverged_runs([unfinished]) == []  # no DONE marker: not finished, not counted
+    monkeypatch.setattr(oos, "_second_zoo_diverged", lambda ev: cal.diverged_runs([tmp_path]))
+    for have, judged in ((SECOND_ZOO.runs - 2, False), (SECOND_ZOO.runs - 1, True)):
+        monkeypatch.setattr(oos, "_second_zoo", lambda ev, n=have: [_run()] * n)
+        assert (oos._second_zoo_incomplete(None, "t") is None) == judged
+    out = oos._left_out(None, cal_outcome := oos.Outcome("m", "t", True, "a note"))
+    assert out.note == "a note Left out, as every diverged run is: `lcnet_050-adam` seed 0 (step 2,000)."
+    assert (out.measured, out.passed) == (cal_outcome.measured, True)
+    monkeypatch.setattr(oos, "_second_zoo_diverged", lambda ev: [])
+    assert oos._left_out(None, cal_outcome) is cal_outcome
 
 
 # ----------------------------------------------------------------------------- second cases (issue 52, make mutants)

@@ -235,3 +235,16 @@ def test_the_table_names_the_zoo_its_runs_come_from_and_the_command_that_runs_it
     mixed = second + [_run("lcnet_050", "adam", 0, SEED0, E0)]
     assert zoo_report.table_markdown(mixed, "r").startswith("The staleness zoo: 3 finished runs under `r` (`make zoo`;")
     assert zoo_report.zoo_name([]) == ("The staleness zoo", "make zoo")
+
+
+def test_a_diverged_run_is_named_under_the_table_not_averaged_into_it(tmp_path, capsys):
+    """A run that diverged is finished but left out of the table (as the calibration leaves it out); zoo.md names
+    it and its step, so that a row's seed count is explained."""
+    _on_disk(tmp_path, _run("lcnet_050", "sgd", 0, SEED0, E0))
+    bad = _run("lcnet_050", "sgd", 1, SEED1, E1)
+    bad.info.update(status="diverged", diverged_at_step=20)
+    _on_disk(tmp_path, bad)
+    assert zoo_report.main(["--results", str(tmp_path)]) == 0, capsys.readouterr().err
+    text = (tmp_path / "zoo.md").read_text()
+    assert "| `lcnet_050` | sgd | 1 | 87.0% |" in text
+    assert "Diverged (a non-finite loss), left out of the table: `lcnet_050-sgd` seed 1 (step 20)." in text

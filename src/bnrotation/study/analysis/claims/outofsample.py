@@ -22,6 +22,7 @@ BatchNorm in training mode (whose running σ moved while the mean barely did) an
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 
@@ -68,11 +69,25 @@ def _second_zoo(ev: Evidence) -> list[Run]:
     return list(_zoo(str(ev.root / cal.SECOND_ZOO_DIR)))
 
 
+def _second_zoo_diverged(ev: Evidence) -> list[str]:
+    """The second zoo's finished runs that diverged: in the zoo's count, out of its scores (:func:`cal.diverged_runs`)."""
+    return cal.diverged_runs([ev.root / cal.SECOND_ZOO_DIR])
+
+
+def _left_out(ev: Evidence, outcome: Outcome) -> Outcome:
+    """``outcome`` with the second zoo's diverged runs named in its note, when it has any."""
+    left = _second_zoo_diverged(ev)
+    if not left:
+        return outcome
+    words = f"Left out, as every diverged run is: {', '.join(left)}."
+    return dataclasses.replace(outcome, note=f"{outcome.note} {words}".strip())
+
+
 def _second_zoo_incomplete(ev: Evidence, tolerance: str) -> Outcome | None:
     """NOT RUN while the second zoo is not whole: its claims are about the zoo, every architecture and seed of
     :data:`bnrotation.study.constants.SECOND_ZOO`, not about the runs that happen to have finished (its runs land
     a few at a time, one architecture after another); None once every run is in."""
-    have, want = len(_second_zoo(ev)), SECOND_ZOO.runs
+    have, want = len(_second_zoo(ev)) + len(_second_zoo_diverged(ev)), SECOND_ZOO.runs
     if have >= want:
         return None
     return Outcome(f"{have} of the second zoo's {want} runs", tolerance, None,
@@ -139,15 +154,16 @@ def shipped_rule_false_alarms_first_zoo(ev: Evidence) -> Outcome:
          "intervention points.", f"recall ≥ {OOS_RECALL:g} (fixed before its runs, issue 48)", section=CALIBRATION)
 def shipped_rule_recall_second_zoo(ev: Evidence) -> Outcome:
     return (_second_zoo_incomplete(ev, f"recall ≥ {OOS_RECALL:g} over the whole second zoo")
-            or _rule_rate(_second_zoo(ev), cal.RULE, "recall", "caught", "stale", "recall", lambda r: r >= OOS_RECALL))
+            or _left_out(ev, _rule_rate(_second_zoo(ev), cal.RULE, "recall", "caught", "stale", "recall",
+                                        lambda r: r >= OOS_RECALL)))
 
 
 @bespoke("On the second zoo, the rule as it ships rarely warns where the statistics are not stale.",
          f"false alarms ≤ {OOS_FALSE_ALARMS:.0%} (fixed before its runs, issue 48)", section=CALIBRATION)
 def shipped_rule_false_alarms_second_zoo(ev: Evidence) -> Outcome:
     return (_second_zoo_incomplete(ev, f"false alarms ≤ {OOS_FALSE_ALARMS:g} over the whole second zoo")
-            or _rule_rate(_second_zoo(ev), cal.RULE, "far", "false_alarms", "fresh", "false-alarm rate",
-                          lambda r: r <= OOS_FALSE_ALARMS))
+            or _left_out(ev, _rule_rate(_second_zoo(ev), cal.RULE, "far", "false_alarms", "fresh",
+                                        "false-alarm rate", lambda r: r <= OOS_FALSE_ALARMS)))
 
 
 EARLY_SHARE = 0.5  # a forecaster warns early in at least half the second zoo's runs that go stale
@@ -178,7 +194,12 @@ def a_forecaster_warns_early_on_the_second_zoo(ev: Evidence) -> Outcome:
     words = "; ".join(f"{k}: {e['early']}/{e['runs']} early, false alarms {e['far']:.2f}" for k, e in found.items())
     ok = any(e["runs"] and e["early"] / e["runs"] >= EARLY_SHARE and e["far"] <= cal.FORECAST_FALSE_ALARMS
              for e in found.values())
-    return Outcome(words, tolerance, ok)
+    best, e = max(found.items(), key=lambda kv: (kv[1]["early"] / kv[1]["runs"] if kv[1]["runs"] else 0.0))
+    why = ("" if ok else f"A finding: no registered forecaster warns early in half the runs that go stale; the best, "
+           f"{best}, in {e['early']} of {e['runs']}. The monitor is a detector, not a forecaster: it tells, once "
+           "staleness costs accuracy on its probe, which layers moved and whether re-estimation recovers them "
+           "(docs/monitor.md).")
+    return _left_out(ev, Outcome(words, tolerance, ok, why))
 
 
 @bespoke("The channel signal alone carries over: out of sample, the worst layer's median E at its in-sample "

@@ -52,6 +52,7 @@ the first warning's step (negative: it warned after), over the log steps of the 
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import re
 import sys
@@ -576,6 +577,26 @@ def load_calibration_runs(roots: list[str | Path], keep) -> tuple[list[Run], lis
     return runs, problems
 
 
+def diverged_runs(roots: list[str | Path]) -> list[str]:
+    """The finished runs under ``roots`` that diverged (``run.json`` status ``diverged``, a ``DONE`` marker), as
+    ``<row> seed <s> (step <n>)``: finished, so a zoo that holds them is whole, but left out of every score
+    (:func:`load_calibration_runs`). A folder that does not read is left to :func:`load_calibration_runs` to refuse."""
+    out = []
+    for root in roots:
+        for d in find_run_dirs(root):
+            if not (d / records.DONE).exists():
+                continue
+            try:
+                info = json.loads((d / "run.json").read_text())
+            except (OSError, ValueError):
+                continue
+            if info.get("status") == "diverged":
+                step = info.get("diverged_at_step")
+                out.append(f"`{d.parent.name}` {d.name.replace('=', ' ')}"
+                           + (f" (step {step:,})" if isinstance(step, int) else ""))
+    return out
+
+
 # ----------------------------------------------------------------------------- the report
 def _thr(what: str, value: float) -> str:
     unit = BY_COLUMN[what].unit if what in BY_COLUMN else ""
@@ -682,7 +703,9 @@ def to_markdown(samples: dict[str, list[Run]], roots: dict[str, list[Path]], fro
            "method's choice on the synthetic runs' held-out gap (the only gap they logged), its E threshold the "
            "method's choice on E (checked by `tests/test_calibration.py`); the lag keeps its earlier default.\n"]
     for sm in SAMPLES:
-        out.append(f"- **{sm.title}**: {sm.words}; {_describe(samples[sm.key])}.")
+        left = diverged_runs(roots[sm.key]) if sm.key == FRESH.key else []
+        out.append(f"- **{sm.title}**: {sm.words}; {_describe(samples[sm.key])}"
+                   + (f"; left out, as every diverged run is: {', '.join(left)}" if left else "") + ".")
     out += ["", "## Thresholds\n", "| Signal | Method's choice on the synthetic runs | In `Thresholds()` |",
             "|---|---:|---:|"]
     committed = {"mode_gap": thresholds.mode_gap, "eval_error_median_sigma": thresholds.eval_error_sigma,

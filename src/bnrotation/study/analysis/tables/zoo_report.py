@@ -49,7 +49,7 @@ from ...constants import SECOND_ZOO
 from ..formatting import cell
 from ..results import Run, say_refused
 from ..stats import SeedStat
-from .calibration import load_calibration_runs
+from .calibration import diverged_runs, load_calibration_runs
 
 __all__ = ["COLUMNS", "load_zoo_runs", "per_run", "table_markdown", "depth_split", "depth_markdown", "depth_figure",
            "report_text", "main"]
@@ -244,7 +244,11 @@ def depth_figure(runs: list[Run], path: Path) -> Path | None:
 def report_text(runs: list[Run], root: str | Path) -> str:
     """``zoo.md``: :func:`table_markdown` and its figure, and :func:`depth_markdown` and its figure where runs
     measured the evaluation path."""
-    text = table_markdown(runs, root) + f"\n![{zoo_name(runs)[0]}](zoo.png)\n"
+    text = table_markdown(runs, root)
+    left = diverged_runs([root])
+    if left:
+        text += f"\nDiverged (a non-finite loss), left out of the table: {', '.join(left)}.\n"
+    text += f"\n![{zoo_name(runs)[0]}](zoo.png)\n"
     depth = depth_markdown(runs)
     return text + ("\n" + depth + "\n![Own and met E by depth](zoo_eval_path.png)\n" if depth else "")
 
