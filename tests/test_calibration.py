@@ -327,11 +327,14 @@ def test_a_diverged_run_counts_in_the_whole_zoo_and_is_named_where_it_is_left_ou
 
     _zoo_folder(tmp_path, status="diverged", diverged_at_step=2000)
     assert cal.load_calibration_runs([tmp_path], cal.out_of_sample_run)[0] == []
-    assert cal.diverged_runs([tmp_path]) == ["`lcnet_050-adam` seed 0 (step 2,000)"]
+    healthy = tmp_path / "healthy"
+    _zoo_folder(healthy)
+    finished = cal.finished_runs([tmp_path, healthy])[0]
+    assert len(finished) == 2 and cal.diverged_runs(finished) == ["`lcnet_050-adam` seed 0 (step 2,000)"]
     unfinished = tmp_path / "other"
     _zoo_folder(unfinished, done=False, status="diverged")
-    assert cal.diverged_runs([unfinished]) == []  # no DONE marker: not finished, not counted
-    monkeypatch.setattr(oos, "_second_zoo_diverged", lambda ev: cal.diverged_runs([tmp_path]))
+    assert cal.finished_runs([unfinished])[0] == []  # no DONE marker: not finished, not counted
+    monkeypatch.setattr(oos, "_second_zoo_diverged", lambda ev: cal.diverged_runs(finished))
     for have, judged in ((SECOND_ZOO.runs - 2, False), (SECOND_ZOO.runs - 1, True)):
         monkeypatch.setattr(oos, "_second_zoo", lambda ev, n=have: [_run()] * n)
         assert (oos._second_zoo_incomplete(None, "t") is None) == judged

@@ -71,7 +71,13 @@ def _second_zoo(ev: Evidence) -> list[Run]:
 
 def _second_zoo_diverged(ev: Evidence) -> list[str]:
     """The second zoo's finished runs that diverged: in the zoo's count, out of its scores (:func:`cal.diverged_runs`)."""
-    return cal.diverged_runs([ev.root / cal.SECOND_ZOO_DIR])
+    return list(_diverged(str(ev.root / cal.SECOND_ZOO_DIR)))
+
+
+@functools.lru_cache(maxsize=4)
+def _diverged(root: str) -> tuple[str, ...]:
+    """The diverged runs under ``root``, read once for the checks that count them."""
+    return tuple(cal.diverged_runs(cal.finished_runs([root])[0]))
 
 
 def _left_out(ev: Evidence, outcome: Outcome) -> Outcome:
@@ -194,9 +200,9 @@ def a_forecaster_warns_early_on_the_second_zoo(ev: Evidence) -> Outcome:
     words = "; ".join(f"{k}: {e['early']}/{e['runs']} early, false alarms {e['far']:.2f}" for k, e in found.items())
     ok = any(e["runs"] and e["early"] / e["runs"] >= EARLY_SHARE and e["far"] <= cal.FORECAST_FALSE_ALARMS
              for e in found.values())
-    best, e = max(found.items(), key=lambda kv: (kv[1]["early"] / kv[1]["runs"] if kv[1]["runs"] else 0.0))
+    best, top = max(found.items(), key=lambda kv: kv[1]["early"] / kv[1]["runs"] if kv[1]["runs"] else 0.0)
     why = ("" if ok else f"A finding: no registered forecaster warns early in half the runs that go stale; the best, "
-           f"{best}, in {e['early']} of {e['runs']}. The monitor is a detector, not a forecaster: it tells, once "
+           f"{best}, in {top['early']} of {top['runs']}. The monitor is a detector, not a forecaster: it tells, once "
            "staleness costs accuracy on its probe, which layers moved and whether re-estimation recovers them "
            "(docs/monitor.md).")
     return _left_out(ev, Outcome(words, tolerance, ok, why))

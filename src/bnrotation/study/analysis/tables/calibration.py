@@ -52,7 +52,6 @@ the first warning's step (negative: it warned after), over the log steps of the 
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import re
 import sys
@@ -555,9 +554,9 @@ FRESH = Sample("fresh", "The second zoo", "none of this was chosen on it: the ru
 SAMPLES = (SYNTHETIC, LOOKED_AT, FRESH)
 
 
-def load_calibration_runs(roots: list[str | Path], keep) -> tuple[list[Run], list[str]]:
-    """The finished, non-diverged runs under ``roots`` (each ``<root>/runs/<row>/seed=<s>``) for which ``keep(run)``
-    holds, each folder once, and one line per folder refused. Each is read by the run reader
+def finished_runs(roots: list[str | Path]) -> tuple[list[Run], list[str]]:
+    """Every finished run under ``roots`` (each ``<root>/runs/<row>/seed=<s>``), diverged ones included, each folder
+    once, and one line per folder refused. Each is read by the run reader
     (:func:`bnrotation.study.analysis.results.load_run`) with the layout of the experiment that wrote it: the
     runner's (:data:`bnrotation.study.analysis.results.RUNNER`) or the staleness zoo's
     (:data:`bnrotation.study.analysis.results.ZOO`: no ``scale`` section, no ``channels`` table by default)."""
@@ -568,32 +567,27 @@ def load_calibration_runs(roots: list[str | Path], keep) -> tuple[list[Run], lis
                 continue
             seen.add(d.resolve())
             try:
-                r = load_run(d, TABLES, (RUNNER, ZOO_LAYOUT))
+                runs.append(load_run(d, TABLES, (RUNNER, ZOO_LAYOUT)))
             except BadRunError as err:
                 problems.append(str(err))
-                continue
-            if not r.diverged and keep(r):
-                runs.append(r)
     return runs, problems
 
 
-def diverged_runs(roots: list[str | Path]) -> list[str]:
-    """The finished runs under ``roots`` that diverged (``run.json`` status ``diverged``, a ``DONE`` marker), as
-    ``<row> seed <s> (step <n>)``: finished, so a zoo that holds them is whole, but left out of every score
-    (:func:`load_calibration_runs`). A folder that does not read is left to :func:`load_calibration_runs` to refuse."""
+def load_calibration_runs(roots: list[str | Path], keep) -> tuple[list[Run], list[str]]:
+    """The finished, non-diverged runs under ``roots`` for which ``keep(run)`` holds, and one line per folder
+    refused (:func:`finished_runs`)."""
+    runs, problems = finished_runs(roots)
+    return [r for r in runs if not r.diverged and keep(r)], problems
+
+
+def diverged_runs(runs: list[Run]) -> list[str]:
+    """The diverged runs among ``runs`` (``run.json`` status ``diverged``), as ``<row> seed <s> (step <n>)``:
+    finished, so a zoo that holds them is whole, but left out of every score (:func:`load_calibration_runs`)."""
     out = []
-    for root in roots:
-        for d in find_run_dirs(root):
-            if not (d / records.DONE).exists():
-                continue
-            try:
-                info = json.loads((d / "run.json").read_text())
-            except (OSError, ValueError):
-                continue
-            if info.get("status") == "diverged":
-                step = info.get("diverged_at_step")
-                out.append(f"`{d.parent.name}` {d.name.replace('=', ' ')}"
-                           + (f" (step {step:,})" if isinstance(step, int) else ""))
+    for r in runs:
+        if r.diverged:
+            step = r.info.get("diverged_at_step")
+            out.append(f"`{r.row}` seed {r.seed}" + (f" (step {step:,})" if isinstance(step, int) else ""))
     return out
 
 
@@ -703,7 +697,7 @@ def to_markdown(samples: dict[str, list[Run]], roots: dict[str, list[Path]], fro
            "method's choice on the synthetic runs' held-out gap (the only gap they logged), its E threshold the "
            "method's choice on E (checked by `tests/test_calibration.py`); the lag keeps its earlier default.\n"]
     for sm in SAMPLES:
-        left = diverged_runs(roots[sm.key]) if sm.key == FRESH.key else []
+        left = diverged_runs(finished_runs(roots[sm.key])[0]) if sm.key == FRESH.key else []
         out.append(f"- **{sm.title}**: {sm.words}; {_describe(samples[sm.key])}"
                    + (f"; left out, as every diverged run is: {', '.join(left)}" if left else "") + ".")
     out += ["", "## Thresholds\n", "| Signal | Method's choice on the synthetic runs | In `Thresholds()` |",

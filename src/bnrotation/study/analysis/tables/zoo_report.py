@@ -49,7 +49,7 @@ from ...constants import SECOND_ZOO
 from ..formatting import cell
 from ..results import Run, say_refused
 from ..stats import SeedStat
-from .calibration import diverged_runs, load_calibration_runs
+from .calibration import diverged_runs, finished_runs, load_calibration_runs
 
 __all__ = ["COLUMNS", "load_zoo_runs", "per_run", "table_markdown", "depth_split", "depth_markdown", "depth_figure",
            "report_text", "main"]
@@ -245,7 +245,7 @@ def report_text(runs: list[Run], root: str | Path) -> str:
     """``zoo.md``: :func:`table_markdown` and its figure, and :func:`depth_markdown` and its figure where runs
     measured the evaluation path."""
     text = table_markdown(runs, root)
-    left = diverged_runs([root])
+    left = diverged_runs(finished_runs([root])[0])
     if left:
         text += f"\nDiverged (a non-finite loss), left out of the table: {', '.join(left)}.\n"
     text += f"\n![{zoo_name(runs)[0]}](zoo.png)\n"
