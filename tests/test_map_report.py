@@ -278,3 +278,34 @@ def test_the_command_refuses_a_root_without_runs(tmp_path, capsys):
     assert mr.main(["--results", str(tmp_path)]) == 2
     assert "no runs/ folder" in capsys.readouterr().err
     assert mr.main(["--results", str(tmp_path), "--sentence"]) == 1
+
+
+def test_a_partial_map_gets_its_report_and_figure_and_says_it_is_partial(tmp_path):
+    """A map committed in batches: the templates' reference point in, one Adam run of a knob's point without its
+    SGD twin, Fashion-MNIST's reference with SGD alone (so its train_size column, on a log axis, has no Adam − SGD
+    value at all), and the other knobs' columns empty. The report and the figure are
+    written, the table counts each row's seeds where they are not paired, and map.md says how many of the map's runs
+    it reads."""
+    root = tmp_path / "map"
+    write_point(root, "noisy_templates", None, None, sgd=0.99, adam=0.80)
+    write_map_run(root, "adam", 0, knob="template_scale", setting=0.15, acc_eval=0.7)
+    write_map_run(root, "fmnist_sgd", 0, acc_eval=0.86)  # Fashion-MNIST's reference (its train_size axis): SGD only
+    assert mr.main(["--results", str(root), "--reference", str(tmp_path / "none")]) == 0
+    assert (root / "map.png").stat().st_size > 0
+    text = (root / "map.md").read_text()
+    assert f"This map is partial: it reads 8 of its {cmap.runs_in_map()} runs." in text
+    assert "| the templates | template_scale | 0.15 | 0 (SGD 0, Adam 1) |" in text
+    assert "| the templates | – | fresh samples at every draw (its own) | 3 |" not in text  # the reference row
+    assert "| the templates | – | reference | 3 |" in text
+
+
+def test_a_whole_map_does_not_call_itself_partial(tmp_path, monkeypatch):
+    small = (cmap.Knob("template_scale", "noisy_templates", (1.2,), "SNR"),)
+    for module in (cmap, mr):
+        monkeypatch.setattr(module, "KNOBS", small)
+    root = tmp_path / "map"
+    write_point(root, "noisy_templates", None, None, sgd=0.99, adam=0.80)
+    write_point(root, "fashion_mnist", None, None, sgd=0.86, adam=0.855)
+    write_point(root, "noisy_templates", "template_scale", 1.2, sgd=0.99, adam=0.985)
+    assert mr.main(["--results", str(root), "--reference", str(tmp_path / "none")]) == 0
+    assert "partial" not in (root / "map.md").read_text()

@@ -6,10 +6,11 @@ direction Adam's evaluation-mode accuracy moves along the knob: against SGD's (A
 evaluation-mode accuracy minus Adam's, paired by seed) and against its own training mode (Adam's ``mode_gap``).
 Each names the setting where the collapse should be deeper (``deeper``) and the one where it should be shallower
 (``shallower``), the two ends of what the map runs; PASS when, at ``deeper``, both Adam's deficit and its mode gap
-exceed those at ``shallower`` by more than :data:`.kinds.Z` standard errors of the difference (Welch, over seeds;
-one seed a side: the sign alone), else FAIL. A FAIL is a finding: that property, turned alone over that range, does
-not move the collapse the way its being the cause would. The runs live under ``<root>/map/`` (:data:`.ROOT`); NOT
-RUN while either end has no run of both rows. ``claims.md`` lists these under "Where does the collapse live? The
+exceed those at ``shallower`` by more than :data:`.kinds.Z` standard errors of the difference (Welch, over seeds),
+else FAIL. A FAIL is a finding: that property, turned alone over that range, does not move the collapse the way its
+being the cause would. The runs live under ``<root>/map/`` (:data:`.ROOT`); NOT RUN until both ends have both rows at
+every seed the sweep runs (:data:`..rows.SEEDS`), so that a map committed in batches is never judged on the seeds that
+happen to be in. ``claims.md`` lists these under "Where does the collapse live? The
 condition map" (:data:`.kinds.MAP`), with one more check fixed with them: that the map's shorter protocol still
 tells the two tasks apart at their own settings (the templates collapse, Fashion-MNIST does not).
 
@@ -27,6 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ...condition_map import KNOBS, MAP_STEPS, ROOT, Knob
+from ...rows import SEEDS
 from ..formatting import cell, spread
 from ..results import count
 from ..tables import map_report
@@ -115,6 +117,15 @@ def _setting(knob: Knob, setting: float | None) -> str:
     return f"its own setting ({knob.own})" if setting is None else f"{setting:,g}"
 
 
+def _short(named: list[tuple[str, object]], after: str = "") -> str | None:
+    """What keeps a check from being judged: for each ``(where, point)`` (a point of :func:`map_points` or None)
+    without both rows at every seed of :data:`..rows.SEEDS`, how many seeds it has (``after`` ends the line), or
+    None when none is short."""
+    short = [f"{0 if p is None else p.deficit.n} of {len(SEEDS)} seeds at {where}" for where, p in named
+             if p is None or p.deficit.n < len(SEEDS)]
+    return f"runs of both rows: {' and '.join(short)}{after}" if short else None
+
+
 def _judge(pred: Prediction, ev: Evidence) -> Outcome:
     knob = pred.turned
     points, problems, root = map_points(ev.root)
@@ -124,11 +135,10 @@ def _judge(pred: Prediction, ev: Evidence) -> Outcome:
     tolerance = (f"at {_setting(knob, pred.deeper)} both Adam's deficit to SGD and Adam's mode gap above those at "
                  f"{_setting(knob, pred.shallower)} by more than {Z:g} standard errors of the difference (fixed "
                  "before the map's runs)")
-    if deep is None or shallow is None or deep.deficit.n == 0 or shallow.deficit.n == 0:
-        missing = [_setting(knob, s) for s, p in ((pred.deeper, deep), (pred.shallower, shallow))
-                   if p is None or p.deficit.n == 0]
-        return Outcome(f"no runs of both rows at {' and '.join(missing)} of `task.{knob.key}` on {knob.task}",
-                       tolerance, None, where + refused)
+    missing = _short([(_setting(knob, s), p) for s, p in ((pred.deeper, deep), (pred.shallower, shallow))],
+                     f" of `task.{knob.key}` on {knob.task}")
+    if missing:
+        return Outcome(missing, tolerance, None, where + refused)
     deficit, gap = Gap(deep.deficit, shallow.deficit), Gap(deep.adam["mode_gap"], shallow.adam["mode_gap"])
     measured = "; ".join(
         f"at {_setting(knob, s)}: Adam − SGD {cell(-p.deficit.mean, 'pct', p.deficit.sd, n=p.deficit.n)}, "
@@ -159,14 +169,14 @@ def _claim(pred: Prediction) -> Bespoke:
          "(claims above)", section=MAP)
 def map_reference_points_keep_their_behaviour(ev: Evidence) -> Outcome:
     points, problems, root = map_points(ev.root)
-    refs = {p.point.task: p for p in points if p.point.knob is None and p.deficit.n}
+    refs = {p.point.task: p for p in points if p.point.knob is None}
     where = f"Runs under `{root}`." + (f" {count(len(problems), 'folder')} refused." if problems else "")
     floor = spread(map_report.COLLAPSE_FLOOR, "pct", digits=0)
     tolerance = (f"map_report.collapses: deficit and excess mode gap each ≥ {floor} and > {Z:g} standard errors; "
                  "templates yes, Fashion-MNIST no (fixed before the map's runs)")
-    if set(refs) != {"noisy_templates", "fashion_mnist"}:
-        return Outcome("no runs of both rows at the reference point of " + " and ".join(
-            t for t in ("noisy_templates", "fashion_mnist") if t not in refs), tolerance, None, where)
+    missing = _short([(f"the reference point of {t}", refs.get(t)) for t in ("noisy_templates", "fashion_mnist")])
+    if missing:
+        return Outcome(missing, tolerance, None, where)
     t, f = refs["noisy_templates"], refs["fashion_mnist"]
     measured = "; ".join(f"{map_report.TASK_WORDS[p.point.task]}: Adam − SGD "
                          f"{cell(-p.deficit.mean, 'pct', p.deficit.sd, n=p.deficit.n)}, Adam's mode gap − SGD's "
