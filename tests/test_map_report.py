@@ -290,10 +290,12 @@ def test_a_partial_map_gets_its_report_and_figure_and_says_it_is_partial(tmp_pat
     write_point(root, "noisy_templates", None, None, sgd=0.99, adam=0.80)
     write_map_run(root, "adam", 0, knob="template_scale", setting=0.15, acc_eval=0.7)
     write_map_run(root, "fmnist_sgd", 0, acc_eval=0.86)  # Fashion-MNIST's reference (its train_size axis): SGD only
+    write_point(root, "noisy_templates", "template_scale", 1.2, sgd=0.99, adam=0.97)
     assert mr.main(["--results", str(root), "--reference", str(tmp_path / "none")]) == 0
     assert (root / "map.png").stat().st_size > 0
     text = (root / "map.md").read_text()
-    assert f"This map is partial: it reads 8 of its {cmap.runs_in_map()} runs." in text
+    assert f"This map is partial: it reads 14 of its {cmap.runs_in_map()} runs." in text
+    assert "Over the 3 points' means (Adam's): " in text  # the points with an Adam run: not Fashion-MNIST's
     assert "| the templates | template_scale | 0.15 | 0 (SGD 0, Adam 1) |" in text
     assert "| the templates | – | fresh samples at every draw (its own) | 3 |" not in text  # the reference row
     assert "| the templates | – | reference | 3 |" in text

@@ -363,7 +363,7 @@ def table_markdown(points: list[PointStats], frame: pd.DataFrame) -> str:
 
 def mechanism_markdown(points: list[PointStats], frame: pd.DataFrame) -> str:
     """Per point and optimizer: every norm layer's median E with its mean part |d| and variance part |log s| (means
-    over seeds), the last conv layer's rotation and norm growth, the last training loss; then, over the points,
+    over seeds), the last conv layer's rotation and norm growth, the last training loss; then, over the points with an Adam run,
     Spearman's ρ of Adam's mode gap with its rotation, its norm growth and its last loss (which tracks the
     collapse)."""
     layers = sorted(c.split(":", 1)[1] for c in frame.columns if c.startswith("e:"))
@@ -382,13 +382,14 @@ def mechanism_markdown(points: list[PointStats], frame: pd.DataFrame) -> str:
                                             cell(stats["rotation_per_100_deg"].mean, "deg"),
                                             cell(stats["norm_growth"].mean, "x"),
                                             cell(stats["loss_last"].mean, "plain")]) + " |")
-    gap = [p.adam["mode_gap"].mean for p in points]
-    tracks = [f"ρ(Adam's mode gap, its {what}) = {cell(spearman_rho(gap, [p.adam[col].mean for p in points]), 'rho')}"
+    ran = [p for p in points if p.adam["mode_gap"].n]  # a map half run: the points with an Adam run
+    gap = [p.adam["mode_gap"].mean for p in ran]
+    tracks = [f"ρ(Adam's mode gap, its {what}) = {cell(spearman_rho(gap, [p.adam[col].mean for p in ran]), 'rho')}"
               for what, col in (("rotation", "rotation_per_100_deg"), ("norm growth", "norm_growth"),
-                                ("last loss", "loss_last"))] if len(points) >= 3 else []
+                                ("last loss", "loss_last"))] if len(ran) >= 3 else []
     out = "\n".join(lines)
     if tracks:
-        out += f"\n\nOver the {count(len(points), 'point')}' means: " + "; ".join(tracks) + "."
+        out += f"\n\nOver the {count(len(ran), 'point')}' means (Adam's): " + "; ".join(tracks) + "."
     return out
 
 
