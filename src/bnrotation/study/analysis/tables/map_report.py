@@ -363,9 +363,9 @@ def table_markdown(points: list[PointStats], frame: pd.DataFrame) -> str:
 
 def mechanism_markdown(points: list[PointStats], frame: pd.DataFrame) -> str:
     """Per point and optimizer: every norm layer's median E with its mean part |d| and variance part |log s| (means
-    over seeds), the last conv layer's rotation and norm growth, the last training loss; then, over the points with an Adam run,
-    Spearman's ρ of Adam's mode gap with its rotation, its norm growth and its last loss (which tracks the
-    collapse)."""
+    over seeds), the last conv layer's rotation and norm growth, the last training loss; then, over the points with
+    an Adam run, Spearman's ρ of Adam's mode gap with its rotation, its norm growth and its last loss (which tracks
+    the collapse)."""
     layers = sorted(c.split(":", 1)[1] for c in frame.columns if c.startswith("e:"))
     head = (["Task", "Point", "Optimizer"] + [f"{layer}: E (\\|d\\|, \\|log s\\|)" for layer in layers]
             + ["Rotation per 100 steps", "Norm growth", "Loss, last check"])
