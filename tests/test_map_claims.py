@@ -13,7 +13,7 @@ from bnrotation.study.analysis.claims import condition_map as cm
 from bnrotation.study.analysis.claims.evidence import Evidence
 from bnrotation.study.analysis.claims.kinds import FAIL, MAP, NOT_RUN, PASS
 from bnrotation.study.analysis.claims.registry import CLAIMS
-from test_map_report import write_point
+from test_map_report import _diverge, write_map_run, write_point
 
 
 def evidence(root: Path) -> Evidence:
@@ -102,3 +102,18 @@ def test_a_check_waits_for_every_seed_at_both_ends(tmp_path, name, points):
     write_point(root, task2, knob2, setting2, sgd=0.99 if task2 == "noisy_templates" else 0.86, adam=adam2,
                 seeds=(2,))
     assert claim(name).check(evidence(tmp_path)).verdict == PASS
+
+
+def test_a_diverged_run_at_an_end_is_left_out_named_and_does_not_hold_the_check_back(tmp_path):
+    """Adam seed 2 at template_scale 1.2 diverged (its one check kept, at 0.2): the check is judged on the other two
+    seeds (PASS: with the run averaged in, 1.2 would look deeper than it is and the verdict turn FAIL) and its note
+    names the run."""
+    root = tmp_path / "map"
+    write_point(root, "noisy_templates", "template_scale", 0.15, sgd=0.99, adam=0.70)
+    write_point(root, "noisy_templates", "template_scale", 1.2, sgd=0.99, adam=0.985, seeds=(0, 1))
+    write_map_run(root, "sgd", 2, knob="template_scale", setting=1.2, acc_eval=0.99)
+    _diverge(write_map_run(root, "adam", 2, knob="template_scale", setting=1.2, acc_eval=0.2), 250)
+    check = claim(SNR).check(evidence(tmp_path))
+    assert check.verdict == PASS, check.measured
+    assert "Diverged, and left out: Adam seed 2 (step 250) at 1.2." in check.note
+    assert "Adam's mode gap 1.6% ± 0.1 points (n = 2 seeds)" in check.measured

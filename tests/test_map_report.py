@@ -311,3 +311,77 @@ def test_a_whole_map_does_not_call_itself_partial(tmp_path, monkeypatch):
     write_point(root, "noisy_templates", "template_scale", 1.2, sgd=0.99, adam=0.985)
     assert mr.main(["--results", str(root), "--reference", str(tmp_path / "none")]) == 0
     assert "partial" not in (root / "map.md").read_text()
+
+
+def _diverge(run_dir: Path, step: int) -> None:
+    """Mark a finished run as the runner marks one whose loss went non-finite at ``step`` (its rows before kept)."""
+    info = json.loads((run_dir / "run.json").read_text())
+    info.update(status="diverged", diverged_at_step=step)
+    (run_dir / "run.json").write_text(json.dumps(info))
+
+
+def _small_map(monkeypatch, settings=(1.2,)):
+    small = (cmap.Knob("template_scale", "noisy_templates", settings, "SNR"),)
+    for module in (cmap, mr):
+        monkeypatch.setattr(module, "KNOBS", small)
+
+
+def test_a_diverged_run_is_left_out_of_every_figure_counts_toward_the_whole_map_and_is_named(tmp_path, monkeypatch):
+    """Adam seed 2 at template_scale 1.2 diverges after the first check (its first check kept, at 0.6): its
+    figures are left out (the point's Adam mean is that of seeds 0 and 1), its seed still counts toward the whole
+    map (the headline is written, not held back for good), and map.md's table and the sentence's paragraph name it."""
+    _small_map(monkeypatch)
+    root = tmp_path / "map"
+    write_point(root, "noisy_templates", None, None, sgd=0.99, adam=0.80)
+    write_point(root, "fashion_mnist", None, None, sgd=0.86, adam=0.855)
+    write_point(root, "noisy_templates", "template_scale", 1.2, sgd=0.99, adam=0.985, seeds=(0, 1))
+    write_map_run(root, "sgd", 2, knob="template_scale", setting=1.2, acc_eval=0.99)
+    _diverge(write_map_run(root, "adam", 2, knob="template_scale", setting=1.2, acc_eval=0.6), 250)
+    frame, points = load(root)
+    point = next(p for p in points if p.point.knob)
+    assert point.adam["acc_eval_mode"].n == 2 and point.adam["acc_eval_mode"].mean == pytest.approx(0.984)
+    assert point.deficit.n == 2 and mr.seeds_in(point) == 3
+    assert point.diverged == ("Adam seed 2 (step 250)",)
+    assert mr.headline(root) is not None
+    assert mr.front_line(root).startswith("Where the collapse lives, from the condition map's 18 runs:")
+    runs, _ = mr.load_map_runs(root)
+    text = mr.report_text(runs)
+    assert "| the templates | template_scale | 1.2 | 2 (Adam seed 2 (step 250) diverged) |" in text
+    assert "partial" not in text
+
+
+def test_a_diverged_run_before_the_first_check_does_not_hold_the_sentence_back_for_good(tmp_path, monkeypatch):
+    _small_map(monkeypatch)
+    root = tmp_path / "map"
+    write_point(root, "noisy_templates", None, None, sgd=0.99, adam=0.80)
+    write_point(root, "fashion_mnist", None, None, sgd=0.86, adam=0.855)
+    write_point(root, "noisy_templates", "template_scale", 1.2, sgd=0.99, adam=0.985, seeds=(0, 1))
+    write_map_run(root, "sgd", 2, knob="template_scale", setting=1.2, acc_eval=0.99)
+    run = write_map_run(root, "adam", 2, knob="template_scale", setting=1.2, acc_eval=0.6)
+    for table in ("checks", "interventions"):  # nothing in the window: stopped at step 150
+        frame = pd.read_parquet(run / f"{table}.parquet")
+        records.write_table(frame.iloc[0:0], run / f"{table}.parquet", table)
+    _diverge(run, 150)
+    assert mr.headline(root) is not None
+
+
+def test_runs_off_the_sweep_do_not_stand_in_for_a_missing_point(tmp_path, monkeypatch):
+    """The sweep's point template_scale 1.2 never ran; three seeds of both rows at 0.3 (not in the sweep) bring the
+    run count to the map's. No headline, and map.md calls itself partial."""
+    _small_map(monkeypatch)
+    root = tmp_path / "map"
+    write_point(root, "noisy_templates", None, None, sgd=0.99, adam=0.80)
+    write_point(root, "fashion_mnist", None, None, sgd=0.86, adam=0.855)
+    write_point(root, "noisy_templates", "template_scale", 0.3, sgd=0.99, adam=0.80)
+    assert len(mr.load_map_runs(root)[0]) == cmap.runs_in_map()
+    assert mr.headline(root) is None
+    assert "has 18 of its 18 runs" not in mr.front_line(root) and "lives on" not in mr.front_line(root)
+    assert "This map is partial" in mr.report_text(mr.load_map_runs(root)[0])
+
+
+def test_a_setting_read_back_a_rounding_away_is_the_sweeps_point(tmp_path):
+    root = tmp_path / "map"
+    write_point(root, "noisy_templates", "template_scale", 0.15, sgd=0.99, adam=0.80, seeds=(0, 1))
+    write_point(root, "noisy_templates", "template_scale", 0.15 + 1e-12, sgd=0.99, adam=0.80, seeds=(2,))
+    frame, points = load(root)
+    assert [(p.point.setting, p.deficit.n) for p in points] == [(0.15, 3)]

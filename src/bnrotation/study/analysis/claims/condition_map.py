@@ -10,7 +10,8 @@ exceed those at ``shallower`` by more than :data:`.kinds.Z` standard errors of t
 else FAIL. A FAIL is a finding: that property, turned alone over that range, does not move the collapse the way its
 being the cause would. The runs live under ``<root>/map/`` (:data:`.ROOT`); NOT RUN until both ends have both rows at
 every seed the sweep runs (:data:`..rows.SEEDS`), so that a map committed in batches is never judged on the seeds that
-happen to be in. ``claims.md`` lists these under "Where does the collapse live? The
+happen to be in. A diverged run counts as in; it is left out of every figure, as everywhere in the suite, and the
+note names it. ``claims.md`` lists these under "Where does the collapse live? The
 condition map" (:data:`.kinds.MAP`), with one more check fixed with them: that the map's shorter protocol still
 tells the two tasks apart at their own settings (the templates collapse, Fashion-MNIST does not).
 
@@ -119,11 +120,18 @@ def _setting(knob: Knob, setting: float | None) -> str:
 
 def _short(named: list[tuple[str, object]], after: str = "") -> str | None:
     """What keeps a check from being judged: for each ``(where, point)`` (a point of :func:`map_points` or None)
-    without both rows at every seed of :data:`..rows.SEEDS`, how many seeds it has (``after`` ends the line), or
-    None when none is short."""
-    short = [f"{0 if p is None else p.deficit.n} of {len(SEEDS)} seeds at {where}" for where, p in named
-             if p is None or p.deficit.n < len(SEEDS)]
+    without a finished run of both rows at every seed of :data:`..rows.SEEDS` (a diverged run counts as finished:
+    :func:`..tables.map_report.seeds_in`), how many seeds it has (``after`` ends the line), or None when none is
+    short."""
+    have = {where: 0 if p is None else map_report.seeds_in(p) for where, p in named}
+    short = [f"{n} of {len(SEEDS)} seeds at {where}" for where, n in have.items() if n < len(SEEDS)]
     return f"runs of both rows: {' and '.join(short)}{after}" if short else None
+
+
+def _left_out(named: list[tuple[str, object]]) -> str:
+    """The note's sentence naming the diverged runs at ``named``'s points (left out of every figure), or ``''``."""
+    gone = [f"{', '.join(p.diverged)} at {where}" for where, p in named if p is not None and p.diverged]
+    return f" Diverged, and left out: {'; '.join(gone)}." if gone else ""
 
 
 def _judge(pred: Prediction, ev: Evidence) -> Outcome:
@@ -135,8 +143,8 @@ def _judge(pred: Prediction, ev: Evidence) -> Outcome:
     tolerance = (f"at {_setting(knob, pred.deeper)} both Adam's deficit to SGD and Adam's mode gap above those at "
                  f"{_setting(knob, pred.shallower)} by more than {Z:g} standard errors of the difference (fixed "
                  "before the map's runs)")
-    missing = _short([(_setting(knob, s), p) for s, p in ((pred.deeper, deep), (pred.shallower, shallow))],
-                     f" of `task.{knob.key}` on {knob.task}")
+    ends = [(_setting(knob, s), p) for s, p in ((pred.deeper, deep), (pred.shallower, shallow))]
+    missing = _short(ends, f" of `task.{knob.key}` on {knob.task}")
     if missing:
         return Outcome(missing, tolerance, None, where + refused)
     deficit, gap = Gap(deep.deficit, shallow.deficit), Gap(deep.adam["mode_gap"], shallow.adam["mode_gap"])
@@ -146,7 +154,8 @@ def _judge(pred: Prediction, ev: Evidence) -> Outcome:
         for s, p in ((pred.deeper, deep), (pred.shallower, shallow)))
     fails = [what for what, g in (("Adam's deficit to SGD", deficit), ("Adam's mode gap", gap)) if not g.passed]
     note = (f"If {pred.cause} is the cause: {pred.why}. Deficit: {deficit.words()}; mode gap: {gap.words()}."
-            + (f" Fails on: {' and '.join(fails)} not deeper at {_setting(knob, pred.deeper)}." if fails else ""))
+            + (f" Fails on: {' and '.join(fails)} not deeper at {_setting(knob, pred.deeper)}." if fails else "")
+            + _left_out(ends))
     return Outcome(measured, tolerance, deficit.passed and gap.passed, f"{note} {where}{refused}",
                    {"deficit_difference": deficit.difference, "mode_gap_difference": gap.difference})
 
@@ -174,9 +183,11 @@ def map_reference_points_keep_their_behaviour(ev: Evidence) -> Outcome:
     floor = spread(map_report.COLLAPSE_FLOOR, "pct", digits=0)
     tolerance = (f"map_report.collapses: deficit and excess mode gap each ≥ {floor} and > {Z:g} standard errors; "
                  "templates yes, Fashion-MNIST no (fixed before the map's runs)")
-    missing = _short([(f"the reference point of {t}", refs.get(t)) for t in ("noisy_templates", "fashion_mnist")])
+    ends = [(f"the reference point of {t}", refs.get(t)) for t in ("noisy_templates", "fashion_mnist")]
+    missing = _short(ends)
     if missing:
         return Outcome(missing, tolerance, None, where)
+    where += _left_out(ends)
     t, f = refs["noisy_templates"], refs["fashion_mnist"]
     measured = "; ".join(f"{map_report.TASK_WORDS[p.point.task]}: Adam − SGD "
                          f"{cell(-p.deficit.mean, 'pct', p.deficit.sd, n=p.deficit.n)}, Adam's mode gap − SGD's "

@@ -54,7 +54,8 @@ from ..results import SCALE_KEYS, BadRunError, Layout, Run, count, find_run_dirs
 from ..stats import Z, SeedStat, spearman_rho
 from ....helptext import plain
 
-__all__ = ["MAP", "COLLAPSE_FLOOR", "Point", "load_map_runs", "point_of", "per_run", "per_point", "collapses",
+__all__ = ["MAP", "COLLAPSE_FLOOR", "Point", "load_map_runs", "point_of", "per_run", "per_point", "seeds_in",
+           "on_sweep", "sweep_points", "complete", "collapses",
            "table_markdown", "mechanism_markdown", "where_sentence", "headline", "protocol_evidence", "report_text",
            "figure", "main", "SENTENCE_BLOCK"]
 
@@ -134,7 +135,8 @@ def load_map_runs(root: str | Path) -> tuple[list[Run], list[str]]:
 
 
 def point_of(run: Run) -> Point:
-    """The run's :class:`Point`, from its ``config.yaml``: the task knob away from the task's default.
+    """The run's :class:`Point`, from its ``config.yaml``: the task knob away from the task's default, its setting
+    the sweep's own where it is that within float rounding (so that one point is one group).
 
     Raises:
         BadRunError: naming the run when it turns more than one knob.
@@ -146,7 +148,9 @@ def point_of(run: Run) -> Point:
         raise BadRunError(f"{run.path}: turns {', '.join(f'task.{k}' for k in moved)}; a map run turns one knob")
     if not moved:
         return Point(run.task, None, math.nan)
-    return Point(run.task, f"{run.task}.{moved[0]}", float(task_cfg[moved[0]]))
+    name, value = f"{run.task}.{moved[0]}", float(task_cfg[moved[0]])
+    swept = next((k.settings for k in KNOBS if k.name == name), ())
+    return Point(run.task, name, next((float(x) for x in swept if math.isclose(x, value)), value))
 
 
 def _layer_signals(run: Run) -> pd.DataFrame:
@@ -166,7 +170,8 @@ def _layer_signals(run: Run) -> pd.DataFrame:
 
 def per_run(runs: list[Run]) -> pd.DataFrame:
     """One line per run: ``row``, ``base``, ``optimizer`` (``sgd``/``adam``), ``seed``, ``task``, ``knob``,
-    ``setting``, ``train_set`` (the distinct training samples, inf for fresh ones), ``acc_eval_mode``,
+    ``setting``, ``diverged`` (its loss went non-finite: the runner stopped it and kept what it had logged) with
+    ``diverged_at_step``, ``train_set`` (the distinct training samples, inf for fresh ones), ``acc_eval_mode``,
     ``acc_train_mode``, ``mode_gap``, ``recovered`` (fractions), ``rotation_per_100_deg`` (degrees), ``norm_growth``
     (×), ``loss_last`` (the training loss at the last check), and the mechanism: every norm layer's ``e:<layer>``,
     ``mean_part:<layer>`` and ``var_part:<layer>`` (:data:`PARTS`, :func:`_layer_signals`; σ of the running
@@ -182,7 +187,8 @@ def per_run(runs: list[Run]) -> pd.DataFrame:
         trained = (r.info.get("task") or {}).get("train_size")
         lines.append({
             "row": r.row, "base": base, "optimizer": ROWS[base].optimizer, "seed": r.seed, "task": point.task,
-            "knob": point.knob, "setting": point.setting,
+            "knob": point.knob, "setting": point.setting, "diverged": r.diverged,
+            "diverged_at_step": r.info.get("diverged_at_step") if r.diverged else None,
             "train_set": math.inf if trained is None else float(trained),
             "acc_eval_mode": metrics.acc_eval_mode(r), "acc_train_mode": metrics.acc_train_mode(r),
             "mode_gap": metrics.acc_train_mode(r) - metrics.acc_eval_mode(r),
@@ -199,13 +205,17 @@ def per_run(runs: list[Run]) -> pd.DataFrame:
 class PointStats:
     """One point's per-seed figures: ``sgd``/``adam`` (each a dict of column → :class:`SeedStat`), and the paired
     ``deficit`` (SGD's evaluation-mode accuracy − Adam's) and ``excess_gap`` (Adam's mode gap − SGD's), over the
-    seeds that have both rows."""
+    seeds that have both rows. A diverged run is left out of every figure, as everywhere in the suite; ``diverged``
+    names it (``Adam seed 2 (step 1,200)``), and ``finished`` lists the seeds with a finished run of both rows,
+    diverged or not: what the map's completeness counts (:func:`seeds_in`)."""
 
     point: Point
     sgd: dict
     adam: dict
     deficit: SeedStat
     excess_gap: SeedStat
+    diverged: tuple[str, ...] = ()
+    finished: tuple[int, ...] = ()
 
 
 PARTS = ("e", "mean_part", "var_part")  # E and its mean and variance parts (_layer_signals), per layer "<part>:<layer>"
@@ -229,14 +239,51 @@ def per_point(frame: pd.DataFrame) -> list[PointStats]:
                                                        else frame["knob"] == knob)]
         if knob is not None:
             here = here[np.isclose(here["setting"], key["setting"])]
+        finished = tuple(sorted(set(here.loc[here["optimizer"] == "sgd", "seed"])
+                                & set(here.loc[here["optimizer"] == "adam", "seed"])))
+        gone = here[here["diverged"]].sort_values(["optimizer", "seed"], ascending=[False, True])
+        diverged = tuple(f"{'SGD' if o == 'sgd' else 'Adam'} seed {seed}"
+                         + (f" (step {int(step):,})" if step is not None and not pd.isna(step) else "")
+                         for o, seed, step in zip(gone["optimizer"], gone["seed"], gone["diverged_at_step"]))
+        here = here[~here["diverged"]]
         by = {o: here[here["optimizer"] == o].set_index("seed").sort_index() for o in OPTIMIZERS}
         stats = {o: {c: SeedStat.of(by[o][c], by[o].index) for c in COLUMNS} for o in OPTIMIZERS}
         both = sorted(set(by["sgd"].index) & set(by["adam"].index))
         deficit = SeedStat.of(by["sgd"].loc[both, "acc_eval_mode"] - by["adam"].loc[both, "acc_eval_mode"], both)
         excess = SeedStat.of(by["adam"].loc[both, "mode_gap"] - by["sgd"].loc[both, "mode_gap"], both)
         out.append(PointStats(Point(key["task"], knob, float(key["setting"])), stats["sgd"], stats["adam"], deficit,
-                              excess))
+                              excess, diverged, finished))
     return out
+
+
+def seeds_in(p: PointStats) -> int:
+    """How many seeds of the sweep (:data:`..rows.SEEDS`) have a finished run of both rows at ``p``, a diverged
+    run counting as finished (it ran to its end: a rerun would diverge again)."""
+    from ...condition_map import SEEDS
+
+    return len(set(p.finished) & set(SEEDS))
+
+
+def on_sweep(point: Point) -> bool:
+    """Whether the sweep (:func:`bnrotation.study.condition_map.sweep_lines`) runs ``point``: a task's reference
+    point, or a setting of :data:`..condition_map.KNOBS`."""
+    return (point.knob is None and point.task in TASKS
+            or any(k.name == point.knob and any(math.isclose(s, point.setting) for s in k.settings) for k in KNOBS))
+
+
+def sweep_points(points: list[PointStats]) -> list[PointStats]:
+    """The points among ``points`` that the sweep runs (:func:`on_sweep`)."""
+    return [p for p in points if on_sweep(p.point)]
+
+
+def complete(points: list[PointStats]) -> bool:
+    """Whether ``points`` hold the whole map: every point of the sweep (:func:`sweep_points`), each with a finished
+    run of both rows at every seed (:func:`seeds_in`). Runs off the sweep count for nothing."""
+    from ...condition_map import SEEDS
+
+    swept = sweep_points(points)
+    wanted = len(TASKS) + sum(len(k.settings) for k in KNOBS)
+    return len(swept) == wanted and all(seeds_in(p) == len(SEEDS) for p in swept)
 
 
 def beyond(stat: SeedStat, floor: float) -> bool | None:
@@ -297,28 +344,27 @@ def where_sentence(points: list[PointStats], frame: pd.DataFrame) -> str:
 def headline(root: str | Path) -> str | None:
     """The sentence for a front page (README, docs/results.md, the report page): :func:`where_sentence` of the
     map's runs under ``root``, or None unless every point of :data:`bnrotation.study.condition_map.KNOBS` and both
-    reference points have both rows at every seed the sweep runs (no sentence from a map half run)."""
+    reference points have both rows at every seed the sweep runs (:func:`complete`: no sentence from a map half
+    run, and runs off the sweep stand in for none of its points)."""
     return _headline_of(*load_map_runs(root))
 
 
 def _headline_of(runs: list[Run], problems: list[str]) -> str | None:
-    """:func:`headline` of runs already read (:func:`load_map_runs`)."""
-    from ...condition_map import OPTIMIZERS as ROWS_RUN, SEEDS, runs_in_map
+    """:func:`headline` of runs already read (:func:`load_map_runs`): the sentence of the sweep's points alone."""
+    from ...condition_map import OPTIMIZERS as ROWS_RUN
 
-    if problems or len(runs) < runs_in_map():
+    if problems or not runs or len(ROWS_RUN) != len(OPTIMIZERS):
         return None
     frame = per_run(runs)
     points = per_point(frame)
-    if any(p.deficit.n < len(SEEDS) for p in points) or len(ROWS_RUN) != len(OPTIMIZERS):
-        return None
-    return where_sentence(points, frame)
+    return where_sentence(sweep_points(points), frame) if complete(points) else None
 
 
 def front_line(root: str | Path) -> str:
     """What the front pages (the README, docs/results.md, the report page) say of the map under ``root``: its
-    :func:`headline` when every point has every seed, else how many of its runs are in (and how many folders were
-    refused) and that the sentence waits for the rest (a map half run says nothing about where the collapse
-    lives). The runs are read once."""
+    :func:`headline` when every point has every seed, else how many of its runs are in (runs off the sweep not
+    counted; and how many folders were refused) and that the sentence waits for the rest (a map half run says
+    nothing about where the collapse lives). The runs are read once."""
     from ...condition_map import runs_in_map
 
     runs, problems = load_map_runs(root)
@@ -326,7 +372,8 @@ def front_line(root: str | Path) -> str:
     if sentence is not None:
         return f"Where the collapse lives, from the condition map's {count(runs_in_map(), 'run')}: {sentence}"
     refused = [p for p in problems if not p.endswith("no runs/ folder")]
-    return (f"Where the collapse lives: the condition map (`make map`) has {len(runs)} of its {runs_in_map()} runs "
+    swept = sum(on_sweep(point_of(r)) for r in runs)
+    return (f"Where the collapse lives: the condition map (`make map`) has {swept} of its {runs_in_map()} runs "
             f"under `{root}`" + (f" ({count(len(refused), 'folder')} refused: `make map` says why)" if refused else "")
             + "; its sentence is written here once every point has every seed.")
 
@@ -337,9 +384,14 @@ def _pct(s: SeedStat) -> str:
 
 
 def _seeds(p: PointStats) -> str:
-    """The seeds a point pairs, and each row's own count where they are not all paired (a map half run)."""
-    sgd, adam = p.sgd["acc_eval_mode"].n, p.adam["acc_eval_mode"].n
-    return f"{p.deficit.n}" if sgd == adam == p.deficit.n else f"{p.deficit.n} (SGD {sgd}, Adam {adam})"
+    """The seeds a point pairs; the runs that diverged there (left out); each row's own count where they are not all
+    paired otherwise (a map half run)."""
+    sgd = p.sgd["acc_eval_mode"].n + sum(d.startswith("SGD ") for d in p.diverged)
+    adam = p.adam["acc_eval_mode"].n + sum(d.startswith("Adam ") for d in p.diverged)
+    notes = [f"{'; '.join(p.diverged)} diverged"] if p.diverged else []
+    if not sgd == adam == len(p.finished):  # a run without its twin
+        notes.append(f"SGD {sgd}, Adam {adam}")
+    return f"{p.deficit.n}" + (f" ({'; '.join(notes)})" if notes else "")
 
 
 def table_markdown(points: list[PointStats], frame: pd.DataFrame) -> str:
@@ -433,9 +485,9 @@ def protocol_evidence(reference: str | Path) -> str:
 def _partial(runs: list[Run], points: list[PointStats]) -> list[str]:
     """map.md's warning while the map is half run (runs still to come, or a point short of a seed): the sentence
     above is then read from the seeds that are in, and the front pages and the claims wait for the rest."""
-    from ...condition_map import SEEDS, runs_in_map
+    from ...condition_map import runs_in_map
 
-    if len(runs) >= runs_in_map() and all(p.deficit.n >= len(SEEDS) for p in points):
+    if complete(points):
         return []
     return [f"**This map is partial: it reads {len(runs)} of its {runs_in_map()} runs.** The sentence above reads "
             "the seeds that are in (the table's Seeds column); the front pages' sentence and the map's claims "
