@@ -230,7 +230,8 @@ def test_no_headline_until_the_map_is_complete(tmp_path, monkeypatch):
     write_point(tmp_path, "noisy_templates", "template_scale", 1.2, sgd=0.99, adam=0.985, seeds=(0, 1))
     assert mr.headline(tmp_path) is None  # one seed short
     write_point(tmp_path, "noisy_templates", "template_scale", 1.2, sgd=0.99, adam=0.985, seeds=(2,))
-    assert mr.headline(tmp_path).endswith("lives on the templates at template scale 0.6 (its own) but not 1.2.")
+    assert mr.headline(tmp_path).endswith("lives on the templates at template scale 0.6 (its own) but not 1.2; "
+                                          "on Fashion-MNIST at no setting tried (its own).")
 
 
 def test_the_front_pages_say_how_much_of_the_map_is_in_until_it_is_complete(tmp_path, monkeypatch):
@@ -385,3 +386,14 @@ def test_a_setting_read_back_a_rounding_away_is_the_sweeps_point(tmp_path):
     write_point(root, "noisy_templates", "template_scale", 0.15 + 1e-12, sgd=0.99, adam=0.80, seeds=(2,))
     frame, points = load(root)
     assert [(p.point.setting, p.deficit.n) for p in points] == [(0.15, 3)]
+
+
+def test_the_sentence_speaks_of_a_task_whose_reference_point_alone_is_in(tmp_path):
+    """A map half run with both reference points in and no knob's point: the sentence says where the collapse is at
+    each task's own settings, not that the map has no point."""
+    root = tmp_path / "map"
+    write_point(root, "noisy_templates", None, None, sgd=0.99, adam=0.80)
+    write_point(root, "fashion_mnist", None, None, sgd=0.86, adam=0.855)
+    frame, points = load(root)
+    assert mr.where_sentence(points, frame).endswith(
+        "lives on the templates at its own settings; on Fashion-MNIST at no setting tried (its own).")

@@ -457,3 +457,20 @@ def test_a_figure_is_inlined_as_a_narrower_palette_png_on_white():
     assert len(out) < len(raw) / 2 and webpage.compact_png(raw) == out
     narrow = drawn(4.0)  # 600 pixels
     assert Image.open(io.BytesIO(webpage.compact_png(narrow))).size == (600, 300)
+
+
+def test_the_condition_maps_figure_follows_the_headline_figure_where_the_map_has_one(built, tmp_path):
+    """The report page shows the map's figure (``<root>/map/map.png``) after the headline's, the page's first; a
+    root without the map's figure gets no empty figure element."""
+    page = (built / webpage.PAGE).read_text()
+    assert f'id="{webpage.MAP_FIGURE_ID}"' not in page
+    ev = claims.weigh(built, load_runs(built, tables=ALL_TABLES))[0]
+    assert webpage.map_figure(ev) == ""
+    (built / "map").mkdir(exist_ok=True)
+    plt = pytest.importorskip("matplotlib.pyplot")
+    plt.imsave(built / "map" / "map.png", np.linspace(0, 1, 12).reshape(3, 4), cmap="gray")
+    shown = webpage.map_figure(ev)
+    assert shown.startswith(f'<figure id="{webpage.MAP_FIGURE_ID}"><img alt="The condition map" src="data:image/png')
+    html_page = webpage.build_page(built, load_runs(built, tables=ALL_TABLES), tmp_path)
+    assert html_page.index(f'id="{webpage.HEADLINE_ID}"') < html_page.index(f'id="{webpage.MAP_FIGURE_ID}"')
+    (built / "map" / "map.png").unlink()

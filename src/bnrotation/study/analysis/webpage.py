@@ -48,6 +48,7 @@ from ... import records
 from ..article import FAIL_BELOW
 from ..rows import ROWS, row_order
 from .claims import weigh
+from ..condition_map import ROOT as MAP_ROOT
 from .claims.command import map_line
 from .claims.finding import TASK_ROWS, findings, headline as finding_headline
 from .claims.kinds import ARTICLE, FAIL, PASS, RESNET, Check, published
@@ -65,6 +66,7 @@ INTERACTIVE = ("01_accuracy_vs_rotation", "03_accuracy_over_steps")  # drawn on 
 HEADLINE_ID, STEPS_ID = "headline", "accuracy-over-steps"  # the figures' element ids (fixed: same bytes each time)
 FINDING_ID, PLOTLY_ID = "finding", "plotly-js"  # the finding's paragraph; the script element holding plotly.js
 MAP_ID = "where-it-lives"  # the paragraph after the finding: where the collapse lives (the condition map)
+MAP_FIGURE_ID = "figure-map"  # the condition map's figure, after the headline's
 MAX_BYTES = 5 * 2 ** 20  # the page's size at most (tests/test_webpage.py checks the committed one)
 # The figures' width at most: the page's column is 1180 CSS pixels (STYLE), so this leaves a little for a zoom or
 # a denser screen; make figures draws them at 150 dpi, 1,600 to 3,100 pixels wide.
@@ -403,6 +405,21 @@ def where_it_lives(ev) -> str:
     return f'<p id="{MAP_ID}">{inline(map_line(ev))}</p>'
 
 
+def map_figure(ev) -> str:
+    """The condition map's figure (``<root>/map/map.png``, drawn by :mod:`.tables.map_report`) inlined with its
+    caption, after the headline's figure (the page's first); ``''`` where there is none."""
+    png = Path(ev.root) / MAP_ROOT / "map.png"
+    if not png.is_file():
+        return ""
+    data = base64.b64encode(compact_png(png.read_bytes())).decode("ascii")
+    return (f'<figure id="{MAP_FIGURE_ID}"><img alt="The condition map" src="data:image/png;base64,{data}">'
+            "<figcaption><strong>Where the collapse lives: the condition map.</strong> Along each knob, Adam's "
+            "evaluation-mode accuracy minus SGD's (top) and each optimizer's mode gap (bottom), mean ± sd over seeds; "
+            "stars: the knob's own task's setting; lines: both tasks' reference points (templates dotted, "
+            f"Fashion-MNIST dashed). Its table: <code>{html.escape(str(png.with_name('map.md')))}</code>."
+            "</figcaption></figure>")
+
+
 def build_page(root: Path, runs: list[Run], out: Path, skipped: list[str] = ()) -> str:
     """The whole page, for ``runs`` read from ``root``, with the figures of ``out/figures`` (the folder
     ``make figures`` writes for the same output folder).
@@ -442,6 +459,7 @@ def build_page(root: Path, runs: list[Run], out: Path, skipped: list[str] = ()) 
         "rotation, norm growth and accuracy; click a legend entry to hide or show a row. Accuracy: mean of the "
         "checks in the check window; rotation: the last conv layer's median channel, per 100 steps, averaged over "
         "the window.</p>",
+        map_figure(ev),
         "<h2>What it was made from</h2>",
         f'<p id="provenance">Made by <code>make report</code> from {count(len(runs), "run")} '
         f"({count(finished, 'finished run')}, {diverged} diverged; {count(len(rows_run), 'row')}) under "

@@ -332,6 +332,8 @@ def where_sentence(points: list[PointStats], frame: pd.DataFrame) -> str:
                 clauses.append(f"at no {what} tried ({', '.join(no)})")
             else:
                 clauses.append(f"at {what} {', '.join(yes)} but not {', '.join(no)}")
+        if not clauses and ref is not None:  # a map half run: the task's reference point alone
+            clauses.append("at its own settings" if ref else "at no setting tried (its own)")
         if clauses:
             parts.append(f"on {TASK_WORDS[task]} {'; '.join(clauses)}")
     if not parts:
@@ -541,7 +543,7 @@ def figure(points: list[PointStats], frame: pd.DataFrame, path: Path) -> Path:
     """``path`` (``.png``, and its ``.pdf`` twin): one column per knob; on top Adam's evaluation-mode accuracy minus
     SGD's, below each optimizer's mode gap, along the knob (mean ± sd over seeds), the knob's own task's reference
     point marked with a star, and both tasks' reference values as horizontal lines (templates dotted, Fashion-MNIST
-    dashed)."""
+    dashed); its title says how many of the map's runs it draws while the map is partial (:func:`complete`)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -557,8 +559,8 @@ def figure(points: list[PointStats], frame: pd.DataFrame, path: Path) -> Path:
     for j, knob in enumerate(KNOBS):
         top, bottom = axes[0, j], axes[1, j]
         if j == 0:
-            top.set_ylabel("Adam − SGD, eval.-mode accuracy (points)")
-            bottom.set_ylabel("mode gap, training − eval. (points)")
+            top.set_ylabel("Adam − SGD,\neval.-mode accuracy (points)")
+            bottom.set_ylabel("mode gap,\ntraining − eval. (points)")
         mine = [p for p in points if p.point.knob == knob.name]
         own = refs.get(knob.task)
         along = ([(own, _x(knob, knob.task, frame, None))] if own else []) + \
@@ -604,7 +606,10 @@ def figure(points: list[PointStats], frame: pd.DataFrame, path: Path) -> Path:
         bottom.set_xlabel(f"task.{knob.key}" + (f" ({knob.unit})" if knob.unit else ""))
         top.legend(fontsize=6)
         bottom.legend(fontsize=6)
-    fig.suptitle(f"Where does the collapse live? {count(int(frame['seed'].nunique()), 'seed')}, mean ± sd",
+    from ...condition_map import runs_in_map
+
+    partial = "" if complete(points) else f" (partial: {len(frame)} of the map's {runs_in_map()} runs)"
+    fig.suptitle(f"Where does the collapse live? {count(int(frame['seed'].nunique()), 'seed')}, mean ± sd{partial}",
                  fontsize=10)
     save(fig, path.parent, path.stem)
     plt.close(fig)
