@@ -41,7 +41,7 @@ from conftest import CONF, ROOT, TOY_SIZE, compose_cfg, run_cfg
 TINY = [*TOY_SIZE, "model.channels=[4,8,8]"]
 ALL_TABLES = tuple(records.TABLE_COLUMNS)
 # Keys of run.json that say when and where a run ran, not what it computed.
-CLOCK_KEYS = ("started_at", "ended_at", "wall_seconds", "timings_s", "host", "resumes")
+CLOCK_KEYS = ("started_at", "ended_at", "wall_seconds", "timings_s", "host", "cpu", "resumes")
 
 
 @functools.lru_cache(maxsize=None)

@@ -287,3 +287,18 @@ def test_a_run_that_raises_leaves_no_resumable_state_and_is_rerun_from_scratch(t
     assert not (out / RESUME_FILE).exists() and not (out / records.DONE).exists()
     assert run(cfg) == out
     assert json.loads((out / "run.json").read_text())["resumes"] == []
+
+
+def test_a_shorter_run_is_the_longer_runs_first_steps(tmp_path, uninterrupted):
+    """What lets the condition map stop at fewer steps than the article (``condition_map.MAP_STEPS``): on one
+    machine, a run cut at step 15 logs, up to step 15, exactly what the same run to step 20 logs (the weights and
+    statistics at every log step, and every check's loss and accuracies): the run's length changes nothing before
+    its end (a constant schedule, and no measurement feeds back into training)."""
+    short = run(tiny(tmp_path, *EVERYTHING, "scale.steps=15"))
+    for name, keys in (("layers", ["step", "layer"]), ("channels", ["step", "norm_layer", "channel"]),
+                       ("checks", ["step"])):
+        a = pd.read_parquet(short / f"{name}.parquet").sort_values(keys).reset_index(drop=True).drop(columns="row")
+        b = pd.read_parquet(uninterrupted / f"{name}.parquet")
+        b = b[b["step"] <= 15].sort_values(keys).reset_index(drop=True).drop(columns="row")
+        assert len(a) and sorted(a["step"].unique()) == sorted(b["step"].unique()), name
+        pd.testing.assert_frame_equal(a, b, check_exact=True, obj=name)

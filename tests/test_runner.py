@@ -18,7 +18,7 @@ import torch
 from bnrotation import records
 from bnrotation.study.analysis.results import load_runs
 from bnrotation.study.analysis.tables.table import build_table, main as table_main
-from bnrotation.study.provenance import KERNEL_ENV, cpu_kernels
+from bnrotation.study.provenance import KERNEL_ENV, cpu_kernels, cpu_model
 from bnrotation.study.rows import ROWS
 from bnrotation.study.rundir import RunExistsError
 from bnrotation.study.runner import check_steps, intervention_steps, log_steps, run
@@ -124,8 +124,11 @@ def test_run_json_names_the_cpu_kernels_it_ran_on(tmp_path):
     a resume) holds on one kernel path. Under ``make test-kernels`` this also shows that the rerun took the path
     it asked for; the failure case, a process started on the no-vector path, reads as another path."""
     out = run(tiny(tmp_path, "experiment=sgd", "interventions=false"))
-    kernels = json.loads((out / "run.json").read_text())["cpu_kernels"]
+    info = json.loads((out / "run.json").read_text())
+    kernels = info["cpu_kernels"]
     assert kernels == cpu_kernels() and kernels["capability"] == torch.backends.cpu.get_cpu_capability()
+    # and the CPU's model: the same kernel path on another CPU may sum in another order
+    assert info["cpu"] == cpu_model() and (not Path("/proc/cpuinfo").exists() or info["cpu"])
     if os.environ.get("ATEN_CPU_CAPABILITY"):
         assert kernels["capability"] == os.environ["ATEN_CPU_CAPABILITY"].upper()
     plain = subprocess.run([sys.executable, "-c", "from bnrotation.study.provenance import cpu_kernels; "

@@ -28,8 +28,12 @@ checks (steps 2,000-3,000) Adam's mode gap on the templates is already many time
 90% far above SGD's, at about half the depth it reaches by step 6,000, while on Fashion-MNIST both rows' mode gaps are
 within a point of their whole window's; ``map.md`` recomputes these figures from the committed runs
 (:func:`.analysis.tables.map_report.protocol_evidence`). A row's first 3,000 steps are the same computation at either
-length (constant schedules, and nothing measured feeds back), so the map's reference points can be set beside the
-committed runs' first 11 checks.
+length (constant schedules, and nothing measured feeds back): on one machine, a run of 200 steps logs the same
+weights, bit for bit, as the map's run of 3,000 does at steps 100 and 200. Across machines they are not: the map's
+reference runs were trained on another CPU than the committed runs (``results/kernel-paths``), and their trajectories
+part within the first 100 steps, so they are another draw of the same seeds (Adam's evaluation mode at a given check
+can differ by tens of points), to be compared with the committed runs through the spread over seeds, not check by
+check.
 
 **A run's name** is ``map_<row>+<knob><setting>`` (``map_adam+template_scale0.3``, ``map_fmnist_sgd+pixel_noise2.0``)
 or ``map_<row>+reference``, ``<row>`` the registered row whose settings it keeps (:data:`.rows.ROWS`): a setting is

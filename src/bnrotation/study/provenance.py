@@ -33,6 +33,20 @@ def cpu_kernels() -> dict:
     return {"capability": torch.backends.cpu.get_cpu_capability(), **{k: os.environ.get(k) for k in KERNEL_ENV}}
 
 
+def cpu_model() -> str | None:
+    """The CPU's model name (``/proc/cpuinfo``'s ``model name`` on Linux, else :func:`platform.processor`), or None
+    where neither says: beside :func:`cpu_kernels`, what tells two machines apart. The same kernel path on another
+    CPU model may still sum in another order (the committed reference runs, made on an AMD EPYC, and the condition
+    map's, made on an Intel Xeon, both under AVX-512, part within 100 steps)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip() or None
+    except OSError:
+        pass
+    return platform.processor() or None
+
+
 def compile_cache_per_kernel_path() -> str:
     """Point ``torch.compile``'s on-disk cache (``TORCHINDUCTOR_CACHE_DIR``) at a folder of this process's kernel
     path, unless the variable names a folder of the user's; returns the folder.
@@ -128,4 +142,5 @@ def describe_built(model: nn.Module, optimizer: torch.optim.Optimizer, schedule,
         "versions": versions(),
         "git": git_state(),
         "host": platform.node(),
+        "cpu": cpu_model(),
     }
