@@ -327,17 +327,23 @@ def _small_map(monkeypatch, settings=(1.2,)):
         monkeypatch.setattr(module, "KNOBS", small)
 
 
-def test_a_diverged_run_is_left_out_of_every_figure_counts_toward_the_whole_map_and_is_named(tmp_path, monkeypatch):
-    """Adam seed 2 at template_scale 1.2 diverges after the first check (its first check kept, at 0.6): its
-    figures are left out (the point's Adam mean is that of seeds 0 and 1), its seed still counts toward the whole
-    map (the headline is written, not held back for good), and map.md's table and the sentence's paragraph name it."""
-    _small_map(monkeypatch)
-    root = tmp_path / "map"
+def _whole_small_map_but_adam_seed_2(root: Path) -> Path:
+    """Every run of :func:`_small_map`'s map but Adam seed 2 at template_scale 1.2, which is written last, at 0.6 at
+    every check, and returned (to be marked diverged)."""
     write_point(root, "noisy_templates", None, None, sgd=0.99, adam=0.80)
     write_point(root, "fashion_mnist", None, None, sgd=0.86, adam=0.855)
     write_point(root, "noisy_templates", "template_scale", 1.2, sgd=0.99, adam=0.985, seeds=(0, 1))
     write_map_run(root, "sgd", 2, knob="template_scale", setting=1.2, acc_eval=0.99)
-    _diverge(write_map_run(root, "adam", 2, knob="template_scale", setting=1.2, acc_eval=0.6), 250)
+    return write_map_run(root, "adam", 2, knob="template_scale", setting=1.2, acc_eval=0.6)
+
+
+def test_a_diverged_run_is_left_out_of_every_figure_counts_toward_the_whole_map_and_is_named(tmp_path, monkeypatch):
+    """Adam seed 2 at template_scale 1.2 diverges after the first check (its first check kept, at 0.6): its
+    figures are left out (the point's Adam mean is that of seeds 0 and 1), its seed still counts toward the whole
+    map (the headline is written, not held back for good), and map.md's table names it."""
+    _small_map(monkeypatch)
+    root = tmp_path / "map"
+    _diverge(_whole_small_map_but_adam_seed_2(root), 250)
     frame, points = load(root)
     point = next(p for p in points if p.point.knob)
     assert point.adam["acc_eval_mode"].n == 2 and point.adam["acc_eval_mode"].mean == pytest.approx(0.984)
@@ -354,11 +360,7 @@ def test_a_diverged_run_is_left_out_of_every_figure_counts_toward_the_whole_map_
 def test_a_diverged_run_before_the_first_check_does_not_hold_the_sentence_back_for_good(tmp_path, monkeypatch):
     _small_map(monkeypatch)
     root = tmp_path / "map"
-    write_point(root, "noisy_templates", None, None, sgd=0.99, adam=0.80)
-    write_point(root, "fashion_mnist", None, None, sgd=0.86, adam=0.855)
-    write_point(root, "noisy_templates", "template_scale", 1.2, sgd=0.99, adam=0.985, seeds=(0, 1))
-    write_map_run(root, "sgd", 2, knob="template_scale", setting=1.2, acc_eval=0.99)
-    run = write_map_run(root, "adam", 2, knob="template_scale", setting=1.2, acc_eval=0.6)
+    run = _whole_small_map_but_adam_seed_2(root)
     for table in ("checks", "interventions"):  # nothing in the window: stopped at step 150
         frame = pd.read_parquet(run / f"{table}.parquet")
         records.write_table(frame.iloc[0:0], run / f"{table}.parquet", table)

@@ -45,7 +45,7 @@ import pandas as pd
 
 from .... import records
 from ....staleness import channel_signals
-from ...condition_map import KNOBS, MAP_STEPS, REFERENCE, Knob, base_row
+from ...condition_map import KNOBS, MAP_STEPS, REFERENCE, SEEDS, Knob, base_row, runs_in_map
 from ...config import TASK_KNOBS, ModelConfig, TaskConfig
 from ...rows import ROWS, TASKS, check_against_row
 from ..formatting import cell, spread
@@ -259,8 +259,6 @@ def per_point(frame: pd.DataFrame) -> list[PointStats]:
 def seeds_in(p: PointStats) -> int:
     """How many seeds of the sweep (:data:`..rows.SEEDS`) have a finished run of both rows at ``p``, a diverged
     run counting as finished (it ran to its end: a rerun would diverge again)."""
-    from ...condition_map import SEEDS
-
     return len(set(p.finished) & set(SEEDS))
 
 
@@ -279,8 +277,6 @@ def sweep_points(points: list[PointStats]) -> list[PointStats]:
 def complete(points: list[PointStats]) -> bool:
     """Whether ``points`` hold the whole map: every point of the sweep (:func:`sweep_points`), each with a finished
     run of both rows at every seed (:func:`seeds_in`). Runs off the sweep count for nothing."""
-    from ...condition_map import SEEDS
-
     swept = sweep_points(points)
     wanted = len(TASKS) + sum(len(k.settings) for k in KNOBS)
     return len(swept) == wanted and all(seeds_in(p) == len(SEEDS) for p in swept)
@@ -367,8 +363,6 @@ def front_line(root: str | Path) -> str:
     :func:`headline` when every point has every seed, else how many of its runs are in (runs off the sweep not
     counted; and how many folders were refused) and that the sentence waits for the rest (a map half run says
     nothing about where the collapse lives). The runs are read once."""
-    from ...condition_map import runs_in_map
-
     runs, problems = load_map_runs(root)
     sentence = _headline_of(runs, problems)
     if sentence is not None:
@@ -487,8 +481,6 @@ def protocol_evidence(reference: str | Path) -> str:
 def _partial(runs: list[Run], points: list[PointStats]) -> list[str]:
     """map.md's warning while the map is half run (runs still to come, or a point short of a seed): the sentence
     above is then read from the seeds that are in, and the front pages and the claims wait for the rest."""
-    from ...condition_map import runs_in_map
-
     if complete(points):
         return []
     return [f"**This map is partial: it reads {len(runs)} of its {runs_in_map()} runs.** The sentence above reads "
@@ -606,8 +598,6 @@ def figure(points: list[PointStats], frame: pd.DataFrame, path: Path) -> Path:
         bottom.set_xlabel(f"task.{knob.key}" + (f" ({knob.unit})" if knob.unit else ""))
         top.legend(fontsize=6)
         bottom.legend(fontsize=6)
-    from ...condition_map import runs_in_map
-
     partial = "" if complete(points) else f" (partial: {len(frame)} of the map's {runs_in_map()} runs)"
     fig.suptitle(f"Where does the collapse live? {count(int(frame['seed'].nunique()), 'seed')}, mean ± sd{partial}",
                  fontsize=10)
