@@ -219,6 +219,18 @@ def test_a_run_turning_two_knobs_is_refused(tmp_path):
     assert not runs and "turns task.template_scale, task.train_size; a map run turns one knob" in problems[0]
 
 
+def test_a_channels_table_without_the_columns_the_mechanism_reads_is_refused_by_name(tmp_path):
+    """``norm_layer`` is not among the channels table's required columns (records.TABLE_COLUMNS); a table without
+    it is refused with the run, the table and the column named, and the other run is still read."""
+    out = write_map_run(tmp_path, "adam", 0, acc_eval=0.9)
+    write_map_run(tmp_path, "adam", 1, acc_eval=0.9)
+    path = out / "channels.parquet"
+    records.write_table(pd.read_parquet(path).drop(columns="norm_layer"), path, "channels")
+    runs, problems = mr.load_map_runs(tmp_path)
+    assert [r.seed for r in runs] == [1] and len(problems) == 1
+    assert "seed=0" in problems[0] and "channels" in problems[0] and "norm_layer" in problems[0]
+
+
 # ----------------------------------------------------------------------------- the headline and the command
 def test_no_headline_until_the_map_is_complete(tmp_path, monkeypatch):
     small = (cmap.Knob("template_scale", "noisy_templates", (1.2,), "SNR"),)

@@ -127,6 +127,10 @@ def load_map_runs(root: str | Path) -> tuple[list[Run], list[str]]:
     for path in find_run_dirs(root):
         try:
             run = load_run(path, ("checks", "layers", "channels", "interventions"), MAP)
+            missing = [c for c in MECHANISM_COLUMNS if c not in run.tables["channels"].columns]
+            if missing:
+                raise BadRunError(f"{path / 'channels.parquet'}: no {', '.join(missing)} column; the mechanism "
+                                  f"reads {', '.join(MECHANISM_COLUMNS)} per norm layer")
             point_of(run)
             runs.append(run)
         except BadRunError as err:
@@ -153,6 +157,9 @@ def point_of(run: Run) -> Point:
     return Point(run.task, name, next((float(x) for x in swept if math.isclose(x, value)), value))
 
 
+MECHANISM_COLUMNS = ("norm_layer", "running_mean", "running_var", "fresh_mean", "fresh_var")  # channels table
+
+
 def _layer_signals(run: Run) -> pd.DataFrame:
     """Per norm layer, over the window's logged steps and the layer's channels: the medians of E, |d| and
     |log s| (:func:`bnrotation.staleness.channel_signals`, each layer's own eps from ``run.json``)."""
@@ -160,8 +167,7 @@ def _layer_signals(run: Run) -> pd.DataFrame:
     lines = []
     for layer, part in ch.groupby("norm_layer", sort=True):
         eps = float(((run.info.get("norm_layers") or {}).get(layer) or {}).get("eps", ModelConfig().bn_eps))
-        sig = channel_signals(*(part[c].to_numpy(float) for c in ("running_mean", "running_var", "fresh_mean",
-                                                                   "fresh_var")), eps)
+        sig = channel_signals(*(part[c].to_numpy(float) for c in MECHANISM_COLUMNS[1:]), eps)
         lines.append({"norm_layer": layer, "e": float(np.nanmedian(sig.eval_error_sigma)),
                       "mean_part": float(np.nanmedian(np.abs(sig.mean_shift_sigma))),
                       "var_part": float(np.nanmedian(np.abs(sig.log_std_ratio)))})
