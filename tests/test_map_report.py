@@ -285,6 +285,8 @@ def test_the_command_writes_map_md_with_the_sentence_block_and_the_figure(tmp_pa
     # the protocol's evidence: 11 checks to step 3,000 without the dip, 41 in all with it
     assert "| `adam` | 2 | 5.0% (11 checks) | 0% | 6.1% (41 checks) | 2% |" in text
     assert "| the templates | – | reference | 3 |" in text and "| the templates | train_size | 1,000 | 3 |" in text
+    # the re-estimation column's steps are the interventions in the window (200 and 300), not every check
+    assert "where the runner intervenes (steps 200 and 300), not at every check" in text
 
 
 def test_the_command_refuses_a_root_without_runs(tmp_path, capsys):
