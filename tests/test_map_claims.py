@@ -117,3 +117,16 @@ def test_a_diverged_run_at_an_end_is_left_out_named_and_does_not_hold_the_check_
     assert check.verdict == PASS, check.measured
     assert "Diverged, and left out: Adam seed 2 (step 250) at 1.2." in check.note
     assert "Adam's mode gap 1.6% ± 0.1 points (n = 2 seeds)" in check.measured
+
+
+def test_a_fail_where_both_optimizers_are_stale_says_so_in_points(tmp_path):
+    """The templates' low SNR as measured: at 0.15 SGD's evaluation mode falls below Adam's (the deficit fails) while
+    both mode gaps are large; the note says so, in points, and not at 1.2 where neither gaps."""
+    write_point(tmp_path / "map", "noisy_templates", "template_scale", 0.15, sgd=0.35, adam=0.40)
+    write_point(tmp_path / "map", "noisy_templates", "template_scale", 1.2, sgd=0.99, adam=0.985)
+    check = claim(SNR).check(evidence(tmp_path))
+    assert check.verdict == FAIL and "Fails on: Adam's deficit to SGD not deeper at 0.15" in check.note
+    assert "Adam's deficit to SGD (SGD's evaluation-mode accuracy − Adam's, paired by seed) -5.5 points" in check.note
+    assert "Adam's mode gap +58.5 points against 2 · SE = " in check.note
+    assert "At 0.15 both optimizers lose to stale statistics: SGD's mode gap 65.0 points, Adam's 60.0" in check.note
+    assert "At 1.2 both" not in check.note

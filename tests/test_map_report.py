@@ -176,9 +176,34 @@ def test_the_sentence_says_where_the_collapse_lives_on_each_task(tmp_path):
     frame, points = load(tmp_path)
     sentence = mr.where_sentence(points, frame)
     assert "lives on the templates at template scale 0.3, 0.6 (its own) but not 1.2; on Fashion-MNIST" in sentence
-    assert sentence.endswith("on Fashion-MNIST at pixel noise 2 but not 0 (its own).")
+    assert "on Fashion-MNIST at pixel noise 2 but not 0 (its own). Both" in sentence
     assert "train size" not in sentence  # a knob without a point of its own says nothing
+    # where both optimizers lose to stale statistics (training mode 1.0): Fashion-MNIST's two points, and not the
+    # templates', where SGD's mode gap is 1 point
+    assert sentence.endswith("Both optimizers' evaluation modes fall at least 5 points below their training modes "
+                             "(each beyond 2 standard errors) on Fashion-MNIST at its own settings, pixel noise 2.")
     assert sentence.startswith("Adam's collapse (evaluation-mode accuracy at least 5 points below SGD's")
+
+
+@pytest.mark.parametrize("sgd, expected", [(0.949, True), (0.951, False)])
+def test_stale_for_both_needs_sgds_mode_gap_beyond_the_floor_too(tmp_path, sgd, expected):
+    """Adam's mode gap is 20 points either way; SGD's is 5.1 or 4.9 points (training mode 1.0)."""
+    write_point(tmp_path, "noisy_templates", "template_scale", 0.15, sgd=sgd, adam=0.80)
+    frame, points = load(tmp_path)
+    assert mr.stale_for_both(points[0]) is expected
+    assert ("Both optimizers'" in mr.where_sentence(points, frame)) is expected
+
+
+def test_a_point_with_one_optimizers_runs_alone_is_named_as_not_yet_judged(tmp_path):
+    """A map half run: the train-size points have SGD's runs and no Adam's, so the sentence does not let the
+    reference point speak for the whole knob."""
+    write_point(tmp_path, "noisy_templates", None, None, sgd=0.99, adam=0.80)
+    for setting in (1000, 4000):
+        for s in (0, 1, 2):
+            write_map_run(tmp_path, "sgd", s, knob="train_size", setting=setting, acc_eval=0.99)
+    frame, points = load(tmp_path)
+    assert "at every train size judged (fresh samples at every draw (its own)), not yet judged at 1,000, 4,000" \
+        in mr.where_sentence(points, frame)
 
 
 def test_the_mechanism_reads_each_layers_mean_and_variance_parts(tmp_path):
@@ -242,8 +267,8 @@ def test_no_headline_until_the_map_is_complete(tmp_path, monkeypatch):
     write_point(tmp_path, "noisy_templates", "template_scale", 1.2, sgd=0.99, adam=0.985, seeds=(0, 1))
     assert mr.headline(tmp_path) is None  # one seed short
     write_point(tmp_path, "noisy_templates", "template_scale", 1.2, sgd=0.99, adam=0.985, seeds=(2,))
-    assert mr.headline(tmp_path).endswith("lives on the templates at template scale 0.6 (its own) but not 1.2; "
-                                          "on Fashion-MNIST at no setting tried (its own).")
+    assert ("lives on the templates at template scale 0.6 (its own) but not 1.2; on Fashion-MNIST at no setting "
+            "judged (its own).") in mr.headline(tmp_path)
 
 
 def test_the_front_pages_say_how_much_of_the_map_is_in_until_it_is_complete(tmp_path, monkeypatch):
@@ -310,7 +335,7 @@ def test_a_partial_map_gets_its_report_and_figure_and_says_it_is_partial(tmp_pat
     assert (root / "map.png").stat().st_size > 0
     text = (root / "map.md").read_text()
     assert f"This map is partial: it reads 14 of its {cmap.runs_in_map()} runs." in text
-    assert "Over the 3 points' means (Adam's): " in text  # the points with an Adam run: not Fashion-MNIST's
+    assert "Spearman's ρ over the 3 points with an Adam run (both tasks;" in text  # not Fashion-MNIST's
     assert "| the templates | template_scale | 0.15 | 0 (SGD 0, Adam 1) |" in text
     assert "| the templates | – | fresh samples at every draw (its own) | 3 |" not in text  # the reference row
     assert "| the templates | – | reference | 3 |" in text
@@ -411,5 +436,26 @@ def test_the_sentence_speaks_of_a_task_whose_reference_point_alone_is_in(tmp_pat
     write_point(root, "noisy_templates", None, None, sgd=0.99, adam=0.80)
     write_point(root, "fashion_mnist", None, None, sgd=0.86, adam=0.855)
     frame, points = load(root)
-    assert mr.where_sentence(points, frame).endswith(
-        "lives on the templates at its own settings; on Fashion-MNIST at no setting tried (its own).")
+    assert "lives on the templates at its own settings; on Fashion-MNIST at no setting judged (its own). Both" \
+        in mr.where_sentence(points, frame)
+
+
+def test_the_figure_labels_the_templates_fresh_samples_and_fashion_mnists_own_set_apart(tmp_path, monkeypatch):
+    """The train-size panels: the templates' own point (an infinite set, placed beyond the largest setting) is
+    labelled ∞ (fresh), Fashion-MNIST's own point its 60,000 images, never "fresh"."""
+    from bnrotation.study.analysis.tables import figures
+
+    for task in ("noisy_templates", "fashion_mnist"):
+        write_point(tmp_path, task, None, None, sgd=0.99, adam=0.80)
+        write_point(tmp_path, task, "train_size", 1000, sgd=0.99, adam=0.97)
+    frame, points = load(tmp_path)
+    saved = []
+    monkeypatch.setattr(figures, "save", lambda fig, *a, **k: saved.append(fig))
+    mr.figure(points, frame, tmp_path / "map.png")
+    labels = {}
+    for j, knob in enumerate(mr.KNOBS):
+        ax = saved[0].axes[len(mr.KNOBS) + j]  # the bottom row shares the top row's ticks
+        labels[knob.name] = [t.get_text() for t in ax.get_xticklabels()]
+    assert labels["noisy_templates.train_size"][-1] == "∞ (fresh)"
+    assert labels["fashion_mnist.train_size"][-1] == "60,000"
+    assert not any("fresh" in t for t in labels["fashion_mnist.train_size"])

@@ -134,6 +134,25 @@ def _left_out(named: list[tuple[str, object]]) -> str:
     return f" Diverged, and left out: {'; '.join(gone)}." if gone else ""
 
 
+def _points_words(g: Gap) -> str:
+    """A :class:`.kinds.Gap` of fractions in points: ``'+45.6 points against 2 · SE = 2.5 points'``, or the sign
+    alone with one seed on a side."""
+    if math.isnan(g.se):
+        return f"{g.difference * 100:+.1f} points; one seed on a side, so the sign alone (no spread)"
+    return f"{g.difference * 100:+.1f} points against {Z:g} · SE = {Z * g.se * 100:.1f} points"
+
+
+def _shared(p, where: str) -> str:
+    """The note's sentence when both optimizers lose to stale statistics at ``p``
+    (:func:`..tables.map_report.stale_for_both`): a deficit that fails there is no sign that the property is
+    harmless, only that it is not Adam's alone. ``''`` otherwise."""
+    if not map_report.stale_for_both(p):
+        return ""
+    return (f" At {where} both optimizers lose to stale statistics: SGD's mode gap "
+            f"{p.sgd['mode_gap'].mean * 100:.1f} points, Adam's {p.adam['mode_gap'].mean * 100:.1f} (the map's "
+            "Both stale), so what the property does there is not Adam's alone.")
+
+
 def _judge(pred: Prediction, ev: Evidence) -> Outcome:
     knob = pred.turned
     points, problems, root = map_points(ev.root)
@@ -153,9 +172,12 @@ def _judge(pred: Prediction, ev: Evidence) -> Outcome:
         f"Adam's mode gap {p.adam['mode_gap'].describe('pct')}, SGD's {p.sgd['mode_gap'].describe('pct')}"
         for s, p in ((pred.deeper, deep), (pred.shallower, shallow)))
     fails = [what for what, g in (("Adam's deficit to SGD", deficit), ("Adam's mode gap", gap)) if not g.passed]
-    note = (f"If {pred.cause} is the cause: {pred.why}. Deficit: {deficit.words()}; mode gap: {gap.words()}."
-            + (f" Fails on: {' and '.join(fails)} not deeper at {_setting(knob, pred.deeper)}." if fails else "")
-            + _left_out(ends))
+    at_deep, at_shallow = _setting(knob, pred.deeper), _setting(knob, pred.shallower)
+    note = (f"If {pred.cause} is the cause: {pred.why}. At {at_deep} minus at {at_shallow}: Adam's deficit to SGD "
+            f"(SGD's evaluation-mode accuracy − Adam's, paired by seed) {_points_words(deficit)}; Adam's mode gap "
+            f"{_points_words(gap)}."
+            + (f" Fails on: {' and '.join(fails)} not deeper at {at_deep}." if fails else "")
+            + _shared(deep, at_deep) + _left_out(ends))
     return Outcome(measured, tolerance, deficit.passed and gap.passed, f"{note} {where}{refused}",
                    {"deficit_difference": deficit.difference, "mode_gap_difference": gap.difference})
 

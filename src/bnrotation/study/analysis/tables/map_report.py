@@ -42,6 +42,7 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+import scipy.stats
 
 from .... import records
 from ....staleness import channel_signals
@@ -304,6 +305,15 @@ def collapses(p: PointStats) -> bool | None:
     return None if a is None or b is None else a and b
 
 
+def stale_for_both(p: PointStats) -> bool | None:
+    """Whether both optimizers lose to stale statistics at ``p``: SGD's mode gap and Adam's each at least
+    :data:`COLLAPSE_FLOOR` and beyond :data:`Z` standard errors over their seeds (:func:`beyond`), whatever the
+    difference between them; None when either row has no seed. Not the collapse (:func:`collapses`), which is
+    Adam's alone."""
+    a, b = beyond(p.sgd["mode_gap"], COLLAPSE_FLOOR), beyond(p.adam["mode_gap"], COLLAPSE_FLOOR)
+    return None if a is None or b is None else a and b
+
+
 def _setting_words(knob: Knob | None, p: PointStats) -> str:
     """A point's setting in words: the knob's value, or the task's own (:attr:`..condition_map.Knob.own`)."""
     if p.point.knob is None:
@@ -325,24 +335,49 @@ def where_sentence(points: list[PointStats], frame: pd.DataFrame) -> str:
                 continue
             settings = ([(_x(knob, task, frame, None), f"{knob.own} (its own)", ref)] if ref is not None else []) \
                 + [(p.point.setting, f"{p.point.setting:,g}", v) for p, v in here]
-            settings = [(s, v) for _, s, v in sorted(settings, key=lambda t: t[0]) if v is not None]
+            settings = sorted(settings, key=lambda t: t[0])
+            pending = [s for _, s, v in settings if v is None]  # a map half run: a row without its twin
+            settings = [(s, v) for _, s, v in settings if v is not None]
             yes, no = [s for s, v in settings if v], [s for s, v in settings if not v]
             what = knob.key.replace("_", " ")
-            if not no:
-                clauses.append(f"at every {what} tried ({', '.join(yes)})")
+            wait = f", not yet judged at {', '.join(pending)}" if pending else ""
+            if not settings:
+                clauses.append(f"not yet judged at any {what} ({', '.join(pending)})")
+            elif not no:
+                clauses.append(f"at every {what} judged ({', '.join(yes)}){wait}")
             elif not yes:
-                clauses.append(f"at no {what} tried ({', '.join(no)})")
+                clauses.append(f"at no {what} judged ({', '.join(no)}){wait}")
             else:
-                clauses.append(f"at {what} {', '.join(yes)} but not {', '.join(no)}")
+                clauses.append(f"at {what} {', '.join(yes)} but not {', '.join(no)}{wait}")
         if not clauses and ref is not None:  # a map half run: the task's reference point alone
-            clauses.append("at its own settings" if ref else "at no setting tried (its own)")
+            clauses.append("at its own settings" if ref else "at no setting judged (its own)")
         if clauses:
             parts.append(f"on {TASK_WORDS[task]} {'; '.join(clauses)}")
     if not parts:
         return "The map has no point with both SGD and Adam yet."
     return (f"Adam's collapse (evaluation-mode accuracy at least {spread(COLLAPSE_FLOOR, 'pct', digits=0)} below "
             f"SGD's and a mode gap at least as much above SGD's, each beyond {Z:g} standard errors over seeds) lives "
-            + "; ".join(parts) + ".")
+            + "; ".join(parts) + ". " + _both_sentence(points, frame))
+
+
+def _both_sentence(points: list[PointStats], frame: pd.DataFrame) -> str:
+    """Where both optimizers lose to stale statistics (:func:`stale_for_both`), per task, in the order of
+    :func:`where_sentence`: the points that are not the collapse but are not fine either."""
+    parts = []
+    for task in TASKS:
+        here = [p for p in points if p.point.task == task and stale_for_both(p)]
+        words = ["its own settings"] if any(p.point.knob is None for p in here) else []
+        for knob in (k for k in KNOBS if k.task == task):
+            settings = sorted(p.point.setting for p in here if p.point.knob == knob.name)
+            if settings:
+                words.append(f"{knob.key.replace('_', ' ')} {', '.join(f'{x:,g}' for x in settings)}")
+        if words:
+            parts.append(f"on {TASK_WORDS[task]} at {', '.join(words)}")
+    floor = spread(COLLAPSE_FLOOR, 'pct', digits=0)
+    if not parts:
+        return f"At no point judged do both optimizers' evaluation modes fall {floor} or more below their training modes."
+    return (f"Both optimizers' evaluation modes fall at least {floor} below their training modes (each beyond {Z:g} "
+            f"standard errors) " + "; ".join(parts) + ".")
 
 
 def headline(root: str | Path) -> str | None:
@@ -382,7 +417,17 @@ def front_line(root: str | Path) -> str:
 
 # ----------------------------------------------------------------------------- tables
 def _pct(s: SeedStat) -> str:
+    """An accuracy's mean ± sd over seeds: ``'98.9% ± 1.7 points'``; ``'–'`` without a seed."""
     return "–" if s.n == 0 else cell(s.mean, "pct", s.sd)
+
+
+def _points(s: SeedStat) -> str:
+    """A difference of accuracies (a mode gap, Adam − SGD, what re-estimation wins back), its mean ± sd over seeds in
+    points: ``'28.3 ± 10.1 points'``, a rounded zero unsigned; ``'–'`` without a seed."""
+    if s.n == 0:
+        return "–"
+    mean, sd = round(s.mean * 100, 1) + 0.0, s.sd  # + 0.0: no "-0.0"
+    return f"{mean:.1f}" + ("" if math.isnan(sd) else f" ± {sd * 100:.1f}") + " points"
 
 
 def _seeds(p: PointStats) -> str:
@@ -396,22 +441,27 @@ def _seeds(p: PointStats) -> str:
     return f"{p.deficit.n}" + (f" ({'; '.join(notes)})" if notes else "")
 
 
+def _yes_no(verdict: bool | None) -> str:
+    return "–" if verdict is None else "yes" if verdict else "no"
+
+
 def table_markdown(points: list[PointStats], frame: pd.DataFrame) -> str:
     """The map's table: one line per point, SGD and Adam side by side (mean ± sd over seeds, n), the paired
     deficit and excess mode gap, and whether the collapse lives there. "Seeds" counts the seeds with both rows
     (and each row's own where they differ)."""
-    head = ("| Task | Knob | Setting | Seeds | SGD eval. | Adam eval. | Adam − SGD (paired) | SGD mode gap | "
-            "Adam mode gap | Adam − SGD mode gap | Collapse | Adam recovered by re-estimation |")
-    lines = [head, "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|"]
+    head = ("| Task | Knob | Setting | Paired seeds | SGD eval. | Adam eval. | Adam − SGD eval. (paired) | SGD mode gap | "
+            "Adam mode gap | Adam − SGD mode gap (paired) | Adam's collapse | Both stale | SGD recovered by "
+            "re-estimation | Adam recovered by re-estimation |")
+    lines = [head, "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---|---:|---:|"]
     for p in points:
         knob = next((k for k in KNOBS if k.name == p.point.knob), None)
         verdict = collapses(p)
         lines.append(f"| {TASK_WORDS[p.point.task]} | {p.point.knob.split('.', 1)[1] if p.point.knob else '–'} | "
                      f"{_setting_words(knob, p)} | {_seeds(p)} | "
                      f"{_pct(p.sgd['acc_eval_mode'])} | {_pct(p.adam['acc_eval_mode'])} | "
-                     f"{spread(-p.deficit.mean, 'pct')} | {_pct(p.sgd['mode_gap'])} | {_pct(p.adam['mode_gap'])} | "
-                     f"{spread(p.excess_gap.mean, 'pct')} | "
-                     f"{'–' if verdict is None else 'yes' if verdict else 'no'} | {_pct(p.adam['recovered'])} |")
+                     f"{_points(SeedStat(tuple(-v for v in p.deficit.values)))} | {_points(p.sgd['mode_gap'])} | "
+                     f"{_points(p.adam['mode_gap'])} | {_points(p.excess_gap)} | {_yes_no(verdict)} | "
+                     f"{_yes_no(stale_for_both(p))} | {_points(p.sgd['recovered'])} | {_points(p.adam['recovered'])} |")
     return "\n".join(lines)
 
 
@@ -438,12 +488,17 @@ def mechanism_markdown(points: list[PointStats], frame: pd.DataFrame) -> str:
                                             cell(stats["loss_last"].mean, "plain")]) + " |")
     ran = [p for p in points if p.adam["mode_gap"].n]  # a map half run: the points with an Adam run
     gap = [p.adam["mode_gap"].mean for p in ran]
-    tracks = [f"ρ(Adam's mode gap, its {what}) = {cell(spearman_rho(gap, [p.adam[col].mean for p in ran]), 'rho')}"
-              for what, col in (("rotation", "rotation_per_100_deg"), ("norm growth", "norm_growth"),
-                                ("last loss", "loss_last"))] if len(ran) >= 3 else []
+    tracks = []
+    for what, col in (("rotation", "rotation_per_100_deg"), ("norm growth", "norm_growth"), ("last loss", "loss_last")):
+        other = [p.adam[col].mean for p in ran]
+        rho = spearman_rho(gap, other)
+        p_value = scipy.stats.spearmanr(gap, other).pvalue if math.isfinite(rho) else math.nan
+        tracks.append(f"ρ(Adam's mode gap, its {what}) = {cell(rho, 'rho')} (p = {cell(p_value, 'plain')})")
     out = "\n".join(lines)
-    if tracks:
-        out += f"\n\nOver the {count(len(ran), 'point')}' means (Adam's): " + "; ".join(tracks) + "."
+    if len(ran) >= 3:
+        out += (f"\n\nSpearman's ρ over the {count(len(ran), 'point')} with an Adam run (both tasks; each point's "
+                f"means over seeds; two-sided p from the t approximation, `scipy.stats.spearmanr`, rough at so few "
+                f"points): " + "; ".join(tracks) + ".")
     return out
 
 
@@ -490,8 +545,9 @@ def _partial(runs: list[Run], points: list[PointStats]) -> list[str]:
     if complete(points):
         return []
     return [f"**This map is partial: it reads {len(runs)} of its {runs_in_map()} runs.** The sentence above reads "
-            "the seeds that are in (the table's Seeds column); the front pages' sentence and the map's claims "
-            "wait for every seed of every point.\n"]
+            "the seeds that are in (the table's Paired seeds column); the front pages' sentence waits for every "
+            "seed of every point, and each of the map's claims for every seed of the points it compares "
+            "(`make claims` judges a claim once both its ends are in).\n"]
 
 
 def _steps_words(runs: list[Run]) -> str:
@@ -521,13 +577,26 @@ def report_text(runs: list[Run], reference: str | Path | None = None) -> str:
            f"<!-- generated by map_report: {SENTENCE_BLOCK} -->", where_sentence(points, frame), "<!-- end -->\n",
            *_partial(runs, points),
            "## The map\n", table_markdown(points, frame), "",
-           f"The last column is measured at the steps where the runner intervenes ({_steps_words(runs)}), not at "
-           f"every check, so it can exceed the mode gap, which averages every check.\n",
+           f"Accuracies are in %, their differences (mode gaps, Adam − SGD, what re-estimation wins back) in "
+           f"points; each ± is the sd over seeds, of the paired differences where the header says paired. "
+           f"**Adam's collapse** is the sentence's rule: Adam − SGD at most −{spread(COLLAPSE_FLOOR, 'pct', digits=0)}"
+           f" and Adam − SGD mode gap at least {spread(COLLAPSE_FLOOR, 'pct', digits=0)}, each beyond {Z:g} "
+           f"standard errors of the paired mean (one seed: the floor alone). **Both stale**: each optimizer's mode "
+           f"gap at least {spread(COLLAPSE_FLOOR, 'pct', digits=0)} and beyond {Z:g} standard errors over its "
+           f"seeds, whatever Adam − SGD. The re-estimation columns are measured at the steps where the runner "
+           f"intervenes ({_steps_words(runs)}), not at every check, so they can exceed the mode gap, which averages "
+           f"every check. The map's runs are a draw of their own, on another CPU than the committed runs "
+           f"(`bnrotation.study.condition_map` says why), so its reference points need not repeat the committed "
+           f"runs' first {scale['steps']:,} steps (the last section).\n",
            "![The condition map](map.png)\n",
            "## The mechanism\n",
            "Per norm layer, the medians over channels and the window's logged steps of E and of its mean part |d| "
-           "and variance part |log s| (`bnrotation.staleness.channel_signals`), means over seeds. Rotation and norm "
-           "growth of the last conv layer; the training loss at the last check.\n",
+           "and variance part |log s| (`bnrotation.staleness.channel_signals`), means over seeds: d is the fresh "
+           "mean's distance from the running mean and s the fresh σ over the running σ, so E, the error the running "
+           "statistics make in evaluation mode, and |d| are in running σ, and |log s| has no unit. Each median is "
+           "taken apart, so E is not rebuilt from the two beside it. Rotation: the median channel's angle per 100 "
+           "steps of the last conv layer, averaged over the window; norm growth: that layer's weight norm at the "
+           "last step over its first; the training loss at the last check.\n",
            mechanism_markdown(points, frame), ""]
     evidence = protocol_evidence(reference) if reference else ""
     if evidence:
@@ -548,6 +617,13 @@ def _x(knob: Knob, task: str, frame: pd.DataFrame, setting: float | None) -> flo
     ref = frame[(frame["task"] == task) & frame["knob"].isna()]["train_set"]
     size = float(ref.iloc[0]) if len(ref) else math.nan
     return 4 * max(knob.settings) if math.isinf(size) else size
+
+
+def _fresh(knob: Knob, frame: pd.DataFrame) -> bool:
+    """Whether ``knob``'s task trains on fresh samples at its own setting (an infinite set: the templates), which
+    :func:`_x` places beyond the largest setting and the figure labels ∞."""
+    ref = frame[(frame["task"] == knob.task) & frame["knob"].isna()]["train_set"]
+    return bool(len(ref)) and math.isinf(float(ref.iloc[0]))
 
 
 def figure(points: list[PointStats], frame: pd.DataFrame, path: Path) -> Path:
@@ -597,9 +673,6 @@ def figure(points: list[PointStats], frame: pd.DataFrame, path: Path) -> Path:
             x = _x(knob, knob.task, frame, None)
             top.plot([x], [-100 * own.deficit.mean], marker="*", ms=13, color="black", ls="none",
                      label=f"{TASK_WORDS[knob.task]}: its own setting")
-            if knob.key == "train_size" and x > max(knob.settings):  # the templates' infinite set
-                top.annotate("fresh\nsamples", (x, -100 * own.deficit.mean), textcoords="offset points",
-                             xytext=(0, 8), ha="center", fontsize=6)
             for o in OPTIMIZERS:
                 bottom.plot([x], [100 * getattr(own, o)["mode_gap"].mean], marker="*", ms=13, color="black", ls="none")
         for task, ref in refs.items():
@@ -609,9 +682,14 @@ def figure(points: list[PointStats], frame: pd.DataFrame, path: Path) -> Path:
                 bottom.axhline(100 * getattr(ref, o)["mode_gap"].mean, ls=styles.get(task, "-"), lw=0.8,
                                color=colours[o], alpha=0.6)
         if knob.key == "train_size":
+            fresh = own is not None and _fresh(knob, frame)
+            ticks = sorted(set(knob.settings) | ({_x(knob, knob.task, frame, None)} if own else set()))
+            labels = ["∞ (fresh)" if fresh and t > max(knob.settings) else f"{t:,g}" for t in ticks]
             for ax in (top, bottom):
                 ax.set_xscale("log")
                 ax.set_xlim(min(xs) / 1.6, max(xs) * 1.6)  # set, not read from the data: a half-run map's may be NaN
+                ax.set_xticks(ticks, labels, fontsize=7)
+                ax.minorticks_off()
         top.axhline(0, lw=0.5, color="black")
         top.set_title(f"{TASK_WORDS[knob.task]}: {knob.key}", fontsize=9)
         bottom.set_xlabel(f"task.{knob.key}" + (f" ({knob.unit})" if knob.unit else ""))
