@@ -239,6 +239,22 @@ def test_the_headline_gives_the_real_image_result_beside_the_synthetic_one(tmp_p
         "brings both back to 90.5% and 100.0% at the last step.\n")
 
 
+def test_the_verdict_counts_name_every_section_beyond_the_article_with_its_own_counts(tmp_path):
+    """README's verdicts block: the article's counts, then each other section that has checks (here the condition
+    map's six, NOT RUN without its runs, and one Fashion-MNIST check), and no section without any."""
+    from bnrotation.study.analysis.claims import condition_map, evidence, readme_blocks, real_images
+    from test_analysis import _load, write_replication
+
+    root = write_replication(tmp_path, rows=("sgd", "adam"))
+    ev = evidence.collect(root, _load(root))
+    checks = [c.check(ev) for c in (*condition_map.CHECKS, real_images.CHECKS[0])]
+    block = readme_blocks(ev, checks, [])["verdicts"]
+    assert "*Where does the collapse live? The condition map*: 0 PASS, 0 FAIL, 6 NOT RUN" in block
+    assert "*Does it happen on real images? Fashion-MNIST*: 0 PASS, 0 FAIL, 1 NOT RUN" in block
+    assert "ResNet-20" not in block and block.startswith("On the same runs, `make claims` weighs each of the "
+                                                         "article's claims: **0 PASS, 0 FAIL, 0 NOT RUN**")
+
+
 # ----------------------------------------------------------------------------- the committed quick look
 def test_the_quick_look_table_is_what_make_claims_writes_from_the_committed_quick_run():
     """docs/running.md's quick-look block is generated from results/reference/quick/ (`make claims

@@ -116,7 +116,7 @@ def test_a_diverged_run_at_an_end_is_left_out_named_and_does_not_hold_the_check_
     check = claim(SNR).check(evidence(tmp_path))
     assert check.verdict == PASS, check.measured
     assert "Diverged, and left out: Adam seed 2 (step 250) at 1.2." in check.note
-    assert "Adam's mode gap 1.6% ± 0.1 points (n = 2 seeds)" in check.measured
+    assert "Adam's mode gap 1.6 ± 0.1 points (n = 2 seeds)" in check.measured
 
 
 def test_a_fail_where_both_optimizers_are_stale_says_so_in_points(tmp_path):

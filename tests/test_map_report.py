@@ -308,7 +308,7 @@ def test_the_command_writes_map_md_with_the_sentence_block_and_the_figure(tmp_pa
     assert block == mr.where_sentence(points, frame)
     assert (root / "map.png").stat().st_size > 0 and (root / "map.pdf").exists()
     # the protocol's evidence: 11 checks to step 3,000 without the dip, 41 in all with it
-    assert "| `adam` | 2 | 5.0% (11 checks) | 0% | 6.1% (41 checks) | 2% |" in text
+    assert "| `adam` | 2 | 5.0 points (11 checks) | 0% | 6.1 points (41 checks) | 2% |" in text
     assert "| the templates | – | reference | 3 |" in text and "| the templates | train_size | 1,000 | 3 |" in text
     # the re-estimation column's steps are the interventions in the window (200 and 300), not every check
     assert "where the runner intervenes (steps 200 and 300), not at every check" in text
@@ -459,3 +459,22 @@ def test_the_figure_labels_the_templates_fresh_samples_and_fashion_mnists_own_se
     assert labels["noisy_templates.train_size"][-1] == "∞ (fresh)"
     assert labels["fashion_mnist.train_size"][-1] == "60,000"
     assert not any("fresh" in t for t in labels["fashion_mnist.train_size"])
+
+
+def test_the_protocol_evidence_counts_checks_by_mode_gap_so_real_images_training_mode_is_not_a_loss(tmp_path):
+    """Fashion-MNIST's rows at training mode 90%: evaluation mode 85% at every check is a 5-point gap, not a check
+    that loses 10 points (the old "below 90%" counted every one); the templates' Adam dips to 50% at step 4,000
+    alone. The closing sentence reads the contrast: 5 points on the templates (at the floor), 0 on real images."""
+    ref = tmp_path / "reference"
+    for seed in (0, 1):
+        write_run(ref, "sgd", seed, rotation=1.0, norm_growth=1.0, acc_eval=0.99)
+        write_run(ref, "adam", seed, rotation=5.0, norm_growth=2.0, acc_eval=0.94, lowest=0.5)
+        for row in ("fmnist_sgd", "fmnist_adam"):
+            write_run(ref, row, seed, rotation=1.0, norm_growth=1.0, acc_eval=0.85, acc_train=0.90,
+                      task="fashion_mnist")
+    text = mr.protocol_evidence(ref)
+    assert "| `fmnist_sgd` | 2 | 5.0 points (11 checks) | 0% | 5.0 points (41 checks) | 0% |" in text
+    assert "| `adam` | 2 | 6.0 points (11 checks) | 0% |" in text and "(41 checks) | 2% |" in text
+    assert text.endswith("Adam's mode gap on the templates is 5.0 points above SGD's, and Fashion-MNIST's two rows "
+                         "are 0.0 points apart: the cut keeps the contrast the map looks for (at least 5 points on "
+                         "the templates, less on real images).")

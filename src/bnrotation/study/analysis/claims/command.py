@@ -44,7 +44,7 @@ from ..tables.table import build_table, lowest_cell
 from .finding import findings, headline
 from .kinds import ARTICLE, FAIL, MEASURED, PASS, Check, withhold_verdicts
 from .registry import ACC, ADAM, CLAIMS, SGD, TABLE_CELLS, WINDOW, explain
-from .report import to_markdown, verdict_counts
+from .report import SECTIONS, to_markdown, verdict_counts
 
 TABLES = ALL_TABLES
 README = Path("README.md")  # the front page, relative to the checkout make runs in
@@ -97,7 +97,10 @@ def readme_blocks(ev: Evidence, checks: list[Check], cells: list[tuple[str, str,
         "map": map_line(ev) + "\n",
         "verdicts": (f"On the same runs, `make claims` weighs each of the article's claims: "
                      f"**{verdict_counts(article)}**; its table, cell by cell: "
-                     f"{verdict_counts(c for _, _, c in cells)}. A failing check's note says why.\n"),
+                     f"{verdict_counts(c for _, _, c in cells)}. Beyond the article, each in a section of its own: "
+                     + "; ".join(f"*{SECTIONS[s][0]}*: {verdict_counts(these)}" for s in SECTIONS
+                                 if s != ARTICLE and (these := [c for c in checks if c.section == s]))
+                     + ". A failing check's note says why.\n"),
     }
 
 

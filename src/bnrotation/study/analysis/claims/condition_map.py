@@ -30,7 +30,7 @@ from pathlib import Path
 
 from ...condition_map import KNOBS, MAP_STEPS, ROOT, Knob
 from ...rows import SEEDS
-from ..formatting import cell, spread
+from ..formatting import spread
 from ..results import count
 from ..tables import map_report
 from .evidence import Evidence
@@ -168,8 +168,9 @@ def _judge(pred: Prediction, ev: Evidence) -> Outcome:
         return Outcome(missing, tolerance, None, where + refused)
     deficit, gap = Gap(deep.deficit, shallow.deficit), Gap(deep.adam["mode_gap"], shallow.adam["mode_gap"])
     measured = "; ".join(
-        f"at {_setting(knob, s)}: Adam − SGD {cell(-p.deficit.mean, 'pct', p.deficit.sd, n=p.deficit.n)}, "
-        f"Adam's mode gap {p.adam['mode_gap'].describe('pct')}, SGD's {p.sgd['mode_gap'].describe('pct')}"
+        f"at {_setting(knob, s)}: Adam − SGD {map_report.in_points(map_report.adam_minus_sgd(p), n=True)}, "
+        f"Adam's mode gap {map_report.in_points(p.adam['mode_gap'], n=True)}, SGD's "
+        f"{map_report.in_points(p.sgd['mode_gap'], n=True)}"
         for s, p in ((pred.deeper, deep), (pred.shallower, shallow)))
     fails = [what for what, g in (("Adam's deficit to SGD", deficit), ("Adam's mode gap", gap)) if not g.passed]
     at_deep, at_shallow = _setting(knob, pred.deeper), _setting(knob, pred.shallower)
@@ -212,8 +213,8 @@ def map_reference_points_keep_their_behaviour(ev: Evidence) -> Outcome:
     where += _left_out(ends)
     t, f = refs["noisy_templates"], refs["fashion_mnist"]
     measured = "; ".join(f"{map_report.TASK_WORDS[p.point.task]}: Adam − SGD "
-                         f"{cell(-p.deficit.mean, 'pct', p.deficit.sd, n=p.deficit.n)}, Adam's mode gap − SGD's "
-                         f"{cell(p.excess_gap.mean, 'pct', p.excess_gap.sd)}" for p in (t, f))
+                         f"{map_report.in_points(map_report.adam_minus_sgd(p), n=True)}, Adam's mode gap − SGD's "
+                         f"{map_report.in_points(p.excess_gap)}" for p in (t, f))
     return Outcome(measured, tolerance, map_report.collapses(t) is True and map_report.collapses(f) is False, where)
 
 

@@ -95,8 +95,12 @@ SECTIONS = {
           "(`bnrotation.study.condition_map`, `make map`; its runs under `map/` beside these, its table `map/map.md`). "
           "For each knob, the direction Adam's evaluation-mode accuracy should move, against SGD's and against its "
           "own training mode, if that property is the cause; each was committed before any map run "
-          "(`analysis/claims/condition_map.py`), with its reasoning in its note. A FAIL is a finding: that property, "
-          "alone, does not move the collapse. NOT RUN: the map's runs are missing."),
+          "(`analysis/claims/condition_map.py`), with its reasoning in its note. The map's runs have a protocol of "
+          "their own, shorter than the article's (`map/map.md` says which and why). \"Deficit\" is SGD's "
+          "evaluation-mode accuracy minus Adam's, paired by seed: the map's \"Adam − SGD\" with its sign turned. A "
+          "FAIL is a finding: that property, alone, does not move Adam's collapse against SGD's that way (the note "
+          "says when both optimizers lose to stale statistics there). NOT RUN: the runs of one end or the other are "
+          "not all in."),
 }
 
 
