@@ -175,13 +175,15 @@ def test_the_sentence_says_where_the_collapse_lives_on_each_task(tmp_path):
     write_point(tmp_path, "fashion_mnist", "pixel_noise", 2.0, sgd=0.75, adam=0.60)
     frame, points = load(tmp_path)
     sentence = mr.where_sentence(points, frame)
-    assert "lives on the templates at template scale 0.3, 0.6 (its own) but not 1.2; on Fashion-MNIST" in sentence
-    assert "on Fashion-MNIST at pixel noise 2 but not 0 (its own). Both" in sentence
+    assert ("lives on the templates along template scale at 0.3 and its own (0.6), not at 1.2; on Fashion-MNIST"
+            in sentence)
+    assert "on Fashion-MNIST along pixel noise at 2, not at its own (0). Both" in sentence
     assert "train size" not in sentence  # a knob without a point of its own says nothing
     # where both optimizers lose to stale statistics (training mode 1.0): Fashion-MNIST's two points, and not the
     # templates', where SGD's mode gap is 1 point
     assert sentence.endswith("Both optimizers' evaluation modes fall at least 5 points below their training modes "
-                             "(each beyond 2 standard errors) on Fashion-MNIST at its own settings, pixel noise 2.")
+                             "(each beyond 2 standard errors) on Fashion-MNIST at its own settings; along pixel noise "
+                             "at 2.")
     assert sentence.startswith("Adam's collapse (evaluation-mode accuracy at least 5 points below SGD's")
 
 
@@ -202,8 +204,8 @@ def test_a_point_with_one_optimizers_runs_alone_is_named_as_not_yet_judged(tmp_p
         for s in (0, 1, 2):
             write_map_run(tmp_path, "sgd", s, knob="train_size", setting=setting, acc_eval=0.99)
     frame, points = load(tmp_path)
-    assert "at every train size judged (fresh samples at every draw (its own)), not yet judged at 1,000, 4,000" \
-        in mr.where_sentence(points, frame)
+    assert ("along train size at every setting judged: its own (fresh samples at every draw), not yet judged at "
+            "1,000 and 4,000.") in mr.where_sentence(points, frame)
 
 
 def test_the_mechanism_reads_each_layers_mean_and_variance_parts(tmp_path):
@@ -267,8 +269,8 @@ def test_no_headline_until_the_map_is_complete(tmp_path, monkeypatch):
     write_point(tmp_path, "noisy_templates", "template_scale", 1.2, sgd=0.99, adam=0.985, seeds=(0, 1))
     assert mr.headline(tmp_path) is None  # one seed short
     write_point(tmp_path, "noisy_templates", "template_scale", 1.2, sgd=0.99, adam=0.985, seeds=(2,))
-    assert ("lives on the templates at template scale 0.6 (its own) but not 1.2; on Fashion-MNIST at no setting "
-            "judged (its own).") in mr.headline(tmp_path)
+    assert ("lives on the templates along template scale at its own (0.6), not at 1.2; on Fashion-MNIST not at its "
+            "own settings.") in mr.headline(tmp_path)
 
 
 def test_the_front_pages_say_how_much_of_the_map_is_in_until_it_is_complete(tmp_path, monkeypatch):
@@ -436,7 +438,7 @@ def test_the_sentence_speaks_of_a_task_whose_reference_point_alone_is_in(tmp_pat
     write_point(root, "noisy_templates", None, None, sgd=0.99, adam=0.80)
     write_point(root, "fashion_mnist", None, None, sgd=0.86, adam=0.855)
     frame, points = load(root)
-    assert "lives on the templates at its own settings; on Fashion-MNIST at no setting judged (its own). Both" \
+    assert "lives on the templates at its own settings; on Fashion-MNIST not at its own settings. Both" \
         in mr.where_sentence(points, frame)
 
 

@@ -327,6 +327,11 @@ def _setting_words(knob: Knob | None, p: PointStats) -> str:
     return f"{p.point.setting:,g}"
 
 
+def _and(words: list[str]) -> str:
+    """``['a', 'b', 'c']`` as ``'a, b and c'``."""
+    return words[0] if len(words) == 1 else ", ".join(words[:-1]) + " and " + words[-1]
+
+
 def where_sentence(points: list[PointStats], frame: pd.DataFrame) -> str:
     """One sentence, from the runs, saying where the collapse lives: per task, per knob, the settings (the task's
     own among them) at which it does and at which it does not (:func:`collapses`)."""
@@ -339,24 +344,24 @@ def where_sentence(points: list[PointStats], frame: pd.DataFrame) -> str:
             here = [(p, verdict[(task, knob.name, p.point.setting)]) for p in points if p.point.knob == knob.name]
             if not here:
                 continue
-            settings = ([(_x(knob, task, frame, None), f"{knob.own} (its own)", ref)] if ref is not None else []) \
+            settings = ([(_x(knob, task, frame, None), f"its own ({knob.own})", ref)] if ref is not None else []) \
                 + [(p.point.setting, f"{p.point.setting:,g}", v) for p, v in here]
             settings = sorted(settings, key=lambda t: t[0])
             pending = [s for _, s, v in settings if v is None]  # a map half run: a row without its twin
             settings = [(s, v) for _, s, v in settings if v is not None]
             yes, no = [s for s, v in settings if v], [s for s, v in settings if not v]
-            what = knob.key.replace("_", " ")
-            wait = f", not yet judged at {', '.join(pending)}" if pending else ""
+            along = f"along {knob.key.replace('_', ' ')}"
+            wait = f", not yet judged at {_and(pending)}" if pending else ""
             if not settings:
-                clauses.append(f"not yet judged at any {what} ({', '.join(pending)})")
+                clauses.append(f"{along} not yet judged ({_and(pending)})")
             elif not no:
-                clauses.append(f"at every {what} judged ({', '.join(yes)}){wait}")
+                clauses.append(f"{along} at every setting judged: {_and(yes)}{wait}")
             elif not yes:
-                clauses.append(f"at no {what} judged ({', '.join(no)}){wait}")
+                clauses.append(f"{along} at none of {_and(no)}{wait}")
             else:
-                clauses.append(f"at {what} {', '.join(yes)} but not {', '.join(no)}{wait}")
+                clauses.append(f"{along} at {_and(yes)}, not at {_and(no)}{wait}")
         if not clauses and ref is not None:  # a map half run: the task's reference point alone
-            clauses.append("at its own settings" if ref else "at no setting judged (its own)")
+            clauses.append("at its own settings" if ref else "not at its own settings")
         if clauses:
             parts.append(f"on {TASK_WORDS[task]} {'; '.join(clauses)}")
     if not parts:
@@ -372,13 +377,13 @@ def _both_sentence(points: list[PointStats], frame: pd.DataFrame) -> str:
     parts = []
     for task in TASKS:
         here = [p for p in points if p.point.task == task and stale_for_both(p)]
-        words = ["its own settings"] if any(p.point.knob is None for p in here) else []
+        words = ["at its own settings"] if any(p.point.knob is None for p in here) else []
         for knob in (k for k in KNOBS if k.task == task):
             settings = sorted(p.point.setting for p in here if p.point.knob == knob.name)
             if settings:
-                words.append(f"{knob.key.replace('_', ' ')} {', '.join(f'{x:,g}' for x in settings)}")
+                words.append(f"along {knob.key.replace('_', ' ')} at {_and([f'{x:,g}' for x in settings])}")
         if words:
-            parts.append(f"on {TASK_WORDS[task]} at {', '.join(words)}")
+            parts.append(f"on {TASK_WORDS[task]} {'; '.join(words)}")
     floor = spread(COLLAPSE_FLOOR, 'pct', digits=0)
     if not parts:
         return (f"At no point judged do both optimizers' evaluation modes fall {floor} or more below their training "
@@ -583,9 +588,7 @@ def _steps_words(runs: list[Run]) -> str:
     steps = sorted({int(s) for r in runs for s in midrun.reestimated_at_every_step(r)["step"]})
     if not steps:
         return "none logged"
-    listed = [f"{s:,}" for s in steps]
-    return ("step " if len(steps) == 1 else "steps ") + (listed[0] if len(listed) == 1 else
-                                                         ", ".join(listed[:-1]) + " and " + listed[-1])
+    return ("step " if len(steps) == 1 else "steps ") + _and([f"{s:,}" for s in steps])
 
 
 def report_text(runs: list[Run], reference: str | Path | None = None) -> str:
