@@ -480,3 +480,20 @@ def test_the_protocol_evidence_counts_checks_by_mode_gap_so_real_images_training
     assert text.endswith("Adam's mode gap on the templates is 5.0 points above SGD's, and Fashion-MNIST's two rows "
                          "are 0.0 points apart: the cut keeps the contrast the map looks for (at least 5 points on "
                          "the templates, less on real images).")
+
+
+def test_a_runs_cost_is_read_from_run_json_leaving_resumed_runs_out(tmp_path):
+    """Two runs timed start to end (100 s and 300 s, training 50 and 150 s) and one resumed (999 s: not one run's
+    time); the median is 200 s, training half of it; the runs still to come are the map's less the three."""
+    for seed, (wall, train, resumed) in enumerate([(100.0, 50.0, False), (300.0, 150.0, False), (999.0, 1.0, True)]):
+        out = write_map_run(tmp_path, "adam", seed, acc_eval=0.9)
+        info = json.loads((out / "run.json").read_text())
+        info.update(wall_seconds=wall, timings_s={"train": train}, threads=1,
+                    **({"resumes": [{"at_step": 100}]} if resumed else {}))
+        (out / "run.json").write_text(json.dumps(info))
+    runs, _ = mr.load_map_runs(tmp_path)
+    text = mr.cost_markdown(runs)
+    assert "| the templates | 2 | 200 s (100–300 s) | 50% | 1 |" in text
+    assert "Fashion-MNIST" not in text
+    left = cmap.runs_in_map() - 3
+    assert f"{left} runs still to come: about {left * 200 / 3600:.1f} hours at the median" in text

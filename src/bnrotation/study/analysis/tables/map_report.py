@@ -635,7 +635,37 @@ def report_text(runs: list[Run], reference: str | Path | None = None) -> str:
         out += [f"## Why {MAP_STEPS:,} steps\n",
                 f"The committed runs at the article's protocol (`{reference}`; not the map's own), their checks up to "
                 f"step {MAP_STEPS:,} against the whole window:\n", evidence, ""]
+    out += ["## What a run costs\n", cost_markdown(runs), ""]
     return "\n".join(out) + "\n"
+
+
+def cost_markdown(runs: list[Run]) -> str:
+    """What a map run costs, from each ``run.json``: per task, the median and range of ``wall_seconds`` over the
+    runs that ran start to end in one process (a resumed run's wall time is not one run's), with the share of it
+    spent training (``timings_s``) and the threads each used; then the runs still to come
+    (:func:`..condition_map.runs_in_map` less those in) at the median, in hours one at a time."""
+    lines = ["| Task | Runs timed (not resumed) | Wall time per run, median (range) | Training's share | Threads |",
+             "|---|---:|---:|---:|---:|"]
+    medians = {}
+    for task in TASKS:
+        timed = [r.info for r in runs if r.task == task and not r.info.get("resumes")
+                 and isinstance(r.info.get("wall_seconds"), (int, float))]
+        if not timed:
+            continue
+        wall = np.array([float(i["wall_seconds"]) for i in timed])
+        train = np.array([float((i.get("timings_s") or {}).get("train", math.nan)) for i in timed])
+        medians[task] = float(np.median(wall))
+        threads = sorted({str(i.get("threads", "?")) for i in timed})
+        lines.append(f"| {TASK_WORDS[task]} | {len(timed)} | {medians[task]:,.0f} s ({wall.min():,.0f}–{wall.max():,.0f}"
+                     f" s) | {cell(float(np.nanmedian(train / wall)), 'pct', digits=0)} | {', '.join(threads)} |")
+    if not medians:
+        return "No run here ran start to end in one process, so none is timed."
+    left = runs_in_map() - sum(on_sweep(point_of(r)) for r in runs)
+    typical = float(np.median(list(medians.values())))
+    tail = (f"{count(left, 'run')} still to come: about {left * typical / 3600:.1f} hours at the median, one at a "
+            f"time (`make map JOBS=2` runs two at once, on two cores about half that)." if left > 0
+            else "Every run of the map is in.")
+    return "\n".join(lines) + f"\n\nWall time includes the checks, probes and interventions. {tail}"
 
 
 # ----------------------------------------------------------------------------- the figure
