@@ -175,16 +175,16 @@ def test_the_sentence_says_where_the_collapse_lives_on_each_task(tmp_path):
     write_point(tmp_path, "fashion_mnist", "pixel_noise", 2.0, sgd=0.75, adam=0.60)
     frame, points = load(tmp_path)
     sentence = mr.where_sentence(points, frame)
-    assert ("lives on the templates along template scale at 0.3 and its own (0.6), not at 1.2; on Fashion-MNIST"
-            in sentence)
-    assert "on Fashion-MNIST along pixel noise at 2, not at its own (0). Both" in sentence
-    assert "train size" not in sentence  # a knob without a point of its own says nothing
+    assert ("lives on the templates along template scale at 0.3 and its own (0.6), not at 1.2; along train size "
+            "not yet run; along num classes not yet run; on Fashion-MNIST along pixel noise at 2, not at its own (0); "
+            "along train size not yet run. Both") in sentence  # a knob without a run says so
     # where both optimizers lose to stale statistics (training mode 1.0): Fashion-MNIST's two points, and not the
     # templates', where SGD's mode gap is 1 point
     assert sentence.endswith("Both optimizers' evaluation modes fall at least 5 points below their training modes "
-                             "(each beyond 2 standard errors) on Fashion-MNIST at its own settings; along pixel noise "
-                             "at 2.")
-    assert sentence.startswith("Adam's collapse (evaluation-mode accuracy at least 5 points below SGD's")
+                             "(each mean more than 2 standard errors from zero) on Fashion-MNIST at its own settings; "
+                             "along pixel noise at 2 (at 2 with Adam's collapse on top).")
+    assert sentence.startswith("Adam's collapse (its evaluation-mode accuracy at least 5 points below SGD's and its "
+                               "mode gap at least 5 points above SGD's, each mean more than 2 standard errors from zero")
 
 
 @pytest.mark.parametrize("sgd, expected", [(0.949, True), (0.951, False)])
@@ -205,7 +205,7 @@ def test_a_point_with_one_optimizers_runs_alone_is_named_as_not_yet_judged(tmp_p
             write_map_run(tmp_path, "sgd", s, knob="train_size", setting=setting, acc_eval=0.99)
     frame, points = load(tmp_path)
     assert ("along train size at every setting judged: its own (fresh samples at every draw), not yet judged at "
-            "1,000 and 4,000.") in mr.where_sentence(points, frame)
+            "1,000 and 4,000; along num classes not yet run.") in mr.where_sentence(points, frame)
 
 
 def test_the_mechanism_reads_each_layers_mean_and_variance_parts(tmp_path):
@@ -438,8 +438,9 @@ def test_the_sentence_speaks_of_a_task_whose_reference_point_alone_is_in(tmp_pat
     write_point(root, "noisy_templates", None, None, sgd=0.99, adam=0.80)
     write_point(root, "fashion_mnist", None, None, sgd=0.86, adam=0.855)
     frame, points = load(root)
-    assert "lives on the templates at its own settings; on Fashion-MNIST not at its own settings. Both" \
-        in mr.where_sentence(points, frame)
+    assert ("lives on the templates at its own settings; along template scale not yet run; along train size not yet "
+            "run; along num classes not yet run; on Fashion-MNIST not at its own settings; along pixel noise not yet "
+            "run; along train size not yet run. Both") in mr.where_sentence(points, frame)
 
 
 def test_the_figure_labels_the_templates_fresh_samples_and_fashion_mnists_own_set_apart(tmp_path, monkeypatch):
@@ -496,4 +497,4 @@ def test_a_runs_cost_is_read_from_run_json_leaving_resumed_runs_out(tmp_path):
     assert "| the templates | 2 | 200 s (100–300 s) | 50% | 1 |" in text
     assert "Fashion-MNIST" not in text
     left = cmap.runs_in_map() - 3
-    assert f"{left} runs still to come: about {left * 200 / 3600:.1f} hours at the median" in text
+    assert f"{left} runs still to come: about {left * 200 / 3600:.1f} hours at each task's median" in text

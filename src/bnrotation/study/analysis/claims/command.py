@@ -97,7 +97,8 @@ def readme_blocks(ev: Evidence, checks: list[Check], cells: list[tuple[str, str,
         "map": map_line(ev) + "\n",
         "verdicts": (f"On the same runs, `make claims` weighs each of the article's claims: "
                      f"**{verdict_counts(article)}**; its table, cell by cell: "
-                     f"{verdict_counts(c for _, _, c in cells)}. Beyond the article, each in a section of its own: "
+                     f"{verdict_counts(c for _, _, c in cells)}. Beyond the article, each in a section of its own, on runs "
+                     "of its own: "
                      + "; ".join(f"*{SECTIONS[s][0]}*: {verdict_counts(these)}" for s in SECTIONS
                                  if s != ARTICLE and (these := [c for c in checks if c.section == s]))
                      + ". A failing check's note says why.\n"),

@@ -97,10 +97,12 @@ SECTIONS = {
           "own training mode, if that property is the cause; each was committed before any map run "
           "(`analysis/claims/condition_map.py`), with its reasoning in its note. The map's runs have a protocol of "
           "their own, shorter than the article's (`map/map.md` says which and why). \"Deficit\" is SGD's "
-          "evaluation-mode accuracy minus Adam's, paired by seed: the map's \"Adam − SGD\" with its sign turned. A "
-          "FAIL is a finding: that property, alone, does not move Adam's collapse against SGD's that way (the note "
-          "says when both optimizers lose to stale statistics there). NOT RUN: the runs of one end or the other are "
-          "not all in."),
+          "evaluation-mode accuracy minus Adam's, paired by seed: the map's \"Adam − SGD\" with its sign turned. The "
+          "mode-gap half of each prediction is Adam's own mode gap, as registered, not its excess over SGD's, which "
+          "the map's collapse rule uses. A FAIL is a finding about the prediction's two ends alone: the collapse "
+          "did not move that way between them. Where both optimizers lose to stale statistics at the deeper end "
+          "(the note says so), it says nothing about whether the property matters; the map's table gives the "
+          "settings between. NOT RUN: the runs of one end or the other are not all in."),
 }
 
 

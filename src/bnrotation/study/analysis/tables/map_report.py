@@ -342,7 +342,9 @@ def where_sentence(points: list[PointStats], frame: pd.DataFrame) -> str:
         clauses = []
         for knob in (k for k in KNOBS if k.task == task):
             here = [(p, verdict[(task, knob.name, p.point.setting)]) for p in points if p.point.knob == knob.name]
-            if not here:
+            along = f"along {knob.key.replace('_', ' ')}"
+            if not here:  # a map half run: no run of this knob yet
+                clauses.append(f"{along} not yet run")
                 continue
             settings = ([(_x(knob, task, frame, None), f"its own ({knob.own})", ref)] if ref is not None else []) \
                 + [(p.point.setting, f"{p.point.setting:,g}", v) for p, v in here]
@@ -350,46 +352,50 @@ def where_sentence(points: list[PointStats], frame: pd.DataFrame) -> str:
             pending = [s for _, s, v in settings if v is None]  # a map half run: a row without its twin
             settings = [(s, v) for _, s, v in settings if v is not None]
             yes, no = [s for s, v in settings if v], [s for s, v in settings if not v]
-            along = f"along {knob.key.replace('_', ' ')}"
             wait = f", not yet judged at {_and(pending)}" if pending else ""
             if not settings:
                 clauses.append(f"{along} not yet judged ({_and(pending)})")
             elif not no:
                 clauses.append(f"{along} at every setting judged: {_and(yes)}{wait}")
             elif not yes:
-                clauses.append(f"{along} at none of {_and(no)}{wait}")
+                clauses.append(f"{along} at none of the settings judged: {_and(no)}{wait}")
             else:
                 clauses.append(f"{along} at {_and(yes)}, not at {_and(no)}{wait}")
-        if not clauses and ref is not None:  # a map half run: the task's reference point alone
-            clauses.append("at its own settings" if ref else "not at its own settings")
-        if clauses:
+        if all(c.endswith(" not yet run") for c in clauses) and ref is not None:  # its reference point alone
+            clauses.insert(0, "at its own settings" if ref else "not at its own settings")
+        if clauses and not all(c.endswith(" not yet run") for c in clauses):
             parts.append(f"on {TASK_WORDS[task]} {'; '.join(clauses)}")
     if not parts:
         return "The map has no point with both SGD and Adam yet."
-    return (f"Adam's collapse (evaluation-mode accuracy at least {spread(COLLAPSE_FLOOR, 'pct', digits=0)} below "
-            f"SGD's and a mode gap at least as much above SGD's, each beyond {Z:g} standard errors over seeds) lives "
+    floor = spread(COLLAPSE_FLOOR, 'pct', digits=0)
+    return (f"Adam's collapse (its evaluation-mode accuracy at least {floor} below SGD's and its mode gap at least "
+            f"{floor} above SGD's, each mean more than {Z:g} standard errors from zero, paired by seed) lives "
             + "; ".join(parts) + ". " + _both_sentence(points, frame))
 
 
 def _both_sentence(points: list[PointStats], frame: pd.DataFrame) -> str:
     """Where both optimizers lose to stale statistics (:func:`stale_for_both`), per task, in the order of
-    :func:`where_sentence`: the points that are not the collapse but are not fine either."""
+    :func:`where_sentence`, naming the points where Adam's collapse (:func:`collapses`) comes on top of it."""
     parts = []
     for task in TASKS:
         here = [p for p in points if p.point.task == task and stale_for_both(p)]
-        words = ["at its own settings"] if any(p.point.knob is None for p in here) else []
+        own = [p for p in here if p.point.knob is None]
+        on_own = " (with Adam's collapse on top)" if own and collapses(own[0]) else ""
+        words = [f"at its own settings{on_own}"] if own else []
         for knob in (k for k in KNOBS if k.task == task):
-            settings = sorted(p.point.setting for p in here if p.point.knob == knob.name)
-            if settings:
-                words.append(f"along {knob.key.replace('_', ' ')} at {_and([f'{x:,g}' for x in settings])}")
+            mine = sorted((p for p in here if p.point.knob == knob.name), key=lambda p: p.point.setting)
+            if mine:
+                on_top = [f"{p.point.setting:,g}" for p in mine if collapses(p)]
+                words.append(f"along {knob.key.replace('_', ' ')} at {_and([f'{p.point.setting:,g}' for p in mine])}"
+                             + (f" (at {_and(on_top)} with Adam's collapse on top)" if on_top else ""))
         if words:
             parts.append(f"on {TASK_WORDS[task]} {'; '.join(words)}")
     floor = spread(COLLAPSE_FLOOR, 'pct', digits=0)
     if not parts:
         return (f"At no point judged do both optimizers' evaluation modes fall {floor} or more below their training "
                 "modes.")
-    return (f"Both optimizers' evaluation modes fall at least {floor} below their training modes (each beyond {Z:g} "
-            f"standard errors) " + "; ".join(parts) + ".")
+    return (f"Both optimizers' evaluation modes fall at least {floor} below their training modes (each mean more "
+            f"than {Z:g} standard errors from zero) " + "; ".join(parts) + ".")
 
 
 def headline(root: str | Path) -> str | None:
@@ -514,7 +520,8 @@ def mechanism_markdown(points: list[PointStats], frame: pd.DataFrame) -> str:
     if len(ran) >= 3:
         out += (f"\n\nSpearman's ρ over the {count(len(ran), 'point')} with an Adam run (both tasks; each point's "
                 f"means over seeds; two-sided p from the t approximation, `scipy.stats.spearmanr`, rough at so few "
-                f"points): " + "; ".join(tracks) + ".")
+                f"points; exploratory: fixed after the runs, and not corrected for its three tests): "
+                + "; ".join(tracks) + ".")
     return out
 
 
@@ -643,7 +650,7 @@ def cost_markdown(runs: list[Run]) -> str:
     """What a map run costs, from each ``run.json``: per task, the median and range of ``wall_seconds`` over the
     runs that ran start to end in one process (a resumed run's wall time is not one run's), with the share of it
     spent training (``timings_s``) and the threads each used; then the runs still to come
-    (:func:`..condition_map.runs_in_map` less those in) at the median, in hours one at a time."""
+    (each task's points × rows × seeds, less those in) at its task's median, in hours one at a time."""
     lines = ["| Task | Runs timed (not resumed) | Wall time per run, median (range) | Training's share | Threads |",
              "|---|---:|---:|---:|---:|"]
     medians = {}
@@ -660,9 +667,13 @@ def cost_markdown(runs: list[Run]) -> str:
                      f" s) | {cell(float(np.nanmedian(train / wall)), 'pct', digits=0)} | {', '.join(threads)} |")
     if not medians:
         return "No run here ran start to end in one process, so none is timed."
-    left = runs_in_map() - sum(on_sweep(point_of(r)) for r in runs)
+    wanted = {t: (1 + sum(len(k.settings) for k in KNOBS if k.task == t)) * len(OPTIMIZERS) * len(SEEDS)
+              for t in TASKS}
+    have = {t: sum(on_sweep(point_of(r)) and r.task == t for r in runs) for t in TASKS}
+    left = sum(wanted.values()) - sum(have.values())
     typical = float(np.median(list(medians.values())))
-    tail = (f"{count(left, 'run')} still to come: about {left * typical / 3600:.1f} hours at the median, one at a "
+    hours = sum((wanted[t] - have[t]) * medians.get(t, typical) for t in TASKS) / 3600
+    tail = (f"{count(left, 'run')} still to come: about {hours:.1f} hours at each task's median, one at a "
             f"time (`make map JOBS=2` runs two at once, on two cores about half that)." if left > 0
             else "Every run of the map is in.")
     return "\n".join(lines) + f"\n\nWall time includes the checks, probes and interventions. {tail}"
@@ -703,12 +714,13 @@ def figure(points: list[PointStats], frame: pd.DataFrame, path: Path) -> Path:
     apply_style()
     refs = {p.point.task: p for p in points if p.point.knob is None}
     styles = {"noisy_templates": ":", "fashion_mnist": "--"}
-    fig, axes = plt.subplots(2, len(KNOBS), figsize=(3.2 * len(KNOBS), 5.6), constrained_layout=True, squeeze=False)
+    fig, axes = plt.subplots(2, len(KNOBS), figsize=(3.2 * len(KNOBS), 5.6), constrained_layout=True, squeeze=False,
+                             sharex="col")
     colours = {"sgd": ROWS["sgd"].colour, "adam": ROWS["adam"].colour}
     for j, knob in enumerate(KNOBS):
         top, bottom = axes[0, j], axes[1, j]
         if j == 0:
-            top.set_ylabel("Adam − SGD,\neval.-mode accuracy (points)")
+            top.set_ylabel("Adam − SGD, eval.-mode accuracy\n(points; below 0: Adam worse)")
             bottom.set_ylabel("mode gap,\ntraining − eval. (points)")
         mine = [p for p in points if p.point.knob == knob.name]
         own = refs.get(knob.task)
@@ -753,12 +765,14 @@ def figure(points: list[PointStats], frame: pd.DataFrame, path: Path) -> Path:
                 ax.set_xticks(ticks, labels, fontsize=7)
                 ax.minorticks_off()
         top.axhline(0, lw=0.5, color="black")
+        top.axhline(-100 * COLLAPSE_FLOOR, lw=0.8, ls=(0, (1, 3)), color=colours["adam"],
+                    label=f"collapse floor (−{spread(COLLAPSE_FLOOR, 'pct', digits=0)})")
         top.set_title(f"{TASK_WORDS[knob.task]}: {knob.key}", fontsize=9)
         bottom.set_xlabel(f"task.{knob.key}" + (f" ({knob.unit})" if knob.unit else ""))
         top.legend(fontsize=6)
         bottom.legend(fontsize=6)
     partial = "" if complete(points) else f" (partial: {len(frame)} of the map's {runs_in_map()} runs)"
-    fig.suptitle(f"Where does the collapse live? {count(int(frame['seed'].nunique()), 'seed')}, mean ± sd{partial}",
+    fig.suptitle(f"Where does the collapse live? Mean ± sd over seeds (map.md gives each point's n){partial}",
                  fontsize=10)
     save(fig, path.parent, path.stem)
     plt.close(fig)
