@@ -498,3 +498,20 @@ def test_a_runs_cost_is_read_from_run_json_leaving_resumed_runs_out(tmp_path):
     assert "Fashion-MNIST" not in text
     left = cmap.runs_in_map() - 3
     assert f"{left} runs still to come: about {left * 200 / 3600:.1f} hours at each task's median" in text
+
+
+def test_the_maps_reference_points_are_set_beside_the_committed_runs_of_the_same_seeds(tmp_path):
+    """Committed Adam seeds 0-2 at 95% to step 3,000 (seed 3 at 10%, not a map seed, left out), the map's Adam at
+    its own setting 80%: the sentence gives both; no SGD committed runs, so no SGD pair; nothing without the map's
+    reference points."""
+    ref = tmp_path / "reference"
+    for seed in (0, 1, 2):
+        write_run(ref, "adam", seed, rotation=5.0, norm_growth=2.0, acc_eval=0.95)
+    write_run(ref, "adam", 3, rotation=5.0, norm_growth=2.0, acc_eval=0.10)
+    root = tmp_path / "map"
+    write_point(root, "noisy_templates", None, None, sgd=0.99, adam=0.80)
+    _, points = load(root)
+    text = mr.draw_comparison(ref, points)
+    assert "`adam` 95.0% committed against 80.0% in the map." in text and "`sgd`" not in text
+    assert text.startswith("The same seeds (0–2), evaluation-mode accuracy over the checks to step 3,000")
+    assert mr.draw_comparison(ref, [p for p in points if p.point.knob is not None]) == ""

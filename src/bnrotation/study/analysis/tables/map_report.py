@@ -49,7 +49,7 @@ from ....staleness import channel_signals
 from ...condition_map import KNOBS, MAP_STEPS, REFERENCE, SEEDS, Knob, base_row, runs_in_map
 from ...config import TASK_KNOBS, ModelConfig, TaskConfig
 from ...rows import ROWS, TASKS, check_against_row
-from ..formatting import cell, spread
+from ..formatting import cell, seed_ranges, spread
 from ..measures import metrics, midrun
 from ..results import SCALE_KEYS, BadRunError, Layout, Run, count, find_run_dirs, load_run, say_refused
 from ..stats import Z, SeedStat, spearman_rho
@@ -579,6 +579,38 @@ def protocol_evidence(reference: str | Path) -> str:
                     + f" the contrast the map looks for (at least {floor} on the templates, less on real images).")
 
 
+def draw_comparison(reference: str | Path, points: list[PointStats]) -> str:
+    """The map's reference points beside the committed runs of the same seeds (:data:`..rows.SEEDS`) cut at
+    :data:`MAP_STEPS`: per row, the evaluation-mode accuracy over the checks to that step, the committed runs' and
+    the map's own (another draw: :mod:`..condition_map`), so that a reader sees how far the two draws differ.
+    ``''`` without the committed runs or the map's reference points."""
+    from ..results import load_run as load
+
+    refs = {p.point.task: p for p in points if p.point.knob is None}
+    pairs = []
+    for task, prefix in (("noisy_templates", ""), ("fashion_mnist", "fmnist_")):
+        if task not in refs:
+            continue
+        for o in OPTIMIZERS:
+            accs = []
+            for seed in SEEDS:
+                try:
+                    run = load(Path(reference) / "runs" / f"{prefix}{o}" / f"seed={seed}", ("checks",))
+                except (BadRunError, FileNotFoundError):
+                    continue
+                c = metrics.in_window(run, run.tables["checks"])
+                accs.append(float(c.loc[c["step"] <= MAP_STEPS, "acc_eval_mode"].mean()))
+            mine = refs[task].sgd if o == "sgd" else refs[task].adam
+            if accs and mine["acc_eval_mode"].n:
+                pairs.append(f"`{prefix}{o}` {cell(float(np.mean(accs)), 'pct')} committed against "
+                             f"{cell(mine['acc_eval_mode'].mean, 'pct')} in the map")
+    if not pairs:
+        return ""
+    return (f"The same seeds ({seed_ranges(SEEDS)}), evaluation-mode accuracy over the checks to step "
+            f"{MAP_STEPS:,}: " + "; ".join(pairs) + ". The map's runs are another draw of those seeds (another "
+            "CPU), so its reference points differ from the committed runs' by what a draw moves.")
+
+
 def _partial(runs: list[Run], points: list[PointStats]) -> list[str]:
     """map.md's warning while the map is half run (runs still to come, or a point short of a seed): the sentence
     above is then read from the seeds that are in, and the front pages and the claims wait for the rest."""
@@ -626,7 +658,7 @@ def report_text(runs: list[Run], reference: str | Path | None = None) -> str:
            f"intervenes ({_steps_words(runs)}), not at every check, so they can exceed the mode gap, which averages "
            f"every check. The map's runs are a draw of their own, on another CPU than the committed runs "
            f"(`bnrotation.study.condition_map` says why), so its reference points need not repeat the committed "
-           f"runs' first {scale['steps']:,} steps (the last section).\n",
+           f"runs' first {scale['steps']:,} steps (\"Why {MAP_STEPS:,} steps\" sets them side by side).\n",
            "![The condition map](map.png)\n",
            "## The mechanism\n",
            "Per norm layer, the medians over channels and the window's logged steps of E and of its mean part |d| "
@@ -642,6 +674,9 @@ def report_text(runs: list[Run], reference: str | Path | None = None) -> str:
         out += [f"## Why {MAP_STEPS:,} steps\n",
                 f"The committed runs at the article's protocol (`{reference}`; not the map's own), their checks up to "
                 f"step {MAP_STEPS:,} against the whole window:\n", evidence, ""]
+        draws = draw_comparison(reference, points)
+        if draws:
+            out += [draws, ""]
     out += ["## What a run costs\n", cost_markdown(runs), ""]
     return "\n".join(out) + "\n"
 
