@@ -130,3 +130,15 @@ def test_a_fail_where_both_optimizers_are_stale_says_so_in_points(tmp_path):
     assert "Adam's mode gap +58.5 points against 2 · SE = " in check.note
     assert "At 0.15 both optimizers lose to stale statistics: SGD's mode gap 65.0 points, Adam's 60.0" in check.note
     assert "At 1.2 both" not in check.note
+
+
+def test_a_pass_where_both_optimizers_are_stale_names_it_without_calling_the_effect_shared(tmp_path):
+    """20 classes as measured: Adam far below SGD while SGD's own mode gap passes the floor too; the prediction
+    passes and the note says both are stale, without the FAIL's 'not Adam's alone'."""
+    root = tmp_path / "map"
+    write_point(root, "noisy_templates", "num_classes", 20, sgd=0.89, adam=0.30)
+    write_point(root, "noisy_templates", "num_classes", 2, sgd=1.0, adam=0.99)
+    check = claim("map_more_classes_deepen_the_collapse").check(evidence(tmp_path))
+    assert check.verdict == PASS
+    assert "At 20 both optimizers lose to stale statistics: SGD's mode gap 11.0 points, Adam's 70.0" in check.note
+    assert "not Adam's alone" not in check.note

@@ -142,15 +142,15 @@ def _points_words(g: Gap) -> str:
     return f"{g.difference * 100:+.1f} points against {Z:g} · SE = {Z * g.se * 100:.1f} points"
 
 
-def _shared(p, where: str) -> str:
+def _shared(p, where: str, deficit_failed: bool) -> str:
     """The note's sentence when both optimizers lose to stale statistics at ``p``
-    (:func:`..tables.map_report.stale_for_both`): a deficit that fails there is no sign that the property is
-    harmless, only that it is not Adam's alone. ``''`` otherwise."""
+    (:func:`..tables.map_report.stale_for_both`); where the deficit half failed there, it adds that this is no sign
+    the property is harmless, only that its effect is not Adam's alone. ``''`` otherwise."""
     if not map_report.stale_for_both(p):
         return ""
     return (f" At {where} both optimizers lose to stale statistics: SGD's mode gap "
             f"{p.sgd['mode_gap'].mean * 100:.1f} points, Adam's {p.adam['mode_gap'].mean * 100:.1f} (the map's "
-            "Both stale), so what the property does there is not Adam's alone.")
+            "Both stale)" + (", so what the property does there is not Adam's alone." if deficit_failed else "."))
 
 
 def _judge(pred: Prediction, ev: Evidence) -> Outcome:
@@ -178,7 +178,7 @@ def _judge(pred: Prediction, ev: Evidence) -> Outcome:
             f"(SGD's evaluation-mode accuracy − Adam's, paired by seed) {_points_words(deficit)}; Adam's mode gap "
             f"{_points_words(gap)}."
             + (f" Fails on: {' and '.join(fails)} not deeper at {at_deep}." if fails else "")
-            + _shared(deep, at_deep) + _left_out(ends))
+            + _shared(deep, at_deep, not deficit.passed) + _left_out(ends))
     return Outcome(measured, tolerance, deficit.passed and gap.passed, f"{note} {where}{refused}",
                    {"deficit_difference": deficit.difference, "mode_gap_difference": gap.difference})
 
