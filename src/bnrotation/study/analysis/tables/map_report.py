@@ -722,16 +722,15 @@ def _x(knob: Knob, task: str, frame: pd.DataFrame, setting: float | None) -> flo
         return setting
     if knob.key != "train_size":
         return float(knob.reference)
-    ref = frame[(frame["task"] == task) & frame["knob"].isna()]["train_set"]
-    size = float(ref.iloc[0]) if len(ref) else math.nan
+    size = _own_train_set(task, frame)
     return 4 * max(knob.settings) if math.isinf(size) else size
 
 
-def _fresh(knob: Knob, frame: pd.DataFrame) -> bool:
-    """Whether ``knob``'s task trains on fresh samples at its own setting (an infinite set: the templates), which
-    :func:`_x` places beyond the largest setting and the figure labels ∞."""
-    ref = frame[(frame["task"] == knob.task) & frame["knob"].isna()]["train_set"]
-    return bool(len(ref)) and math.isinf(float(ref.iloc[0]))
+def _own_train_set(task: str, frame: pd.DataFrame) -> float:
+    """The distinct training samples of ``task``'s reference runs as ``run.json`` reads them back (inf: fresh
+    samples at every draw); NaN without a reference run."""
+    ref = frame[(frame["task"] == task) & frame["knob"].isna()]["train_set"]
+    return float(ref.iloc[0]) if len(ref) else math.nan
 
 
 def figure(points: list[PointStats], frame: pd.DataFrame, path: Path) -> Path:
@@ -791,7 +790,7 @@ def figure(points: list[PointStats], frame: pd.DataFrame, path: Path) -> Path:
                 bottom.axhline(100 * getattr(ref, o)["mode_gap"].mean, ls=styles.get(task, "-"), lw=0.8,
                                color=colours[o], alpha=0.6)
         if knob.key == "train_size":
-            fresh = own is not None and _fresh(knob, frame)
+            fresh = own is not None and math.isinf(_own_train_set(knob.task, frame))  # labelled ∞
             ticks = sorted(set(knob.settings) | ({_x(knob, knob.task, frame, None)} if own else set()))
             labels = ["∞ (fresh)" if fresh and t > max(knob.settings) else f"{t:,g}" for t in ticks]
             for ax in (top, bottom):
