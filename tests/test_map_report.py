@@ -158,6 +158,51 @@ def test_the_collapse_needs_the_floor_and_two_standard_errors(tmp_path, adam, sp
     assert mr.collapses(point) is expected
 
 
+@pytest.mark.parametrize("adam, spread, adam_train, expected", [
+    (0.99 - 0.08, 0.08, 1.0, "undecided"),     # both means past the floor, not beyond 2 standard errors
+    (0.99 - 0.049, 0.08, 1.0, "not"),          # the same spread, the deficit's mean just inside the floor
+    (0.99 - 0.051, 0.002, 1.0, "at"),          # past the floor and beyond 2 standard errors: the collapse
+    (0.99 - 0.08, 0.08, 0.99 - 0.08 + 0.04, "not"),  # the deficit past the floor, Adam's mode gap (4 points) not
+])
+def test_a_point_past_the_floor_within_two_standard_errors_is_undecided_not_absent(tmp_path, adam, spread,
+                                                                                    adam_train, expected):
+    write_point(tmp_path, "noisy_templates", "template_scale", 0.3, sgd=0.99, adam=adam, spread=spread,
+                adam_train=adam_train)
+    frame, (point,) = load(tmp_path)
+    assert mr.undecided(point) is (expected == "undecided")
+    assert mr.collapses(point) is (expected == "at")
+    said = {"undecided": "undecided at 0.3", "not": "at none of the settings judged: 0.3",
+            "at": "at every setting judged: 0.3"}[expected]
+    assert f"along template scale {said};" in mr.where_sentence([point], frame)
+    verdict = {"undecided": "undecided", "not": "no", "at": "yes"}[expected]
+    assert f"points | {verdict} |" in mr.table_markdown([point], frame)
+
+
+def test_the_staleness_cost_compares_the_two_reference_points_and_concludes_only_inside_its_bounds(tmp_path):
+    """Adam's bn2 mean 0.5 running σ off on the templates (mode gap 30 points) and ``shift`` on Fashion-MNIST (mode
+    gap 5 points): within a factor of 1.5 of each other the sentence says the tasks differ in cost; at 0.2 (2.5
+    apart) it gives the figures alone; without Fashion-MNIST's reference point it says nothing."""
+    for s in (0, 1, 2):
+        write_map_run(tmp_path, "sgd", s, acc_eval=0.99)
+        write_map_run(tmp_path, "adam", s, acc_eval=0.70, shift=0.5)
+    frame, points = load(tmp_path)
+    assert mr.staleness_cost(points) is None
+    for shift, concludes in ((0.4, True), (0.2, False)):
+        root = tmp_path / f"shift{shift}"
+        for s in (0, 1, 2):
+            write_map_run(root, "sgd", s, acc_eval=0.99)
+            write_map_run(root, "adam", s, acc_eval=0.70, shift=0.5)
+            write_map_run(root, "fmnist_sgd", s, acc_eval=0.95)
+            write_map_run(root, "fmnist_adam", s, acc_eval=0.95, shift=shift)
+        frame, points = load(root)
+        said = mr.staleness_cost(points)
+        assert said.startswith(f"At the two tasks' own settings, Adam's most stale norm layer has E = 0.5σ on the "
+                               f"templates and {shift:g}σ on Fashion-MNIST")
+        assert "mode gap is 30.0 ± 0.0 points and 5.0 ± 0.0 points" in said
+        assert ("the tasks differ more in what stale statistics cost" in said) is concludes
+        assert said in mr.mechanism_markdown(points, frame)
+
+
 def test_a_mode_gap_shared_by_both_optimizers_is_no_collapse(tmp_path):
     """Fashion-MNIST's reference as measured: both rows lose the same points to stale statistics."""
     for s in (0, 1, 2):
@@ -181,8 +226,8 @@ def test_the_sentence_says_where_the_collapse_lives_on_each_task(tmp_path):
     # where both optimizers lose to stale statistics (training mode 1.0): Fashion-MNIST's two points, and not the
     # templates', where SGD's mode gap is 1 point
     assert sentence.endswith("Both optimizers' evaluation modes fall at least 5 points below their training modes "
-                             "(each mean more than 2 standard errors from zero) on Fashion-MNIST at its own settings; "
-                             "along pixel noise at 2 (at 2 with Adam's collapse on top).")
+                             "(each mean more than 2 standard errors from zero) on Fashion-MNIST at its own settings "
+                             "and along pixel noise at 2 (at 2 with Adam's collapse on top).")
     assert sentence.startswith("Adam's collapse (its evaluation-mode accuracy at least 5 points below SGD's and its "
                                "mode gap at least 5 points above SGD's, each mean more than 2 standard errors from zero")
 

@@ -305,6 +305,15 @@ def collapses(p: PointStats) -> bool | None:
     return None if a is None or b is None else a and b
 
 
+def undecided(p: PointStats) -> bool:
+    """Whether the collapse rule cannot tell at ``p``: :func:`collapses` is False, yet both paired means (the deficit
+    and the excess mode gap) pass :data:`COLLAPSE_FLOOR`; they fail only the :data:`Z` standard errors, which with a
+    few seeds that disagree is a lack of power, not an absence (the sentence says "undecided", never "not")."""
+    if collapses(p) is not False:
+        return False
+    return p.deficit.mean >= COLLAPSE_FLOOR and p.excess_gap.mean >= COLLAPSE_FLOOR
+
+
 def adam_minus_sgd(p: PointStats) -> SeedStat:
     """Adam's evaluation-mode accuracy minus SGD's at ``p``, seed by seed (fractions): the deficit with its sign
     turned, as the map's table and the claims' measured lines print it."""
@@ -346,21 +355,27 @@ def where_sentence(points: list[PointStats], frame: pd.DataFrame) -> str:
             if not here:  # a map half run: no run of this knob yet
                 clauses.append(f"{along} not yet run")
                 continue
-            settings = ([(_x(knob, task, frame, None), f"its own ({knob.own})", ref)] if ref is not None else []) \
-                + [(p.point.setting, f"{p.point.setting:,g}", v) for p, v in here]
+            own = next((p for p in points if p.point.task == task and p.point.knob is None), None)
+            settings = ([(_x(knob, task, frame, None), f"its own ({knob.own})", ref, own)] if ref is not None else []) \
+                + [(p.point.setting, f"{p.point.setting:,g}", v, p) for p, v in here]
             settings = sorted(settings, key=lambda t: t[0])
-            pending = [s for _, s, v in settings if v is None]  # a map half run: a row without its twin
-            settings = [(s, v) for _, s, v in settings if v is not None]
-            yes, no = [s for s, v in settings if v], [s for s, v in settings if not v]
+            pending = [s for _, s, v, _ in settings if v is None]  # a map half run: a row without its twin
+            settings = [(s, v, undecided(p)) for _, s, v, p in settings if v is not None]
+            yes = [s for s, v, _ in settings if v]
+            no = [s for s, v, u in settings if not v and not u]
+            unsure = [s for s, v, u in settings if not v and u]
             wait = f", not yet judged at {_and(pending)}" if pending else ""
+            tell = f", undecided at {_and(unsure)}" if unsure else ""
             if not settings:
                 clauses.append(f"{along} not yet judged ({_and(pending)})")
-            elif not no:
+            elif not no and not unsure:
                 clauses.append(f"{along} at every setting judged: {_and(yes)}{wait}")
-            elif not yes:
+            elif not yes and not unsure:
                 clauses.append(f"{along} at none of the settings judged: {_and(no)}{wait}")
             else:
-                clauses.append(f"{along} at {_and(yes)}, not at {_and(no)}{wait}")
+                said = ([f"at {_and(yes)}"] if yes else []) + ([f"not at {_and(no)}"] if no else [])
+                clauses.append(f"{along} {', '.join(said)}{tell}{wait}" if said else f"{along} undecided at "
+                               f"{_and(unsure)}{wait}")
         if all(c.endswith(" not yet run") for c in clauses) and ref is not None:  # its reference point alone
             clauses.insert(0, "at its own settings" if ref else "not at its own settings")
         if clauses and not all(c.endswith(" not yet run") for c in clauses):
@@ -369,7 +384,8 @@ def where_sentence(points: list[PointStats], frame: pd.DataFrame) -> str:
         return "The map has no point with both SGD and Adam yet."
     floor = spread(COLLAPSE_FLOOR, 'pct', digits=0)
     return (f"Adam's collapse (its evaluation-mode accuracy at least {floor} below SGD's and its mode gap at least "
-            f"{floor} above SGD's, each mean more than {Z:g} standard errors from zero, paired by seed) lives "
+            f"{floor} above SGD's, each mean more than {Z:g} standard errors from zero, paired by seed; undecided "
+            f"where both means pass {floor} but not the standard errors) lives "
             + "; ".join(parts) + ". " + _both_sentence(points, frame))
 
 
@@ -388,8 +404,8 @@ def _both_sentence(points: list[PointStats], frame: pd.DataFrame) -> str:
                 on_top = [f"{p.point.setting:,g}" for p in mine if collapses(p)]
                 words.append(f"along {knob.key.replace('_', ' ')} at {_and([f'{p.point.setting:,g}' for p in mine])}"
                              + (f" (at {_and(on_top)} with Adam's collapse on top)" if on_top else ""))
-        if words:
-            parts.append(f"on {TASK_WORDS[task]} {'; '.join(words)}")
+        if words:  # "and" within a task, ";" between tasks: "along train size" after "on Fashion-MNIST" is its own
+            parts.append(f"on {TASK_WORDS[task]} {_and(words)}")
     floor = spread(COLLAPSE_FLOOR, 'pct', digits=0)
     if not parts:
         return (f"At no point judged do both optimizers' evaluation modes fall {floor} or more below their training "
@@ -481,7 +497,8 @@ def table_markdown(points: list[PointStats], frame: pd.DataFrame) -> str:
                      f"{_setting_words(knob, p)} | {_seeds(p)} | "
                      f"{_pct(p.sgd['acc_eval_mode'])} | {_pct(p.adam['acc_eval_mode'])} | "
                      f"{in_points(adam_minus_sgd(p))} | {in_points(p.sgd['mode_gap'])} | "
-                     f"{in_points(p.adam['mode_gap'])} | {in_points(p.excess_gap)} | {_yes_no(verdict)} | "
+                     f"{in_points(p.adam['mode_gap'])} | {in_points(p.excess_gap)} | "
+                     f"{'undecided' if undecided(p) else _yes_no(verdict)} | "
                      f"{_yes_no(stale_for_both(p))} | {in_points(p.sgd['recovered'])} | "
                      f"{in_points(p.adam['recovered'])} |")
     return "\n".join(lines)
@@ -522,7 +539,32 @@ def mechanism_markdown(points: list[PointStats], frame: pd.DataFrame) -> str:
                 f"means over seeds; two-sided p from the t approximation, `scipy.stats.spearmanr`, rough at so few "
                 f"points; exploratory: fixed after the runs, and not corrected for its three tests): "
                 + "; ".join(tracks) + ".")
-    return out
+    cost = staleness_cost(points)
+    return out + (f"\n\n{cost}" if cost else "")
+
+
+def staleness_cost(points: list[PointStats]) -> str | None:
+    """At the two tasks' own settings, how stale Adam's statistics go against what that costs: per task, the median
+    channel's E of its most stale norm layer (``e``, running σ), its last conv layer's rotation (degrees per 100
+    steps) and its mode gap (points), means over seeds; it says the tasks differ in cost more than in staleness when
+    the two E are within a factor of 1.5 and the two mode gaps more than a factor of 2 apart (exploratory: read after
+    the runs). None unless both reference points have an Adam run."""
+    ref = {p.point.task: p for p in points if p.point.knob is None and p.adam["mode_gap"].n}
+    if not all(t in ref for t in TASKS):
+        return None
+    (a, b), words = (ref[t] for t in TASKS), [TASK_WORDS[t] for t in TASKS]
+    e = [p.adam["e"].mean for p in (a, b)]
+    gap = [p.adam["mode_gap"].mean for p in (a, b)]
+    rot = [p.adam["rotation_per_100_deg"].mean for p in (a, b)]
+    out = (f"At the two tasks' own settings, Adam's most stale norm layer has E = {cell(e[0], 'sigma')} on "
+           f"{words[0]} and {cell(e[1], 'sigma')} on {words[1]}, and its last conv layer turns {cell(rot[0], 'deg')} and "
+           f"{cell(rot[1], 'deg')} per 100 steps, while its mode gap is {in_points(a.adam['mode_gap'])} and "
+           f"{in_points(b.adam['mode_gap'])}")
+    ratio = lambda x, y: max(x, y) / min(x, y) if min(x, y) > 0 else math.inf  # noqa: E731
+    if ratio(*e) <= 1.5 and ratio(*gap) > 2:
+        out += (": the tasks differ more in what stale statistics cost than in how stale they go (exploratory, read "
+                "after the runs: E within a factor of 1.5, mode gaps more than 2 apart)")
+    return out + "."
 
 
 def protocol_evidence(reference: str | Path) -> str:
@@ -652,7 +694,8 @@ def report_text(runs: list[Run], reference: str | Path | None = None) -> str:
            f"**Adam's collapse** is the sentence's rule: Adam − SGD at most "
            f"−{spread(COLLAPSE_FLOOR, 'pct', digits=0)}"
            f" and Adam − SGD mode gap at least {spread(COLLAPSE_FLOOR, 'pct', digits=0)}, each beyond {Z:g} "
-           f"standard errors of the paired mean (one seed: the floor alone). **Both stale**: each optimizer's mode "
+           f"standard errors of the paired mean (one seed: the floor alone); **undecided** where both means pass "
+           f"the floor but not the standard errors (seeds that disagree). **Both stale**: each optimizer's mode "
            f"gap at least {spread(COLLAPSE_FLOOR, 'pct', digits=0)} and beyond {Z:g} standard errors over its "
            f"seeds, whatever Adam − SGD. The re-estimation columns are measured at the steps where the runner "
            f"intervenes ({_steps_words(runs)}), not at every check, so they can exceed the mode gap, which averages "
@@ -737,7 +780,8 @@ def figure(points: list[PointStats], frame: pd.DataFrame, path: Path) -> Path:
     """``path`` (``.png``, and its ``.pdf`` twin): one column per knob; on top Adam's evaluation-mode accuracy minus
     SGD's, below each optimizer's mode gap, along the knob (mean ± sd over seeds), the knob's own task's reference
     point marked with a star, and both tasks' reference values as horizontal lines (templates dotted, Fashion-MNIST
-    dashed); its title says how many of the map's runs it draws while the map is partial (:func:`complete`)."""
+    dashed; below, one per optimizer in its colour), each in the panel's legend; its title says how many of the
+    map's runs it draws while the map is partial (:func:`complete`)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -788,7 +832,8 @@ def figure(points: list[PointStats], frame: pd.DataFrame, path: Path) -> Path:
                         label=f"{TASK_WORDS[task]} reference")
             for o in OPTIMIZERS:
                 bottom.axhline(100 * getattr(ref, o)["mode_gap"].mean, ls=styles.get(task, "-"), lw=0.8,
-                               color=colours[o], alpha=0.6)
+                               color=colours[o], alpha=0.6,
+                               label=f"{TASK_WORDS[task]} reference, {o.upper() if o == 'sgd' else 'Adam'}")
         if knob.key == "train_size":
             fresh = own is not None and math.isinf(_own_train_set(knob.task, frame))  # labelled ∞
             ticks = sorted(set(knob.settings) | ({_x(knob, knob.task, frame, None)} if own else set()))
