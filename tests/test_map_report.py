@@ -560,3 +560,20 @@ def test_the_maps_reference_points_are_set_beside_the_committed_runs_of_the_same
     assert "`adam` 95.0% committed against 80.0% in the map." in text and "`sgd`" not in text
     assert text.startswith("The same seeds (0–2), evaluation-mode accuracy over the checks to step 3,000")
     assert mr.draw_comparison(ref, [p for p in points if p.point.knob is not None]) == ""
+    assert "by chance" not in text
+
+
+def test_a_map_figure_that_repeats_the_committed_whole_window_figure_is_called_a_coincidence(tmp_path):
+    """Committed Adam seeds 0-2 at 95% and seed 3 at 15%: over all four seeds and the whole window 75.0%, which the
+    map's Adam repeats at this rounding (another quantity); the map's SGD at 99% has no committed twin."""
+    ref = tmp_path / "reference"
+    for seed, acc in ((0, 0.95), (1, 0.95), (2, 0.95), (3, 0.15)):
+        write_run(ref, "adam", seed, rotation=5.0, norm_growth=2.0, acc_eval=acc)
+    root = tmp_path / "map"
+    write_point(root, "noisy_templates", None, None, sgd=0.99, adam=0.75)
+    _, points = load(root)
+    text = mr.draw_comparison(ref, points)
+    assert "`adam` 95.0% committed against 75.0% in the map." in text
+    assert text.endswith(" In the map, `adam`'s 75.0% equals, at this rounding, the committed runs' figure over all "
+                         "their 4 seeds and the whole window (the front pages'): another quantity, the same digits "
+                         "by chance.")

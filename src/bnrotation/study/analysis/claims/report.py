@@ -91,7 +91,8 @@ SECTIONS = {
                   "the second zoo under `zoo2/`, whose checks and forecasters were committed before its first run. "
                   "A FAIL is a finding. NOT RUN: their runs are missing."),
     MAP: ("Where does the collapse live? The condition map",
-          "One property of one task turned at a time towards the other task, SGD and Adam at every setting "
+          "One property of one task turned at a time, towards the other task where the two differ (the number of "
+          "classes, 10 in both, is turned either way), SGD and Adam at every setting "
           "(`bnrotation.study.condition_map`, `make map`; its runs under `map/` beside these, its table `map/map.md`). "
           "For each knob, the direction Adam's evaluation-mode accuracy should move, against SGD's and against its "
           "own training mode, if that property is the cause; each was committed before any map run "
