@@ -225,8 +225,9 @@ def test_the_sentence_says_where_the_collapse_lives_on_each_task(tmp_path):
             "along train size not yet run. Both") in sentence  # a knob without a run says so
     # where both optimizers lose to stale statistics (training mode 1.0): Fashion-MNIST's two points, and not the
     # templates', where SGD's mode gap is 1 point
-    assert sentence.endswith("Both optimizers' evaluation modes fall at least 5 points below their training modes "
-                             "(each mean more than 2 standard errors from zero) on Fashion-MNIST at its own settings "
+    assert sentence.endswith("Both optimizers' evaluation-mode accuracies fall at least 5 points below their "
+                             "training-mode accuracies (each optimizer's mode gap, its mean over seeds more than 2 "
+                             "standard errors from zero) on Fashion-MNIST at its own settings "
                              "and along pixel noise at 2 (at 2 with Adam's collapse on top).")
     assert sentence.startswith("Adam's collapse (its evaluation-mode accuracy at least 5 points below SGD's and its "
                                "mode gap at least 5 points above SGD's, each mean more than 2 standard errors from zero")
@@ -574,6 +575,6 @@ def test_a_map_figure_that_repeats_the_committed_whole_window_figure_is_called_a
     _, points = load(root)
     text = mr.draw_comparison(ref, points)
     assert "`adam` 95.0% committed against 75.0% in the map." in text
-    assert text.endswith(" In the map, `adam`'s 75.0% equals, at this rounding, the committed runs' figure over all "
-                         "their 4 seeds and the whole window (the front pages'): another quantity, the same digits "
-                         "by chance.")
+    assert text.endswith(" In the map, `adam`'s 75.0% (and so its mode gap, 25.0 points) equals, at this "
+                         "rounding, the committed runs' figure over all their 4 seeds and the whole window (the front "
+                         "pages'): another quantity, the same digits by chance.")

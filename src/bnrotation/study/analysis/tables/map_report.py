@@ -385,7 +385,7 @@ def where_sentence(points: list[PointStats], frame: pd.DataFrame) -> str:
     floor = spread(COLLAPSE_FLOOR, 'pct', digits=0)
     return (f"Adam's collapse (its evaluation-mode accuracy at least {floor} below SGD's and its mode gap at least "
             f"{floor} above SGD's, each mean more than {Z:g} standard errors from zero, paired by seed; undecided "
-            f"where both means pass {floor} but not the standard errors) lives "
+            f"where both differences are past {floor} but one or both stay within {Z:g} standard errors) lives "
             + "; ".join(parts) + ". " + _both_sentence(points, frame))
 
 
@@ -408,10 +408,11 @@ def _both_sentence(points: list[PointStats], frame: pd.DataFrame) -> str:
             parts.append(f"on {TASK_WORDS[task]} {_and(words)}")
     floor = spread(COLLAPSE_FLOOR, 'pct', digits=0)
     if not parts:
-        return (f"At no point judged do both optimizers' evaluation modes fall {floor} or more below their training "
-                "modes.")
-    return (f"Both optimizers' evaluation modes fall at least {floor} below their training modes (each mean more "
-            f"than {Z:g} standard errors from zero) " + "; ".join(parts) + ".")
+        return (f"At no point judged does each optimizer's mode gap reach {floor} (its evaluation-mode accuracy that "
+                "far below its training-mode accuracy).")
+    return (f"Both optimizers' evaluation-mode accuracies fall at least {floor} below their training-mode accuracies "
+            f"(each optimizer's mode gap, its mean over seeds more than {Z:g} standard errors from zero) "
+            + "; ".join(parts) + ".")
 
 
 def headline(root: str | Path) -> str | None:
@@ -562,8 +563,9 @@ def staleness_cost(points: list[PointStats]) -> str | None:
            f"{in_points(b.adam['mode_gap'])}")
     ratio = lambda x, y: max(x, y) / min(x, y) if min(x, y) > 0 else math.inf  # noqa: E731
     if ratio(*e) <= 1.5 and ratio(*gap) > 2:
-        out += (": the tasks differ more in what stale statistics cost than in how stale they go (exploratory, read "
-                "after the runs: E within a factor of 1.5, mode gaps more than 2 apart)")
+        out += (f": the tasks differ more in what stale statistics cost than in how stale they go (exploratory, read "
+                f"after the runs: the two E {ratio(*e):.2f} times apart, within the factor of 1.5 set for this "
+                f"sentence, the two mode gaps {ratio(*gap):.1f} times apart, beyond its factor of 2)")
     return out + "."
 
 
@@ -634,13 +636,14 @@ def draw_comparison(reference: str | Path, points: list[PointStats]) -> str:
         if task not in refs:
             continue
         for o in OPTIMIZERS:
-            accs, whole = [], []
+            accs, whole, gaps = [], [], []
             for folder in sorted((Path(reference) / "runs" / f"{prefix}{o}").glob("seed=*")):
                 try:
                     run = load(folder, ("checks",))
                 except (BadRunError, FileNotFoundError):
                     continue
                 whole.append(metrics.acc_eval_mode(run))
+                gaps.append(metrics.acc_train_mode(run) - metrics.acc_eval_mode(run))
                 if run.seed in SEEDS:
                     c = metrics.in_window(run, run.tables["checks"])
                     accs.append(float(c.loc[c["step"] <= MAP_STEPS, "acc_eval_mode"].mean()))
@@ -649,9 +652,13 @@ def draw_comparison(reference: str | Path, points: list[PointStats]) -> str:
                 ours = cell(mine['acc_eval_mode'].mean, 'pct')
                 pairs.append(f"`{prefix}{o}` {cell(float(np.mean(accs)), 'pct')} committed against {ours} in the map")
                 if cell(float(np.mean(whole)), 'pct') == ours:  # two readers took the one for a copy of the other
-                    alike.append(f"`{prefix}{o}`'s {ours} equals, at this rounding, the committed runs' figure over "
-                                 f"all their {count(len(whole), 'seed')} and the whole window (the front pages'): "
-                                 "another quantity, the same digits by chance")
+                    gap = f"{round(100 * mine['mode_gap'].mean, 1):.1f}"
+                    same_gap = gap == f"{round(100 * float(np.mean(gaps)), 1):.1f}"
+                    alike.append(f"`{prefix}{o}`'s {ours}" + (f" (and so its mode gap, {gap} points)" if same_gap
+                                                              else "")
+                                 + f" equals, at this rounding, the committed runs' figure over all their "
+                                 f"{count(len(whole), 'seed')} and the whole window (the front pages'): another "
+                                 "quantity, the same digits by chance")
     if not pairs:
         return ""
     return (f"The same seeds ({seed_ranges(SEEDS)}), evaluation-mode accuracy over the checks to step "
@@ -692,7 +699,11 @@ def report_text(runs: list[Run], reference: str | Path | None = None) -> str:
            f"(`make map`; `bnrotation.study.condition_map`). Knobs: {knobs}; each task's own setting is its reference "
            f"point. Rows: SGD and Adam (the study's `sgd` and `adam`, their Fashion-MNIST twins on real images), "
            f"{scale['steps']:,} steps, checks every {scale['check_every']} steps from step {scale['check_start']:,} "
-           f"on {scale['heldout_size']:,} held-out samples. Means ± sd over seeds; SGD and Adam paired by seed.\n",
+           f"on {scale['heldout_size']:,} held-out samples. Means ± sd over seeds; SGD and Adam paired by seed. "
+           f"A run's *mode gap* is its training-mode accuracy minus its evaluation-mode accuracy (running "
+           f"statistics) on the same held-out samples, averaged over the checks (the window, steps "
+           f"{scale['check_start']:,}–{scale['steps']:,}); *re-estimation* recomputes the running statistics from "
+           f"training batches (docs/PROTOCOL.md, 're-estimation', with the rules below).\n",
            f"<!-- generated by map_report: {SENTENCE_BLOCK} -->", where_sentence(points, frame), "<!-- end -->\n",
            *_partial(runs, points),
            "## The map\n", table_markdown(points, frame), "",
@@ -701,8 +712,9 @@ def report_text(runs: list[Run], reference: str | Path | None = None) -> str:
            f"**Adam's collapse** is the sentence's rule: Adam − SGD at most "
            f"−{spread(COLLAPSE_FLOOR, 'pct', digits=0)}"
            f" and Adam − SGD mode gap at least {spread(COLLAPSE_FLOOR, 'pct', digits=0)}, each beyond {Z:g} "
-           f"standard errors of the paired mean (one seed: the floor alone); **undecided** where both means pass "
-           f"the floor but not the standard errors (seeds that disagree). **Both stale**: each optimizer's mode "
+           f"standard errors of the paired mean (one seed: the floor alone); **undecided** where both paired "
+           f"differences are past the floor but one or both stay within {Z:g} standard errors (seeds that "
+           f"disagree). **Both stale**: each optimizer's mode "
            f"gap at least {spread(COLLAPSE_FLOOR, 'pct', digits=0)} and beyond {Z:g} standard errors over its "
            f"seeds, whatever Adam − SGD. The re-estimation columns are measured at the steps where the runner "
            f"intervenes ({_steps_words(runs)}), not at every check, so they can exceed the mode gap, which averages "
