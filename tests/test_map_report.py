@@ -178,6 +178,16 @@ def test_a_point_past_the_floor_within_two_standard_errors_is_undecided_not_abse
     assert f"points | {verdict} |" in mr.table_markdown([point], frame)
 
 
+def test_a_knob_with_all_three_verdicts_names_each_in_its_own_words(tmp_path):
+    """The templates' own point collapses, 0.3 is undecided (one seed far off), 1.2 does not collapse."""
+    write_point(tmp_path, "noisy_templates", None, None, sgd=0.99, adam=0.80)
+    write_point(tmp_path, "noisy_templates", "template_scale", 0.3, sgd=0.99, adam=0.91, spread=0.08)
+    write_point(tmp_path, "noisy_templates", "template_scale", 1.2, sgd=0.99, adam=0.985)
+    frame, points = load(tmp_path)
+    assert ("along template scale at its own (0.6), not at 1.2, undecided at 0.3;"
+            in mr.where_sentence(points, frame))
+
+
 def test_the_staleness_cost_compares_the_two_reference_points_and_concludes_only_inside_its_bounds(tmp_path):
     """Adam's bn2 mean 0.5 running σ off on the templates (mode gap 30 points) and ``shift`` on Fashion-MNIST (mode
     gap 5 points): within a factor of 1.5 of each other the sentence says the tasks differ in cost; at 0.2 (2.5
@@ -239,7 +249,10 @@ def test_stale_for_both_needs_sgds_mode_gap_beyond_the_floor_too(tmp_path, sgd, 
     write_point(tmp_path, "noisy_templates", "template_scale", 0.15, sgd=sgd, adam=0.80)
     frame, points = load(tmp_path)
     assert mr.stale_for_both(points[0]) is expected
-    assert ("Both optimizers'" in mr.where_sentence(points, frame)) is expected
+    sentence = mr.where_sentence(points, frame)
+    assert ("Both optimizers'" in sentence) is expected
+    assert sentence.endswith("At no point judged does each optimizer's mode gap reach 5 points (its evaluation-mode "
+                             "accuracy that far below its training-mode accuracy).") is not expected
 
 
 def test_a_point_with_one_optimizers_runs_alone_is_named_as_not_yet_judged(tmp_path):

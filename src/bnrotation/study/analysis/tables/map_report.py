@@ -67,6 +67,7 @@ COLLAPSE_FLOOR = 0.05
 SENTENCE_BLOCK = "where_the_collapse_lives"  # the marker of the sentence's generated block in map.md
 TASK_WORDS = {"noisy_templates": "the templates", "fashion_mnist": "Fashion-MNIST"}
 OPTIMIZERS = ("sgd", "adam")
+OPTIMIZER_WORDS = {"sgd": "SGD", "adam": "Adam"}  # as the report writes them
 
 
 def _knob_named(row: str) -> tuple[str, str] | None:
@@ -249,7 +250,7 @@ def per_point(frame: pd.DataFrame) -> list[PointStats]:
         finished = tuple(sorted(set(here.loc[here["optimizer"] == "sgd", "seed"])
                                 & set(here.loc[here["optimizer"] == "adam", "seed"])))
         gone = here[here["diverged"]].sort_values(["optimizer", "seed"], ascending=[False, True])
-        diverged = tuple(f"{'SGD' if o == 'sgd' else 'Adam'} seed {seed}"
+        diverged = tuple(f"{OPTIMIZER_WORDS[o]} seed {seed}"
                          + (f" (step {int(step):,})" if step is not None and not pd.isna(step) else "")
                          for o, seed, step in zip(gone["optimizer"], gone["seed"], gone["diverged_at_step"]))
         here = here[~here["diverged"]]
@@ -348,6 +349,7 @@ def where_sentence(points: list[PointStats], frame: pd.DataFrame) -> str:
     parts = []
     for task in TASKS:
         ref = next((v for (t, k, _), v in verdict.items() if t == task and k is None), None)
+        own = next((p for p in points if p.point.task == task and p.point.knob is None), None)
         clauses = []
         for knob in (k for k in KNOBS if k.task == task):
             here = [(p, verdict[(task, knob.name, p.point.setting)]) for p in points if p.point.knob == knob.name]
@@ -355,7 +357,6 @@ def where_sentence(points: list[PointStats], frame: pd.DataFrame) -> str:
             if not here:  # a map half run: no run of this knob yet
                 clauses.append(f"{along} not yet run")
                 continue
-            own = next((p for p in points if p.point.task == task and p.point.knob is None), None)
             settings = ([(_x(knob, task, frame, None), f"its own ({knob.own})", ref, own)] if ref is not None else []) \
                 + [(p.point.setting, f"{p.point.setting:,g}", v, p) for p, v in here]
             settings = sorted(settings, key=lambda t: t[0])
@@ -365,17 +366,16 @@ def where_sentence(points: list[PointStats], frame: pd.DataFrame) -> str:
             no = [s for s, v, u in settings if not v and not u]
             unsure = [s for s, v, u in settings if not v and u]
             wait = f", not yet judged at {_and(pending)}" if pending else ""
-            tell = f", undecided at {_and(unsure)}" if unsure else ""
             if not settings:
                 clauses.append(f"{along} not yet judged ({_and(pending)})")
-            elif not no and not unsure:
+            elif yes and not no and not unsure:
                 clauses.append(f"{along} at every setting judged: {_and(yes)}{wait}")
-            elif not yes and not unsure:
+            elif no and not yes and not unsure:
                 clauses.append(f"{along} at none of the settings judged: {_and(no)}{wait}")
             else:
-                said = ([f"at {_and(yes)}"] if yes else []) + ([f"not at {_and(no)}"] if no else [])
-                clauses.append(f"{along} {', '.join(said)}{tell}{wait}" if said else f"{along} undecided at "
-                               f"{_and(unsure)}{wait}")
+                said = [f"{how}{_and(these)}" for how, these in (("at ", yes), ("not at ", no),
+                                                                  ("undecided at ", unsure)) if these]
+                clauses.append(f"{along} {', '.join(said)}{wait}")
         if all(c.endswith(" not yet run") for c in clauses) and ref is not None:  # its reference point alone
             clauses.insert(0, "at its own settings" if ref else "not at its own settings")
         if clauses and not all(c.endswith(" not yet run") for c in clauses):
@@ -544,6 +544,11 @@ def mechanism_markdown(points: list[PointStats], frame: pd.DataFrame) -> str:
     return out + (f"\n\n{cost}" if cost else "")
 
 
+def _times_apart(x: float, y: float) -> float:
+    """The larger of two positive figures over the smaller; inf when either is 0 or less."""
+    return max(x, y) / min(x, y) if min(x, y) > 0 else math.inf
+
+
 def staleness_cost(points: list[PointStats]) -> str | None:
     """At the two tasks' own settings, how stale Adam's statistics go against what that costs: per task, the median
     channel's E of its most stale norm layer (``e``, running σ), its last conv layer's rotation (degrees per 100
@@ -553,7 +558,8 @@ def staleness_cost(points: list[PointStats]) -> str | None:
     ref = {p.point.task: p for p in points if p.point.knob is None and p.adam["mode_gap"].n}
     if not all(t in ref for t in TASKS):
         return None
-    (a, b), words = (ref[t] for t in TASKS), [TASK_WORDS[t] for t in TASKS]
+    a, b = (ref[t] for t in TASKS)
+    words = [TASK_WORDS[t] for t in TASKS]
     e = [p.adam["e"].mean for p in (a, b)]
     gap = [p.adam["mode_gap"].mean for p in (a, b)]
     rot = [p.adam["rotation_per_100_deg"].mean for p in (a, b)]
@@ -561,11 +567,10 @@ def staleness_cost(points: list[PointStats]) -> str | None:
            f"{words[0]} and {cell(e[1], 'sigma')} on {words[1]}, and its last conv layer turns {cell(rot[0], 'deg')} and "
            f"{cell(rot[1], 'deg')} per 100 steps, while its mode gap is {in_points(a.adam['mode_gap'])} and "
            f"{in_points(b.adam['mode_gap'])}")
-    ratio = lambda x, y: max(x, y) / min(x, y) if min(x, y) > 0 else math.inf  # noqa: E731
-    if ratio(*e) <= 1.5 and ratio(*gap) > 2:
+    if _times_apart(*e) <= 1.5 and _times_apart(*gap) > 2:
         out += (f": the tasks differ more in what stale statistics cost than in how stale they go (exploratory, read "
-                f"after the runs: the two E {ratio(*e):.2f} times apart, within the factor of 1.5 set for this "
-                f"sentence, the two mode gaps {ratio(*gap):.1f} times apart, beyond its factor of 2)")
+                f"after the runs: the two E {_times_apart(*e):.2f} times apart, within the factor of 1.5 set for this "
+                f"sentence, the two mode gaps {_times_apart(*gap):.1f} times apart, beyond its factor of 2)")
     return out + "."
 
 
@@ -652,10 +657,9 @@ def draw_comparison(reference: str | Path, points: list[PointStats]) -> str:
                 ours = cell(mine['acc_eval_mode'].mean, 'pct')
                 pairs.append(f"`{prefix}{o}` {cell(float(np.mean(accs)), 'pct')} committed against {ours} in the map")
                 if cell(float(np.mean(whole)), 'pct') == ours:  # two readers took the one for a copy of the other
-                    gap = f"{round(100 * mine['mode_gap'].mean, 1):.1f}"
-                    same_gap = gap == f"{round(100 * float(np.mean(gaps)), 1):.1f}"
-                    alike.append(f"`{prefix}{o}`'s {ours}" + (f" (and so its mode gap, {gap} points)" if same_gap
-                                                              else "")
+                    gap = f"{100 * mine['mode_gap'].mean:.1f}"
+                    alike.append(f"`{prefix}{o}`'s {ours}" + (f" (and so its mode gap, {gap} points)"
+                                                              if gap == f"{100 * float(np.mean(gaps)):.1f}" else "")
                                  + f" equals, at this rounding, the committed runs' figure over all their "
                                  f"{count(len(whole), 'seed')} and the whole window (the front pages'): another "
                                  "quantity, the same digits by chance")
@@ -839,7 +843,7 @@ def figure(points: list[PointStats], frame: pd.DataFrame, path: Path) -> Path:
         for o in OPTIMIZERS:
             bottom.errorbar(xs, [100 * getattr(p, o)["mode_gap"].mean for p, _ in along],
                             yerr=[100 * getattr(p, o)["mode_gap"].sd for p, _ in along], color=colours[o],
-                            marker="o", capsize=2, label=f"{o.upper() if o == 'sgd' else 'Adam'} mode gap")
+                            marker="o", capsize=2, label=f"{OPTIMIZER_WORDS[o]} mode gap")
         if own:
             x = _x(knob, knob.task, frame, None)
             top.plot([x], [-100 * own.deficit.mean], marker="*", ms=13, color="black", ls="none",
@@ -852,7 +856,7 @@ def figure(points: list[PointStats], frame: pd.DataFrame, path: Path) -> Path:
             for o in OPTIMIZERS:
                 bottom.axhline(100 * getattr(ref, o)["mode_gap"].mean, ls=styles.get(task, "-"), lw=0.8,
                                color=colours[o], alpha=0.6,
-                               label=f"{TASK_WORDS[task]} reference, {o.upper() if o == 'sgd' else 'Adam'}")
+                               label=f"{TASK_WORDS[task]} reference, {OPTIMIZER_WORDS[o]}")
         if knob.key == "train_size":
             fresh = own is not None and math.isinf(_own_train_set(knob.task, frame))  # labelled ∞
             ticks = sorted(set(knob.settings) | ({_x(knob, knob.task, frame, None)} if own else set()))
