@@ -41,6 +41,11 @@ TABLE_COLUMNS = {
     # the fresh and running statistics of every norm layer at every step of the dense windows (scale.dense_windows)
     "dense": ("row", "seed", "step", "norm_layer", "channel", "fresh_mean", "fresh_var", "running_mean",
               "running_var"),
+    # the optimizer-state log every scale.mechanism_every steps (bnrotation.study.mechanism), per weight layer
+    "mechanism": ("row", "seed", "step", "layer", "angular_update_deg", "update_rms", "grad_rms",
+                  "normalised_step_median", "normalised_step_p99", "sqrt_v_median", "eps_share_median"),
+    # the training loss at every step, with scale.mechanism_every > 0 (loss spikes)
+    "losses": ("row", "seed", "step", "loss"),
 }
 REQUIRED_TABLES = ("checks", "layers", "channels")
 

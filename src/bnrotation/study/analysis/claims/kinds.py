@@ -32,7 +32,8 @@ Every claim belongs to a section of ``claims.md`` (``section``: :data:`ARTICLE`,
 the article's claims, :data:`RESNET`, "Does it carry over? ResNet-20",
 :data:`FASHION_MNIST`, "Does it happen on real images? Fashion-MNIST",
 :data:`FROZEN`, "Beyond the article: a frozen backbone", :data:`CALIBRATION`, "The monitor's rule out of
-sample", or :data:`MAP`, "Where does the collapse live? The condition map").
+sample", :data:`MAP`, "Where does the collapse live? The condition map", or :data:`WHY`, "Why do fresh samples keep
+Adam rotating? The data swap").
 An *exploratory* claim (``exploratory=True``) measures without a tolerance fixed
 in advance: it gives MEASURED, never PASS or FAIL (NOT RUN when its runs are
 missing).
@@ -66,6 +67,7 @@ PRECONDITION_FAILED = "PRECONDITION FAILED"
 ARTICLE, RESNET, FASHION_MNIST, FROZEN = "article", "resnet", "fashion_mnist", "frozen"
 CALIBRATION = "calibration"  # the monitor's rule out of sample (analysis/claims/outofsample.py)
 MAP = "map"  # where does the collapse live? the condition map's predictions (analysis/claims/condition_map.py)
+WHY = "why"  # why do fresh samples keep Adam rotating? the data swap's predictions (analysis/claims/why.py)
 ALPHA = 0.05  # one-sided level of an ordering across rows
 MIN_RANK_ROWS = 4  # an ordering needs at least this many of the article's rows (4 rows: 1 order in 24 is 4%)
 MOST = 0.5  # "most" of the accuracy lost: more than half of it

@@ -25,7 +25,7 @@ from ..measures.dense import DENSE_INTERVALS
 from ..results import Run, count
 from ..stats import SeedStat, half_unit, spearman_rho
 from ..tables.table import COLUMNS as TABLE_COLUMNS
-from . import carryover, condition_map, frozen, outofsample, real_images
+from . import carryover, condition_map, frozen, outofsample, real_images, why
 from .evidence import CONV_LAYERS, Evidence, middle_lag_at_failing
 from .kinds import (FAIL, NOT_RUN, Z, Above, Below, Check, Match, MatchesPublished, NotBelow, Outcome, RankOrder,
                     RecoveryShare, above, bespoke, match_words, matches, said, table_figure)
@@ -414,6 +414,7 @@ CLAIMS = (
     # The monitor's rule out of sample (issue 38), fixed before its runs (analysis/claims/outofsample.py)
     *outofsample.CHECKS,
     *condition_map.CHECKS,  # where does the collapse live? the condition map's predictions (issue 49)
+    *why.CHECKS,  # why do fresh samples keep Adam rotating? the data swap's predictions (issue 64)
 )
 
 # The article's table, cell by cell: every published cell against the measured row mean.

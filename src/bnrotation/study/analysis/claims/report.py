@@ -16,7 +16,7 @@ from ..results import count, scale_note
 from .evidence import Evidence
 from .finding import findings as task_findings
 from .findings import findings
-from .kinds import (ALPHA, ARTICLE, CALIBRATION, FAIL, FASHION_MNIST, FROZEN, MAP, MEASURED, NOT_JUDGED, NOT_RUN,
+from .kinds import (ALPHA, ARTICLE, CALIBRATION, FAIL, FASHION_MNIST, FROZEN, MAP, MEASURED, WHY, NOT_JUDGED, NOT_RUN,
                     PASS, PRECONDITION_FAILED, RESNET, Z, Check)
 
 
@@ -104,6 +104,12 @@ SECTIONS = {
           "did not move that way between them. Where both optimizers lose to stale statistics at the deeper end "
           "(the note says so), it says nothing about whether the property matters; the map's table gives the "
           "settings between. NOT RUN: the runs of one end or the other are not all in."),
+    WHY: ("Why do fresh samples keep Adam rotating? The data swap",
+          "The templates with fresh samples, a finite set, a swap from one to the other mid-run, and (Adam) the "
+          "finite set at β2 0.99 and 0.9999 (`bnrotation.study.why`, `make why`; its runs under `why/`). Each "
+          "candidate mechanism predicts, per arm against the finite arm, the direction of the rotation rate, "
+          "Adam's normalised step and the mode gap, plus a signature of its own; each was committed before any "
+          "run (`analysis/claims/why.py`). A FAIL is a finding. NOT RUN: an arm's runs are not all in."),
 }
 
 
