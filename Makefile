@@ -56,13 +56,13 @@ ifneq ($(words $(SCALE))$(filter $(SCALE),$(SCALES)),1$(SCALE))
 $(error SCALE=$(SCALE): expected one of $(SCALES) (conf/scale/))
 endif
 endif
-ifneq ($(filter sweep reproduce zoo zoo2 frozen map,$(MAKECMDGOALS)),)
+ifneq ($(filter sweep reproduce zoo zoo2 frozen map why,$(MAKECMDGOALS)),)
 ifneq ($(shell [[ '$(JOBS)' =~ ^[1-9][0-9]*$$ ]] && echo ok),ok)
 $(error JOBS=$(JOBS): expected a whole number >= 1 (runs at once))
 endif
 endif
 
-.PHONY: map
+.PHONY: map why
 .PHONY: help install data test test-fast test-kernels test-compat mutants sweep reproduce places row table diagnose check figures claims report notebooks bench frozen calibrate zoo zoo2 clean
 .PHONY: minimal
 .DEFAULT_GOAL := help
@@ -243,6 +243,19 @@ map: $(VENV)/.installed data ## the condition map: sgd,adam x (each task's refer
 		if [ $$rc -ge 128 ]; then exit $$rc; elif [ $$rc != 0 ]; then status=1; fi; \
 	done < <($(PY) -m bnrotation.study.condition_map); \
 	$(PY) -m bnrotation.study.analysis.tables.map_report --results $(or $(RESULTS),results/map) && exit $$status
+
+# The data swap (src/bnrotation/study/why.py, issue 64): one Hydra multirun of experiments/train.py per line of
+# `python -m bnrotation.study.why` (Adam's arms, then SGD's; each line an arm's three seeds), as `make map` runs its
+# lines: resumable, a lost run makes it exit 1 after the others, a stop signal stops it. JOBS=3 runs a line's three
+# seeds at once (on 2 cores they end together). Then <root>/why.md.
+why: $(VENV)/.installed ## the data swap: fresh, finite and swapped training data, and Adam at beta2 0.99 and 0.9999, x 3 seeds (resumable; RESULTS=<root> [results/why]; JOBS=n; FORCE=1; ARGS), then <root>/why.md
+	@status=0; while read -r line; do \
+		echo "$(PY) experiments/train.py -m $$line results_root=$(or $(RESULTS),results/why) ..."; \
+		$(PY) experiments/train.py -m $$line results_root=$(or $(RESULTS),results/why) force=$(force_flag) threads=1 \
+			hydra/launcher=joblib hydra.launcher.n_jobs=$(JOBS) $(ARGS); rc=$$?; \
+		if [ $$rc -ge 128 ]; then exit $$rc; elif [ $$rc != 0 ]; then status=1; fi; \
+	done < <($(PY) -m bnrotation.study.why); \
+	$(PY) -m bnrotation.study.analysis.tables.why_report --results $(or $(RESULTS),results/why) && exit $$status
 
 notebooks: $(VENV)/.installed ## run every notebooks/*.py as a script against the results (RESULTS=<root>)
 	@for nb in notebooks/*.py; do echo "$$nb"; \

@@ -108,6 +108,10 @@ class TaskConfig:
     data_dir: str = "/usr/share/datasets/fashion-mnist"  # Fashion-MNIST's idx files (Debian's dataset-fashion-mnist)
     train_size: int = 0  # 0: the task's own training set; N > 0: N training samples drawn once, then reused
     pixel_noise: float = 0.0  # Fashion-MNIST: std of the Gaussian noise added to each pixel at each draw (pixel std)
+    # The data swap (bnrotation.study.why): 0, none; S > 0, the training batches change source after step S, to
+    # swap_to (finite: fresh samples up to step S, then the finite set; fresh: the finite set, then fresh samples)
+    swap_step: int = 0
+    swap_to: str = "finite"  # finite | fresh
 
     def __post_init__(self) -> None:
         choice("task.name", self.name, TASKS)
@@ -125,6 +129,12 @@ class TaskConfig:
                  "set is drawn from it)", self.train_size)
         require(math.isfinite(self.pixel_noise) and self.pixel_noise >= 0, "task.pixel_noise",
                  "a finite float >= 0", self.pixel_noise)
+        choice("task.swap_to", self.swap_to, ("finite", "fresh"))
+        require(self.swap_step >= 0, "task.swap_step", "an integer >= 0 (0: no swap)", self.swap_step)
+        if self.swap_step:
+            require(self.name == "noisy_templates" and self.train_size > 0, "task.swap_step",
+                     "0 unless task.name=noisy_templates with task.train_size > 0 (the finite set it swaps with)",
+                     self.swap_step)
         if self.name != "fashion_mnist":
             require(self.pixel_noise == 0, "task.pixel_noise", "0.0 on noisy_templates (its noise is set by "
                      "task.template_scale; pixel_noise is Fashion-MNIST's)", self.pixel_noise)
@@ -226,6 +236,8 @@ class ScaleConfig:
     # start + dense_length inclusive (the `dense` table), to measure drift at intervals below log_every.
     dense_windows: list[int] = field(default_factory=list)
     dense_length: int = 128
+    # The optimizer-state log (bnrotation.study.mechanism): every mechanism_every steps; 0, off
+    mechanism_every: int = 0
 
     def __post_init__(self) -> None:
         require(self.steps >= 1, "scale.steps", "an integer >= 1", self.steps)
@@ -239,6 +251,7 @@ class ScaleConfig:
                  f"a step inside the run, 0..scale.steps={self.steps}", self.check_start)
         require(self.heldout_size >= 2, "scale.heldout_size", "an integer >= 2", self.heldout_size)
         require(self.dense_length >= 1, "scale.dense_length", "an integer >= 1", self.dense_length)
+        require(self.mechanism_every >= 0, "scale.mechanism_every", "an integer >= 0 (0: off)", self.mechanism_every)
         require(all(0 <= w and w + self.dense_length <= self.steps for w in self.dense_windows)
                  and len(set(self.dense_windows)) == len(self.dense_windows), "scale.dense_windows",
                  f"distinct start steps w with 0 <= w and w + scale.dense_length <= scale.steps={self.steps}",
@@ -459,6 +472,12 @@ def check_row(cfg: RunConfig) -> None:
     """
     from .rows import ROWS  # no torch
 
+    if cfg.scale.mechanism_every and len(set(cfg.batch_seeds)) > 1:
+        raise ConfigError("scale.mechanism_every: the optimizer-state log reads each seed's own optimizer; expected "
+                          "0 with batch_seeds of several seeds, or run the seeds one by one (seed=...)")
+    if cfg.task.swap_step >= cfg.scale.steps:
+        raise ConfigError(f"task.swap_step: expected a step before scale.steps={cfg.scale.steps} (the swap must "
+                          f"happen inside the run), got {cfg.task.swap_step}")
     spec = ROWS.get(cfg.row)
     if spec is None:
         return

@@ -44,6 +44,7 @@ from ..checkpoints import checkpoint_path, save_checkpoint
 from .config import ConfigError, RunConfig, check_row
 from ..evaluation import CompiledEvaluation, compiled_evaluation, eval_chunk
 from .interventions import run_interventions
+from . import mechanism
 from .model import build_network
 from ..monitor import StalenessMonitor
 from .optim import build_optimizer, build_schedule
@@ -108,6 +109,7 @@ class RunState:
     resumes: list = field(default_factory=list)
     wall_before: float = 0.0  # wall seconds of the earlier processes of a resumed run
     step0_measured: bool = False  # the measurements at step 0 (before any step) are in the tables
+    losses_pending: list = field(default_factory=list)  # (step, loss) not yet in the losses table (mechanism log)
 
     def save(self, path: Path, wall_seconds: float = 0.0) -> None:
         """Write the resumable state atomically (a plain dict of tensors, bytes and numbers: it loads with
@@ -120,6 +122,7 @@ class RunState:
             "averages": self.averages.state_dict() if self.averages is not None else None,
             "first_bad": self.first_bad.cpu(), "timings": dict(self.timings), "resumes": list(self.resumes),
             "wall_seconds": self.wall_before + wall_seconds, "step0_measured": self.step0_measured,
+            "losses_pending": [(int(k), float(v)) for k, v in self.losses_pending],
         }
         buf = io.BytesIO()
         torch.save(state, buf)
@@ -143,6 +146,7 @@ class RunState:
         self.step, self.timings, self.resumes = int(state["step"]), dict(state["timings"]), list(state["resumes"])
         self.wall_before = float(state.get("wall_seconds", 0.0))  # absent from states of older versions,
         self.step0_measured = bool(state.get("step0_measured", True))  # which saved only after step 0
+        self.losses_pending = [tuple(x) for x in state.get("losses_pending", [])]
 
 
 # ----------------------------------------------------------------------------- progress
@@ -343,6 +347,12 @@ def _train(members: list[_Member], caught: dict, progress_lines: bool = False) -
     sched = _Schedule(cfg, has_running, members[0].state.averages is not None)
     start = steps_at.pop()
     results: dict[int, Path] = {}
+    # The optimizer-state log (scale.mechanism_every): the one seed and its paired weight layers, else None
+    mech_layers = None
+    if sched.mechanism:
+        m0 = members[0]
+        names = list(dict.fromkeys(w for p in m0.state.monitor.pairing.pairs for w in p.weights))
+        mech_layers = (m0, mechanism.weight_layers(m0.state.model, names))
     seeds = ",".join(str(m.cfg.seed) for m in members)
     if members[0].compiled is not None:  # compile now, in setup, for every chunk size the evaluations will use
         m = members[0]
@@ -359,13 +369,22 @@ def _train(members: list[_Member], caught: dict, progress_lines: bool = False) -
         if caught["signum"] is not None:
             bar.close()
             _stop(members, trainer, caught, t_mark)
-        losses = trainer.losses([m.task.sample(m.cfg.task.batch_size, m.state.g_train) for m in members])
+        losses = trainer.losses([m.task.at_step(step).sample(m.cfg.task.batch_size, m.state.g_train)
+                                 for m in members])
         log_now = step in sched.logs
         w_before = None
         if log_now:
             trainer.sync()
             w_before = [m.state.monitor.snapshot() for m in members]
+        if mech_layers:  # one seed: the mechanism log refuses batched seeds (config.check_row)
+            mech_layers[0].state.losses_pending.append((step, losses[0].detach()))
+            if step in sched.mechanism:
+                mech_before = mechanism.snapshot(mech_layers[1])
         trainer.step()
+        if mech_layers and step in sched.mechanism:  # timed as its own, not as training
+            t_log = time.perf_counter()
+            _log_mechanism(mech_layers[0], step, mech_layers[1], mech_before)
+            t_mark += time.perf_counter() - t_log
         if members[0].state.averages is not None:  # one EMA update per optimizer step, no host sync
             trainer.sync()
         for m, loss in zip(members, losses):
@@ -419,9 +438,11 @@ class _Schedule:
     interventions: set
     averaging: set
     dense: set
+    mechanism: set
 
     def __init__(self, cfg: RunConfig, has_running: bool, averaging: bool):
         self.logs, self.checks, self.dense = log_steps(cfg), set(check_steps(cfg)), dense_steps(cfg)
+        self.mechanism = mechanism.mechanism_steps(cfg.scale.steps, cfg.scale.mechanism_every)
         self.interventions = set(intervention_steps(cfg)) if cfg.interventions and has_running else set()
         self.averaging = set(averaging_steps(cfg)) if averaging else set()
 
@@ -433,6 +454,7 @@ def _finish(m: _Member, diverged_at: int | None = None) -> Path:
     """Write a seed's tables, its final ``run.json`` and ``DONE`` (:meth:`.rundir.RunFolder.finish`); the
     resumable state goes."""
     state = m.state
+    _flush_losses(m)
     tables = {name: state.tables.frame(name) for name in records.TABLE_COLUMNS}
     info = {"diverged_at_step": diverged_at,
             "steps_completed": (diverged_at - 1) if diverged_at else m.cfg.scale.steps,
@@ -487,7 +509,9 @@ def _measure(m: _Member, step: int, w_before, loss, sched: _Schedule) -> None:
         state.tables.add("checks", pd.DataFrame({
             "step": [step], "lr": [state.optimizer.param_groups[0]["lr"]],
             "loss": [loss.item() if loss is not None else np.nan],
-            "acc_train_mode": [acc_train], "acc_eval_mode": [acc_eval], **_probe_columns(record)}))
+            "acc_train_mode": [acc_train], "acc_eval_mode": [acc_eval], **_probe_columns(record),
+            **({"margin_eval_median": [mechanism.margin_median(model, m.x_held, m.y_held, chunk)]}
+               if cfg.scale.mechanism_every else {})}))
     t3 = time.perf_counter()
     batches = None
     if step in sched.interventions:
@@ -508,6 +532,23 @@ def _measure(m: _Member, step: int, w_before, loss, sched: _Schedule) -> None:
     for key, seconds in (("probes", t1 - t0), ("dense", t2 - t1), ("checks", t3 - t2), ("interventions", t4 - t3),
                          ("averaging", t5 - t4)):
         timings[key] += seconds
+
+
+def _log_mechanism(m: _Member, step: int, layers: dict, before: dict) -> None:
+    """The optimizer-state log at ``step`` (:mod:`.mechanism`), and the losses kept since the last one."""
+    t0 = time.perf_counter()
+    m.state.tables.add("mechanism", mechanism.mechanism_lines(step, layers, before, m.state.optimizer))
+    _flush_losses(m)
+    m.state.timings["mechanism"] = m.state.timings.get("mechanism", 0.0) + time.perf_counter() - t0
+
+
+def _flush_losses(m: _Member) -> None:
+    """Move the seed's kept per-step losses into its ``losses`` table (one host read for all of them)."""
+    pending = m.state.losses_pending
+    if pending:
+        values = torch.stack([torch.as_tensor(v) for _, v in pending]).tolist()
+        m.state.tables.add("losses", pd.DataFrame({"step": [k for k, _ in pending], "loss": values}))
+        pending.clear()
 
 
 def _dense_lines(model: torch.nn.Module, step: int, fresh: dict) -> pd.DataFrame:

@@ -103,6 +103,16 @@ class NoisyTemplates:
         """The task itself, without a finite training set: new samples at every draw (the held-out set's)."""
         return NoisyTemplates(self.cfg, self.templates)
 
+    def at_step(self, step: int) -> "NoisyTemplates":
+        """The training data of optimizer step ``step`` (1-based): this task, or with the data swap
+        (``task.swap_step`` S > 0) the source of that step: fresh samples (:meth:`population`) at steps up to S
+        and the finite set after it (``task.swap_to=finite``), or the other way round (``fresh``)."""
+        s = self.cfg.swap_step
+        if not s or self.train_y is None:
+            return self
+        fresh_now = (step <= s) == (self.cfg.swap_to == "finite")
+        return self.population() if fresh_now else self
+
     def sample(self, n: int, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
         """Draw ``n`` samples with ``gen`` (which must live on the templates' device): new samples of the task,
         or, with a finite training set, ``n`` of its samples uniformly with replacement.
@@ -146,7 +156,8 @@ class NoisyTemplates:
         fresh sample at every draw)."""
         return {"name": "noisy_templates", "image_shape": list(self.templates.shape[1:]),
                 "num_classes": int(self.templates.shape[0]), "template_scale": self.cfg.template_scale,
-                "train_size": None if self.train_y is None else len(self.train_y)}
+                "train_size": None if self.train_y is None else len(self.train_y),
+                **({"swap_step": self.cfg.swap_step, "swap_to": self.cfg.swap_to} if self.cfg.swap_step else {})}
 
 
 @functools.lru_cache(maxsize=4)
@@ -268,6 +279,11 @@ class FashionMNIST:
         """The same task with its training images on the CPU."""
         return FashionMNIST(self.cfg, self.train_x.cpu(), self.train_y.cpu(), self.norm, self.train_index)
 
+    def at_step(self, step: int) -> "FashionMNIST":
+        """The training data of step ``step``: always this task (the data swap is the templates'; the config
+        refuses it here)."""
+        return self
+
     def describe(self) -> dict:
         """What ``run.json`` records of the task: its name, files, sizes and normalisation."""
         files = [str(p) for split in fashion_mnist.FILES
@@ -329,7 +345,7 @@ def reestimation_batches(task: Task, cfg: RunConfig, device: torch.device, step:
         ``scale.reestimate_batches`` tensors (batch_size, C, S, S) in the task's dtype, on ``device``.
     """
     g = generator(cfg.seed * 1_000_003 + step, "reestimate")
-    cpu_task = task.cpu()
+    cpu_task = task.at_step(step).cpu()  # with the data swap, the source training draws from at this step
     fmt = memory_format(cfg)
     return [cpu_task.sample(cfg.task.batch_size, g)[0].to(device).contiguous(memory_format=fmt)
             for _ in range(cfg.scale.reestimate_batches)]

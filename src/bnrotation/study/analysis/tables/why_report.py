@@ -194,3 +194,50 @@ def load(ev_root: str | Path) -> tuple[dict[tuple[str, str], ArmStats], list[str
     root = Path(ev_root) / ROOT
     runs, problems = load_why_runs(root)
     return per_arm([per_run(r) for r in runs]), problems, root
+
+
+def _markdown(df: pd.DataFrame, digits: int = 3) -> str:
+    """``df`` as a Markdown table, numbers at ``digits`` significant digits (rounded here, once)."""
+    def fmt(v):
+        return "–" if isinstance(v, float) and math.isnan(v) else f"{v:.{digits}g}" if isinstance(v, float) else str(v)
+    lines = ["| " + " | ".join(df.columns) + " |", "|" + "---|" * len(df.columns)]
+    lines += ["| " + " | ".join(fmt(v) for v in row) + " |" for row in df.itertuples(index=False)]
+    return "\n".join(lines)
+
+
+def report_text(root: Path, stats: dict, problems: list[str]) -> str:
+    """``why.md``: the table of arms (means and sds over seeds, unrounded until here) and the folders refused."""
+    from ..claims.why import predictions_table  # the claims read this module: imported here, not at the top
+
+    n = sum(len(s.seeds) for s in stats.values())
+    text = [f"# Why do fresh samples keep Adam rotating? The data swap\n",
+            f"From {n} runs under `{root}`; every quantity over steps {LATE[0]:,}-{LATE[1]:,} at the last "
+            f"convolution (tables/why_report.py defines each); sd over seeds.\n", _markdown(arms_table(stats)),
+            "\n## The predictions, committed before the runs\n", _markdown(predictions_table())]
+    if problems:
+        text += ["\n## Refused\n", *[f"- {p}" for p in problems]]
+    return "\n".join(text) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Write ``<results>/why.md``; exit 2 when the folder holds no finished run of the experiment."""
+    import argparse
+    import sys
+
+    p = argparse.ArgumentParser(description="the data swap's table of arms (issue 64)")
+    p.add_argument("--results", default="results/why", help="the experiment's root, holding runs/why_<row>+<arm>/")
+    args = p.parse_args(argv)
+    root = Path(args.results)
+    runs, problems = load_why_runs(root)
+    if not runs:
+        print(f"--results {root}: no finished data-swap run (expected <root>/runs/why_<row>+<arm>/seed=<s>/)"
+              + (f"; {'; '.join(problems)}" if problems else ""), file=sys.stderr)
+        return 2
+    stats = per_arm([per_run(r) for r in runs])
+    records.atomic_write_text(root / "why.md", report_text(root, stats, problems))
+    print(f"wrote {root / 'why.md'} from {len(runs)} runs", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
