@@ -169,3 +169,24 @@ def test_a_run_with_the_log_on_writes_every_step_s_loss_and_each_layer_every_k_s
     assert json.loads((out / "run.json").read_text())["task"]["swap_to"] == "fresh"
     # The loss logged at a check step is the same one the checks table holds
     assert losses.set_index("step").loc[20, "loss"] == pytest.approx(checks.set_index("step").loc[20, "loss"])
+
+
+@pytest.mark.slow
+def test_a_run_with_the_log_on_stopped_between_log_steps_resumes_with_every_loss(tmp_path, monkeypatch):
+    """A stop at step 7 (two steps after the log at 5, their losses not yet in the table) saves them in the
+    resumable state: the resumed run's mechanism and losses tables equal an uninterrupted run's."""
+    from bnrotation.study.runner import run
+    from bnrotation.study.runtime import RunInterrupted
+    from test_resume import interrupt_at
+    overrides = ["experiment=adam", *TOY_SIZE, "task.train_size=32", "scale.mechanism_every=5",
+                 "row=why_adam+finite", "interventions=false", "averaging.enabled=false"]
+    whole = run(run_cfg(overrides, tmp_path / "whole"))
+    cfg = run_cfg(overrides, tmp_path / "stopped")
+    with monkeypatch.context() as m:
+        interrupt_at(m, [7])
+        with pytest.raises(RunInterrupted):
+            run(cfg)
+    out = run(cfg)
+    for table in ("mechanism", "losses"):
+        pd.testing.assert_frame_equal(pd.read_parquet(out / f"{table}.parquet"),
+                                      pd.read_parquet(whole / f"{table}.parquet"))
