@@ -45,19 +45,20 @@ import pandas as pd
 import scipy.stats
 
 from .... import records
-from ....staleness import channel_signals
 from ...condition_map import KNOBS, MAP_STEPS, REFERENCE, SEEDS, Knob, base_row, runs_in_map
-from ...config import TASK_KNOBS, ModelConfig, TaskConfig
+from ...config import TASK_KNOBS, TaskConfig
 from ...rows import ROWS, TASKS, check_against_row
 from ..formatting import cell, seed_ranges, spread
 from ..measures import metrics, midrun
 from ..results import SCALE_KEYS, BadRunError, Layout, Run, count, find_run_dirs, load_run, say_refused
 from ..stats import Z, SeedStat, spearman_rho
+from . import sensitivity
 from ....helptext import plain
 
 __all__ = ["MAP", "COLLAPSE_FLOOR", "Point", "load_map_runs", "point_of", "per_run", "per_point", "seeds_in",
            "on_sweep", "sweep_points", "complete", "collapses", "stale_for_both", "adam_minus_sgd", "in_points",
            "table_markdown", "mechanism_markdown", "where_sentence", "headline", "protocol_evidence", "report_text",
+           "cost_of_staleness",
            "figure", "main", "SENTENCE_BLOCK"]
 
 # The collapse: Adam's evaluation mode at least this far below SGD's and its mode gap at least this far above SGD's
@@ -164,16 +165,8 @@ MECHANISM_COLUMNS = ("norm_layer", "running_mean", "running_var", "fresh_mean", 
 
 def _layer_signals(run: Run) -> pd.DataFrame:
     """Per norm layer, over the window's logged steps and the layer's channels: the medians of E, |d| and
-    |log s| (:func:`bnrotation.staleness.channel_signals`, each layer's own eps from ``run.json``)."""
-    ch = metrics.in_window(run, run.tables["channels"])
-    lines = []
-    for layer, part in ch.groupby("norm_layer", sort=True):
-        eps = float(((run.info.get("norm_layers") or {}).get(layer) or {}).get("eps", ModelConfig().bn_eps))
-        sig = channel_signals(*(part[c].to_numpy(float) for c in MECHANISM_COLUMNS[1:]), eps)
-        lines.append({"norm_layer": layer, "e": float(np.nanmedian(sig.eval_error_sigma)),
-                      "mean_part": float(np.nanmedian(np.abs(sig.mean_shift_sigma))),
-                      "var_part": float(np.nanmedian(np.abs(sig.log_std_ratio)))})
-    return pd.DataFrame(lines, columns=["norm_layer", "e", "mean_part", "var_part"])
+    |log s| (:func:`.sensitivity.layer_signals`)."""
+    return sensitivity.layer_signals(run, metrics.in_window(run, run.tables["channels"]))
 
 
 def per_run(runs: list[Run]) -> pd.DataFrame:
@@ -540,38 +533,7 @@ def mechanism_markdown(points: list[PointStats], frame: pd.DataFrame) -> str:
                 f"means over seeds; two-sided p from the t approximation, `scipy.stats.spearmanr`, rough at so few "
                 f"points; exploratory: fixed after the runs, and not corrected for its three tests): "
                 + "; ".join(tracks) + ".")
-    cost = staleness_cost(points)
-    return out + (f"\n\n{cost}" if cost else "")
-
-
-def _times_apart(x: float, y: float) -> float:
-    """The larger of two positive figures over the smaller; inf when either is 0 or less."""
-    return max(x, y) / min(x, y) if min(x, y) > 0 else math.inf
-
-
-def staleness_cost(points: list[PointStats]) -> str | None:
-    """At the two tasks' own settings, how stale Adam's statistics go against what that costs: per task, the median
-    channel's E of its most stale norm layer (``e``, running σ), its last conv layer's rotation (degrees per 100
-    steps) and its mode gap (points), means over seeds; it says the tasks differ in cost more than in staleness when
-    the two E are within a factor of 1.5 and the two mode gaps more than a factor of 2 apart (exploratory: read after
-    the runs). None unless both reference points have an Adam run."""
-    ref = {p.point.task: p for p in points if p.point.knob is None and p.adam["mode_gap"].n}
-    if not all(t in ref for t in TASKS):
-        return None
-    a, b = (ref[t] for t in TASKS)
-    words = [TASK_WORDS[t] for t in TASKS]
-    e = [p.adam["e"].mean for p in (a, b)]
-    gap = [p.adam["mode_gap"].mean for p in (a, b)]
-    rot = [p.adam["rotation_per_100_deg"].mean for p in (a, b)]
-    out = (f"At the two tasks' own settings, Adam's most stale norm layer has E = {cell(e[0], 'sigma')} on "
-           f"{words[0]} and {cell(e[1], 'sigma')} on {words[1]}, and its last conv layer turns {cell(rot[0], 'deg')} and "
-           f"{cell(rot[1], 'deg')} per 100 steps, while its mode gap is {in_points(a.adam['mode_gap'])} and "
-           f"{in_points(b.adam['mode_gap'])}")
-    if _times_apart(*e) <= 1.5 and _times_apart(*gap) > 2:
-        out += (f": the tasks differ more in what stale statistics cost than in how stale they go (exploratory, read "
-                f"after the runs: the two E {_times_apart(*e):.2f} times apart, within the factor of 1.5 set for this "
-                f"sentence, the two mode gaps {_times_apart(*gap):.1f} times apart, beyond its factor of 2)")
-    return out + "."
+    return out
 
 
 def protocol_evidence(reference: str | Path) -> str:
@@ -743,8 +705,23 @@ def report_text(runs: list[Run], reference: str | Path | None = None) -> str:
         draws = draw_comparison(reference, points)
         if draws:
             out += [draws, ""]
+        out += cost_of_staleness(reference)
     out += ["## What a run costs\n", cost_markdown(runs), ""]
     return "\n".join(out) + "\n"
+
+
+def cost_of_staleness(reference: str | Path) -> list[str]:
+    """map.md's section on what stale statistics cost, layer by layer (:mod:`.sensitivity`), from the committed runs
+    under ``reference`` over the map's window and every seed that has it: the map's own reference points are one
+    draw of three seeds, these the most seeds that share the window. Empty without those runs."""
+    runs, _ = sensitivity.load_reference(reference)
+    table = sensitivity.sensitivity_table(runs)
+    if table.empty:
+        return []
+    return ["## What stale statistics cost, layer by layer\n",
+            f"The committed runs at the article's protocol (`{reference}`), steps {sensitivity.WINDOW[0]:,}–"
+            f"{sensitivity.WINDOW[1]:,}, every seed (tables/sensitivity.py defines E, the cost and the points per "
+            "unit of E).\n", sensitivity.sentence(table) + "\n", sensitivity.markdown(table), ""]
 
 
 def cost_markdown(runs: list[Run]) -> str:
