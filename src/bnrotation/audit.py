@@ -485,8 +485,13 @@ def format_audit(report: AuditReport, averaged: str = "", raw: str = "") -> str:
                    "(bnrotation.reestimate_if_stale) before evaluating or saving it.")
     elif r.undetermined:
         out.append(f"Undetermined: {r.undetermined}; whether the copy's buffers fit its weights is not judged.")
-    else:
-        out.append("Not stale: the copy's buffers fit its weights on this probe.")
+    else:  # "fit" only where E and |lag| are under their thresholds; a signal over its own is named, and why
+        err = r.copy.worst_median_eval_error_sigma
+        why = t.short_of(r.mode_gap, r.lag_sigma, err)
+        if t.off(r.lag_sigma, err):
+            out.append(f"Not stale: {why}.")
+        else:
+            out.append("Not stale: the copy's buffers fit its weights on this probe" + (f"; {why}." if why else "."))
     return "\n".join(out) + "\n"
 
 
