@@ -199,6 +199,18 @@ def test_a_model_one_level_deeper_than_the_averaged_network_gets_the_prefix_adde
     assert kind.endswith("the prefix 'inner.inner.' added to its keys (the model's own keys all start with it)")
 
 
+def test_an_averaged_models_file_loads_as_saved_into_an_averaged_model(nets, tmp_path):
+    """The model is itself the ``AveragedModel``: its own keys are the file's, so nothing is unwrapped."""
+    _, user = nets
+    net = user.make()
+    swa = AveragedModel(net)
+    _train(net, 3, lambda: swa.update_parameters(net))
+    torch.save(swa.state_dict(), tmp_path / "swa.pt")
+    model = AveragedModel(user.make())
+    assert load_weights(model, tmp_path / "swa.pt") == "a state dict"
+    assert _equal_states(model, swa.state_dict())
+
+
 def test_an_averaged_file_that_does_not_map_names_the_flag_that_does_in_one_line(nets, tmp_path, monkeypatch,
                                                                                  capsys):
     """An ``AveragedModel`` of a holder whose network sits beside a buffer of its own: no prefix is shared, so the
