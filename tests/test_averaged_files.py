@@ -294,6 +294,8 @@ def test_a_lightning_weight_averaging_checkpoint_is_read_as_lightning_wrote_it(n
     assert kind == ("a checkpoint dict, its 'state_dict' entry, the averaged copy Lightning's WeightAveraging saves "
                     "there (n_averaged 4); the raw model is under 'current_model_state' (--weights-key "
                     "current_model_state), the prefix 'net.' stripped from its keys (as --strip-prefix net. does)")
+    assert load_weights(user.make(), ckpt, prefix="net.").startswith(  # a prefix named: still Lightning's copy
+        "a checkpoint dict, its 'state_dict' entry, the averaged copy Lightning's WeightAveraging saves there")
     load_weights(model, ckpt, key="current_model_state")
     assert _equal_states(model, raw)
 

@@ -113,7 +113,7 @@ def unwrap_averaged(averaged, model: nn.Module | None = None,
     (``exclude_buffers``) and the deprecated ``ModelEma``, Lightning's ``WeightAveraging`` callback (its
     ``AveragedModel``), the suite's :class:`averaging.EMA`, a plain ``nn.Module``, and a state dict or checkpoint
     dict (an ``AveragedModel``'s, a Lightning ``.ckpt`` written with ``WeightAveraging``, whose ``state_dict`` is
-    the averaged copy) loaded into a copy of ``model``.
+    the averaged copy) loaded into a copy of ``model`` by the check's reader (:func:`inputs.load_saved`).
 
     Args:
         model: the architecture, needed when ``averaged`` is a state dict (not changed).

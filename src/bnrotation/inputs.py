@@ -325,9 +325,11 @@ def load_saved(model: nn.Module, weights, device: str | torch.device = "cpu", ke
         raise InputError("--weights", f"{where}: {err}{hint}") from None
     kind = f"{folder}: {saved.kind}" if folder else saved.kind
     wanted = set(model.state_dict())
-    state, removed = saved.found, ""  # removed: what --strip-prefix names before a prefix stripped below
-    if prefix is None and saved.averaged and set(saved.found) != wanted:  # as the averaging helper saved it
-        state, kind, removed = saved.state, kind + saved.averaged, saved.removed
+    # as the averaging helper saved it, unless a prefix is named or the keys as saved are the model's own; removed: what
+    # --strip-prefix names before a prefix stripped below
+    unwrap = bool(saved.removed) and prefix is None and set(saved.found) != wanted
+    state, removed = (saved.state, saved.removed) if unwrap else (saved.found, "")
+    kind += saved.averaged if unwrap or not saved.removed else ""
     if key is None and isinstance(weights, Mapping):
         kind += "".join(f"; it also holds {k!r} (--weights-key {k} checks that copy)" for k in OTHER_COPIES
                         if k in weights)
