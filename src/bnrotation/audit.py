@@ -59,9 +59,10 @@ import torch.nn as nn
 from .helptext import EXIT_STATUS, EXIT_UNUSABLE, exit_status, plain
 from .averaging import BufferProvenance, EMA, compare_states
 from .bnstats import running_stat_layers
-from .inputs import (InputError, add_batch_arguments, batch_limit, load_probe, load_weights, model_from_factory,
+from .inputs import (InputError, add_batch_arguments, batch_limit, load_probe, load_saved, model_from_factory,
                      one_line, parse_model_kwargs, thresholds_from)
-from .checkpoints import BadCheckpointError, UnsafeCheckpointError, load_checkpoint, state_dict_of
+from .checkpoints import (RAW_OF_AVERAGED, BadCheckpointError, SavedWeights, UnsafeCheckpointError, load_checkpoint,
+                          read_weights, state_dict_of)
 from .monitor import MonitorRecord, uncompiled
 from .oneshot import measure_once, record_field
 from .staleness import Thresholds
@@ -104,14 +105,6 @@ def _class_names(obj) -> set[str]:
     return {k.__name__ for k in type(obj).__mro__}
 
 
-def _strip_averaged_model_keys(state: Mapping) -> tuple[dict, int | None]:
-    """An ``AveragedModel`` state dict (``n_averaged`` and ``module.``-prefixed keys) as the module's own state dict
-    and its update count; any other state dict unchanged, with None."""
-    if "n_averaged" in state and all(k.startswith("module.") for k in state if k != "n_averaged"):
-        return {k[len("module."):]: v for k, v in state.items() if k != "n_averaged"}, int(state["n_averaged"])
-    return dict(state), None
-
-
 def unwrap_averaged(averaged, model: nn.Module | None = None,
                     provenance: BufferProvenance | None = None) -> AveragedCopy:
     """The module an averaging wrapper holds, and the buffer policy its code declares.
@@ -120,7 +113,7 @@ def unwrap_averaged(averaged, model: nn.Module | None = None,
     (``exclude_buffers``) and the deprecated ``ModelEma``, Lightning's ``WeightAveraging`` callback (its
     ``AveragedModel``), the suite's :class:`averaging.EMA`, a plain ``nn.Module``, and a state dict or checkpoint
     dict (an ``AveragedModel``'s, a Lightning ``.ckpt`` written with ``WeightAveraging``, whose ``state_dict`` is
-    the averaged copy) loaded into a copy of ``model``.
+    the averaged copy) loaded into a copy of ``model`` by the check's reader (:func:`inputs.load_saved`).
 
     Args:
         model: the architecture, needed when ``averaged`` is a state dict (not changed).
@@ -159,15 +152,8 @@ def unwrap_averaged(averaged, model: nn.Module | None = None,
     elif isinstance(averaged, Mapping):
         if model is None:
             raise ValueError("averaged: a state dict needs model= (the architecture to load it into)")
-        contents = averaged
-        updates = None
-        if isinstance(averaged.get("averaging_state"), Mapping):  # Lightning's WeightAveraging checkpoint
-            updates = int(averaged["averaging_state"].get("n_averaged", -1))
-            contents = averaged["state_dict"]
-        elif all(isinstance(v, torch.Tensor) for v in averaged.values()):
-            contents, updates = _strip_averaged_model_keys(averaged)
-        module, kind = _loaded(model, contents, "averaged")
-        out = AveragedCopy(module, kind, updates=updates)
+        module, saved = _loaded(model, averaged, "averaged")  # as the averaging helper saved it: the check's reader
+        out = AveragedCopy(module, saved.kind, updates=saved.updates)
     else:
         raise TypeError(f"averaged: expected an AveragedModel, a timm ModelEmaV2/V3, a Lightning WeightAveraging "
                         f"callback, a bnrotation EMA, an nn.Module or a state dict; got {type(averaged).__name__}")
@@ -182,31 +168,41 @@ def _raw_module(raw, template: nn.Module, averaged) -> nn.Module:
     """The raw model as a module: itself, or ``template``'s architecture holding ``raw``'s state (or, for
     ``raw=None``, the raw state a Lightning ``WeightAveraging`` checkpoint keeps as ``current_model_state``)."""
     if raw is None:
-        if isinstance(averaged, Mapping) and isinstance(averaged.get("current_model_state"), Mapping):
-            raw = averaged["current_model_state"]
-        else:
+        raw = _raw_of(averaged)
+        if raw is None:
             raise ValueError("raw: None is only for a Lightning WeightAveraging checkpoint, which holds the raw "
-                             "model under 'current_model_state'")
+                             f"model under {RAW_OF_AVERAGED!r}")
     if isinstance(raw, (nn.DataParallel, nn.parallel.DistributedDataParallel)):
         raw = raw.module
     if isinstance(raw, nn.Module):
         return uncompiled(raw)
     if not isinstance(raw, Mapping):
         raise TypeError(f"raw: expected an nn.Module or a state dict, got {type(raw).__name__}")
-    if isinstance(raw.get("current_model_state"), Mapping):  # a WeightAveraging checkpoint: its raw model
-        raw = raw["current_model_state"]
-    return _loaded(template, raw, "raw")[0]
+    held = _raw_of(raw)  # a WeightAveraging checkpoint: its raw model
+    return _loaded(template, raw if held is None else held, "raw")[0]
 
 
-def _loaded(template: nn.Module, contents: Mapping, argument: str) -> tuple[nn.Module, str]:
-    """A copy of ``template`` holding ``contents`` and what they were (:func:`inputs.load_weights`: checkpoint
-    entries, wrapper prefixes, one-line errors), its errors (:class:`inputs.InputError`) naming ``argument``."""
+def _raw_of(contents) -> dict[str, torch.Tensor] | None:
+    """The raw model's state dict that a checkpoint holds beside its averaged copy (Lightning's
+    ``WeightAveraging``: :attr:`checkpoints.SavedWeights.raw`), or None when it holds none."""
+    if not isinstance(contents, Mapping):
+        return None
+    try:
+        return read_weights(contents).raw
+    except BadCheckpointError:
+        return None
+
+
+def _loaded(template: nn.Module, contents: Mapping, argument: str) -> tuple[nn.Module, SavedWeights]:
+    """A copy of ``template`` holding ``contents`` and what was read (:func:`inputs.load_saved`, the check's reader:
+    checkpoint entries, averaging helpers' layouts, wrapper prefixes, one-line errors), its errors
+    (:class:`inputs.InputError`) naming ``argument``."""
     module = copy.deepcopy(template)
     try:
-        kind = load_weights(module, contents)
+        saved = load_saved(module, contents)
     except InputError as err:
         raise InputError(argument, err.message) from None
-    return module, kind
+    return module, saved
 
 
 # ----------------------------------------------------------------------------- the evidence, layer by layer
@@ -489,8 +485,13 @@ def format_audit(report: AuditReport, averaged: str = "", raw: str = "") -> str:
                    "(bnrotation.reestimate_if_stale) before evaluating or saving it.")
     elif r.undetermined:
         out.append(f"Undetermined: {r.undetermined}; whether the copy's buffers fit its weights is not judged.")
-    else:
-        out.append("Not stale: the copy's buffers fit its weights on this probe.")
+    else:  # "fit" only where E and |lag| are under their thresholds; a signal over its own is named, and why
+        err = r.copy.worst_median_eval_error_sigma
+        why = t.short_of(r.mode_gap, r.lag_sigma, err)
+        if t.off(r.lag_sigma, err):
+            out.append(f"Not stale: {why}.")
+        else:
+            out.append("Not stale: the copy's buffers fit its weights on this probe" + (f"; {why}." if why else "."))
     return "\n".join(out) + "\n"
 
 

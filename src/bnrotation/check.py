@@ -223,9 +223,9 @@ class CheckReport:
     @property
     def summary(self) -> str:
         """The verdict in one line, as the report ends: ``STALE: ...`` with the rule's numbers against their
-        thresholds and what to do, ``Not stale: ...``, or ``Undetermined: ...`` (:attr:`undetermined`). Batches that
-        look like another scale (:attr:`input_scale`) are never "not stale" (undetermined), and a stale verdict on
-        them asks about the scale before its advice to re-estimate."""
+        thresholds and what to do, ``Not stale: ...`` naming a signal over its threshold and why it is not enough
+        (:meth:`staleness.Thresholds.short_of`), or ``Undetermined: ...`` (:attr:`undetermined`). Batches on another
+        scale (:attr:`input_scale`) are never "not stale", and a stale verdict on them asks about the scale first."""
         t = self.thresholds
         lag, err = self.worst_median_lag_sigma, self.worst_median_eval_error_sigma
         rule = (f"mode gap {_against(self.mode_gap, t.mode_gap, '')} and "
@@ -234,9 +234,8 @@ class CheckReport:
         advice = "Re-estimate the running statistics (bnrotation.reestimate) before evaluating or saving this model."
         if any(w.startswith(ONE_CLASS) for w in self.warnings):  # the warning line says why
             advice = advice[:-1] + ", on batches of every class as in training, not these."
-        scale = self.input_scale
-        if scale:
-            advice = scale + " If they are: r" + advice[1:]
+        if self.input_scale:
+            advice = self.input_scale + " If they are: r" + advice[1:]
         if self.nonfinite:
             return (f"STALE: NaN or infinite running statistics in {self.nonfinite} (evaluation mode is unusable); "
                     f"elsewhere, {rule}. {advice}")
@@ -244,7 +243,8 @@ class CheckReport:
             return f"STALE: {rule}. {advice}"
         if self.undetermined:
             return f"Undetermined: {self.undetermined}; no verdict. Measured: {rule}."
-        return f"Not stale: {rule} (the gap and one of the others are needed to warn)."
+        why = t.short_of(self.mode_gap, lag, err) or "the gap and one of the others are needed to warn"
+        return f"Not stale: {rule} ({why})."
 
 
 def _against(value: float, threshold: float, unit: str, where: str = "") -> str:

@@ -9,7 +9,12 @@ What other tools save is read too (:func:`state_dict_of`): a plain state dict; a
 ``"model"`` (the suite), ``"state_dict"`` (Lightning's ``.ckpt``, timm's training checkpoints, which also hold
 the EMA copy under ``"state_dict_ema"``), or any entry named; and keys under a wrapper's prefix
 (``module.`` of ``DistributedDataParallel``, ``model.`` or ``net.`` of a ``LightningModule`` attribute,
-``_orig_mod.`` of ``torch.compile``), which :func:`strip_prefix` removes.
+``_orig_mod.`` of ``torch.compile``), which :func:`strip_prefix` removes. What the averaging helpers save is read as
+saved (:func:`read_weights`): ``torch.optim.swa_utils.AveragedModel``'s state dict (its module's keys under
+``module.``, beside ``n_averaged``, with ``use_buffers`` or without), Lightning's ``WeightAveraging`` checkpoint (the
+averaged copy under ``state_dict``, its ``n_averaged`` under ``averaging_state``, the raw model under
+``current_model_state``), timm's ``ModelEmaV3`` state dict (its module's keys under ``module.``, stripped as a
+wrapper's prefix).
 
 Only torch is imported here (not pyarrow, not Hydra): the checkpoint check runs on the bare package.
 """
@@ -23,19 +28,25 @@ import os
 import pickle
 import re
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 __all__ = ["BadCheckpointError", "UnsafeCheckpointError", "checkpoint_path", "save_checkpoint", "load_checkpoint",
            "state_dict_of", "state_of", "Checkpoint", "strip_prefix", "shared_prefixes", "few", "STATE_DICT_ENTRIES",
-           "OTHER_COPIES", "SAFE_GLOBALS"]
+           "OTHER_COPIES", "SAFE_GLOBALS", "SavedWeights", "read_weights", "AVERAGED_COUNT", "AVERAGED_PREFIX",
+           "RAW_OF_AVERAGED"]
 
 # Entries that hold a model's state dict in the checkpoint dicts of common tools, in the order they are tried:
 # the suite's own ("model"), Lightning's and timm's ("state_dict").
 STATE_DICT_ENTRIES = ("model", "state_dict")
 # Other copies of the weights a checkpoint may hold beside them (timm: the EMA of the weights), named in notes.
 OTHER_COPIES = ("state_dict_ema", "model_ema")
+# torch.optim.swa_utils.AveragedModel's state dict: its module's keys under AVERAGED_PREFIX, beside AVERAGED_COUNT, the
+# number of averaging updates (a buffer). Lightning's WeightAveraging saves that count under "averaging_state" and the
+# raw model's state dict under RAW_OF_AVERAGED, beside the averaged copy's under "state_dict".
+AVERAGED_COUNT, AVERAGED_PREFIX, RAW_OF_AVERAGED = "n_averaged", "module.", "current_model_state"
 # Plain containers of values that checkpoints of common tools pickle, rebuilt by the weights-only unpickler without
 # running code: timm's training scripts save their arguments as an argparse.Namespace.
 SAFE_GLOBALS = [argparse.Namespace]
@@ -196,6 +207,77 @@ def state_dict_of(contents, key: str | None = None) -> tuple[dict[str, torch.Ten
             return dict(contents[entry]), f"a checkpoint dict, its {entry!r} entry"
     raise BadCheckpointError(f"holds no state dict: a dict of {len(contents)} entries ({few(contents, 6)}), "
                              f"none of them {' or '.join(map(repr, STATE_DICT_ENTRIES))} holding one")
+
+
+@dataclass(frozen=True)
+class SavedWeights:
+    """A model's state dict as a tool saved it, read (:func:`read_weights`).
+
+    Attributes:
+        state: the model's state dict (key -> tensor), an averaging wrapper's ``module.`` prefix and its
+            ``n_averaged`` removed; otherwise :attr:`found`.
+        found: the state dict as found in the file (:func:`state_dict_of`), for a prefix the user names
+            (``--strip-prefix``), which applies to the keys as saved.
+        kind: where :attr:`found` was, in words (:func:`state_dict_of`'s description: ``"a state dict"``).
+        averaged: "" for a state dict no averaging helper wrote, else what wrote it and what was read, in words
+            (``", torch AveragedModel's: its module's keys under 'module.', beside n_averaged 6"``), to follow
+            :attr:`kind` in a report.
+        removed: the prefix removed from :attr:`found`'s keys to give :attr:`state`'s (``"module."``), else "".
+        updates: the averaging updates the helper made (``n_averaged``); None when no helper says.
+        raw: the raw model's state dict that the file holds beside the averaged copy (Lightning's
+            ``current_model_state``); None when it holds none.
+    """
+
+    state: dict[str, torch.Tensor]
+    found: dict[str, torch.Tensor]
+    kind: str
+    averaged: str = ""
+    removed: str = ""
+    updates: int | None = None
+    raw: dict[str, torch.Tensor] | None = None
+
+
+def read_weights(contents, key: str | None = None) -> SavedWeights:
+    """The state dict in a loaded checkpoint (:func:`state_dict_of`), read as the averaging helper that wrote it
+    saved it, with no flag:
+
+    * ``torch.optim.swa_utils.AveragedModel(...).state_dict()`` (with ``use_buffers=True`` or not: the same keys):
+      every key but :data:`AVERAGED_COUNT` under :data:`AVERAGED_PREFIX`; :attr:`SavedWeights.state` is the
+      module's keys, :attr:`SavedWeights.updates` the count;
+    * a Lightning checkpoint written with the ``WeightAveraging`` callback: the averaged copy under
+      ``state_dict`` (read by default, as any Lightning checkpoint is), ``averaging_state`` holding its
+      ``n_averaged``, the raw model under :data:`RAW_OF_AVERAGED` (:attr:`SavedWeights.raw`);
+    * anything else (timm's ``ModelEmaV3``'s state dict, whose ``module.`` prefix is a wrapper's prefix like
+      ``DistributedDataParallel``'s, among them) as :func:`state_dict_of` finds it.
+
+    Args:
+        contents: what :func:`load_checkpoint` returned, or a model's ``state_dict()``.
+        key: the entry that holds the state dict (:func:`state_dict_of`); the averaging helpers' layouts are read
+            in that entry as in the file itself.
+
+    Raises:
+        BadCheckpointError: as :func:`state_dict_of`.
+    """
+    found, kind = state_dict_of(contents, key)
+    state, averaged, removed, updates, raw = found, "", "", None, None
+    rest = [k for k in found if k != AVERAGED_COUNT]
+    if AVERAGED_COUNT in found and rest and all(k.startswith(AVERAGED_PREFIX) and len(k) > len(AVERAGED_PREFIX)
+                                                for k in rest):
+        updates, removed = int(found[AVERAGED_COUNT]), AVERAGED_PREFIX
+        state = {k[len(AVERAGED_PREFIX):]: found[k] for k in rest}
+        averaged = (f", torch AveragedModel's: its module's keys under {AVERAGED_PREFIX!r}, beside {AVERAGED_COUNT} "
+                    f"{updates}")
+    averaging = contents.get("averaging_state") if kind.endswith("'state_dict' entry") else None
+    if isinstance(averaging, Mapping):
+        count = averaging.get(AVERAGED_COUNT)
+        updates = int(count) if isinstance(count, (torch.Tensor, int)) else None
+        held = contents.get(RAW_OF_AVERAGED)
+        raw = dict(held) if _is_state_dict(held) else None
+        averaged = (", the averaged copy Lightning's WeightAveraging saves there"
+                    + (f" ({AVERAGED_COUNT} {updates})" if updates is not None else "")
+                    + (f"; the raw model is under {RAW_OF_AVERAGED!r} (--weights-key {RAW_OF_AVERAGED})"
+                       if raw is not None else ""))
+    return SavedWeights(state, found, kind, averaged, removed, updates, raw)
 
 
 # A model, a state dict, or a checkpoint dict (:func:`save_checkpoint`'s, or another tool's: :func:`state_dict_of`).

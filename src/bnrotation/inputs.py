@@ -27,19 +27,20 @@ import os
 import re
 import sys
 from collections.abc import Mapping
+from dataclasses import replace
 from pathlib import Path
 
 import torch
 import torch.nn as nn
 
-from .checkpoints import (OTHER_COPIES, BadCheckpointError, UnsafeCheckpointError, few, load_checkpoint,
-                          shared_prefixes, state_dict_of, strip_prefix)
+from .checkpoints import (OTHER_COPIES, BadCheckpointError, SavedWeights, UnsafeCheckpointError, few, load_checkpoint,
+                          read_weights, shared_prefixes, strip_prefix)
 from .probe_batch import CheckedProbe, check_probe, split_probe
 from .staleness import Thresholds
 
 __all__ = ["InputError", "CheckInputError", "load_function", "parse_model_kwargs", "model_from_factory",
-           "build_user_model", "pretrained_from_config", "load_weights", "load_batches", "load_probe", "parse_device",
-           "one_line",
+           "build_user_model", "pretrained_from_config", "load_weights", "load_saved", "load_batches", "load_probe",
+           "parse_device", "one_line",
            "first_line", "add_batch_arguments", "batch_limit", "thresholds_from", "PRETRAINED_WEIGHTS",
            "DEFAULT_MAX_BATCHES", "MESSAGE_CHARS"]
 
@@ -266,21 +267,38 @@ def _pretrained_weights(folder: Path, device: str | torch.device = "cpu") -> tup
 
 def load_weights(model: nn.Module, weights, device: str | torch.device = "cpu", key: str | None = None,
                  prefix: str | None = None) -> str:
-    """Load ``weights`` (a file, an already loaded state dict or checkpoint dict, or a model) into ``model``.
+    """Load ``weights`` into ``model`` (:func:`load_saved`), and say what they were: :func:`load_saved`'s ``kind``.
+
+    Raises:
+        InputError: as :func:`load_saved`.
+    """
+    return load_saved(model, weights, device, key, prefix).kind
+
+
+def load_saved(model: nn.Module, weights, device: str | torch.device = "cpu", key: str | None = None,
+               prefix: str | None = None) -> SavedWeights:
+    """Load ``weights`` (a file, an already loaded state dict or checkpoint dict, or a model) into ``model``, read as
+    the tool that wrote them saved them (:func:`checkpoints.read_weights`: torch's ``AveragedModel`` state dict,
+    Lightning's ``WeightAveraging`` checkpoint, timm's ``ModelEmaV3`` state dict, without a flag); the one reader of
+    the check (:func:`load_weights`) and the audit.
 
     Args:
         weights: a file (:func:`checkpoints.load_checkpoint`), or a Hugging Face folder (``save_pretrained``'s, a
             ``Trainer``'s ``checkpoint-N/`` or output folder: :data:`PRETRAINED_WEIGHTS`, sharded or not).
         key: the checkpoint entry that holds the state dict (:func:`checkpoints.state_dict_of`); None: the
             contents themselves, or their ``"model"`` or ``"state_dict"`` entry.
-        prefix: keep only the keys under this prefix (``"net."``), stripped. None: a prefix shared by every key
-            (``module.``, ``model.``) is stripped when the keys then match the model's exactly, or a prefix every
-            key of the model shares is added when they then match (a model wrapped as ``ModelLogits`` wraps it),
-            and the description says which.
+        prefix: keep only the keys under this prefix (``"net."``), stripped, of the keys as saved (an
+            ``AveragedModel``'s ``module.`` too); ``""`` keeps every key as saved. None: an averaging helper's
+            layout is read (:func:`checkpoints.read_weights`) unless the keys as saved are the model's own; then a
+            prefix shared by every key (``module.``, ``model.``) is stripped when the keys then match the model's
+            exactly, or a prefix every key of the model shares is added when they then match (a model wrapped as
+            ``ModelLogits`` wraps it), and the description says which.
 
     Returns:
-        What the weights were, for the report: ``"a state dict"``, ``"a checkpoint dict, its 'model' entry"``,
-        with the prefix stripped and the other copies it holds (``state_dict_ema``) named.
+        What was read (:class:`checkpoints.SavedWeights`: the averaging helper's update count and the raw model it
+        holds, if any), its ``kind`` what the weights were, for the report: ``"a state dict"``, ``"a checkpoint
+        dict, its 'model' entry"``, with the averaging helper that wrote them, the prefix stripped and the other
+        copies it holds (``state_dict_ema``) named.
 
     Raises:
         InputError: naming ``--weights`` and the file, in one line, for a missing, unreadable or unsafe file
@@ -301,28 +319,34 @@ def load_weights(model: nn.Module, weights, device: str | torch.device = "cpu", 
     if isinstance(weights, nn.Module):
         weights = weights.state_dict()
     try:
-        state, kind = state_dict_of(weights, key)
+        saved = read_weights(weights, key)
     except BadCheckpointError as err:
         hint = "; --weights-key names the entry that holds the state dict" if isinstance(weights, Mapping) else ""
         raise InputError("--weights", f"{where}: {err}{hint}") from None
-    kind = f"{folder}: {kind}" if folder else kind
+    kind = f"{folder}: {saved.kind}" if folder else saved.kind
+    wanted = set(model.state_dict())
+    # as the averaging helper saved it, unless a prefix is named or the keys as saved are the model's own; removed: what
+    # --strip-prefix names before a prefix stripped below
+    unwrap = bool(saved.removed) and prefix is None and set(saved.found) != wanted
+    state, removed = (saved.state, saved.removed) if unwrap else (saved.found, "")
+    kind += saved.averaged if unwrap or not saved.removed else ""
     if key is None and isinstance(weights, Mapping):
         kind += "".join(f"; it also holds {k!r} (--weights-key {k} checks that copy)" for k in OTHER_COPIES
                         if k in weights)
-    wanted = set(model.state_dict())
     if prefix is not None:
         kept, dropped = strip_prefix(state, prefix)
         if not kept:
             raise InputError("--weights", f"{where}: --strip-prefix {prefix}: no key starts with it; its keys: "
                                   f"{few(state)}")
         state = kept
-        kind += f", its keys under {prefix!r}" + (f" ({dropped} other keys left out)" if dropped else "")
+        kind += (f", its keys under {prefix!r}" if prefix else ", its keys as saved (--strip-prefix '')") + (
+            f" ({dropped} other keys left out)" if dropped else "")
     elif set(state) != wanted:
         for shared in shared_prefixes(state):
             stripped, _ = strip_prefix(state, shared)
             if set(stripped) == wanted:
                 state = stripped
-                kind += f", the prefix {shared!r} stripped from its keys (as --strip-prefix {shared} does)"
+                kind += f", the prefix {shared!r} stripped from its keys (as --strip-prefix {removed}{shared} does)"
                 break
         else:
             for shared in shared_prefixes(wanted):
@@ -339,16 +363,17 @@ def load_weights(model: nn.Module, weights, device: str | torch.device = "cpu", 
     if missing or unexpected:
         parts = [f"{label} key {keys[0]!r}" + (f" (and {len(keys) - 1} more)" if len(keys) > 1 else "")
                  for label, keys in (("missing", missing), ("unexpected", unexpected)) if keys]
-        hint = _prefix_hint(state, wanted) if prefix is None else ""
+        hint = _prefix_hint(state, wanted, removed) if prefix is None else ""
         raise InputError("--weights", f"{where}: does not fit the model: " + "; ".join(parts) + hint)
-    return kind
+    return replace(saved, state=state, kind=kind)
 
 
-def _prefix_hint(state: Mapping[str, torch.Tensor], wanted: set[str]) -> str:
-    """``; its keys under 'net.' fit the model: --strip-prefix net.`` when one first component does."""
+def _prefix_hint(state: Mapping[str, torch.Tensor], wanted: set[str], removed: str = "") -> str:
+    """``; its keys under 'net.' fit the model: --strip-prefix net.`` when one first component does; ``removed``: the
+    prefix already taken from the keys as saved (an ``AveragedModel``'s ``module.``), which the flag names too."""
     for first in dict.fromkeys(k.split(".")[0] + "." for k in state if "." in k):
         if wanted <= set(strip_prefix(state, first)[0]):
-            return f"; its keys under {first!r} fit the model: --strip-prefix {first}"
+            return f"; its keys under {removed + first!r} fit the model: --strip-prefix {removed}{first}"
     return ""
 
 

@@ -196,6 +196,38 @@ class Thresholds:
         """:meth:`crossed` elementwise, on numbers or arrays of one shape (the analysis scores it on every check
         at once): a bool or a bool array."""
         with np.errstate(invalid="ignore"):
-            off = np.greater_equal(eval_error_sigma, self.eval_error_sigma) | np.greater_equal(lag_sigma,
-                                                                                              self.lag_sigma)
-            return np.greater_equal(mode_gap, self.mode_gap) & off
+            return np.greater_equal(mode_gap, self.mode_gap) & self.off(lag_sigma, eval_error_sigma)
+
+    def off(self, lag_sigma, eval_error_sigma):
+        """The rule's second half, elementwise: the statistics do not fit the weights, the worst layer's median E
+        (σ) at least :attr:`eval_error_sigma` or its median |lag| (σ) at least :attr:`lag_sigma`. Where it is
+        False the statistics fit (both under their thresholds, or NaN). A bool or a bool array."""
+        with np.errstate(invalid="ignore"):
+            return np.greater_equal(eval_error_sigma, self.eval_error_sigma) | np.greater_equal(lag_sigma,
+                                                                                               self.lag_sigma)
+
+    def short_of(self, mode_gap: float, lag_sigma: float = math.nan, eval_error_sigma: float = math.nan) -> str:
+        """Why a verdict of "not stale" stands though one of its signals is at or over its threshold, in words: which
+        signals are over (the mode gap, the worst median E or |lag|, as :meth:`crossed` reads them) and which half of
+        the rule is missing, so that "not stale" never reads as "every signal under its threshold". "" when no
+        signal is at or over its threshold, or when the rule fires."""
+        if self.crossed(mode_gap, lag_sigma, eval_error_sigma):
+            return ""
+        over = [name for name, value, threshold in (("the worst median E", eval_error_sigma, self.eval_error_sigma),
+                                                   ("the worst median |lag|", lag_sigma, self.lag_sigma))
+                if value >= threshold]
+        if over:
+            plural = len(over) > 1
+            named = " and ".join(over).replace("E and the worst median ", "E and ")
+            return (f"{named} {'are' if plural else 'is'} over {'their' if plural else 'its'} threshold{'s' * plural}, "
+                    "but the mode gap is under its own: the statistics are off without changing enough predictions on "
+                    "these batches, and the rule warns only when the gap shows it too")
+        if mode_gap >= self.mode_gap:
+            read = [name for name, threshold in (("the worst median E", self.eval_error_sigma),
+                                                 ("the worst median |lag|", self.lag_sigma))
+                    if math.isfinite(threshold)]
+            neither = (f"{read[0]} is not" if len(read) == 1 else
+                       f"neither {read[0]} nor {read[1].removeprefix('the worst median ')} is")
+            return (f"the mode gap is over its threshold, but {neither} over its own: no layer's running statistics "
+                    "are off enough to account for the gap, so the rule does not lay it to them")
+        return ""
