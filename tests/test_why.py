@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pytest
 
@@ -18,12 +19,13 @@ from bnrotation.study.analysis.tables import why_report
 
 def test_sweep_names_every_arm_once_per_optimizer_and_counts_its_runs():
     lines = why.sweep_lines()
-    assert len(lines) == sum(len(a.optimizers) for a in why.ARMS)
+    assert len(lines) == sum(len(a.optimizers) for a in (*why.ARMS, why.REAL_IMAGES))
     assert lines[0].startswith("experiment=adam ")  # Adam's arms first: they decide between the mechanisms
     assert sum("task.swap_to=finite" in line for line in lines) == 2  # fresh_to_finite, for both rows
     assert all(f"scale.mechanism_every={why.MECHANISM_EVERY}" in line for line in lines)
     assert not any("beta2" in line for line in lines if line.startswith("experiment=sgd "))
-    assert why.runs_in_sweep() == 30
+    assert why.runs_in_sweep() == 36
+    assert lines[-1].startswith("experiment=fmnist_sgd ") and "row=why_${optimizer.name}+fashion_mnist" in lines[-1]
 
 
 def test_row_names_round_trip_and_refuse_what_is_not_an_arm():
@@ -190,3 +192,129 @@ def test_a_run_with_the_log_on_stopped_between_log_steps_resumes_with_every_loss
     for table in ("mechanism", "losses"):
         pd.testing.assert_frame_equal(pd.read_parquet(out / f"{table}.parquet"),
                                       pd.read_parquet(whole / f"{table}.parquet"))
+
+
+# ----------------------------------------------------------------------------- the measures and the verdicts
+from bnrotation.study.analysis.claims.kinds import FAIL, PASS, PRECONDITION_FAILED  # noqa: E402
+from bnrotation.study.analysis.results import Run  # noqa: E402
+
+
+def fake_run(arm: str, seed: int, optimizer: str = "adam") -> Run:
+    """A run whose last layer (conv3) turns 0.2° a step in the late window and 0.05° before it, except one log
+    of 2°; whose first layer (conv1) turns 9° throughout (the claims must read the last); a normalised step of
+    0.3 in steps 500-1,000 and 0.1 after; a loss of 2 over the first 100 steps, 0.01 before the swap with one
+    spike of 0.05 per 100 steps in the late window; checks 1.0 / 0.8 in the window, 1.0 / 0.1 before it."""
+    mech = []
+    for step in range(10, 3001, 10):
+        late = step >= 2000
+        rot = 2.0 if step == 2500 else 0.2 if late else 0.05
+        ns = 0.3 if 500 <= step <= 1000 else 0.1
+        for layer, r in (("conv1", 9.0), ("conv3", rot)):
+            mech.append({"step": step, "layer": layer, "angular_update_deg": r, "update_rms": 1.0,
+                         "grad_rms": 2.0 if step <= 1000 else 0.5, "normalised_step_median": ns,
+                         "normalised_step_p99": 1.0, "sqrt_v_median": 1.0, "eps_share_median": 0.0})
+    losses = [{"step": s, "loss": 2.0 if s <= 100 else 0.05 if (s >= 2000 and s % 100 == 50) else 0.01}
+              for s in range(1, 3001)]
+    checks = [{"step": s, "acc_train_mode": 1.0, "acc_eval_mode": 0.8 if s >= 2000 else 0.1}
+              for s in range(1000, 3001, 100)]
+    info = {"row": why.why_row(optimizer, arm), "seed": seed}
+    return Run(Path("/nowhere"), info, {}, {"mechanism": pd.DataFrame(mech), "losses": pd.DataFrame(losses),
+                                            "checks": pd.DataFrame(checks)})
+
+
+def test_each_measure_reads_its_window_at_the_last_layer():
+    got = why_report.per_run(fake_run("fresh", 0))
+    assert got["layer"] == "conv3"
+    late = [2.0 if s == 2500 else 0.2 for s in range(2000, 3001, 10)]  # 101 logs, 2,000 and 3,000 both in
+    assert got["rotation_deg_per_step"] == pytest.approx(np.mean(late))
+    assert got["burst_share"] == pytest.approx((2.0 + 10 * 0.2) / sum(late))  # the largest 11 of 101 logs
+    assert got["normalised_step_early"] == pytest.approx(0.3) and got["normalised_step"] == pytest.approx(0.1)
+    assert got["grad_rms_late"] / got["grad_rms_early"] == pytest.approx(0.25)
+    assert got["mode_gap"] == pytest.approx(0.2)  # the window's checks only
+    assert got["loss_spike"] == pytest.approx(5.0)  # 0.05 over a median of 0.01, in every 100-step window
+    assert got["loss_before_swap"] == pytest.approx(0.01) and got["loss_start"] == pytest.approx(2.0)
+
+
+def test_burst_share_and_loss_spike_at_their_boundaries():
+    assert why_report.burst_share(np.ones(10)) == pytest.approx(0.1)  # uniform: the top tenth carries a tenth
+    assert why_report.burst_share(np.ones(11)) == pytest.approx(2 / 11)  # a tenth of 11 rounds up to 2 logs
+    assert math.isnan(why_report.burst_share(np.zeros(5))) and math.isnan(why_report.burst_share(np.array([])))
+    flat = pd.DataFrame({"step": range(1, 201), "loss": 0.0})
+    assert math.isnan(why_report.loss_spike(flat, (1, 200)))  # a zero median: no ratio, not infinity
+
+
+def _arm_stats(values: dict, seeds=(0, 1, 2), optimizer="adam", arm="x") -> why_report.ArmStats:
+    """An arm whose every metric is ``values[metric]`` (default 1.0) with a small spread over ``seeds``."""
+    metrics = {m: SeedStat.of([values.get(m, 1.0) * (1 + 0.01 * (i - 1)) for i in range(len(seeds))], seeds)
+               for m in why_report.METRICS}
+    return why_report.ArmStats(optimizer, arm, metrics, tuple(seeds))
+
+
+def memorisation_world(**changes) -> dict:
+    """The six Adam arms as memorisation predicts them, the finite set's loss flat by the swap."""
+    base = {"loss_before_swap": 0.001, "loss_start": 2.0, "grad_rms_late": 0.2, "grad_rms_early": 1.0,
+            "normalised_step_early": 1.0, "mode_gap": 0.0}
+    arms = {
+        "finite": base,
+        "fresh": {**base, "rotation_deg_per_step": 5.0, "normalised_step": 5.0, "mode_gap": 0.3, "burst_share": 0.2},
+        "fresh_to_finite": {**base, "rotation_deg_per_step": 0.5, "normalised_step": 0.5},
+        "finite_to_fresh": {**base, "rotation_deg_per_step": 5.0, "normalised_step": 5.0, "mode_gap": 0.3},
+        "finite_beta2_0.99": {**base, "rotation_deg_per_step": 3.0, "normalised_step": 3.0},
+        "finite_beta2_0.9999": {**base, "rotation_deg_per_step": 0.3, "normalised_step": 0.3},
+    }
+    arms.update(changes)
+    return {("adam", a): _arm_stats(v, arm=a) for a, v in arms.items()}
+
+
+def _verdicts(monkeypatch, arms) -> dict:
+    monkeypatch.setattr(why_report, "load", lambda root: (arms, [], Path(root) / "why"))
+    ev = Evidence(Path("/nowhere"), [], pd.DataFrame({"row": [], "seed": []}))
+    return {c.name: c.check(ev) for c in claims_why.CHECKS}
+
+
+def test_the_arms_memorisation_predicts_pass_it_and_fail_the_noise_floor_on_beta2(monkeypatch):
+    got = _verdicts(monkeypatch, memorisation_world())
+    assert got["why_memorisation_shrinks_adams_steps"].verdict == PASS
+    floor = got["why_a_gradient_noise_floor_keeps_adam_rotating"]
+    assert floor.verdict == FAIL and "finite_beta2_0.99's rotation not same" in floor.note
+    assert got["why_loss_spikes_keep_adam_rotating"].verdict == FAIL  # the median step moved, no bursts
+
+
+def test_the_signature_alone_can_fail_a_mechanism(monkeypatch):
+    # the same arms, but the finite set's gradient does not decay: memorisation's signature fails
+    world = memorisation_world()
+    world[("adam", "finite")] = _arm_stats({"loss_before_swap": 0.001, "loss_start": 2.0, "grad_rms_late": 0.9,
+                                            "grad_rms_early": 1.0, "mode_gap": 0.0}, arm="finite")
+    got = _verdicts(monkeypatch, world)["why_memorisation_shrinks_adams_steps"]
+    assert got.verdict == FAIL and "its signature" in got.note
+
+
+def test_a_loss_not_flat_by_the_swap_fails_the_precondition_and_a_short_arm_is_not_run(monkeypatch):
+    flat = {"loss_before_swap": 0.1, "loss_start": 2.0, "mode_gap": 0.0}  # 5% of the start: not flat
+    got = _verdicts(monkeypatch, memorisation_world(finite=flat))
+    assert {c.verdict for c in got.values()} == {PRECONDITION_FAILED}
+    world = memorisation_world()
+    world[("adam", "fresh")] = _arm_stats({}, seeds=(0, 1, 7), arm="fresh")  # seed 7 is outside the sweep
+    got = _verdicts(monkeypatch, world)
+    assert all(c.verdict == NOT_RUN and "adam+fresh (2 of 3 seeds)" in c.measured for c in got.values())
+
+
+@pytest.mark.parametrize("judged, expected", [
+    ([("a", "PASS"), ("b", "FAIL")], "The data swap supports a; b fail."),
+    ([("a", "FAIL"), ("b", "FAIL")], "The data swap supports none of its 2 mechanisms: each fails on an arm or its "
+                                     "signature."),
+    ([("a", "PASS"), ("b", "NOT RUN")], "The data swap has 12 of its 30 runs in; no mechanism is judged until every "
+                                        "arm is."),
+])
+def test_the_sentence_says_which_mechanism_the_runs_support(judged, expected):
+    text = why_report.sentence(judged, 12, 30)
+    assert text == expected and len(text.split()) <= 30
+
+
+def test_the_figure_draws_the_four_arms_with_their_seeds(tmp_path):
+    runs = [fake_run(a, s, o) for a in why_report.FOUR_ARMS for s in (0, 1) for o in ("adam", "sgd")]
+    frame = why_report.curves(runs)
+    assert set(frame["arm"]) == set(why_report.FOUR_ARMS) and frame["seed"].nunique() == 2
+    assert frame.groupby(["optimizer", "arm", "seed"]).size().eq(300).all()
+    path = why_report.figure(frame, tmp_path / "why.png")
+    assert path.stat().st_size > 10_000 and path.with_suffix(".pdf").exists()

@@ -12,7 +12,8 @@ every :data:`MECHANISM_EVERY` steps (the ``mechanism`` and ``losses`` tables, :m
 * ``fresh_to_finite``: fresh samples, then the finite set from step :data:`SWAP_STEP`;
 * ``finite_to_fresh``: the finite set, then fresh samples from step :data:`SWAP_STEP`;
 * ``finite_beta2_0.99`` and ``finite_beta2_0.9999`` (Adam only): the finite set throughout, with Adam's β2 at 0.99
-  and 0.9999, so that its second moment remembers about 100 and 10,000 steps instead of 1,000.
+  and 0.9999, so that its second moment remembers about 100 and 10,000 steps instead of 1,000;
+* and last, Fashion-MNIST at its own settings (:data:`REAL_IMAGES`), for its margins beside the templates'.
 
 **The swap step.** :data:`SWAP_STEP` is half the run: the committed runs' loss at their first check (step 2,000) is
 already flat (Adam's about 2e-4 on the templates), and the new runs' per-step loss shows whether it had flattened
@@ -32,7 +33,7 @@ from dataclasses import dataclass
 from .condition_map import MAP_STEPS
 from .rows import SEEDS
 
-__all__ = ["Arm", "ARMS", "WHY_PREFIX", "ROOT", "SWAP_STEP", "FINITE_SIZE", "CHECK_START", "MECHANISM_EVERY",
+__all__ = ["Arm", "ARMS", "REAL_IMAGES", "WHY_PREFIX", "ROOT", "SWAP_STEP", "FINITE_SIZE", "CHECK_START", "MECHANISM_EVERY",
            "PROTOCOL", "OPTIMIZERS", "why_row", "arm_of", "sweep_lines", "runs_in_sweep", "main"]
 
 WHY_PREFIX = "why_"  # every run's row name starts so
@@ -78,15 +79,20 @@ ARMS = (
 )
 
 
+# Fashion-MNIST at its own settings, with the same log: its margins and per-layer costs beside the templates' (the
+# sensitivity at matched staleness); no claim reads it, so it runs last.
+REAL_IMAGES = Arm("fashion_mnist", (), ("fmnist_adam", "fmnist_sgd"), "Fashion-MNIST at its own settings")
+
+
 def why_row(optimizer: str, arm: str) -> str:
     """A run's row name: ``why_<optimizer>+<arm>``.
 
     Raises:
         ValueError: an arm that is not one of :data:`ARMS`.
     """
-    if arm not in {a.name for a in ARMS}:
+    if arm not in {a.name for a in (*ARMS, REAL_IMAGES)}:
         raise ValueError(f"{arm!r} is not an arm of the data-swap experiment; expected one of "
-                         f"{', '.join(a.name for a in ARMS)}")
+                         f"{', '.join(a.name for a in (*ARMS, REAL_IMAGES))}")
     return f"{WHY_PREFIX}{optimizer}+{arm}"
 
 
@@ -106,12 +112,13 @@ def arm_of(row: str) -> tuple[str, str]:
 def sweep_lines() -> list[str]:
     """The whole experiment, one Hydra multirun a line, Adam's arms first (the ones that decide between the
     mechanisms), then SGD's."""
-    return [a.line(o) for o in ("adam", "sgd") for a in ARMS if o in a.optimizers]
+    return ([a.line(o) for o in ("adam", "sgd") for a in ARMS if o in a.optimizers]
+            + [REAL_IMAGES.line(o) for o in REAL_IMAGES.optimizers])
 
 
 def runs_in_sweep() -> int:
-    """How many runs the experiment holds: every arm's rows × seeds."""
-    return sum(len(a.optimizers) for a in ARMS) * len(SEEDS)
+    """How many runs the experiment holds: every arm's rows × seeds, Fashion-MNIST's included."""
+    return sum(len(a.optimizers) for a in (*ARMS, REAL_IMAGES)) * len(SEEDS)
 
 
 def main(argv: list[str]) -> int:

@@ -158,7 +158,8 @@ def _judge(mech: Mechanism, ev: Evidence) -> Outcome:
                  f"{Z:g} Welch standard errors, same within a factor {SAME_FACTOR:g} (the mode gap: "
                  f"{SAME_GAP * 100:g} points), and the signature; fixed before the runs")
     need = [("adam", a.name) for a in ARMS]
-    short = [f"{o}+{a} ({0 if (o, a) not in arms else len(arms[(o, a)].seeds)} of {len(SEEDS)} seeds)"
+    short = [f"{o}+{a} ({0 if (o, a) not in arms else len(set(arms[(o, a)].seeds) & set(SEEDS))} of "
+             f"{len(SEEDS)} seeds)"
              for o, a in need if (o, a) not in arms or not arms[(o, a)].complete]
     if short:
         return Outcome(f"runs missing: {', '.join(short)}", tolerance, None, where)

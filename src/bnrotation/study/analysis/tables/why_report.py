@@ -36,7 +36,7 @@ import pandas as pd
 
 from .... import records
 from ...rows import SEEDS
-from ...why import ARMS, MAP_STEPS, ROOT, SWAP_STEP, arm_of
+from ...why import ARMS, MAP_STEPS, REAL_IMAGES, ROOT, SWAP_STEP, arm_of, runs_in_sweep
 from ..results import SCALE_KEYS, BadRunError, Layout, Run, find_run_dirs, load_run
 from ..stats import SeedStat
 
@@ -107,13 +107,13 @@ def burst_share(angles: np.ndarray, top: float = BURST_TOP) -> float:
 
 
 def loss_spike(losses: pd.DataFrame, window: tuple[int, int], length: int = SPIKE_WINDOW) -> float:
-    """The mean over ``window``'s consecutive ``length``-step windows of the per-step loss's maximum over its
-    median (1 for a constant loss); NaN where no window has a positive median."""
+    """The mean over ``window``'s consecutive whole ``length``-step windows (a shorter rest left out) of the
+    per-step loss's maximum over its median (1 for a constant loss); NaN where no window has a positive median."""
     w = _between(losses, window)
     ratios = []
     for _, part in w.groupby((w["step"] - window[0]) // length):
         med = part["loss"].median()
-        if med > 0:
+        if med > 0 and len(part) == length:
             ratios.append(part["loss"].max() / med)
     return float(np.mean(ratios)) if ratios else math.nan
 
@@ -177,8 +177,8 @@ def arms_table(stats: dict[tuple[str, str], ArmStats]) -> pd.DataFrame:
     """The table of arms: one row per arm and optimizer in :data:`...why.ARMS`' order, its seeds (n), and the
     mean and sd over seeds of the rotation, the normalised step, the mode gap and the burst share; unrounded."""
     lines = []
-    for arm in ARMS:
-        for opt in arm.optimizers:
+    for arm in (*ARMS, REAL_IMAGES):
+        for opt in (o.removeprefix("fmnist_") for o in arm.optimizers):
             s = stats.get((opt, arm.name))
             line = {"optimizer": opt, "arm": arm.name, "data": arm.words, "n": 0 if s is None else len(s.seeds)}
             for m in ("rotation_deg_per_step", "normalised_step", "mode_gap", "burst_share", "loss_spike"):
@@ -196,6 +196,89 @@ def load(ev_root: str | Path) -> tuple[dict[tuple[str, str], ArmStats], list[str
     return per_arm([per_run(r) for r in runs]), problems, root
 
 
+FOUR_ARMS = ("fresh", "finite", "fresh_to_finite", "finite_to_fresh")  # the figure's arms
+SMOOTH = 100  # steps: the figure's curves are means over this many steps of logs
+
+
+def curves(runs: list[Run]) -> pd.DataFrame:
+    """Per run and logged step, at the claims' layer: ``optimizer``, ``arm``, ``seed``, ``step``, the angular update
+    (degrees per step) and Adam's normalised step, each the mean over the logs of the last :data:`SMOOTH` steps."""
+    frames = []
+    for r in runs:
+        optimizer, arm = arm_of(r.row)
+        mech = r.tables["mechanism"]
+        layer = mech[mech["layer"] == claim_layer(mech)].sort_values("step")
+        window = max(1, SMOOTH // max(1, int(layer["step"].diff().median() or 1)))
+        frames.append(pd.DataFrame({
+            "optimizer": optimizer, "arm": arm, "seed": r.seed, "step": layer["step"].to_numpy(),
+            "angular_update_deg": layer["angular_update_deg"].rolling(window, min_periods=1).mean().to_numpy(),
+            "normalised_step": layer["normalised_step_median"].rolling(window, min_periods=1).mean().to_numpy()}))
+    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(
+        columns=["optimizer", "arm", "seed", "step", "angular_update_deg", "normalised_step"])
+
+
+def figure(frame: pd.DataFrame, path: Path) -> Path:
+    """Two panels against the step: the rotation rate (Adam solid, SGD dashed) and Adam's normalised step, for
+    :data:`FOUR_ARMS`, means over seeds, the swap marked; written to ``path`` (PNG) and beside it as PDF."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(2, 1, figsize=(7.5, 6.0), sharex=True, constrained_layout=True)
+    colours = dict(zip(FOUR_ARMS, ("tab:red", "tab:blue", "tab:purple", "tab:orange")))
+    for (optimizer, arm), g in frame[frame["arm"].isin(FOUR_ARMS)].groupby(["optimizer", "arm"]):
+        mean = g.groupby("step")[["angular_update_deg", "normalised_step"]].mean()
+        n = g["seed"].nunique()
+        style = "-" if optimizer == "adam" else "--"
+        axes[0].plot(mean.index, mean["angular_update_deg"], style, color=colours[arm], lw=1.2,
+                     label=f"{optimizer.upper() if optimizer == 'sgd' else 'Adam'}, {arm} (n = {n})")
+        if optimizer == "adam":
+            axes[1].plot(mean.index, mean["normalised_step"], color=colours[arm], lw=1.2, label=f"{arm} (n = {n})")
+    for ax in axes:
+        ax.axvline(SWAP_STEP, color="grey", lw=0.8, ls=":")
+        ax.set_yscale("log")
+    axes[0].text(SWAP_STEP, 1.0, " swap", transform=axes[0].get_xaxis_transform(), va="top", fontsize=8)
+    axes[0].set_ylabel("angular update\n(degrees per step)")
+    axes[1].set_ylabel("Adam's normalised step\n|m̂| / (√v̂ + ε), median")
+    axes[1].set_xlabel("step")
+    axes[0].legend(fontsize=7, ncol=2)
+    axes[1].legend(fontsize=7, ncol=2)
+    fig.suptitle("The last convolution's rotation and Adam's step, fresh against finite data", fontsize=10)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=150)
+    fig.savefig(path.with_suffix(".pdf"))
+    plt.close(fig)
+    return path
+
+
+def _and(words: list[str]) -> str:
+    return words[0] if len(words) == 1 else ", ".join(words[:-1]) + " and " + words[-1]
+
+
+def verdicts(ev_root: str | Path) -> list[tuple[str, str]]:
+    """``[(mechanism title, verdict)]`` of the data swap's claims (:mod:`..claims.why`) on the runs under
+    ``<ev_root>/why/``."""
+    from ..claims.evidence import Evidence
+    from ..claims.why import CHECKS, MECHANISMS
+
+    ev = Evidence(Path(ev_root), [], pd.DataFrame({"row": [], "seed": []}))
+    return [(m.title, c.check(ev).verdict) for m, c in zip(MECHANISMS, CHECKS)]
+
+
+def sentence(judged: list[tuple[str, str]], runs_in: int, runs_wanted: int) -> str:
+    """The front pages' sentence (at most 30 words): which mechanism the runs support, from the claims' verdicts
+    ``judged`` (:func:`verdicts`), or how many runs are in while a claim is NOT RUN."""
+    if any(v == "NOT RUN" for _, v in judged):
+        return f"The data swap has {runs_in} of its {runs_wanted} runs in; no mechanism is judged until every arm is."
+    if any(v == "PRECONDITION FAILED" for _, v in judged):
+        return "The loss had not flattened by the swap on the finite set, so the data swap judges no mechanism."
+    held = [t for t, v in judged if v == "PASS"]
+    failed = [t for t, v in judged if v != "PASS"]
+    if not held:
+        return f"The data swap supports none of its {len(judged)} mechanisms: each fails on an arm or its signature."
+    return f"The data swap supports {_and(held)}" + (f"; {_and(failed)} fail." if failed else ".")
+
+
 def _markdown(df: pd.DataFrame, digits: int = 3) -> str:
     """``df`` as a Markdown table, numbers at ``digits`` significant digits (rounded here, once)."""
     def fmt(v):
@@ -210,7 +293,11 @@ def report_text(root: Path, stats: dict, problems: list[str]) -> str:
     from ..claims.why import predictions_table  # the claims read this module: imported here, not at the top
 
     n = sum(len(s.seeds) for s in stats.values())
+    judged = verdicts(root.parent)
     text = [f"# Why do fresh samples keep Adam rotating? The data swap\n",
+            sentence(judged, n, runs_in_sweep()) + "\n",
+            "| Mechanism | Verdict |", "|---|---|", *[f"| {t} | {v} |" for t, v in judged], "",
+            f"![The rotation rate and Adam's normalised step, four arms, the swap at step {SWAP_STEP:,}](why.png)\n",
             f"From {n} runs under `{root}`; every quantity over steps {LATE[0]:,}-{LATE[1]:,} at the last "
             f"convolution (tables/why_report.py defines each); sd over seeds.\n", _markdown(arms_table(stats)),
             "\n## The predictions, committed before the runs\n", _markdown(predictions_table())]
@@ -234,6 +321,7 @@ def main(argv: list[str] | None = None) -> int:
               + (f"; {'; '.join(problems)}" if problems else ""), file=sys.stderr)
         return 2
     stats = per_arm([per_run(r) for r in runs])
+    figure(curves(runs), root / "why.png")
     records.atomic_write_text(root / "why.md", report_text(root, stats, problems))
     print(f"wrote {root / 'why.md'} from {len(runs)} runs", file=sys.stderr)
     return 0
