@@ -288,7 +288,29 @@ def _markdown(df: pd.DataFrame, digits: int = 3) -> str:
     return "\n".join(lines)
 
 
-def report_text(root: Path, stats: dict, problems: list[str]) -> str:
+def cost_table(runs: list[Run]) -> pd.DataFrame:
+    """What a run costs, from each ``run.json`` of a run that ran start to end in one process: its wall seconds,
+    and the seconds and share of the wall time of the optimizer-state log (``timings_s['mechanism']``) and of the
+    checks (where the margins are measured), per optimizer; median and range over the runs."""
+    lines = []
+    for r in runs:
+        t = r.info.get("timings_s") or {}
+        wall = r.info.get("wall_seconds")
+        if r.info.get("resumes") or not isinstance(wall, (int, float)):
+            continue
+        lines.append({"optimizer": arm_of(r.row)[0], "wall_s": float(wall),
+                      "log_s": float(t.get("mechanism", math.nan)), "checks_s": float(t.get("checks", math.nan))})
+    df = pd.DataFrame(lines, columns=["optimizer", "wall_s", "log_s", "checks_s"])
+    out = []
+    for opt, g in df.groupby("optimizer"):
+        out.append({"optimizer": opt, "runs": len(g), "wall (s), median": g["wall_s"].median(),
+                    "wall (s), range": f"{g['wall_s'].min():,.0f}–{g['wall_s'].max():,.0f}",
+                    "log (s), median": g["log_s"].median(), "log's share": (g["log_s"] / g["wall_s"]).median(),
+                    "checks (s), median": g["checks_s"].median()})
+    return pd.DataFrame(out)
+
+
+def report_text(root: Path, stats: dict, problems: list[str], runs: list[Run] | None = None) -> str:
     """``why.md``: the table of arms (means and sds over seeds, unrounded until here) and the folders refused."""
     from ..claims.why import predictions_table  # the claims read this module: imported here, not at the top
 
@@ -301,6 +323,11 @@ def report_text(root: Path, stats: dict, problems: list[str]) -> str:
             f"From {n} runs under `{root}`; every quantity over steps {LATE[0]:,}-{LATE[1]:,} at the last "
             f"convolution (tables/why_report.py defines each); sd over seeds.\n", _markdown(arms_table(stats)),
             "\n## The predictions, committed before the runs\n", _markdown(predictions_table())]
+    costs = cost_table(runs or [])
+    if not costs.empty:
+        text += ["\n## What a run costs\n", "Runs that ran start to end in one process (`run.json`); the log is the "
+                 "optimizer-state log with the per-step losses, the checks hold the margins.\n",
+                 _markdown(costs)]
     if problems:
         text += ["\n## Refused\n", *[f"- {p}" for p in problems]]
     return "\n".join(text) + "\n"
@@ -322,7 +349,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     stats = per_arm([per_run(r) for r in runs])
     figure(curves(runs), root / "why.png")
-    records.atomic_write_text(root / "why.md", report_text(root, stats, problems))
+    records.atomic_write_text(root / "why.md", report_text(root, stats, problems, runs))
     print(f"wrote {root / 'why.md'} from {len(runs)} runs", file=sys.stderr)
     return 0
 
