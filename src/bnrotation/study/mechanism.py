@@ -78,7 +78,7 @@ def _adam_columns(optimizer: torch.optim.Optimizer, w: nn.Parameter) -> dict[str
     m_hat = state["exp_avg"].double().flatten() / (1 - beta1 ** t)
     sqrt_v = (state["exp_avg_sq"].double().flatten() / (1 - beta2 ** t)).sqrt()
     ns = m_hat.abs() / (sqrt_v + eps)
-    q = torch.quantile(ns, torch.tensor([0.5, 0.99], dtype=ns.dtype))
+    q = torch.quantile(ns, torch.tensor([0.5, 0.99], dtype=ns.dtype, device=ns.device))
     return {"normalised_step_median": float(q[0]), "normalised_step_p99": float(q[1]),
             "sqrt_v_median": _median(sqrt_v), "eps_share_median": _median(eps / (sqrt_v + eps))}
 

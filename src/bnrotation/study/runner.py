@@ -546,7 +546,9 @@ def _flush_losses(m: _Member) -> None:
     """Move the seed's kept per-step losses into its ``losses`` table (one host read for all of them)."""
     pending = m.state.losses_pending
     if pending:
-        values = torch.stack([torch.as_tensor(v) for _, v in pending]).tolist()
+        like = next((v for _, v in pending if isinstance(v, torch.Tensor)), torch.zeros(()))  # resumed: floats
+        values = torch.stack([torch.as_tensor(v, dtype=like.dtype, device=like.device).reshape(())
+                              for _, v in pending]).tolist()  # on the run's device: one read for all
         m.state.tables.add("losses", pd.DataFrame({"step": [k for k, _ in pending], "loss": values}))
         pending.clear()
 
