@@ -13,6 +13,7 @@ failed: a sweep that lost a run never exits 0.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import json
 import logging
 import os
@@ -198,6 +199,8 @@ def stop_on_unknown_keys(schema: type, argv: list[str] | None = None, groups: tu
     given: dict = {}
     for o in overrides:
         key = o.key_or_group
+        if key in groups and not o.is_delete():
+            _stop_on_unknown_choice(key, o.value())
         if o.is_delete() or key.split("/")[0].split(".")[0] == "hydra" or key in groups:
             continue
         *parents, leaf = key.split(".")
@@ -212,6 +215,26 @@ def stop_on_unknown_keys(schema: type, argv: list[str] | None = None, groups: tu
     except ConfigError as err:
         print(f"error: bad config: {err}", file=sys.stderr)
         sys.exit(2)
+
+
+CONF = Path(__file__).resolve().parents[3] / "conf"  # the checkout's Hydra configs (absent from a wheel)
+
+
+def _stop_on_unknown_choice(group: str, value, conf: Path = CONF) -> None:
+    """One line and exit status 2 when ``group=value`` (a sweep's ``a,b`` too) names no ``conf/<group>/<value>.yaml``,
+    with the nearest names (``experiment=adma``: did you mean adam?), where Hydra would print the whole list; nothing
+    where the folder is not there (an installed package) or the value is not a plain name."""
+    folder = conf / group
+    if not folder.is_dir():
+        return
+    names = getattr(value, "list", [value])  # a ChoiceSweep's values, or the one value
+    known = sorted(p.stem for p in folder.glob("*.yaml"))
+    for name in names:
+        if isinstance(name, str) and name not in known:
+            near = difflib.get_close_matches(name, known, n=3, cutoff=0.6)
+            hint = f"; did you mean {' or '.join(near)}?" if near else f"; expected one of {', '.join(known)}"
+            print(f"error: {group}={name}: no conf/{group}/{name}.yaml{hint}", file=sys.stderr)
+            sys.exit(2)
 
 
 def finish_job(outcome: Outcome) -> None:
