@@ -130,7 +130,7 @@ xdist = $$($(PY) -c 'import xdist' 2>/dev/null && [ "$(TEST_JOBS)" != 1 ] && pri
 # files marked slow (a training run, a Python process)
 FAST_TESTS := tests/test_analysis.py tests/test_probes.py tests/test_configs.py tests/test_config_fuzz.py \
 	tests/test_stats.py tests/test_depth.py tests/test_lag.py tests/test_dense.py tests/test_records.py \
-	tests/test_optim.py tests/test_carryover.py tests/test_ten_seeds.py
+	tests/test_optim.py tests/test_carryover.py tests/test_ten_seeds.py tests/test_why.py tests/test_sensitivity.py
 # make test-kernels: the tests marked `kernels` (code-path equality, determinism, resume bit-identity) again under
 # each lower CPU kernel path: no vector kernels, then AVX2 (ATen's dispatch and oneDNN's, capped to match). Each path
 # compiles into a cache of its own: torch.compile's on-disk cache does not tell kernel paths apart and hands code
