@@ -1,5 +1,6 @@
-"""The report's sections and their one renderer (analysis/report): each front-page table pinned cell by cell on
-a few hand-made runs where a wrong definition gives another cell, and every generated sentence at most 30 words."""
+"""The report's sections (analysis/claims/front.py) and their one renderer (analysis/report): each front-page
+table pinned cell by cell on a few hand-made runs where a wrong definition gives another cell, and every
+generated sentence at most 30 words."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import pytest
 from bnrotation import records
 from bnrotation.study.analysis.claims import outofsample
 from bnrotation.study.analysis.claims.kinds import ARTICLE, CALIBRATION, FAIL, MAP, NOT_RUN, PASS, Check
-from bnrotation.study.analysis.report import front
+from bnrotation.study.analysis.claims import front
 from bnrotation.study.analysis.report.section import (MAX_WORDS, Column, Section, anchor, sentences, shown, to_html,
                                                       to_latex, to_markdown, words)
 from bnrotation.study.analysis.tables import map_report
@@ -49,6 +50,7 @@ def test_markdown_latex_and_html_render_the_same_cells():
     tex = to_latex(_section(), frame)
     assert all(rule in tex for rule in ("\\toprule", "\\midrule", "\\bottomrule"))  # booktabs
     assert "90.0\\% ± 1.2 & a|b \\\\" in tex and "\\caption{Title. A caption.}" in tex
+    assert "\\texttt{adam\\_bn}" in to_latex(_section(), frame.assign(name=["`adam_bn`", "x"]))
     html = to_html(_section(), frame.assign(name=["<b>", "x"]))
     assert "<caption>Title. A caption.</caption>" in html and "&lt;b&gt;" in html and ">90.0% ± 1.2<" in html
 
@@ -98,7 +100,8 @@ def test_the_row_table_counts_finished_runs_and_takes_the_mode_gap_from_unrounde
     assert adam["seeds"] == "0, 1 (2; to run: seeds 3–9); diverged: seed 2"  # adam runs ten seeds
     assert adam["acc_eval_mode"] == pytest.approx(0.8545) and adam["acc_eval_mode_sd"] == pytest.approx(0.0)
     assert adam["mode_gap"] == pytest.approx(0.0458)
-    assert sgd["seeds"] == "0–2, 7 (4; to run: seeds 3–6, 8, 9)" and sgd["acc_eval_mode"] == pytest.approx((0.99 + 0.98 + 0.97 + 0.50) / 4)
+    assert sgd["seeds"] == "0–2, 7 (4; to run: seeds 3–6, 8, 9)"
+    assert sgd["acc_eval_mode"] == pytest.approx((0.99 + 0.98 + 0.97 + 0.50) / 4)
     assert list(table.index) == ["SGD, lr 0.05, momentum 0.9 (`sgd`)", "Adam, lr 3e-3 (`adam`)"]  # no adamw run
     cells = shown(front.ARTICLE_SECTION, table.reset_index()).set_index("Row")
     assert cells.loc["Adam, lr 3e-3 (`adam`)", "Mode gap"] == "4.6 points"

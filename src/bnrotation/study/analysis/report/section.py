@@ -141,11 +141,12 @@ def to_markdown(section: Section, frame: pd.DataFrame, protocol: str = PROTOCOL)
 
 def to_latex(section: Section, frame: pd.DataFrame) -> str:
     """The section as a booktabs table (``\\toprule``, ``\\midrule``, ``\\bottomrule``) a write-up can ``\\input``,
-    with its caption; cells escaped for LaTeX."""
+    with its caption; cells escaped for LaTeX, Markdown's code spans as ``\\texttt``. Its ± and ° are UTF-8."""
     table = shown(section, frame)
-    return (table.style.hide(axis="index").format(escape="latex").format_index(escape="latex", axis=1)
-            .to_latex(hrules=True, column_format="".join(_aligns(section)),
-                      caption=f"{section.title}. {section.caption}"))
+    tex = (table.style.hide(axis="index").format(escape="latex").format_index(escape="latex", axis=1)
+           .to_latex(hrules=True, column_format="".join(_aligns(section)),
+                     caption=f"{section.title}. {section.caption}"))
+    return re.sub(r"`([^`\n]*)`", r"\\texttt{\1}", tex)  # a row's name, `adam\_bn\_m0.3`, in type
 
 
 def to_html(section: Section, frame: pd.DataFrame) -> str:

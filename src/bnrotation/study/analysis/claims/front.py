@@ -3,7 +3,7 @@ the collapse lives on the condition map, and the verdicts per section of ``claim
 
 Each table function reads what another module already computes: the rows from :func:`..tables.table.build_table`,
 the map's points from :mod:`..tables.map_report` (its collapse, undecided and both-stale rules), the verdicts from
-the weighed checks (:func:`..claims.command.weigh`). None computes a figure a second way; :mod:`.section` rounds.
+the weighed checks (:func:`.command.weigh`). None computes a figure a second way; :mod:`..report.section` rounds.
 """
 
 from __future__ import annotations
@@ -13,16 +13,16 @@ from collections.abc import Iterable, Sequence
 import pandas as pd
 
 from ...condition_map import KNOBS, SEEDS
-from ...rows import ARTICLE_ROWS, FASHION_MNIST_ROWS, ROWS
-from ..claims.evidence import Evidence
-from ..claims.finding import TASK_ROWS, mode_gap
-from ..claims.kinds import ARTICLE, FAIL, MEASURED, NOT_JUDGED, NOT_RUN, PASS, PRECONDITION_FAILED, Check, above
-from ..claims.outofsample import SUPERSEDED
-from ..claims.report import SECTIONS
+from ...rows import ARTICLE_ROWS, FASHION_MNIST_ROWS
+from .evidence import Evidence
+from .finding import TASK_ROWS, mode_gap
+from .kinds import ARTICLE, FAIL, MEASURED, NOT_JUDGED, NOT_RUN, PASS, PRECONDITION_FAILED, Check, above
+from .outofsample import SUPERSEDED
+from .report import SECTIONS
 from ..results import Run, count
 from ..tables import map_report
 from ..tables.table import build_table, seeds_cell
-from .section import Column, Section
+from ..report.section import Column, Section
 
 __all__ = ["ARTICLE_SECTION", "FRONT", "MAP_SECTION", "REAL_IMAGES_SECTION", "VERDICTS_SECTION", "collapse_by_knob",
            "collapsed", "opening", "row_table", "verdict_table"]
@@ -119,7 +119,7 @@ def collapse_by_knob(frame: pd.DataFrame) -> pd.DataFrame:
         if not here:
             continue
         own = [p for p in points if p.point.task == knob.task and p.point.knob is None]
-        placed = sorted([(map_report._x(knob, knob.task, frame, None), f"{knob.own} (own)", p) for p in own]
+        placed = sorted([(map_report.axis_position(knob, knob.task, frame, None), f"{knob.own} (own)", p) for p in own]
                         + [(p.point.setting, f"{p.point.setting:,g}", p) for p in here], key=lambda t: t[0])
         line = {"task": map_report.TASK_WORDS[knob.task], "knob": knob.key.replace("_", " ")} | {m: [] for m in MARKS}
         for _, words, p in placed:
@@ -153,7 +153,7 @@ TABLE_CELLS_SECTION = "The article's table, cell by cell"
 
 def _counts(title: str, checks: Iterable[Check]) -> dict:
     """One line of :func:`verdict_table`: how many of ``checks`` have each verdict, a superseded check
-    (:data:`..claims.outofsample.SUPERSEDED`) counted as superseded and under no verdict."""
+    (:data:`.outofsample.SUPERSEDED`) counted as superseded and under no verdict."""
     checks = list(checks)
     current = [c for c in checks if c.name not in SUPERSEDED]
     return {"section": title, **{v: sum(c.verdict == v for c in current) for v in VERDICT_WORDS},
@@ -162,7 +162,7 @@ def _counts(title: str, checks: Iterable[Check]) -> dict:
 
 def verdict_table(checks: list[Check], cells: list[tuple[str, str, Check]]) -> pd.DataFrame:
     """One line per section of ``claims.md`` with a check: the article's claims, its table cell by cell (``cells``,
-    where any), then each section of :data:`..claims.report.SECTIONS`; per verdict of :data:`VERDICT_WORDS` the
+    where any), then each section of :data:`.report.SECTIONS`; per verdict of :data:`VERDICT_WORDS` the
     count of its checks, and ``superseded``, the checks a later one replaces, counted there alone."""
     lines = [_counts("The article's claims", (c for c in checks if c.section == ARTICLE))]
     if cells:
@@ -183,10 +183,10 @@ FRONT = (ARTICLE_SECTION, REAL_IMAGES_SECTION, MAP_SECTION, VERDICTS_SECTION)  #
 
 # ----------------------------------------------------------------------------- the opening sentence
 def collapsed(ev: Evidence, task: str) -> bool | None:
-    """Whether Adam's evaluation mode collapsed on ``task`` (a key of :data:`..claims.finding.TASK_ROWS`) at the
-    article's settings: its mode gap (:func:`..claims.finding.mode_gap`) above SGD's by at least
+    """Whether Adam's evaluation mode collapsed on ``task`` (a key of :data:`.finding.TASK_ROWS`) at the
+    article's settings: its mode gap (:func:`.finding.mode_gap`) above SGD's by at least
     :data:`..tables.map_report.COLLAPSE_FLOOR` and by more than :data:`..stats.Z` standard errors of the
-    difference (:func:`..claims.kinds.above`); None without runs of both rows."""
+    difference (:func:`.kinds.above`); None without runs of both rows."""
     adam, sgd, _ = TASK_ROWS[task]
     if not (ev.has(adam) and ev.has(sgd)):
         return None
@@ -195,9 +195,9 @@ def collapsed(ev: Evidence, task: str) -> bool | None:
 
 
 def opening(ev: Evidence, map_root) -> str:
-    """The README's second sentence, from the runs: how many runs, on which tasks Adam's evaluation mode collapsed at the article's
-    settings (:func:`collapsed`), and at how many of the condition map's points under ``map_root`` the map's rule
-    finds it (:func:`..tables.map_report.collapses`; only once every point has every seed)."""
+    """The README's second sentence, from the runs: how many runs, on which tasks Adam's evaluation mode collapsed
+    at the article's settings (:func:`collapsed`), and at how many of the condition map's points under
+    ``map_root`` the map's rule finds it (:func:`..tables.map_report.collapses`; once every point has every seed)."""
     verdict = {task: collapsed(ev, task) for task in TASK_ROWS}
     yes = [map_report.TASK_WORDS[t] for t, v in verdict.items() if v]
     no = [map_report.TASK_WORDS[t] for t, v in verdict.items() if v is False]
