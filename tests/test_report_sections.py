@@ -219,3 +219,31 @@ def test_no_front_table_has_more_than_ten_rows():
     for m in BLOCK.finditer(readme):
         rows = [ln for ln in m["text"].splitlines() if ln.startswith("|")][2:]
         assert len(rows) <= 10, m["name"]
+
+
+def test_the_readme_s_row_cells_are_table_md_s():
+    """One number, one source: each accuracy and rotation the README's row tables print is the cell table.md prints
+    for the same row (both from build_table), the published figure beside it the same too."""
+    from bnrotation.study.analysis.claims import BLOCK
+    readme = {m["name"]: m["text"] for m in BLOCK.finditer((ROOT / "README.md").read_text())}
+    table_md = (ROOT / "results" / "reference" / "table.md").read_text().splitlines()
+    head = next(ln for ln in table_md if ln.startswith("| Row |"))
+    columns = [c.strip() for c in head.strip("|").split("|")]
+    lines = {cells[0]: dict(zip(columns, cells)) for ln in table_md if ln.startswith("| ") and ln != head
+             for cells in [[c.strip() for c in ln.strip().strip("|").split(" | ")]]}
+    pairs = {"Training mode": "Training-mode accuracy", "Evaluation mode": "Evaluation-mode accuracy",
+             "Rotation per 100 steps": "Rotation per 100 steps"}
+    compared = 0
+    for block in ("rows", "images"):
+        rows = [ln for ln in readme[block].splitlines() if ln.startswith("| ")]
+        headers = [re.sub(r"\[(.*?)\]\(.*?\)", r"\1", c).strip() for c in rows[0].strip("|").split(" | ")]
+        for ln in rows[1:]:
+            got = dict(zip(headers, (c.strip() for c in ln.strip().strip("|").split(" | "))))
+            want = lines[got["Row"]]
+            for ours, theirs in pairs.items():
+                measured, _, published = want[theirs].partition(" [")
+                assert got[ours] == measured, (got["Row"], ours)
+                if ours == "Evaluation mode":
+                    assert got["Published"] == (published.rstrip("]") or "–"), got["Row"]
+                compared += 1
+    assert compared == 3 * 14  # seven rows on each task
