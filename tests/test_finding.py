@@ -10,7 +10,7 @@ import pytest
 
 from bnrotation.study.analysis import claims, webpage
 from bnrotation.study.analysis.claims import evidence, kinds, real_images, report
-from bnrotation.study.analysis.claims.command import console_summary, readme_blocks
+from bnrotation.study.analysis.claims.command import console_summary, results_blocks
 from bnrotation.study.analysis.claims.finding import finding, findings
 from bnrotation.study.analysis.formatting import cell
 from bnrotation.study.analysis.measures import metrics
@@ -68,7 +68,7 @@ def test_a_findings_numbers_add_up_and_compare_the_gaps(real_only):
 
 
 def test_the_same_sentences_in_the_console_claims_md_the_readme_and_the_page(tmp_path):
-    """One sentence per task, written once: the console's finding lines, claims.md, the README's headline and the
+    """One sentence per task, written once: the console's finding lines, claims.md, docs/results.md's headline and the
     write-up page's first paragraph hold the same sentences, the templates' first."""
     root = write_fmnist(write_replication(tmp_path, rows=("sgd", "adam", "adam_bn_m0.3")),
                         {row: PASSING[row] for row in QUICK_LOOK})
@@ -79,7 +79,7 @@ def test_the_same_sentences_in_the_console_claims_md_the_readme_and_the_page(tmp
     assert [ln.removeprefix("finding: ") for ln in console_summary(ev, checks) if ln.startswith("finding: ")] \
         == sentences
     md = report.to_markdown(ev, checks, cells)
-    headline = readme_blocks(ev, checks, cells)["headline"]
+    headline = results_blocks(ev, checks, cells)["headline"]  # docs/results.md's, once the README's
     page = webpage.finding(ev)
     for sentence in sentences:
         assert sentence in md and sentence in headline and webpage.inline(sentence) in page

@@ -33,7 +33,7 @@ import pandas as pd
 import pytest
 
 from bnrotation.study.analysis import claims, webpage
-from bnrotation.study.analysis.claims.command import readme_blocks
+from bnrotation.study.analysis.claims.command import results_blocks
 from bnrotation.study.analysis.results import ALL_TABLES, load_runs
 from bnrotation.study.analysis.tables import figures, table
 from bnrotation.study.rows import ROWS
@@ -349,7 +349,7 @@ FIRST_FIGURE = re.compile(r'<figure|<img|<div [^>]*data-figure=')
 
 def order_problems(page: str, sentence: str) -> list[str]:
     """What is wrong with the opening of ``page`` (its HTML): the finding paragraph must be there, hold
-    ``sentence`` (the README's headline, as markdown) and come before any figure, and the first figure must be
+    ``sentence`` (docs/results.md's headline, as markdown) and come before any figure, and the first figure must be
     the headline's."""
     found = re.search(rf'<p id="{webpage.FINDING_ID}">(.*?)</p>', page, re.S)
     if not found:
@@ -357,7 +357,7 @@ def order_problems(page: str, sentence: str) -> list[str]:
     problems = []
     shown = html.unescape(re.sub(r"<[^>]+>", "", found.group(1)))
     if shown != sentence.strip().replace("`", ""):
-        problems.append(f"the finding reads {shown[:120]!r}..., the README's headline {sentence[:120]!r}...")
+        problems.append(f"the finding reads {shown[:120]!r}..., docs/results.md's headline {sentence[:120]!r}...")
     first = FIRST_FIGURE.search(page)
     if first and first.start() < found.start():
         problems.append(f"a figure ({page[first.start():first.start() + 40]!r}) comes before the finding")
@@ -367,8 +367,9 @@ def order_problems(page: str, sentence: str) -> list[str]:
 
 
 def the_headline_sentence(root: Path) -> str:
-    """The README's generated headline (:func:`readme_blocks`) for the runs under ``root``, read as `make` reads them."""
-    return readme_blocks(*claims.weigh(root, load_runs(root, tables=ALL_TABLES)))["headline"]
+    """docs/results.md's generated headline (:func:`results_blocks`) for the runs under ``root``, read as `make`
+    reads them."""
+    return results_blocks(*claims.weigh(root, load_runs(root, tables=ALL_TABLES)))["headline"]
 
 
 def test_the_page_opens_with_the_finding_then_the_headline_figure(opened, built):
@@ -394,13 +395,13 @@ def test_a_figure_before_the_finding_and_another_sentence_are_caught(built):
         "no finding paragraph"]
 
 
-def test_the_committed_page_is_at_most_5_mib_and_opens_with_the_readme_s_finding():
+def test_the_committed_page_is_at_most_5_mib_and_opens_with_the_results_headline():
     """``results/reference/report.html`` (``make report RESULTS=results/reference``): at most
-    :data:`webpage.MAX_BYTES`, and its finding is the README's generated headline, which ``make claims`` writes
-    from the same runs (a page left behind by a change of the runs or of the sentence fails here)."""
+    :data:`webpage.MAX_BYTES`, and its finding is docs/results.md's generated headline, which ``make claims``
+    writes from the same runs (a page left behind by a change of the runs or of the sentence fails here)."""
     assert COMMITTED.stat().st_size <= webpage.MAX_BYTES == 5 * 2 ** 20
-    readme = (ROOT / "README.md").read_text()
-    (sentence,) = [m["text"] for m in claims.BLOCK.finditer(readme) if m["name"] == "headline"]
+    results = (ROOT / "docs" / "results.md").read_text()
+    (sentence,) = [m["text"] for m in claims.BLOCK.finditer(results) if m["name"] == "headline"]
     assert order_problems(COMMITTED.read_text(), sentence) == []
 
 

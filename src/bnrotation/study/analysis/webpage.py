@@ -4,7 +4,7 @@
 
 One file that opens offline, at most :data:`MAX_BYTES`: plotly.js and every number are inlined, and the figures
 of ``make figures`` (``<out>/figures/*.png``, where they exist) are inlined as data URIs. It holds, in order: the
-finding, one sentence per task, the README's generated headline (:func:`.claims.finding.headline`); the
+finding, one sentence per task, docs/results.md's generated headline (:func:`.claims.finding.headline`); the
 headline figure, evaluation-mode accuracy against rotation with one point per run and the article's row means
 beside them; what it was made from (results root, runs, the suite's commit, the runs' scale); the article's table
 with the published figure, the measured mean ± spread, n and a verdict per cell; the claims, grouped by section
@@ -389,7 +389,7 @@ def figure_div(fig, div_id: str) -> str:
 
 
 def finding(ev) -> str:
-    """The finding as the page's first paragraph: the README's generated headline, one sentence per task
+    """The finding as the page's first paragraph: docs/results.md's generated headline, one sentence per task
     (:func:`.claims.finding.headline`), or a line saying which rows it needs."""
     if findings(ev):
         text = finding_headline(ev)
@@ -400,7 +400,7 @@ def finding(ev) -> str:
 
 
 def where_it_lives(ev) -> str:
-    """The paragraph after the finding: where the collapse lives, the README's generated ``map`` block
+    """The paragraph after the finding: where the collapse lives, docs/results.md's generated ``map`` block
     (:func:`.claims.command.map_line`)."""
     return f'<p id="{MAP_ID}">{inline(map_line(ev))}</p>'
 

@@ -45,6 +45,8 @@ from .finding import findings, headline
 from .kinds import ARTICLE, FAIL, MEASURED, PASS, Check, withhold_verdicts
 from .registry import ACC, ADAM, CLAIMS, SGD, TABLE_CELLS, WINDOW, explain
 from .report import SECTIONS, to_markdown, verdict_counts
+from .front import FRONT, opening
+from ..report.section import to_latex, to_markdown as to_section_markdown
 
 TABLES = ALL_TABLES
 README = Path("README.md")  # the front page, relative to the checkout make runs in
@@ -88,27 +90,45 @@ def verdicts_json(checks: list[Check], cells: list[tuple[str, str, Check]]) -> s
 
 
 def readme_blocks(ev: Evidence, checks: list[Check], cells: list[tuple[str, str, Check]]) -> dict[str, str]:
-    """The README's generated blocks, by name: ``headline`` (:func:`headline`), ``map`` (where the collapse
-    lives: :func:`..tables.map_report.front_line` of the map beside the runs) and ``verdicts`` (the counts of
-    ``claims.md``'s summary)."""
+    """The README's generated blocks, by name: ``opening`` (:func:`.front.opening`: where the collapse
+    replicated, one sentence), then the first screen's four tables (:data:`.front.FRONT`, rendered by
+    :func:`..report.section.to_markdown`): ``rows``, ``images``, ``where`` and ``verdicts``."""
+    return {"opening": opening(ev, Path(ev.root) / MAP_ROOT) + "\n", **{name: to_section_markdown(section, frame)
+                       for name, (section, frame) in zip(FRONT_BLOCKS, front_frames(ev, checks, cells))}}
+
+
+FRONT_BLOCKS = ("rows", "images", "where", "verdicts")  # the README's blocks of FRONT's sections, in order
+
+
+def front_frames(ev: Evidence, checks: list[Check], cells: list[tuple[str, str, Check]]) -> list[tuple]:
+    """Each section of :data:`.front.FRONT` with its frame, from ``ev``'s runs, the condition map's runs
+    beside them (``<root>/map``) and the weighed checks."""
+    inputs = ((ev.runs,), (ev.runs,), (Path(ev.root) / MAP_ROOT,), (checks, cells))
+    return [(section, section.table(*args)) for section, args in zip(FRONT, inputs)]
+
+
+def verdict_prose(checks: list[Check], cells: list[tuple[str, str, Check]]) -> str:
+    """The counts of ``claims.md``'s summary in words (docs/results.md's ``verdicts`` block): the article's, its
+    table's cell by cell, then each other section's."""
     article = [c for c in checks if c.section == ARTICLE]
-    return {
-        "headline": headline(ev) + "\n",
-        "map": map_line(ev) + "\n",
-        "verdicts": (f"On the same runs, `make claims` weighs each of the article's claims: "
-                     f"**{verdict_counts(article)}**; its table, cell by cell: "
-                     f"{verdict_counts(c for _, _, c in cells)}. Beyond the article, each in a section of its own, on runs "
-                     "of its own: "
-                     + "; ".join(f"*{SECTIONS[s][0]}*: {verdict_counts(these)}" for s in SECTIONS
-                                 if s != ARTICLE and (these := [c for c in checks if c.section == s]))
-                     + ". A failing check's note says why.\n"),
-    }
+    return (f"On the same runs, `make claims` weighs each of the article's claims: **{verdict_counts(article)}**; its "
+            f"table, cell by cell: {verdict_counts(c for _, _, c in cells)}. Beyond the article, each in a section of "
+            "its own, on runs of its own: "
+            + "; ".join(f"*{SECTIONS[s][0]}*: {verdict_counts(these)}" for s in SECTIONS
+                        if s != ARTICLE and (these := [c for c in checks if c.section == s]))
+            + ". A failing check's note says why.\n")
 
 
-def results_blocks(ev: Evidence) -> dict[str, str]:
-    """docs/results.md's generated blocks: ``findings``, :func:`.finding.findings`, the two tasks side by side, a
-    sentence each, as a list; ``map``, where the collapse lives (:func:`map_line`)."""
-    return {"findings": "".join(f"- {sentence}\n" for sentence in findings(ev)), "map": map_line(ev) + "\n"}
+def results_blocks(ev: Evidence, checks: list[Check], cells: list[tuple[str, str, Check]]) -> dict[str, str]:
+    """docs/results.md's generated blocks: ``headline``, :func:`.finding.headline` (how many runs, then the two
+    tasks' findings, a sentence each); ``map``, where the collapse lives (:func:`map_line`); ``verdicts``, the
+    counts in words (:func:`verdict_prose`)."""
+    return {"headline": headline(ev) + "\n", "map": map_line(ev) + "\n", "verdicts": verdict_prose(checks, cells)}
+
+
+def front_latex(ev: Evidence, checks: list[Check], cells: list[tuple[str, str, Check]]) -> str:
+    """The first screen's four tables as booktabs LaTeX (:func:`..report.section.to_latex`), for ``front.tex``."""
+    return "\n".join(to_latex(section, frame) for section, frame in front_frames(ev, checks, cells))
 
 
 def map_line(ev: Evidence) -> str:
@@ -185,17 +205,19 @@ def fill_readme(text: str, blocks: dict[str, str], name: str = "README.md", bloc
 
 def write_claims(root: Path, runs: list[Run], out: Path
                  ) -> tuple[Evidence, list[Check], list[tuple[str, str, Check]]]:
-    """What ``make claims`` writes from ``runs`` (read from ``root``) into ``out``: ``claims.md`` and
-    ``claims.json`` (:func:`verdicts_json`); prints each PASS, FAIL and MEASURED verdict, then
+    """What ``make claims`` writes from ``runs`` (read from ``root``) into ``out``: ``claims.md``,
+    ``claims.json`` (:func:`verdicts_json`) and ``front.tex``, the first screen's tables (:func:`front_latex`);
+    prints each PASS, FAIL and MEASURED verdict, then
     :func:`console_summary`. Returns :func:`weigh`'s evidence and checks."""
     ev, checks, cells = weigh(root, runs)
     records.atomic_write_text(out / "claims.md", to_markdown(ev, checks, cells))
     records.atomic_write_text(out / "claims.json", verdicts_json(checks, cells))
+    records.atomic_write_text(out / "front.tex", front_latex(ev, checks, cells))
     for c in checks:
         if c.verdict in (PASS, FAIL, MEASURED):
             print(f"{c.verdict:8s} {c.name}", file=sys.stderr)
-    print(f"wrote {out / 'claims.md'} and {out / 'claims.json'} from {count(len(runs), 'run')} under {root}",
-          file=sys.stderr)
+    print(f"wrote {out / 'claims.md'}, {out / 'claims.json'} and {out / 'front.tex'} from "
+          f"{count(len(runs), 'run')} under {root}", file=sys.stderr)
     print("\n".join(console_summary(ev, checks)), file=sys.stderr)
     return ev, checks, cells
 
@@ -213,7 +235,7 @@ def main(argv: list[str] | None = None) -> int:
     # The README from the reference runs analysed into their own folder; docs/running.md from the quick run, whose
     # outputs go elsewhere (OUT=...: only an analysis of results/reference writes inside it).
     for reference, doc, blocks, into in ((REFERENCE_ROOT, README, lambda: readme_blocks(ev, checks, cells), True),
-                                         (REFERENCE_ROOT, RESULTS_DOC, lambda: results_blocks(ev), True),
+                                         (REFERENCE_ROOT, RESULTS_DOC, lambda: results_blocks(ev, checks, cells), True),
                                          (QUICK_REFERENCE, RUNNING, lambda: quick_look_blocks(runs), False)):
         if Path(root).resolve() == reference.resolve() and doc.is_file() \
                 and (not into or Path(out).resolve() == reference.resolve()):

@@ -1,9 +1,8 @@
 """The finding, one sentence per task, said the same wherever it is shown (no torch).
 
 :func:`finding` writes it from the runs: the console's last lines (:func:`.command.console_summary`), ``claims.md``
-(:func:`.report.to_markdown`), the README's headline and docs/results.md's opening (:func:`.command.readme_blocks`,
-:func:`.command.results_blocks`) and the write-up page's first paragraph (:mod:`..webpage`) all print its sentences,
-so that no two of them can rank the rows differently.
+(:func:`.report.to_markdown`), docs/results.md's headline (:func:`.command.results_blocks`) and the write-up page's
+first paragraph (:mod:`..webpage`) all print its sentences, so that no two of them can rank the rows differently.
 """
 
 from __future__ import annotations
@@ -51,7 +50,7 @@ def _label(task: str, row: str) -> str:
 
 def finding(ev: Evidence, task: str = TEMPLATES) -> str:
     """The finding on ``task`` (a key of :data:`TASK_ROWS`) in one sentence, the same wherever it
-    is shown (the console's last lines, ``claims.md``, the README's headline, the write-up page, docs/results.md):
+    is shown (the console's last lines, ``claims.md``, docs/results.md's headline, the write-up page):
     the task's Adam row (lr 3e-3) loses so many points from training to evaluation mode (means over its checks
     and seeds, evaluation mode ± the sample standard deviation over seeds, with n), down to its lowest check
     (seed and step); the SGD row's loss beside it, "as much" unless the two differ by more than :data:`.kinds.Z`
@@ -94,7 +93,7 @@ def findings(ev: Evidence) -> list[str]:
 
 
 def headline(ev: Evidence) -> str:
-    """The README's headline and the write-up page's first paragraph: how many runs, then :func:`findings`, one
+    """docs/results.md's headline and the write-up page's first paragraph: how many runs, then :func:`findings`, one
     sentence per task, and a sentence saying the real-image rows are not run yet while they have no runs."""
     sentences = findings(ev)
     if not finding(ev, "fashion_mnist"):

@@ -350,7 +350,8 @@ def where_sentence(points: list[PointStats], frame: pd.DataFrame) -> str:
             if not here:  # a map half run: no run of this knob yet
                 clauses.append(f"{along} not yet run")
                 continue
-            settings = ([(_x(knob, task, frame, None), f"its own ({knob.own})", ref, own)] if ref is not None else []) \
+            settings = ([(axis_position(knob, task, frame, None), f"its own ({knob.own})", ref, own)]
+                        if ref is not None else []) \
                 + [(p.point.setting, f"{p.point.setting:,g}", v, p) for p, v in here]
             settings = sorted(settings, key=lambda t: t[0])
             pending = [s for _, s, v, _ in settings if v is None]  # a map half run: a row without its twin
@@ -758,7 +759,7 @@ def cost_markdown(runs: list[Run]) -> str:
 
 
 # ----------------------------------------------------------------------------- the figure
-def _x(knob: Knob, task: str, frame: pd.DataFrame, setting: float | None) -> float:
+def axis_position(knob: Knob, task: str, frame: pd.DataFrame, setting: float | None) -> float:
     """A setting's place on ``knob``'s axis; the task's own (``setting`` None) at its default, or for
     ``train_size`` at the size its reference runs read back (fresh samples: beyond the largest, at 4×)."""
     if setting is not None:
@@ -802,8 +803,8 @@ def figure(points: list[PointStats], frame: pd.DataFrame, path: Path) -> Path:
             bottom.set_ylabel("mode gap,\ntraining − eval. (points)")
         mine = [p for p in points if p.point.knob == knob.name]
         own = refs.get(knob.task)
-        along = ([(own, _x(knob, knob.task, frame, None))] if own else []) + \
-            [(p, _x(knob, knob.task, frame, p.point.setting)) for p in mine]
+        along = ([(own, axis_position(knob, knob.task, frame, None))] if own else []) + \
+            [(p, axis_position(knob, knob.task, frame, p.point.setting)) for p in mine]
         along.sort(key=lambda t: t[1])
         xs = [x for _, x in along]
         if not xs:  # a map half run: this knob has no finished run yet
@@ -822,7 +823,7 @@ def figure(points: list[PointStats], frame: pd.DataFrame, path: Path) -> Path:
                             yerr=[100 * getattr(p, o)["mode_gap"].sd for p, _ in along], color=colours[o],
                             marker="o", capsize=2, label=f"{OPTIMIZER_WORDS[o]} mode gap")
         if own:
-            x = _x(knob, knob.task, frame, None)
+            x = axis_position(knob, knob.task, frame, None)
             top.plot([x], [-100 * own.deficit.mean], marker="*", ms=13, color="black", ls="none",
                      label=f"{TASK_WORDS[knob.task]}: its own setting")
             for o in OPTIMIZERS:
@@ -836,7 +837,7 @@ def figure(points: list[PointStats], frame: pd.DataFrame, path: Path) -> Path:
                                label=f"{TASK_WORDS[task]} reference, {OPTIMIZER_WORDS[o]}")
         if knob.key == "train_size":
             fresh = own is not None and math.isinf(_own_train_set(knob.task, frame))  # labelled ∞
-            ticks = sorted(set(knob.settings) | ({_x(knob, knob.task, frame, None)} if own else set()))
+            ticks = sorted(set(knob.settings) | ({axis_position(knob, knob.task, frame, None)} if own else set()))
             labels = ["∞ (fresh)" if fresh and t > max(knob.settings) else f"{t:,g}" for t in ticks]
             for ax in (top, bottom):
                 ax.set_xscale("log")
