@@ -255,7 +255,7 @@ why: $(VENV)/.installed ## the data swap: fresh, finite and swapped training dat
 			hydra/launcher=joblib hydra.launcher.n_jobs=$(JOBS) $(ARGS); rc=$$?; \
 		if [ $$rc -ge 128 ]; then exit $$rc; elif [ $$rc != 0 ]; then status=1; fi; \
 	done < <($(PY) -m bnrotation.study.why); \
-	$(PY) -m bnrotation.study.analysis.tables.why_report --results $(or $(RESULTS),results/why) && exit $$status
+	$(PY) -m bnrotation.study.analysis.claims.why --results $(or $(RESULTS),results/why) && exit $$status
 
 notebooks: $(VENV)/.installed ## run every notebooks/*.py as a script against the results (RESULTS=<root>)
 	@for nb in notebooks/*.py; do echo "$$nb"; \

@@ -23,11 +23,14 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from pathlib import Path
 
 import pandas as pd
 
+from .... import records
 from ...rows import SEEDS
-from ...why import ARMS, SWAP_STEP
+from ...why import ARMS, SWAP_STEP, runs_in_sweep
+from ..results import Run
 from ..stats import SeedStat
 from ..tables import why_report
 from .evidence import Evidence
@@ -200,3 +203,61 @@ def _claim(mech: Mechanism) -> Bespoke:
 
 
 CHECKS = tuple(_claim(m) for m in MECHANISMS)
+
+
+# ----------------------------------------------------------------------------- why.md (python -m ...claims.why)
+def verdicts(ev_root: str | Path) -> list[tuple[str, str]]:
+    """``[(mechanism title, verdict)]`` of the data swap's claims (:mod:`..claims.why`) on the runs under
+    ``<ev_root>/why/``."""
+    ev = Evidence(Path(ev_root), [], pd.DataFrame({"row": [], "seed": []}))
+    return [(m.title, c.check(ev).verdict) for m, c in zip(MECHANISMS, CHECKS)]
+
+
+
+def report_text(root: Path, stats: dict, problems: list[str], runs: list[Run] | None = None) -> str:
+    """``why.md``: the table of arms (means and sds over seeds, unrounded until here) and the folders refused."""
+    n = sum(len(s.seeds) for s in stats.values())
+    judged = verdicts(root.parent)
+    text = [f"# Why do fresh samples keep Adam rotating? The data swap\n",
+            why_report.sentence(judged, n, runs_in_sweep()) + "\n",
+            "| Mechanism | Verdict |", "|---|---|", *[f"| {t} | {v} |" for t, v in judged], "",
+            f"![The rotation rate and Adam's normalised step, four arms, the swap at step {SWAP_STEP:,}](why.png)\n",
+            f"From {n} runs under `{root}`; every quantity over steps {why_report.LATE[0]:,}-{why_report.LATE[1]:,} "
+            "at the last convolution (tables/why_report.py defines each); sd over seeds.\n",
+            why_report.markdown_table(why_report.arms_table(stats)),
+            "\n## The predictions, committed before the runs\n", why_report.markdown_table(predictions_table())]
+    costs = why_report.cost_table(runs or [])
+    if not costs.empty:
+        text += ["\n## What a run costs\n", "Runs that ran start to end in one process (`run.json`); the log is the "
+                 "optimizer-state log with the per-step losses, the checks hold the margins.\n",
+                 why_report.markdown_table(costs)]
+    if problems:
+        text += ["\n## Refused\n", *[f"- {p}" for p in problems]]
+    return "\n".join(text) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Write ``<results>/why.md``; exit 2 when the folder holds no finished run of the experiment."""
+    import argparse
+    import sys
+
+    p = argparse.ArgumentParser(description="the data swap's table of arms (issue 64)")
+    p.add_argument("--results", default="results/why", help="the experiment's root, holding runs/why_<row>+<arm>/")
+    args = p.parse_args(argv)
+    root = Path(args.results)
+    runs, problems = why_report.load_why_runs(root)
+    if not runs:
+        print(f"--results {root}: no finished data-swap run (expected <root>/runs/why_<row>+<arm>/seed=<s>/)"
+              + (f"; {'; '.join(problems)}" if problems else ""), file=sys.stderr)
+        return 2
+    stats = why_report.per_arm([why_report.per_run(r) for r in runs])
+    why_report.figure(why_report.curves(runs), root / "why.png")
+    records.atomic_write_text(root / "why.md", report_text(root, stats, problems, runs))
+    print(f"wrote {root / 'why.md'} from {len(runs)} runs", file=sys.stderr)
+    return 0
+
+
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

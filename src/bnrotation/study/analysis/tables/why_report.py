@@ -255,16 +255,6 @@ def _and(words: list[str]) -> str:
     return words[0] if len(words) == 1 else ", ".join(words[:-1]) + " and " + words[-1]
 
 
-def verdicts(ev_root: str | Path) -> list[tuple[str, str]]:
-    """``[(mechanism title, verdict)]`` of the data swap's claims (:mod:`..claims.why`) on the runs under
-    ``<ev_root>/why/``."""
-    from ..claims.evidence import Evidence
-    from ..claims.why import CHECKS, MECHANISMS
-
-    ev = Evidence(Path(ev_root), [], pd.DataFrame({"row": [], "seed": []}))
-    return [(m.title, c.check(ev).verdict) for m, c in zip(MECHANISMS, CHECKS)]
-
-
 def sentence(judged: list[tuple[str, str]], runs_in: int, runs_wanted: int) -> str:
     """The front pages' sentence (at most 30 words): which mechanism the runs support, from the claims' verdicts
     ``judged`` (:func:`verdicts`), or how many runs are in while a claim is NOT RUN."""
@@ -279,7 +269,7 @@ def sentence(judged: list[tuple[str, str]], runs_in: int, runs_wanted: int) -> s
     return f"The data swap supports {_and(held)}" + (f"; {_and(failed)} fail." if failed else ".")
 
 
-def _markdown(df: pd.DataFrame, digits: int = 3) -> str:
+def markdown_table(df: pd.DataFrame, digits: int = 3) -> str:
     """``df`` as a Markdown table, numbers at ``digits`` significant digits (rounded here, once)."""
     def fmt(v):
         return "–" if isinstance(v, float) and math.isnan(v) else f"{v:.{digits}g}" if isinstance(v, float) else str(v)
@@ -308,51 +298,3 @@ def cost_table(runs: list[Run]) -> pd.DataFrame:
                     "log (s), median": g["log_s"].median(), "log's share": (g["log_s"] / g["wall_s"]).median(),
                     "checks (s), median": g["checks_s"].median()})
     return pd.DataFrame(out)
-
-
-def report_text(root: Path, stats: dict, problems: list[str], runs: list[Run] | None = None) -> str:
-    """``why.md``: the table of arms (means and sds over seeds, unrounded until here) and the folders refused."""
-    from ..claims.why import predictions_table  # the claims read this module: imported here, not at the top
-
-    n = sum(len(s.seeds) for s in stats.values())
-    judged = verdicts(root.parent)
-    text = [f"# Why do fresh samples keep Adam rotating? The data swap\n",
-            sentence(judged, n, runs_in_sweep()) + "\n",
-            "| Mechanism | Verdict |", "|---|---|", *[f"| {t} | {v} |" for t, v in judged], "",
-            f"![The rotation rate and Adam's normalised step, four arms, the swap at step {SWAP_STEP:,}](why.png)\n",
-            f"From {n} runs under `{root}`; every quantity over steps {LATE[0]:,}-{LATE[1]:,} at the last "
-            f"convolution (tables/why_report.py defines each); sd over seeds.\n", _markdown(arms_table(stats)),
-            "\n## The predictions, committed before the runs\n", _markdown(predictions_table())]
-    costs = cost_table(runs or [])
-    if not costs.empty:
-        text += ["\n## What a run costs\n", "Runs that ran start to end in one process (`run.json`); the log is the "
-                 "optimizer-state log with the per-step losses, the checks hold the margins.\n",
-                 _markdown(costs)]
-    if problems:
-        text += ["\n## Refused\n", *[f"- {p}" for p in problems]]
-    return "\n".join(text) + "\n"
-
-
-def main(argv: list[str] | None = None) -> int:
-    """Write ``<results>/why.md``; exit 2 when the folder holds no finished run of the experiment."""
-    import argparse
-    import sys
-
-    p = argparse.ArgumentParser(description="the data swap's table of arms (issue 64)")
-    p.add_argument("--results", default="results/why", help="the experiment's root, holding runs/why_<row>+<arm>/")
-    args = p.parse_args(argv)
-    root = Path(args.results)
-    runs, problems = load_why_runs(root)
-    if not runs:
-        print(f"--results {root}: no finished data-swap run (expected <root>/runs/why_<row>+<arm>/seed=<s>/)"
-              + (f"; {'; '.join(problems)}" if problems else ""), file=sys.stderr)
-        return 2
-    stats = per_arm([per_run(r) for r in runs])
-    figure(curves(runs), root / "why.png")
-    records.atomic_write_text(root / "why.md", report_text(root, stats, problems, runs))
-    print(f"wrote {root / 'why.md'} from {len(runs)} runs", file=sys.stderr)
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
