@@ -442,8 +442,9 @@ def test_every_claim_is_declared_once_and_bespoke_checks_register_under_their_na
     assert sections.count(kinds.ARTICLE) == 27 and sections.count(kinds.RESNET) == 9
     assert sections.count(kinds.FROZEN) == 1 and sections.count(kinds.FASHION_MNIST) == 6
     assert sections.count(kinds.CALIBRATION) == 9 and sections.count(kinds.MAP) == 6  # issue 38's four, issue 48's five
+    assert sections.count(kinds.WHY) == 4  # issue 64's four mechanisms
     assert sections == sorted(sections, key=[kinds.ARTICLE, kinds.RESNET, kinds.FASHION_MNIST, kinds.FROZEN,
-                                             kinds.CALIBRATION, kinds.MAP].index)
+                                             kinds.CALIBRATION, kinds.MAP, kinds.WHY].index)
     assert registry.training_mode_stays_at_100.name == "training_mode_stays_at_100"
     assert isinstance(registry.training_mode_stays_at_100, kinds.Bespoke)
     # the article's table, cell by cell: every published cell that is not NaN (6 rows x 4 + the window test's 3)
