@@ -38,6 +38,10 @@ def test_a_cell_is_rounded_once_when_rendered_and_a_difference_from_unrounded_va
     section = _section((gap,))
     assert shown(section, frame).iloc[0, 0] == "4.6 points"
     assert frame["gap"].iloc[0] == pytest.approx(0.0458)
+    # a difference with its spread over seeds: in points, the spread after it, no % on the value
+    spread_gap = Column("gap", "Mode gap", "Measured quantities", "pct", 1, sd="gap_sd", difference=True)
+    frame = pd.DataFrame({"gap": [0.283, 0.2], "gap_sd": [0.101, math.nan]})
+    assert list(shown(_section((spread_gap,)), frame).iloc[:, 0]) == ["28.3 ± 10.1 points", "20.0 points"]
 
 
 def test_markdown_latex_and_html_render_the_same_cells():

@@ -276,7 +276,7 @@ def test_the_arms_memorisation_predicts_pass_it_and_fail_the_noise_floor_on_beta
     got = _verdicts(monkeypatch, memorisation_world())
     assert got["why_memorisation_shrinks_adams_steps"].verdict == PASS
     floor = got["why_a_gradient_noise_floor_keeps_adam_rotating"]
-    assert floor.verdict == FAIL and "finite_beta2_0.99's rotation not same" in floor.note
+    assert floor.verdict == FAIL and "finite_beta2_0.99's rotation not the same" in floor.note
     assert got["why_loss_spikes_keep_adam_rotating"].verdict == FAIL  # the median step moved, no bursts
 
 
@@ -299,16 +299,59 @@ def test_a_loss_not_flat_by_the_swap_fails_the_precondition_and_a_short_arm_is_n
     assert all(c.verdict == NOT_RUN and "adam+fresh (2 of 3 seeds)" in c.measured for c in got.values())
 
 
-@pytest.mark.parametrize("judged, expected", [
-    ([("a", "PASS"), ("b", "FAIL")], "The data swap supports a; b fail."),
-    ([("a", "FAIL"), ("b", "FAIL")], "The data swap supports none of its 2 mechanisms: each fails on an arm or its "
-                                     "signature."),
-    ([("a", "PASS"), ("b", "NOT RUN")], "The data swap has 12 of its 30 runs in; no mechanism is judged until every "
-                                        "arm is."),
+def _table(*lines) -> pd.DataFrame:
+    """A :func:`claims_why.mechanism_table` frame from ``(mechanism, verdict, held, signature)`` lines."""
+    return pd.DataFrame([{"mechanism": m, "verdict": v, "held": h, "predicted": 15, "failed_on": "",
+                          "signature": sig} for m, v, h, sig in lines])
+
+
+@pytest.mark.parametrize("lines, expected", [
+    ([("a", "PASS", 15, "held: x"), ("b", "FAIL", 3, "held: x")], "The data swap supports a; b fail."),
+    ([("a", "PASS", 15, "held: x"), ("b", "PASS", 15, "held: x")], "The data swap supports a and b."),
+    # the closest: most predictions held; on a tie, the one whose signature held (b), not the first listed (a)
+    ([("a", "FAIL", 14, "not held: x"), ("b", "FAIL", 14, "held: x"), ("c", "FAIL", 13, "held: x")],
+     "The data swap supports none of its 3 mechanisms; b comes closest, 14 of 15 predictions held, its signature "
+     "held."),
+    ([("a", "FAIL", 9, "not held: x"), ("b", "FAIL", 10, "not held: x")],
+     "The data swap supports none of its 2 mechanisms; b comes closest, 10 of 15 predictions held, its signature "
+     "not."),
+    ([("a", "PASS", math.nan, ""), ("b", "NOT RUN", math.nan, "")],
+     "The data swap has 12 of its 30 runs in; no mechanism is judged until every arm is."),
+    ([("a", "PRECONDITION FAILED", math.nan, "")],
+     "The loss had not flattened by the swap on the finite set, so the data swap judges no mechanism."),
 ])
-def test_the_sentence_says_which_mechanism_the_runs_support(judged, expected):
-    text = why_report.sentence(judged, 12, 30)
+def test_the_sentence_says_which_mechanism_the_runs_support(lines, expected):
+    text = claims_why.sentence(_table(*lines), 12, 30)
     assert text == expected and len(text.split()) <= 30
+
+
+def test_the_mechanism_table_counts_each_claims_predictions_and_names_what_failed(monkeypatch):
+    monkeypatch.setattr(why_report, "load", lambda root: (memorisation_world(), [], Path(root) / "why"))
+    table = claims_why.mechanism_table("/nowhere").set_index("mechanism")
+    assert list(table.index) == [m.title for m in claims_why.MECHANISMS]
+    n = {m.title: 3 * len(m.predictions) for m in claims_why.MECHANISMS}  # 3 quantities an arm
+    assert (table["predicted"] == pd.Series(n)).all()
+    mem = table.loc["memorisation"]
+    assert (mem["verdict"], mem["held"], mem["failed_on"]) == (PASS, 15, "") and mem["signature"].startswith("held")
+    floor = table.loc["a gradient noise floor"]
+    assert floor["verdict"] == FAIL and "finite_beta2_0.99's rotation not the same" in floor["failed_on"]
+    assert floor["held"] == 15 - len(floor["failed_on"].split("; "))  # the signature is not among the counts
+    # a failed "not down" reads as what happened: the fresh-to-finite arm turned slower than the finite set
+    assert "fresh_to_finite's rotation down" in table.loc["regrowth once v forgets", "failed_on"]
+    world = memorisation_world()
+    del world[("adam", "fresh")]
+    monkeypatch.setattr(why_report, "load", lambda root: (world, [], Path(root) / "why"))
+    short = claims_why.mechanism_table("/nowhere")
+    assert (short["verdict"] == NOT_RUN).all() and short["held"].isna().all() and (short["failed_on"] == "").all()
+    assert "runs in" in claims_why.sentence(short, 15, 36)
+
+
+def test_the_section_renders_the_table_with_its_legend(monkeypatch):
+    from bnrotation.study.analysis.report.section import to_markdown
+    monkeypatch.setattr(why_report, "load", lambda root: (memorisation_world(), [], Path(root) / "why"))
+    text = to_markdown(claims_why.WHY_SECTION, claims_why.mechanism_table("/nowhere"))
+    assert "| memorisation | PASS | 15 | 15 |" in text
+    assert "(docs/PROTOCOL.md#the-data-swap-beyond-the-article-issue-64)" in text
 
 
 def test_the_figure_draws_the_four_arms_with_their_seeds(tmp_path):

@@ -78,6 +78,15 @@ def cell(value: float, unit: str = "plain", sd: float | None = None, *, n: int |
     return text
 
 
+def listed(words: list[str]) -> str:
+    """``words`` as a list in prose: ``'a'``, ``'a and b'``, ``'a, b and c'``.
+
+    Raises:
+        IndexError: no words.
+    """
+    return words[0] if len(words) == 1 else ", ".join(words[:-1]) + " and " + words[-1]
+
+
 def seed_ranges(seeds: Iterable[int]) -> str:
     """Seeds as a reader scans them: three or more consecutive seeds as a range, ``'0–9'``, ``'0–2, 5, 7, 8'``;
     ``'–'`` for none."""

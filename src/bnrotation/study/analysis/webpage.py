@@ -6,7 +6,8 @@ One file that opens offline, at most :data:`MAX_BYTES`: plotly.js and every numb
 of ``make figures`` (``<out>/figures/*.png``, where they exist) are inlined as data URIs. It holds, in order: the
 finding, one sentence per task, docs/results.md's generated headline (:func:`.claims.finding.headline`); the
 headline figure, evaluation-mode accuracy against rotation with one point per run and the article's row means
-beside them; what it was made from (results root, runs, the suite's commit, the runs' scale); the article's table
+beside them; the condition map's figure; why fresh samples keep Adam rotating (the data swap's sentence, table and
+figure, :func:`why_section`); what it was made from (results root, runs, the suite's commit, the runs' scale); the article's table
 with the published figure, the measured mean ± spread, n and a verdict per cell; the claims, grouped by section
 of ``claims.md``, each group folded (``<details>``) under its verdict counts, each verdict with its reason; the
 accuracy over steps per row in both modes (mean, lowest and highest run at each check, as figure 3 draws them);
@@ -49,7 +50,10 @@ from ..article import FAIL_BELOW
 from ..rows import ROWS, row_order
 from .claims import weigh
 from ..condition_map import ROOT as MAP_ROOT
+from .claims import why as claims_why
 from .claims.command import map_line
+from ..why import ROOT as WHY_ROOT
+from .report.section import to_html as section_html
 from .claims.finding import TASK_ROWS, findings, headline as finding_headline
 from .claims.kinds import ARTICLE, FAIL, PASS, RESNET, Check, published
 from .claims.report import SECTIONS as REPORT_SECTIONS
@@ -67,6 +71,7 @@ HEADLINE_ID, STEPS_ID = "headline", "accuracy-over-steps"  # the figures' elemen
 FINDING_ID, PLOTLY_ID = "finding", "plotly-js"  # the finding's paragraph; the script element holding plotly.js
 MAP_ID = "where-it-lives"  # the paragraph after the finding: where the collapse lives (the condition map)
 MAP_FIGURE_ID = "figure-map"  # the condition map's figure, after the headline's
+WHY_ID = "why"  # the data swap's section: why fresh samples keep Adam rotating
 MAX_BYTES = 5 * 2 ** 20  # the page's size at most (tests/test_webpage.py checks the committed one)
 # The figures' width at most: the page's column is 1180 CSS pixels (STYLE), so this leaves a little for a zoom or
 # a denser screen; make figures draws them at 150 dpi, 1,600 to 3,100 pixels wide.
@@ -420,6 +425,24 @@ def map_figure(ev) -> str:
             "</figcaption></figure>")
 
 
+def why_section(ev) -> str:
+    """The data swap's section (issue 64): its sentence and table (:func:`.claims.why.summary`, rendered by
+    :func:`.report.section.to_html`) and its figure (``<root>/why/why.png``, where drawn); ``''`` where the results
+    root holds no data-swap folder."""
+    folder = Path(ev.root) / WHY_ROOT
+    if not folder.is_dir():
+        return ""
+    said, table = claims_why.summary(ev.root)
+    png = folder / "why.png"
+    figure = "" if not png.is_file() else (
+        '<figure><img alt="The data swap: rotation rate and normalised step" src="data:image/png;base64,'
+        f'{base64.b64encode(compact_png(png.read_bytes())).decode("ascii")}"><figcaption>The rotation rate and '
+        "Adam's normalised step against the step, four arms, the swap marked. Every arm: "
+        f"<code>{html.escape(str(folder / 'why.md'))}</code>.</figcaption></figure>")
+    return (f'<section id="{WHY_ID}"><h2>{html.escape(claims_why.WHY_SECTION.title)}</h2><p>{inline(said)}</p>'
+            f"{section_html(claims_why.WHY_SECTION, table)}{figure}</section>")
+
+
 def build_page(root: Path, runs: list[Run], out: Path, skipped: list[str] = ()) -> str:
     """The whole page, for ``runs`` read from ``root``, with the figures of ``out/figures`` (the folder
     ``make figures`` writes for the same output folder).
@@ -460,6 +483,7 @@ def build_page(root: Path, runs: list[Run], out: Path, skipped: list[str] = ()) 
         "checks in the check window; rotation: the last conv layer's median channel, per 100 steps, averaged over "
         "the window.</p>",
         map_figure(ev),
+        why_section(ev),
         "<h2>What it was made from</h2>",
         f'<p id="provenance">Made by <code>make report</code> from {count(len(runs), "run")} '
         f"({count(finished, 'finished run')}, {diverged} diverged; {count(len(rows_run), 'row')}) under "

@@ -46,6 +46,8 @@ from .kinds import ARTICLE, FAIL, MEASURED, PASS, Check, withhold_verdicts
 from .registry import ACC, ADAM, CLAIMS, SGD, TABLE_CELLS, WINDOW, explain
 from .report import SECTIONS, to_markdown, verdict_counts
 from .front import FRONT, opening
+from . import why
+from ...why import ROOT as WHY_ROOT
 from ..report.section import to_latex, to_markdown as to_section_markdown
 
 TABLES = ALL_TABLES
@@ -91,19 +93,35 @@ def verdicts_json(checks: list[Check], cells: list[tuple[str, str, Check]]) -> s
 
 def readme_blocks(ev: Evidence, checks: list[Check], cells: list[tuple[str, str, Check]]) -> dict[str, str]:
     """The README's generated blocks, by name: ``opening`` (:func:`.front.opening`: where the collapse
-    replicated, one sentence), then the first screen's four tables (:data:`.front.FRONT`, rendered by
-    :func:`..report.section.to_markdown`): ``rows``, ``images``, ``where`` and ``verdicts``."""
-    return {"opening": opening(ev, Path(ev.root) / MAP_ROOT) + "\n", **{name: to_section_markdown(section, frame)
-                       for name, (section, frame) in zip(FRONT_BLOCKS, front_frames(ev, checks, cells))}}
+    replicated, one sentence), then the first screen's tables (:data:`.front.FRONT`, rendered by
+    :func:`..report.section.to_markdown`): ``rows``, ``images``, ``where``, ``verdicts``; and ``why``, the data
+    swap's sentence (:func:`.why.summary`) with links to its table."""
+    blocks = {"opening": opening(ev, Path(ev.root) / MAP_ROOT) + "\n", **{name: to_section_markdown(section, frame)
+              for name, (section, frame) in zip(FRONT_BLOCKS, front_frames(ev, checks, cells))}}
+    said, _ = why.summary(ev.root)  # the sentence alone, the README's length held; its table in docs/results.md
+    blocks["why"] = f"{said} Its table and every arm: [why.md]({REFERENCE_ROOT / WHY_ROOT / 'why.md'}).\n"
+    return blocks
 
 
-FRONT_BLOCKS = ("rows", "images", "where", "verdicts")  # the README's blocks of FRONT's sections, in order
+FRONT_BLOCKS = ("rows", "images", "where", "verdicts", "why")  # the README's blocks of FRONT's sections, in order
+
+
+def why_block(ev: Evidence, table: str, root_link: Path) -> str:
+    """The data swap's block: its sentence (:func:`.why.summary`), ``table`` (its section as Markdown), and a link
+    to its figure and ``why.md`` under ``root_link`` (the results root, as the page holding the block reaches
+    it), where the figure exists."""
+    said, _ = why.summary(ev.root)
+    png = Path(ev.root) / WHY_ROOT / "why.png"
+    figure = (f"\n![The rotation rate and Adam's normalised step against the step, four arms, the swap marked]"
+              f"({root_link / WHY_ROOT / 'why.png'})\n\nEvery arm and what a run costs: "
+              f"[why.md]({root_link / WHY_ROOT / 'why.md'}).\n" if png.is_file() else "")
+    return f"{said}\n\n{table}{figure}"
 
 
 def front_frames(ev: Evidence, checks: list[Check], cells: list[tuple[str, str, Check]]) -> list[tuple]:
     """Each section of :data:`.front.FRONT` with its frame, from ``ev``'s runs, the condition map's runs
     beside them (``<root>/map``) and the weighed checks."""
-    inputs = ((ev.runs,), (ev.runs,), (Path(ev.root) / MAP_ROOT,), (checks, cells))
+    inputs = ((ev.runs,), (ev.runs,), (Path(ev.root) / MAP_ROOT,), (checks, cells), (ev.root,))
     return [(section, section.table(*args)) for section, args in zip(FRONT, inputs)]
 
 
@@ -122,12 +140,14 @@ def verdict_prose(checks: list[Check], cells: list[tuple[str, str, Check]]) -> s
 def results_blocks(ev: Evidence, checks: list[Check], cells: list[tuple[str, str, Check]]) -> dict[str, str]:
     """docs/results.md's generated blocks: ``headline``, :func:`.finding.headline` (how many runs, then the two
     tasks' findings, a sentence each); ``map``, where the collapse lives (:func:`map_line`); ``verdicts``, the
-    counts in words (:func:`verdict_prose`)."""
-    return {"headline": headline(ev) + "\n", "map": map_line(ev) + "\n", "verdicts": verdict_prose(checks, cells)}
+    counts in words (:func:`verdict_prose`); ``why``, the data swap's section (:func:`why_block`)."""
+    table = to_section_markdown(why.WHY_SECTION, why.mechanism_table(ev.root), "PROTOCOL.md")
+    return {"headline": headline(ev) + "\n", "map": map_line(ev) + "\n", "verdicts": verdict_prose(checks, cells),
+            "why": why_block(ev, table, Path("..") / REFERENCE_ROOT)}
 
 
 def front_latex(ev: Evidence, checks: list[Check], cells: list[tuple[str, str, Check]]) -> str:
-    """The first screen's four tables as booktabs LaTeX (:func:`..report.section.to_latex`), for ``front.tex``."""
+    """The first screen's tables as booktabs LaTeX (:func:`..report.section.to_latex`), for ``front.tex``."""
     return "\n".join(to_latex(section, frame) for section, frame in front_frames(ev, checks, cells))
 
 

@@ -1,5 +1,6 @@
-"""The README's first screen as four sections (no torch): the article's rows, the same rows on real images, where
-the collapse lives on the condition map, and the verdicts per section of ``claims.md``.
+"""The README's first screen as five sections (no torch): the article's rows, the same rows on real images, where
+the collapse lives on the condition map, the verdicts per section of ``claims.md``, and why fresh samples keep Adam
+rotating (the data swap's mechanisms, :data:`.why.WHY_SECTION`).
 
 Each table function reads what another module already computes: the rows from :func:`..tables.table.build_table`,
 the map's points from :mod:`..tables.map_report` (its collapse, undecided and both-stale rules), the verdicts from
@@ -19,6 +20,7 @@ from .finding import TASK_ROWS, mode_gap
 from .kinds import ARTICLE, FAIL, MEASURED, NOT_JUDGED, NOT_RUN, PASS, PRECONDITION_FAILED, Check, above
 from .outofsample import SUPERSEDED
 from .report import SECTIONS
+from .why import WHY_SECTION
 from ..results import Run, count
 from ..tables import map_report
 from ..tables.table import build_table, seeds_cell
@@ -178,7 +180,7 @@ VERDICTS_SECTION = Section(
     (Column("section", "Section", JUDGING_HEADING),
      *(Column(v, v, JUDGING_HEADING, "count") for v in (*VERDICT_WORDS, SUPERSEDED_WORD))))
 
-FRONT = (ARTICLE_SECTION, REAL_IMAGES_SECTION, MAP_SECTION, VERDICTS_SECTION)  # the README's first screen, in order
+FRONT = (ARTICLE_SECTION, REAL_IMAGES_SECTION, MAP_SECTION, VERDICTS_SECTION, WHY_SECTION)  # the first screen, in order
 
 
 # ----------------------------------------------------------------------------- the opening sentence

@@ -31,13 +31,15 @@ from .... import records
 from ...rows import SEEDS
 from ...why import ARMS, SWAP_STEP, runs_in_sweep
 from ..results import Run
+from ..formatting import listed
 from ..stats import SeedStat
 from ..tables import why_report
 from .evidence import Evidence
-from .kinds import WHY, Z, Bespoke, Gap, Outcome
+from .kinds import NOT_RUN, PASS, PRECONDITION_FAILED, WHY, Z, Bespoke, Gap, Outcome
+from ..report.section import Column, Section, to_markdown as to_section_markdown
 
-__all__ = ["DIRECTIONS", "SAME_FACTOR", "SAME_GAP", "FLAT_LOSS", "Mechanism", "MECHANISMS", "CHECKS", "holds",
-           "predictions_table"]
+__all__ = ["DIRECTIONS", "SAME_FACTOR", "SAME_GAP", "FLAT_LOSS", "Mechanism", "MECHANISMS", "CHECKS", "Assessment",
+           "ARMS_SECTION", "WHY_SECTION", "assess", "holds", "mechanism_table", "predictions_table", "sentence", "summary"]
 
 DIRECTIONS = ("up", "down", "same", "not up", "not down")
 SAME_FACTOR = 1.5  # "same": the two means within this factor of each other
@@ -45,6 +47,7 @@ SAME_GAP = 0.05  # "same" for the mode gap (a fraction): within 5 points, the ma
 FLAT_LOSS = 0.01  # the loss has flattened by the swap: its median before the swap below 1% of its first steps'
 BASELINE = "finite"  # every arm's prediction is against this arm, Adam at β2 = 0.999
 QUANTITIES = ("rotation_deg_per_step", "normalised_step", "mode_gap")
+FAILED = {"up": "not up", "down": "not down", "same": "not the same", "not up": "up", "not down": "down"}
 WORDS = {"rotation_deg_per_step": "rotation", "normalised_step": "normalised step", "mode_gap": "mode gap"}
 
 
@@ -150,6 +153,52 @@ def _signature(mech: Mechanism, arms: dict) -> tuple[bool, str]:
                           f"swap, {fd['normalised_step_end'].mean:.3g} at the end ({grows.words()})")
 
 
+@dataclass(frozen=True)
+class Assessment:
+    """One mechanism weighed on the Adam arms' stats: each prediction as ``(arm, quantity, direction, arm's mean,
+    baseline's mean, held)`` (:data:`QUANTITIES`, :func:`holds`), and whether its signature held, with the
+    signature's measured words."""
+
+    predictions: tuple[tuple[str, str, str, float, float, bool], ...]
+    signature: bool
+    signature_words: str
+
+    @property
+    def failed(self) -> list[str]:
+        """What failed, in words: ``"<arm>'s <quantity> <what it did instead>"`` (:data:`FAILED`) per prediction,
+        then ``its signature``."""
+        return ([f"{arm}'s {WORDS[q]} {FAILED[d]}" for arm, q, d, _, _, ok in self.predictions if not ok]
+                + ["its signature"] * (not self.signature))
+
+    @property
+    def held(self) -> int:
+        """How many of the predictions held (the signature not counted)."""
+        return sum(ok for *_, ok in self.predictions)
+
+
+def assess(mech: Mechanism, arms: dict) -> Assessment:
+    """Weigh ``mech``'s predictions and signature on ``arms`` (:func:`..tables.why_report.per_arm`'s stats; every
+    Adam arm present), each arm against :data:`BASELINE`."""
+    base = arms[("adam", BASELINE)]
+    found = tuple((arm, q, d, arms[("adam", arm)][q].mean, base[q].mean,
+                   holds(d, arms[("adam", arm)][q], base[q], gap_quantity=q == "mode_gap"))
+                  for arm, dirs in mech.predictions.items() for q, d in zip(QUANTITIES, dirs))
+    return Assessment(found, *_signature(mech, arms))
+
+
+def _short(arms: dict) -> list[str]:
+    """The Adam arms without every seed of the sweep, as ``'adam+<arm> (k of n seeds)'``."""
+    return [f"adam+{a.name} ({0 if ('adam', a.name) not in arms else len(set(arms[('adam', a.name)].seeds) & set(SEEDS))}"
+            f" of {len(SEEDS)} seeds)" for a in ARMS
+            if ("adam", a.name) not in arms or not arms[("adam", a.name)].complete]
+
+
+def _flat(arms: dict) -> bool:
+    """The precondition: the finite arm's loss before the swap below :data:`FLAT_LOSS` of its first steps'."""
+    base = arms[("adam", BASELINE)]
+    return base["loss_before_swap"].mean < FLAT_LOSS * base["loss_start"].mean
+
+
 def _judge(mech: Mechanism, ev: Evidence) -> Outcome:
     arms, problems, root = why_report.load(ev.root)
     registered = "Predicted against the finite arm: " + "; ".join(
@@ -160,32 +209,42 @@ def _judge(mech: Mechanism, ev: Evidence) -> Outcome:
     tolerance = ("every direction over the late window against the finite arm (Adam, β2 0.999): up/down beyond "
                  f"{Z:g} Welch standard errors, same within a factor {SAME_FACTOR:g} (the mode gap: "
                  f"{SAME_GAP * 100:g} points), and the signature; fixed before the runs")
-    need = [("adam", a.name) for a in ARMS]
-    short = [f"{o}+{a} ({0 if (o, a) not in arms else len(set(arms[(o, a)].seeds) & set(SEEDS))} of "
-             f"{len(SEEDS)} seeds)"
-             for o, a in need if (o, a) not in arms or not arms[(o, a)].complete]
+    short = _short(arms)
     if short:
         return Outcome(f"runs missing: {', '.join(short)}", tolerance, None, where)
     base = arms[("adam", BASELINE)]
-    if not base["loss_before_swap"].mean < FLAT_LOSS * base["loss_start"].mean:
+    if not _flat(arms):
         return Outcome(f"finite arm's loss before the swap {base['loss_before_swap'].mean:.3g} against "
                        f"{base['loss_start'].mean:.3g} at the start", tolerance, None,
                        "The loss had not flattened by the swap. " + where, unmet=True)
-    failed, measured = [], []
-    for arm, dirs in mech.predictions.items():
-        a = arms[("adam", arm)]
-        for q, d in zip(QUANTITIES, dirs):
-            ok = holds(d, a[q], base[q], gap_quantity=q == "mode_gap")
-            measured.append(f"{arm} {WORDS[q]} {a[q].mean:.3g} vs {base[q].mean:.3g} ({d}: "
-                            f"{'yes' if ok else 'no'})")
-            if not ok:
-                failed.append(f"{arm}'s {WORDS[q]} not {d}")
-    sig, sig_words = _signature(mech, arms)
-    if not sig:
-        failed.append("its signature")
-    note = (f"The mechanism: {mech.says}. Its signature measured: {sig_words}."
-            + (f" Fails on: {'; '.join(failed)}." if failed else "") + f" {where}")
-    return Outcome("; ".join(measured), tolerance, not failed, note)
+    a = assess(mech, arms)
+    measured = [f"{arm} {WORDS[q]} {m:.3g} vs {b:.3g} ({d}: {'yes' if ok else 'no'})"
+                for arm, q, d, m, b, ok in a.predictions]
+    note = (f"The mechanism: {mech.says}. Its signature measured: {a.signature_words}."
+            + (f" Fails on: {'; '.join(a.failed)}." if a.failed else "") + f" {where}")
+    return Outcome("; ".join(measured), tolerance, not a.failed, note)
+
+
+def mechanism_table(ev_root: str | Path) -> pd.DataFrame:
+    """The front pages' table of the data swap, one line per mechanism of :data:`MECHANISMS` on the runs under
+    ``<ev_root>/why/``: ``mechanism``, ``verdict`` (its claim's, :data:`CHECKS`), ``held`` and ``predicted`` (how
+    many of its predictions held, of how many), ``failed_on`` (the predictions that failed, in words) and
+    ``signature`` (``'held'`` or ``'not held'``, with its measured words). The counts are NaN, the words empty,
+    where the claim is not weighed (runs missing, or the loss not flat by the swap)."""
+    ev = Evidence(Path(ev_root), [], pd.DataFrame({"row": [], "seed": []}))
+    arms, _, _ = why_report.load(ev_root)
+    weighed = not _short(arms) and _flat(arms)
+    lines = []
+    for mech, claim in zip(MECHANISMS, CHECKS):
+        line = {"mechanism": mech.title, "verdict": claim.check(ev).verdict, "held": math.nan,
+                "predicted": math.nan, "failed_on": "", "signature": ""}
+        if weighed:
+            a = assess(mech, arms)
+            line |= {"held": a.held, "predicted": len(a.predictions),
+                     "failed_on": "; ".join(f for f in a.failed if f != "its signature"),
+                     "signature": f"{'held' if a.signature else 'not held'}: {a.signature_words}"}
+        lines.append(line)
+    return pd.DataFrame(lines, columns=["mechanism", "verdict", "held", "predicted", "failed_on", "signature"])
 
 
 def predictions_table() -> pd.DataFrame:
@@ -205,26 +264,67 @@ def _claim(mech: Mechanism) -> Bespoke:
 CHECKS = tuple(_claim(m) for m in MECHANISMS)
 
 
+def sentence(table: pd.DataFrame, runs_in: int, runs_wanted: int) -> str:
+    """The front pages' sentence (at most 30 words), from :func:`mechanism_table`: which mechanisms the runs
+    support, and where none does, the one closest (most predictions held, then its signature); while a claim is
+    NOT RUN, how many runs are in."""
+    if (table["verdict"] == NOT_RUN).any():
+        return f"The data swap has {runs_in} of its {runs_wanted} runs in; no mechanism is judged until every arm is."
+    if (table["verdict"] == PRECONDITION_FAILED).any():
+        return "The loss had not flattened by the swap on the finite set, so the data swap judges no mechanism."
+    held = list(table.loc[table["verdict"] == PASS, "mechanism"])
+    failed = list(table.loc[table["verdict"] != PASS, "mechanism"])
+    if held:
+        return f"The data swap supports {listed(held)}" + (f"; {listed(failed)} fail." if failed else ".")
+    best = table.assign(sig=table["signature"].str.startswith("held")).sort_values(
+        ["held", "sig"], ascending=False, kind="stable").iloc[0]
+    return (f"The data swap supports none of its {len(table)} mechanisms; {best['mechanism']} comes closest, "
+            f"{int(best['held'])} of {int(best['predicted'])} predictions held, its signature "
+            f"{'held' if best['sig'] else 'not'}.")
+
+
+def summary(ev_root: str | Path) -> tuple[str, pd.DataFrame]:
+    """The front pages' :func:`sentence` and :func:`mechanism_table` of the runs under ``<ev_root>/why/``."""
+    stats, _, _ = why_report.load(ev_root)
+    table = mechanism_table(ev_root)
+    return sentence(table, sum(len(s.seeds) for s in stats.values()), runs_in_sweep()), table
+
+
+PROTOCOL_FROM_ROOT = "../../../docs/PROTOCOL.md"  # from results/reference/why/why.md
+WHY_HEADING = "The data swap *(beyond the article: issue 64)*"  # docs/PROTOCOL.md's heading that defines it
+JUDGING_HEADING = "Judging a replication"
+ARMS_SECTION = Section(
+    "The arms", lambda stats: why_report.arms_table(stats),
+    "Each arm over steps 2,000–3,000 at the last convolution, mean ± sd over seeds; Fashion-MNIST at its own "
+    "settings, for its margins.",
+    (Column("optimizer", "Optimizer", WHY_HEADING), Column("arm", "Arm", WHY_HEADING),
+     Column("data", "Training data", WHY_HEADING), Column("n", "Seeds (n)", WHY_HEADING, "count"),
+     Column("rotation_deg_per_step", "Angular update (°/step)", WHY_HEADING, "plain", sd="rotation_deg_per_step_sd"),
+     Column("normalised_step", "Normalised step", WHY_HEADING, "plain", sd="normalised_step_sd"),
+     Column("mode_gap", "Mode gap", WHY_HEADING, "pct", 1, sd="mode_gap_sd", difference=True),
+     Column("margin_eval", "Margin, evaluation mode", WHY_HEADING, "plain", sd="margin_eval_sd"),
+     Column("burst_share", "Burst share", WHY_HEADING, "pct", 0, sd="burst_share_sd"),
+     Column("loss_spike", "Loss spike", WHY_HEADING, "x", 1, sd="loss_spike_sd")))
+WHY_SECTION = Section(
+    "Why fresh samples keep Adam rotating", mechanism_table,
+    "Each mechanism's predictions for the data swap's arms, registered before the runs, against the finite set; "
+    "Adam, templates, steps 2,000–3,000, last convolution.",
+    (Column("mechanism", "Mechanism", WHY_HEADING), Column("verdict", "Verdict", JUDGING_HEADING),
+     Column("held", "Predictions held", WHY_HEADING, "count"), Column("predicted", "Of", WHY_HEADING, "count"),
+     Column("failed_on", "Failed on", WHY_HEADING), Column("signature", "Signature", WHY_HEADING)))
+
+
 # ----------------------------------------------------------------------------- why.md (python -m ...claims.why)
-def verdicts(ev_root: str | Path) -> list[tuple[str, str]]:
-    """``[(mechanism title, verdict)]`` of the data swap's claims (:mod:`..claims.why`) on the runs under
-    ``<ev_root>/why/``."""
-    ev = Evidence(Path(ev_root), [], pd.DataFrame({"row": [], "seed": []}))
-    return [(m.title, c.check(ev).verdict) for m, c in zip(MECHANISMS, CHECKS)]
-
-
-
 def report_text(root: Path, stats: dict, problems: list[str], runs: list[Run] | None = None) -> str:
     """``why.md``: the table of arms (means and sds over seeds, unrounded until here) and the folders refused."""
     n = sum(len(s.seeds) for s in stats.values())
-    judged = verdicts(root.parent)
+    table = mechanism_table(root.parent)
     text = [f"# Why do fresh samples keep Adam rotating? The data swap\n",
-            why_report.sentence(judged, n, runs_in_sweep()) + "\n",
-            "| Mechanism | Verdict |", "|---|---|", *[f"| {t} | {v} |" for t, v in judged], "",
+            sentence(table, n, runs_in_sweep()) + "\n", to_section_markdown(WHY_SECTION, table, PROTOCOL_FROM_ROOT),
             f"![The rotation rate and Adam's normalised step, four arms, the swap at step {SWAP_STEP:,}](why.png)\n",
-            f"From {n} runs under `{root}`; every quantity over steps {why_report.LATE[0]:,}-{why_report.LATE[1]:,} "
-            "at the last convolution (tables/why_report.py defines each); sd over seeds.\n",
-            why_report.markdown_table(why_report.arms_table(stats)),
+            f"From {n} runs under `{root}`; `tables/why_report.py` defines each quantity. What stale statistics cost, "
+            "layer by layer, on both tasks: [map.md](../map/map.md#what-stale-statistics-cost-layer-by-layer).\n",
+            to_section_markdown(ARMS_SECTION, why_report.arms_table(stats), PROTOCOL_FROM_ROOT),
             "\n## The predictions, committed before the runs\n", why_report.markdown_table(predictions_table())]
     costs = why_report.cost_table(runs or [])
     if not costs.empty:

@@ -75,9 +75,11 @@ class Column:
             return str(value)
         if self.unit == "count":
             return f"{int(value):,}"
-        if self.difference:
-            return spread(float(value), self.unit, digits=self.digits)
         sd = None if self.sd is None else line[self.sd]
+        if self.difference:  # '28.3 points', or with its spread '28.3 ± 10.1 points'
+            if _missing(sd):
+                return spread(float(value), self.unit, digits=self.digits)
+            return cell(float(value), self.unit, float(sd), digits=self.digits, sign=False)
         return cell(float(value), self.unit, None if _missing(sd) else float(sd), digits=self.digits,
                     spread_sign=False)
 

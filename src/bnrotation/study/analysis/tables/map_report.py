@@ -48,7 +48,7 @@ from .... import records
 from ...condition_map import KNOBS, MAP_STEPS, REFERENCE, SEEDS, Knob, base_row, runs_in_map
 from ...config import TASK_KNOBS, TaskConfig
 from ...rows import ROWS, TASKS, check_against_row
-from ..formatting import cell, seed_ranges, spread
+from ..formatting import cell, listed, seed_ranges, spread
 from ..measures import metrics, midrun
 from ..results import SCALE_KEYS, BadRunError, Layout, Run, count, find_run_dirs, load_run, say_refused
 from ..stats import Z, SeedStat, spearman_rho
@@ -330,11 +330,6 @@ def _setting_words(knob: Knob | None, p: PointStats) -> str:
     return f"{p.point.setting:,g}"
 
 
-def _and(words: list[str]) -> str:
-    """``['a', 'b', 'c']`` as ``'a, b and c'``."""
-    return words[0] if len(words) == 1 else ", ".join(words[:-1]) + " and " + words[-1]
-
-
 def where_sentence(points: list[PointStats], frame: pd.DataFrame) -> str:
     """One sentence, from the runs, saying where the collapse lives: per task, per knob, the settings (the task's
     own among them) at which it does and at which it does not (:func:`collapses`)."""
@@ -359,15 +354,15 @@ def where_sentence(points: list[PointStats], frame: pd.DataFrame) -> str:
             yes = [s for s, v, _ in settings if v]
             no = [s for s, v, u in settings if not v and not u]
             unsure = [s for s, v, u in settings if not v and u]
-            wait = f", not yet judged at {_and(pending)}" if pending else ""
+            wait = f", not yet judged at {listed(pending)}" if pending else ""
             if not settings:
-                clauses.append(f"{along} not yet judged ({_and(pending)})")
+                clauses.append(f"{along} not yet judged ({listed(pending)})")
             elif yes and not no and not unsure:
-                clauses.append(f"{along} at every setting judged: {_and(yes)}{wait}")
+                clauses.append(f"{along} at every setting judged: {listed(yes)}{wait}")
             elif no and not yes and not unsure:
-                clauses.append(f"{along} at none of the settings judged: {_and(no)}{wait}")
+                clauses.append(f"{along} at none of the settings judged: {listed(no)}{wait}")
             else:
-                said = [f"{how}{_and(these)}" for how, these in (("at ", yes), ("not at ", no),
+                said = [f"{how}{listed(these)}" for how, these in (("at ", yes), ("not at ", no),
                                                                   ("undecided at ", unsure)) if these]
                 clauses.append(f"{along} {', '.join(said)}{wait}")
         if all(c.endswith(" not yet run") for c in clauses) and ref is not None:  # its reference point alone
@@ -396,10 +391,10 @@ def _both_sentence(points: list[PointStats], frame: pd.DataFrame) -> str:
             mine = sorted((p for p in here if p.point.knob == knob.name), key=lambda p: p.point.setting)
             if mine:
                 on_top = [f"{p.point.setting:,g}" for p in mine if collapses(p)]
-                words.append(f"along {knob.key.replace('_', ' ')} at {_and([f'{p.point.setting:,g}' for p in mine])}"
-                             + (f" (at {_and(on_top)} with Adam's collapse on top)" if on_top else ""))
+                words.append(f"along {knob.key.replace('_', ' ')} at {listed([f'{p.point.setting:,g}' for p in mine])}"
+                             + (f" (at {listed(on_top)} with Adam's collapse on top)" if on_top else ""))
         if words:  # "and" within a task, ";" between tasks: "along train size" after "on Fashion-MNIST" is its own
-            parts.append(f"on {TASK_WORDS[task]} {_and(words)}")
+            parts.append(f"on {TASK_WORDS[task]} {listed(words)}")
     floor = spread(COLLAPSE_FLOOR, 'pct', digits=0)
     if not parts:
         return (f"At no point judged does each optimizer's mode gap reach {floor} (its evaluation-mode accuracy that "
@@ -650,7 +645,7 @@ def _steps_words(runs: list[Run]) -> str:
     steps = sorted({int(s) for r in runs for s in midrun.reestimated_at_every_step(r)["step"]})
     if not steps:
         return "none logged"
-    return ("step " if len(steps) == 1 else "steps ") + _and([f"{s:,}" for s in steps])
+    return ("step " if len(steps) == 1 else "steps ") + listed([f"{s:,}" for s in steps])
 
 
 def report_text(runs: list[Run], reference: str | Path | None = None) -> str:

@@ -12,6 +12,8 @@ convolution, as the map reads):
   (NaN for SGD);
 * ``mode_gap``: the mean over the window's checks of training- minus evaluation-mode accuracy on the held-out set
   (a fraction);
+* ``margin_eval``: the mean over the window's checks of the held-out set's median output margin in evaluation mode
+  (the true class's logit minus the largest other; the ``checks`` table's ``margin_eval_median``);
 * ``burst_share``: the share of the window's summed angular update carried by its largest :data:`BURST_TOP` of
   logged steps (a uniform rotation gives :data:`BURST_TOP`);
 * ``loss_spike``: the mean over the window's :data:`SPIKE_WINDOW`-step windows of the per-step loss's maximum over
@@ -49,8 +51,9 @@ AFTER_SWAP = (SWAP_STEP + 100, SWAP_STEP + 500)  # just after the swap, once β1
 END = (MAP_STEPS - 400, MAP_STEPS)
 BURST_TOP = 0.1  # the largest tenth of the logged steps
 SPIKE_WINDOW = 100  # steps
-METRICS = ("rotation_deg_per_step", "normalised_step", "normalised_step_early", "mode_gap", "burst_share",
-           "loss_spike", "grad_rms_late", "grad_rms_early", "normalised_step_after_swap", "normalised_step_end", "loss_before_swap", "loss_start")
+METRICS = ("rotation_deg_per_step", "normalised_step", "normalised_step_early", "mode_gap", "margin_eval",
+           "burst_share", "loss_spike", "grad_rms_late", "grad_rms_early", "normalised_step_after_swap",
+           "normalised_step_end", "loss_before_swap", "loss_start")
 
 
 def _contradicts_arm(info: dict) -> list[str]:
@@ -130,6 +133,7 @@ def per_run(run: Run) -> dict:
            "normalised_step": late["normalised_step_median"].mean(),
            "normalised_step_early": _between(layer, EARLY)["normalised_step_median"].mean(),
            "mode_gap": (gap["acc_train_mode"] - gap["acc_eval_mode"]).mean(),
+           "margin_eval": gap["margin_eval_median"].mean() if "margin_eval_median" in gap else math.nan,
            "burst_share": burst_share(late["angular_update_deg"].to_numpy()),
            "loss_spike": loss_spike(losses, LATE),
            "grad_rms_late": late["grad_rms"].mean(), "grad_rms_early": _between(layer, EARLY)["grad_rms"].mean(),
@@ -173,15 +177,19 @@ def per_arm(rows: list[dict]) -> dict[tuple[str, str], ArmStats]:
     return out
 
 
+ARMS_METRICS = ("rotation_deg_per_step", "normalised_step", "mode_gap", "margin_eval", "burst_share", "loss_spike")
+
+
 def arms_table(stats: dict[tuple[str, str], ArmStats]) -> pd.DataFrame:
     """The table of arms: one row per arm and optimizer in :data:`...why.ARMS`' order, its seeds (n), and the
-    mean and sd over seeds of the rotation, the normalised step, the mode gap and the burst share; unrounded."""
+    mean and sd over seeds (``<metric>_sd``) of the rotation, the normalised step, the mode gap, the margin in
+    evaluation mode, the burst share and the loss spike; unrounded."""
     lines = []
     for arm in (*ARMS, REAL_IMAGES):
         for opt in (o.removeprefix("fmnist_") for o in arm.optimizers):
             s = stats.get((opt, arm.name))
             line = {"optimizer": opt, "arm": arm.name, "data": arm.words, "n": 0 if s is None else len(s.seeds)}
-            for m in ("rotation_deg_per_step", "normalised_step", "mode_gap", "burst_share", "loss_spike"):
+            for m in ARMS_METRICS:
                 st = None if s is None else s[m]
                 line[m] = math.nan if st is None else st.mean
                 line[f"{m}_sd"] = math.nan if st is None else st.sd
@@ -249,24 +257,6 @@ def figure(frame: pd.DataFrame, path: Path) -> Path:
     fig.savefig(path.with_suffix(".pdf"))
     plt.close(fig)
     return path
-
-
-def _and(words: list[str]) -> str:
-    return words[0] if len(words) == 1 else ", ".join(words[:-1]) + " and " + words[-1]
-
-
-def sentence(judged: list[tuple[str, str]], runs_in: int, runs_wanted: int) -> str:
-    """The front pages' sentence (at most 30 words): which mechanism the runs support, from the claims' verdicts
-    ``judged`` (:func:`verdicts`), or how many runs are in while a claim is NOT RUN."""
-    if any(v == "NOT RUN" for _, v in judged):
-        return f"The data swap has {runs_in} of its {runs_wanted} runs in; no mechanism is judged until every arm is."
-    if any(v == "PRECONDITION FAILED" for _, v in judged):
-        return "The loss had not flattened by the swap on the finite set, so the data swap judges no mechanism."
-    held = [t for t, v in judged if v == "PASS"]
-    failed = [t for t, v in judged if v != "PASS"]
-    if not held:
-        return f"The data swap supports none of its {len(judged)} mechanisms: each fails on an arm or its signature."
-    return f"The data swap supports {_and(held)}" + (f"; {_and(failed)} fail." if failed else ".")
 
 
 def markdown_table(df: pd.DataFrame, digits: int = 3) -> str:
