@@ -302,7 +302,8 @@ def test_a_loss_not_flat_by_the_swap_fails_the_precondition_and_a_short_arm_is_n
 def _table(*lines) -> pd.DataFrame:
     """A :func:`claims_why.mechanism_table` frame from ``(mechanism, verdict, held, signature)`` lines."""
     return pd.DataFrame([{"mechanism": m, "verdict": v, "held": h, "predicted": 15, "failed_on": "",
-                          "signature": sig} for m, v, h, sig in lines])
+                          "signature_held": sig.startswith("held") if sig else None, "signature": sig}
+                         for m, v, h, sig in lines])
 
 
 @pytest.mark.parametrize("lines, expected", [
@@ -332,7 +333,8 @@ def test_the_mechanism_table_counts_each_claims_predictions_and_names_what_faile
     n = {m.title: 3 * len(m.predictions) for m in claims_why.MECHANISMS}  # 3 quantities an arm
     assert (table["predicted"] == pd.Series(n)).all()
     mem = table.loc["memorisation"]
-    assert (mem["verdict"], mem["held"], mem["failed_on"]) == (PASS, 15, "") and mem["signature"].startswith("held")
+    assert (mem["verdict"], mem["held"], mem["failed_on"]) == (PASS, 15, "") and mem["signature_held"]
+    assert mem["signature"].startswith("held: ")
     floor = table.loc["a gradient noise floor"]
     assert floor["verdict"] == FAIL and "finite_beta2_0.99's rotation not the same" in floor["failed_on"]
     assert floor["held"] == 15 - len(floor["failed_on"].split("; "))  # the signature is not among the counts
@@ -343,6 +345,7 @@ def test_the_mechanism_table_counts_each_claims_predictions_and_names_what_faile
     monkeypatch.setattr(why_report, "load", lambda root: (world, [], Path(root) / "why"))
     short = claims_why.mechanism_table("/nowhere")
     assert (short["verdict"] == NOT_RUN).all() and short["held"].isna().all() and (short["failed_on"] == "").all()
+    assert short["signature_held"].isna().all()
     assert "runs in" in claims_why.sentence(short, 15, 36)
 
 

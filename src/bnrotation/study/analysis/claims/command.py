@@ -96,21 +96,22 @@ def readme_blocks(ev: Evidence, checks: list[Check], cells: list[tuple[str, str,
     replicated, one sentence), then the first screen's tables (:data:`.front.FRONT`, rendered by
     :func:`..report.section.to_markdown`): ``rows``, ``images``, ``where``, ``verdicts``; and ``why``, the data
     swap's sentence (:func:`.why.summary`) with links to its table."""
-    blocks = {"opening": opening(ev, Path(ev.root) / MAP_ROOT) + "\n", **{name: to_section_markdown(section, frame)
-              for name, (section, frame) in zip(FRONT_BLOCKS, front_frames(ev, checks, cells))}}
-    said, _ = why.summary(ev.root)  # the sentence alone, the README's length held; its table in docs/results.md
-    blocks["why"] = f"{said} Its table and every arm: [why.md]({REFERENCE_ROOT / WHY_ROOT / 'why.md'}).\n"
-    return blocks
+    frames = dict(zip(FRONT_BLOCKS, front_frames(ev, checks, cells)))
+    said, _ = why.summary(ev.root, frames["why"][1])  # the sentence alone, the README's length held
+    return {"opening": opening(ev, Path(ev.root) / MAP_ROOT) + "\n",
+            **{name: to_section_markdown(section, frame) for name, (section, frame) in frames.items() if name != "why"},
+            "why": f"{said} Its table and every arm: [why.md]({REFERENCE_ROOT / WHY_ROOT / 'why.md'}).\n"}
 
 
 FRONT_BLOCKS = ("rows", "images", "where", "verdicts", "why")  # the README's blocks of FRONT's sections, in order
 
 
-def why_block(ev: Evidence, table: str, root_link: Path) -> str:
-    """The data swap's block: its sentence (:func:`.why.summary`), ``table`` (its section as Markdown), and a link
-    to its figure and ``why.md`` under ``root_link`` (the results root, as the page holding the block reaches
-    it), where the figure exists."""
-    said, _ = why.summary(ev.root)
+def why_block(ev: Evidence, root_link: Path, protocol: str) -> str:
+    """The data swap's block for docs/results.md: its sentence and table (:func:`.why.summary`; the table's legend
+    linking ``protocol``), and its figure and ``why.md`` under ``root_link`` (the results root, as the page holding
+    the block reaches it), where the figure exists."""
+    said, table = why.summary(ev.root)
+    table = to_section_markdown(why.WHY_SECTION, table, protocol)
     png = Path(ev.root) / WHY_ROOT / "why.png"
     figure = (f"\n![The rotation rate and Adam's normalised step against the step, four arms, the swap marked]"
               f"({root_link / WHY_ROOT / 'why.png'})\n\nEvery arm and what a run costs: "
@@ -141,9 +142,8 @@ def results_blocks(ev: Evidence, checks: list[Check], cells: list[tuple[str, str
     """docs/results.md's generated blocks: ``headline``, :func:`.finding.headline` (how many runs, then the two
     tasks' findings, a sentence each); ``map``, where the collapse lives (:func:`map_line`); ``verdicts``, the
     counts in words (:func:`verdict_prose`); ``why``, the data swap's section (:func:`why_block`)."""
-    table = to_section_markdown(why.WHY_SECTION, why.mechanism_table(ev.root), "PROTOCOL.md")
     return {"headline": headline(ev) + "\n", "map": map_line(ev) + "\n", "verdicts": verdict_prose(checks, cells),
-            "why": why_block(ev, table, Path("..") / REFERENCE_ROOT)}
+            "why": why_block(ev, Path("..") / REFERENCE_ROOT, "PROTOCOL.md")}
 
 
 def front_latex(ev: Evidence, checks: list[Check], cells: list[tuple[str, str, Check]]) -> str:

@@ -22,7 +22,7 @@ that the swap did not come after the loss flattened, as the issue asks.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import pandas as pd
@@ -188,9 +188,13 @@ def assess(mech: Mechanism, arms: dict) -> Assessment:
 
 def _short(arms: dict) -> list[str]:
     """The Adam arms without every seed of the sweep, as ``'adam+<arm> (k of n seeds)'``."""
-    return [f"adam+{a.name} ({0 if ('adam', a.name) not in arms else len(set(arms[('adam', a.name)].seeds) & set(SEEDS))}"
-            f" of {len(SEEDS)} seeds)" for a in ARMS
-            if ("adam", a.name) not in arms or not arms[("adam", a.name)].complete]
+    short = []
+    for a in ARMS:
+        got = arms.get(("adam", a.name))
+        if got is None or not got.complete:
+            short.append(f"adam+{a.name} ({0 if got is None else len(set(got.seeds) & set(SEEDS))} of "
+                         f"{len(SEEDS)} seeds)")
+    return short
 
 
 def _flat(arms: dict) -> bool:
@@ -200,7 +204,12 @@ def _flat(arms: dict) -> bool:
 
 
 def _judge(mech: Mechanism, ev: Evidence) -> Outcome:
-    arms, problems, root = why_report.load(ev.root)
+    return _outcome(mech, *why_report.load(ev.root))
+
+
+def _outcome(mech: Mechanism, arms: dict, problems: list[str], root: Path) -> Outcome:
+    """``mech``'s claim weighed on ``arms`` (:func:`..tables.why_report.load`: the arms, the folders refused, the
+    folder read)."""
     registered = "Predicted against the finite arm: " + "; ".join(
         f"{arm}: " + ", ".join(f"{WORDS[q]} {d}" for q, d in zip(QUANTITIES, dirs))
         for arm, dirs in mech.predictions.items()) + f". Signature: {mech.signature_words}."
@@ -227,24 +236,29 @@ def _judge(mech: Mechanism, ev: Evidence) -> Outcome:
 
 def mechanism_table(ev_root: str | Path) -> pd.DataFrame:
     """The front pages' table of the data swap, one line per mechanism of :data:`MECHANISMS` on the runs under
-    ``<ev_root>/why/``: ``mechanism``, ``verdict`` (its claim's, :data:`CHECKS`), ``held`` and ``predicted`` (how
-    many of its predictions held, of how many), ``failed_on`` (the predictions that failed, in words) and
-    ``signature`` (``'held'`` or ``'not held'``, with its measured words). The counts are NaN, the words empty,
-    where the claim is not weighed (runs missing, or the loss not flat by the swap)."""
+    ``<ev_root>/why/`` (read once): ``mechanism``, ``verdict`` (its claim's, :data:`CHECKS`, weighed on the same
+    read), ``held`` and ``predicted`` (how many of its predictions held, of how many), ``failed_on`` (the
+    predictions that failed, in words), ``signature_held`` (bool) and ``signature`` (``'held'`` or ``'not held'``,
+    with its measured words). The counts are NaN, the words empty and ``signature_held`` None where the claim is
+    not weighed (runs missing, or the loss not flat by the swap)."""
     ev = Evidence(Path(ev_root), [], pd.DataFrame({"row": [], "seed": []}))
-    arms, _, _ = why_report.load(ev_root)
+    loaded = why_report.load(ev_root)
+    arms = loaded[0]
     weighed = not _short(arms) and _flat(arms)
     lines = []
     for mech, claim in zip(MECHANISMS, CHECKS):
-        line = {"mechanism": mech.title, "verdict": claim.check(ev).verdict, "held": math.nan,
-                "predicted": math.nan, "failed_on": "", "signature": ""}
+        on_this_read = replace(claim, evaluate=lambda _, mech=mech: _outcome(mech, *loaded))
+        line = {"mechanism": mech.title, "verdict": on_this_read.check(ev).verdict, "held": math.nan,
+                "predicted": math.nan, "failed_on": "", "signature_held": None, "signature": ""}
         if weighed:
             a = assess(mech, arms)
             line |= {"held": a.held, "predicted": len(a.predictions),
                      "failed_on": "; ".join(f for f in a.failed if f != "its signature"),
+                     "signature_held": a.signature,
                      "signature": f"{'held' if a.signature else 'not held'}: {a.signature_words}"}
         lines.append(line)
-    return pd.DataFrame(lines, columns=["mechanism", "verdict", "held", "predicted", "failed_on", "signature"])
+    return pd.DataFrame(lines, columns=["mechanism", "verdict", "held", "predicted", "failed_on", "signature_held",
+                                        "signature"])
 
 
 def predictions_table() -> pd.DataFrame:
@@ -276,17 +290,17 @@ def sentence(table: pd.DataFrame, runs_in: int, runs_wanted: int) -> str:
     failed = list(table.loc[table["verdict"] != PASS, "mechanism"])
     if held:
         return f"The data swap supports {listed(held)}" + (f"; {listed(failed)} fail." if failed else ".")
-    best = table.assign(sig=table["signature"].str.startswith("held")).sort_values(
-        ["held", "sig"], ascending=False, kind="stable").iloc[0]
+    best = table.sort_values(["held", "signature_held"], ascending=False, kind="stable").iloc[0]
     return (f"The data swap supports none of its {len(table)} mechanisms; {best['mechanism']} comes closest, "
             f"{int(best['held'])} of {int(best['predicted'])} predictions held, its signature "
-            f"{'held' if best['sig'] else 'not'}.")
+            f"{'held' if best['signature_held'] else 'not'}.")
 
 
-def summary(ev_root: str | Path) -> tuple[str, pd.DataFrame]:
-    """The front pages' :func:`sentence` and :func:`mechanism_table` of the runs under ``<ev_root>/why/``."""
+def summary(ev_root: str | Path, table: pd.DataFrame | None = None) -> tuple[str, pd.DataFrame]:
+    """The front pages' :func:`sentence` and :func:`mechanism_table` of the runs under ``<ev_root>/why/``
+    (``table``: that table, where already made)."""
     stats, _, _ = why_report.load(ev_root)
-    table = mechanism_table(ev_root)
+    table = mechanism_table(ev_root) if table is None else table
     return sentence(table, sum(len(s.seeds) for s in stats.values()), runs_in_sweep()), table
 
 

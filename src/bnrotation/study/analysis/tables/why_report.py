@@ -232,6 +232,8 @@ def figure(frame: pd.DataFrame, path: Path) -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    from .figures import save  # matplotlib's and seaborn's import only where a figure is drawn
+
     fig, axes = plt.subplots(2, 1, figsize=(7.5, 6.0), sharex=True, constrained_layout=True)
     colours = dict(zip(FOUR_ARMS, ("tab:red", "tab:blue", "tab:purple", "tab:orange")))
     for (optimizer, arm), g in frame[frame["arm"].isin(FOUR_ARMS)].groupby(["optimizer", "arm"]):
@@ -253,8 +255,8 @@ def figure(frame: pd.DataFrame, path: Path) -> Path:
     axes[1].legend(fontsize=7, ncol=2)
     fig.suptitle("The last convolution's rotation and Adam's step, fresh against finite data", fontsize=10)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=150)
-    fig.savefig(path.with_suffix(".pdf"))
+    fig.set_dpi(150)
+    save(fig, path.parent, path.stem)  # without time stamps: the same runs give the same bytes
     plt.close(fig)
     return path
 
