@@ -335,6 +335,8 @@ def test_the_mechanism_table_counts_each_claims_predictions_and_names_what_faile
     mem = table.loc["memorisation"]
     assert (mem["verdict"], mem["held"], mem["failed_on"]) == (PASS, 15, "") and mem["signature_held"]
     assert mem["signature"].startswith("held: ")
+    regrowth = table.loc["regrowth once v forgets"]  # the step does not grow back after the swap: not held
+    assert not regrowth["signature_held"] and regrowth["signature"].startswith("not held: ")
     floor = table.loc["a gradient noise floor"]
     assert floor["verdict"] == FAIL and "finite_beta2_0.99's rotation not the same" in floor["failed_on"]
     assert floor["held"] == 15 - len(floor["failed_on"].split("; "))  # the signature is not among the counts
