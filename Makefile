@@ -160,11 +160,20 @@ test-compat: $(VENV)/.installed ## the library's tests beside the oldest and the
 
 # make mutants: mutmut over the pure-logic functions tests/mutants_report.py names, with the tests pyproject.toml's
 # [tool.mutmut] selects (each mutant runs only those that reach its function); a fresh mutants/ each time. Not in
-# make test: about 40 minutes on 2 shared cores.
-mutants: $(VENV)/.installed ## mutation score of pairing, lint, refresh, the claim judges, the input readers, the signal, the evaluation path, the calibration, the zoo report, the tasks and two claim sections (mutmut): results/mutants/report.md
+# make test. SINCE=<commit> mutates only the functions changed since that commit (working tree included) and prints
+# the survivors, exit 1 if there is one; results/mutants/report.md is left as it is.
+mutants: $(VENV)/.installed ## mutation score of the verdict path and the judges (mutmut): results/mutants/report.md; SINCE=<commit>: only the functions changed since, survivors printed
 	rm -rf mutants
+ifeq ($(SINCE),)
 	set -f; nice -n 5 $(VENV)/bin/mutmut run --max-children $(TEST_JOBS) $$($(PY) tests/mutants_report.py --names)
 	$(PY) tests/mutants_report.py --out results/mutants/report.md
+else
+	@set -f; names="$$($(PY) tests/mutants_report.py --names --since '$(SINCE)')" || exit 2; \
+	if [ -z "$$names" ]; then echo "make mutants: no function changed since $(SINCE)"; exit 0; fi; \
+	echo "make mutants: $$(echo $$names | wc -w) functions changed since $(SINCE)"; \
+	nice -n 5 $(VENV)/bin/mutmut run --max-children $(TEST_JOBS) $$names && \
+	$(PY) tests/mutants_report.py --survivors --since '$(SINCE)'
+endif
 
 sweep: $(VENV)/.installed data ## every row x seed at SCALE, or of SET=resnet|ten_seeds|fashion_mnist (resumable; FORCE=1 reruns; JOBS=n in parallel)
 	@[ -n "$(ROWS)" ] || { echo "make sweep: no rows for SCALE=$(SCALE) SET=$(SET) (see the line above)" >&2; exit 2; }

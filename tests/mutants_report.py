@@ -87,6 +87,10 @@ NAMES = {
     "claims.real_images": ["bnrotation.study.analysis.claims.real_images.x__recovery__mutmut_*"],
     "claims.carryover": [f"bnrotation.study.analysis.claims.carryover.x_{f}__mutmut_*" for f in (
         "resnet_runs", "_halves_text", "_reestimated_text")],
+    # issue 66: the modules that turn the library's measurements into a verdict
+    **{m: [f"bnrotation.{m}.*"] for m in (
+        "monitor", "check", "bnstats", "oneshot", "probe_batch", "pooling", "weight_rows", "averaging", "audit",
+        "checkpoints")},
 }
 
 ROUND_PLACES = ("round(..., max(places, 1)) for max(places, 0): places < 0 only for t >= 10, where the rounded value "
@@ -230,6 +234,78 @@ EXCLUDED = {**EQUIVALENT, **CPU_ONLY}
 KILLED = {"killed", "timeout"}
 
 
+def changed_lines(since: str, root: Path = ROOT) -> dict[Path, set[int]]:
+    """``{file: lines}`` of the Python files under ``root/src`` that differ from commit ``since``: the working
+    tree's line numbers of every added or changed line (a deletion marks the line after it), and every line of an
+    untracked file. Exits 2 (``SystemExit``) naming ``since`` when git does not know it."""
+    def git(*args: str) -> str:
+        done = subprocess.run(["git", *args], cwd=root, capture_output=True, text=True)
+        if done.returncode:
+            why = done.stderr.strip().splitlines()[-1] if done.stderr.strip() else f"exit {done.returncode}"
+            print(f"mutants_report: SINCE={since}: not a commit of this repository (git {args[0]}: {why})",
+                  file=sys.stderr)
+            raise SystemExit(2)
+        return done.stdout
+    git("rev-parse", "--verify", "--quiet", f"{since}^{{commit}}")
+    out: dict[Path, set[int]] = {}
+    path = None
+    for line in git("diff", "-U0", "--no-color", "--no-renames", since, "--", "src").splitlines():
+        if line.startswith("+++ "):
+            path = None if line == "+++ /dev/null" else root / line[len("+++ b/"):]
+        elif line.startswith("@@") and path is not None and path.suffix == ".py":
+            start, _, count = re.match(r"@@ -\S+ \+(\S+) @@", line).group(1).partition(",")
+            n = int(count) if count else 1
+            out.setdefault(path, set()).update(range(int(start), int(start) + max(n, 1)))
+    for name in git("ls-files", "--others", "--exclude-standard", "--", "src").splitlines():
+        if name.endswith(".py"):
+            out[root / name] = set(range(1, len((root / name).read_text().splitlines()) + 1))
+    return out
+
+
+def changed_functions(since: str, root: Path = ROOT) -> list[str]:
+    """The functions changed since commit ``since``, as mutmut names them (``module.x_function``,
+    ``module.xǁClassǁmethod``): the top-level functions and the methods of top-level classes (mutmut mutates no
+    other) with a changed line between their ``def`` (decorators included) and their last line."""
+    import ast
+    names = []
+    for path, lines in sorted(changed_lines(since, root).items()):
+        if not path.exists():
+            continue
+        module = ".".join(path.relative_to(root / "src").with_suffix("").parts).removesuffix(".__init__")
+        tree = ast.parse(path.read_text(), str(path))
+        defs = [(node, f"x_{node.name}") for node in tree.body
+                if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))]
+        defs += [(item, f"xǁ{node.name}ǁ{item.name}") for node in tree.body if isinstance(node, ast.ClassDef)
+                 for item in node.body if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef))]
+        for node, name in defs:
+            first = min([node.lineno] + [d.lineno for d in node.decorator_list])
+            if lines & set(range(first, node.end_lineno + 1)):
+                names.append(f"{module}.{name}")
+    return names
+
+
+def since_patterns(since: str) -> list[str]:
+    """``mutmut run``'s patterns for :func:`changed_functions` (``make mutants SINCE=<commit>``)."""
+    return [f"{name}__mutmut_*" for name in changed_functions(since)]
+
+
+def print_survivors(folder: Path, wanted: list[str]) -> int:
+    """Print each mutant of ``wanted`` (patterns) that survived or that no selected test reaches, with its diff;
+    1 if there is one, 0 if every mutant was killed or excluded, 2 if mutmut left no result for them."""
+    found = {k: v for k, v in results(folder, wanted).items() if k not in EXCLUDED}
+    if not found:
+        print(f"mutants_report: no mutmut result under {folder} for these functions (outside pyproject.toml's "
+              "[tool.mutmut] only_mutate, or never mutated)", file=sys.stderr)
+        return 2
+    survivors = sorted(k for k, v in found.items() if v in ("survived", "no tests"))
+    for name in survivors:
+        print(f"### {name} ({found[name]})\n{diff(name)}\n")
+    killed, total = score(found)
+    print(f"{len(survivors)} surviving of {len(found)} mutants; score {killed}/{total} = "
+          f"{killed / total:.1%}" if total else "no mutant judged")
+    return 1 if survivors else 0
+
+
 def patterns() -> list[str]:
     return [p for group in NAMES.values() for p in group]
 
@@ -238,13 +314,14 @@ def module_of(name: str) -> str | None:
     return next((m for m, group in NAMES.items() if any(fnmatch.fnmatch(name, p) for p in group)), None)
 
 
-def results(folder: Path) -> dict[str, str]:
-    """``{mutant: status}`` of every mutant in scope, from mutmut's ``.meta`` files under ``folder``."""
+def results(folder: Path, wanted: list[str] | None = None) -> dict[str, str]:
+    """``{mutant: status}`` of every mutant in scope (NAMES, or the patterns ``wanted``), from mutmut's ``.meta``
+    files under ``folder``."""
     from mutmut.stats import status_by_exit_code
     out = {}
     for meta in sorted(folder.rglob("*.py.meta")):
         for name, code in json.loads(meta.read_text())["exit_code_by_key"].items():
-            if module_of(name):
+            if any(fnmatch.fnmatch(name, p) for p in wanted) if wanted is not None else module_of(name):
                 out[name] = status_by_exit_code[code]
     return out
 
@@ -341,12 +418,19 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--mutants", type=Path, default=ROOT / "mutants", help="mutmut's folder (default: mutants/)")
     p.add_argument("--earlier", type=Path, help="an earlier report whose rows (and surviving mutants) stand for the "
                    "modules this run did not check at all")
+    p.add_argument("--since", metavar="COMMIT", help="with --names: only the functions changed since COMMIT (the "
+                   "working tree against it, untracked files included); with --survivors: the survivors among them")
+    p.add_argument("--survivors", action="store_true", help="print the surviving mutants (with --since: of the "
+                   "changed functions) and their diffs; exit 1 if any survived")
     args = p.parse_args(argv)
     if args.names:
-        print(" ".join(patterns()))  # the Makefile turns globbing off (set -f)
+        names = since_patterns(args.since) if args.since else patterns()
+        print(" ".join(names))  # the Makefile turns globbing off (set -f)
         return 0
+    if args.survivors:
+        return print_survivors(args.mutants, since_patterns(args.since) if args.since else patterns())
     if args.out is None:
-        p.error("--names or --out FILE")
+        p.error("--names, --survivors or --out FILE")
     print(write_report(args.out, args.mutants, args.note, args.earlier))
     return 0
 
