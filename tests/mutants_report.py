@@ -5,7 +5,7 @@ functions of the pairing, the lint, the refresh, the claim kinds' judges and ver
 input readers (``bnrotation.inputs``), and (issue 52) the signal and its rule (``bnrotation.staleness``), the evaluation
 path of ``bnrotation.probes``, the calibration's signals, truth, method and scores, the zoo report's per-run and depth
 tables, the Fashion-MNIST reader, the tasks' draws (``study.task``) and the per-run helpers of two claim sections
-(``claims.real_images``, ``claims.carryover``). Text-only functions (a warning's wording, a claim's sentences, the
+(``claims.real_images``, ``claims.carryover``), and (issue 66) every function of the library's verdict path: ``monitor``, ``check``, ``bnstats``, ``oneshot``, ``probe_batch``, ``pooling``, ``weight_rows``, ``averaging``, ``audit`` and ``checkpoints``, less :data:`OUT_OF_SCORE` and the argument parsers' help text (:func:`only_text`). ``--names --since COMMIT`` prints the patterns of the functions changed since a commit (``make mutants SINCE=``), and ``--survivors`` their surviving mutants. Text-only functions (a warning's wording, a claim's sentences, the
 reports' markdown, figures, ``main``) are left out: a mutant there changes a message, which the suite checks only
 where a message is the promise. ``--out FILE`` reads mutmut's results under
 ``mutants/`` and writes the score, per module and in all, and every surviving mutant with its diff.
@@ -31,6 +31,7 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import fnmatch
+import functools
 import json
 import re
 import subprocess
@@ -292,7 +293,7 @@ def since_patterns(since: str) -> list[str]:
 def print_survivors(folder: Path, wanted: list[str]) -> int:
     """Print each mutant of ``wanted`` (patterns) that survived or that no selected test reaches, with its diff;
     1 if there is one, 0 if every mutant was killed or excluded, 2 if mutmut left no result for them."""
-    found = {k: v for k, v in results(folder, wanted).items() if k not in EXCLUDED}
+    found = {k: v for k, v in results(folder, wanted).items() if k not in EXCLUDED and not only_text(k, folder)}
     if not found:
         print(f"mutants_report: no mutmut result under {folder} for these functions (outside pyproject.toml's "
               "[tool.mutmut] only_mutate, or never mutated)", file=sys.stderr)
@@ -310,7 +311,54 @@ def patterns() -> list[str]:
     return [p for group in NAMES.values() for p in group]
 
 
+# Functions of the modules above that mutmut mutates but the score leaves out, each with its reason.
+IMPORT_TIME = ("called when the module is imported (a class body's property), before mutmut's trampoline picks a "
+               "mutant: every mutant runs the original, so none can be killed")
+OUT_OF_SCORE: dict[str, str] = {
+    "bnrotation.oneshot.x_record_field__mutmut_*": IMPORT_TIME,
+}
+# Functions whose mutants that change only what --help prints (an argument parser's help, description, epilog, prog
+# or metavar, and inputs.add_batch_arguments's help text) are text, left out of the score as text-only functions are; their other mutants (a default, a type, a
+# flag's name, required=) count.
+TEXT_STRINGS = ("bnrotation.audit.x_parse_args__mutmut_*", "bnrotation.check.x_parse_args__mutmut_*")
+HELP_KEYWORDS = {"help", "description", "epilog", "prog", "metavar", "formatter_class"}
+
+
+@functools.cache
+def _functions(path: Path) -> dict[str, str]:
+    """``{name: ast dump}`` of the functions of mutmut's mutated copy ``path``, with every help keyword's value
+    (:data:`HELP_KEYWORDS`) dropped."""
+    import ast
+    out = {}
+    for node in ast.parse(path.read_text()).body:
+        if isinstance(node, ast.FunctionDef):
+            for call in ast.walk(node):
+                if isinstance(call, ast.Call):
+                    call.keywords = [k for k in call.keywords if k.arg not in HELP_KEYWORDS]
+                    if isinstance(call.func, ast.Name) and call.func.id == "add_batch_arguments":
+                        call.args = call.args[:1]  # its second argument is the --batches help text
+            out[node.name] = ast.dump(ast.Module(body=node.body, type_ignores=[]))
+    return out
+
+
+def only_text(name: str, folder: Path | None = None) -> bool:
+    """Whether mutant ``name`` of a :data:`TEXT_STRINGS` function changes what ``--help`` prints and nothing else:
+    its body and the original's are the same once every help keyword is dropped (read from mutmut's mutated copy
+    under ``folder``, default mutants/)."""
+    if not any(fnmatch.fnmatch(name, p) for p in TEXT_STRINGS):
+        return False
+    module, _, function = name.rpartition(".")
+    path = (folder or ROOT / "mutants") / "src" / Path(*module.split(".")).with_suffix(".py")
+    if not path.exists():
+        return False
+    bodies = _functions(path)
+    base = function.rsplit("__mutmut_", 1)[0] + "__mutmut_orig"
+    return function in bodies and bodies[function] == bodies.get(base)
+
+
 def module_of(name: str) -> str | None:
+    if any(fnmatch.fnmatch(name, p) for p in OUT_OF_SCORE):
+        return None
     return next((m for m, group in NAMES.items() if any(fnmatch.fnmatch(name, p) for p in group)), None)
 
 
@@ -356,6 +404,8 @@ def write_report(out: Path, folder: Path, note: str = "", earlier: Path | None =
     found = results(folder)
     if not found:
         raise SystemExit(f"mutants_report: no mutmut results under {folder}; run `make mutants`")
+    text = sorted(k for k in found if only_text(k, folder))
+    found = {k: v for k, v in found.items() if k not in text}
     not_run = {m for m in NAMES if all(v == "not checked" for k, v in found.items() if module_of(k) == m)}
     kept_rows, kept_survivors = earlier_parts(earlier, not_run) if earlier else ({}, [])
     found = {k: v for k, v in found.items() if module_of(k) not in kept_rows}
@@ -383,6 +433,10 @@ def write_report(out: Path, folder: Path, note: str = "", earlier: Path | None =
     others = Counter(v for v in found.values() if v not in KILLED | {"survived", "no tests", "not checked"})
     if others:
         lines += ["", "Other outcomes: " + ", ".join(f"{n} {s}" for s, n in sorted(others.items()))]
+    lines += ["", "## Functions left out of the score", ""]
+    lines += [f"- `{k}`: {why}" for k, why in OUT_OF_SCORE.items()]
+    lines += [f"- {len(text)} mutants of {', '.join(f'`{p}`' for p in TEXT_STRINGS)} that change a string literal and "
+              "nothing else (what --help prints): " + (", ".join(f"`{k.rsplit('_', 1)[-1]}`" for k in text) or "none")]
     lines += ["", "## Equivalent mutants excluded", ""]
     lines += [f"- `{k}`: {why}" for k, why in EQUIVALENT.items()] or ["None."]
     lines += ["", "## Mutants only a CUDA machine can tell apart, excluded (CPU only)", ""]
