@@ -90,8 +90,8 @@ NAMES = {
         "resnet_runs", "_halves_text", "_reestimated_text")],
     # issue 66: the modules that turn the library's measurements into a verdict
     **{m: [f"bnrotation.{m}.*"] for m in (
-        "monitor", "check", "bnstats", "oneshot", "probe_batch", "pooling", "weight_rows", "averaging", "audit",
-        "checkpoints")},
+        "monitor", "mode_check", "verdict", "layer_measures", "check", "check_report", "bnstats", "oneshot",
+        "probe_batch", "pooling", "weight_rows", "averaging", "audit", "checkpoints")},
 }
 
 ROUND_PLACES = ("round(..., max(places, 1)) for max(places, 0): places < 0 only for t >= 10, where the rounded value "

@@ -111,7 +111,7 @@ def test_the_worst_channel_is_the_largest_finite_one_beside_a_nan_channel():
 
 def test_the_calibration_reads_a_nan_channel_beside_a_large_one_as_the_monitor_does():
     """The calibration recomputes E from a run's channels: a NaN channel beside a 3σ one and a 0.1σ one gives the
-    largest E 3σ and the median over the finite two, (0.1 + 3) / 2, as the monitor's ``_median_max`` does (finite
+    largest E 3σ and the median over the finite two, (0.1 + 3) / 2, as ``layer_measures.median_max`` does (finite
     channels only). Planted: the largest over channels taken with numpy (NaN)."""
     run = _run()
     ch = run.tables["channels"].query("step == 100").copy()

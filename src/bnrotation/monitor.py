@@ -57,16 +57,19 @@ import torch
 import torch.nn as nn
 from torch.nn.modules.batchnorm import _BatchNorm
 
+from . import verdict
 from .batches import sample_count
 from .bnstats import NonFinite, nonfinite_state
 from .evaluation import CompiledEvaluation, eval_chunk, evaluation_forward, without_autocast
+from .layer_measures import eval_path_columns, layer_measures
 from .lint import findings_line, lint_batchnorm
+from .mode_check import mode_check
 from .pairing import NormPair, find_pairs, rng_devices
 from .pooling import pooled_moments
 from .probe_batch import read_probe, smallest_probe
-from .probes import Scratch, batch_statistics_pass, drift_sigma_per_step, evaluation_path_pass, predicted_lag_sigma
-from .staleness import Thresholds, channel_signals, in_warmup, sigma, warmup_steps
-from .weight_rows import WeightRows, gathered
+from .probes import Scratch, batch_statistics_pass, evaluation_path_pass
+from .staleness import Thresholds, in_warmup, warmup_steps
+from .weight_rows import WeightRows
 
 # Thresholds (the rule, bnrotation.staleness) and find_pairs (bnrotation.pairing) are the monitor's public API too.
 __all__ = ["StalenessMonitor", "MonitorRecord", "Thresholds", "StaleStatisticsWarning", "MonitorSetupWarning",
@@ -82,30 +85,6 @@ class MonitorSetupWarning(UserWarning):
     """At construction: what the monitor cannot measure as asked (layers left unpaired, a probe too small for the
     mode-gap threshold), and how it reads a model output that is not a tensor (the ``logits`` of a transformers
     ``ModelOutput``: :func:`bnrotation.evaluation.read_logits`)."""
-
-
-# ----------------------------------------------------------------------------- the probe batch
-# ----------------------------------------------------------------------------- the mode check
-def mode_check(step: int, out_train: torch.Tensor, out_eval: torch.Tensor | None,
-               y: torch.Tensor | None) -> pd.DataFrame:
-    """One ``checks`` line (see :class:`MonitorRecord`) from the outputs (N, classes) of the same N inputs in
-    training mode (batch statistics) and in evaluation mode, and their labels (N,) if any.
-
-    The mode gap is training- minus evaluation-mode accuracy with labels, else the share of samples whose
-    predicted class (argmax over dim 1) differs between the modes; all fractions. Without ``out_eval``
-    every measure is NaN.
-    """
-    nan = math.nan
-    acc_train = acc_eval = agreement = nan
-    if out_eval is not None:
-        pred_train, pred_eval = out_train.argmax(1), out_eval.argmax(1)
-        agreement = float((pred_train == pred_eval).double().mean())
-        if y is not None:
-            acc_train = float((pred_train == y).double().mean())
-            acc_eval = float((pred_eval == y).double().mean())
-    gap = acc_train - acc_eval if y is not None else 1.0 - agreement
-    return pd.DataFrame({"step": [step], "acc_train_mode": [acc_train], "acc_eval_mode": [acc_eval],
-                         "mode_agreement": [agreement], "mode_gap": [gap], "probe_size": [len(out_train)]})
 
 
 # ----------------------------------------------------------------------------- one call's records
@@ -219,29 +198,6 @@ class _Previous:
     step: int
     weights: dict[str, torch.Tensor]
     fresh_mean: dict[str, torch.Tensor] = field(default_factory=dict)
-
-
-def _median_max(name: str, unit: str, values: torch.Tensor) -> dict[str, float]:
-    """A layer line's ``<name>_median<unit>`` and ``<name>_max<unit>`` over the finite values (C,); NaN without."""
-    finite = values[torch.isfinite(values)]
-    if not finite.numel():
-        return {f"{name}_median{unit}": math.nan, f"{name}_max{unit}": math.nan}
-    # the median of an even count is the mean of the two middle values, as numpy and pandas take it (the
-    # analysis recomputes these offline); torch.median would take the lower one
-    return {f"{name}_median{unit}": float(finite.quantile(0.5)), f"{name}_max{unit}": float(finite.max())}
-
-
-def _channel_count(norm: nn.Module) -> int:
-    """The channels a normalisation layer normalises: its running mean's, else its ``num_features`` or
-    ``num_channels``, else its affine weight's elements (0 when it says none of these)."""
-    running = getattr(norm, "running_mean", None)
-    if isinstance(running, torch.Tensor):
-        return running.numel()
-    for key in ("num_features", "num_channels"):
-        if isinstance(getattr(norm, key, None), int):
-            return getattr(norm, key)
-    weight = getattr(norm, "weight", None)
-    return weight.numel() if isinstance(weight, torch.Tensor) else 0
 
 
 # Packages whose frames a warning skips to reach the user's line: this one (the monitor, its adapters, the check,
@@ -510,7 +466,7 @@ class StalenessMonitor:
             for pair, norm in self.layers:
                 layer_line, channels = self._layer(step, interval, pair, norm, fresh.get(pair.norm), rows)
                 if path is not None:
-                    self._eval_path_columns(norm, path.get(pair.norm), layer_line, channels)
+                    eval_path_columns(norm, path.get(pair.norm), layer_line, channels)
                 layer_rows.append(layer_line)
                 channel_columns.append(channels)
         except BaseException:
@@ -562,184 +518,18 @@ class StalenessMonitor:
 
     def _layer(self, step: int, interval: int | None, pair: NormPair, norm: nn.Module,
                moments: tuple[torch.Tensor, torch.Tensor] | None, weights: dict[str, WeightRows]):
-        """One layer's line and channel columns; ``moments`` None for a layer the probe's training-mode pass did not
-        reach (never called, or behind a branch not taken): its fresh measures are NaN."""
-        if moments is None:
-            c = _channel_count(norm)
-            moments = (torch.full((c,), math.nan, dtype=torch.float64),) * 2
-        f_mean, f_var = (t.cpu() for t in moments)  # (C,) float64
-        c = f_mean.numel()
-        nan = torch.full((c,), math.nan, dtype=torch.float64)
-        has_running = isinstance(norm, _BatchNorm) and norm.running_mean is not None
-        r_mean = norm.running_mean.double().cpu() if has_running else nan
-        r_var = norm.running_var.double().cpu() if has_running else nan
+        """One layer's line and channel columns (:func:`layer_measures.layer_measures`)."""
         prev = self.previous
-        prev_mean = prev.fresh_mean.get(pair.norm) if prev is not None else None
-        momentum = norm.momentum if has_running and norm.momentum is not None else math.nan
-        eps = float(getattr(norm, "eps", 0.0))  # every σ is the layer's own sqrt(var + eps)
-        drift = drift_sigma_per_step(f_mean, prev_mean, f_var, interval, eps) if prev_mean is not None else nan
-        signals = channel_signals(r_mean, r_var, f_mean, f_var, eps)  # each (C,)
-        lag = signals.lag_sigma
-        spans = pair.spans(c)
-        for s in spans:
-            have = weights[s.weight].norm.numel()
-            fits = have == c if not pair.segments else s.offset + s.stop - s.start <= have
-            if not fits:
-                raise ValueError(f"{s.weight} -> {pair.norm}: {have} output channels but {c} normalised"
-                                 + (f" (channels [{s.start}, {s.stop}) from {s.offset} on)" if pair.segments else ""))
-        parts = [(weights[s.weight], slice(s.offset, s.offset + s.stop - s.start)) for s in spans]
-        rot = gathered(parts, "rotation", nan)
-        per_100 = rot * 100.0 / interval if interval else nan
-        names = (np.concatenate([np.full(s.stop - s.start, s.weight, dtype=object) for s in spans]) if spans
-                 else np.full(c, "", dtype=object))
-        channels = {  # columns of (C,) arrays; measure() makes one frame of every layer's
-            "step": np.full(c, step), "layer": names, "norm_layer": np.full(c, pair.norm, dtype=object),
-            "channel": np.arange(c), "rotation_deg": rot.numpy(), "rotation_deg_per_100": per_100.numpy(),
-            "weight_norm": gathered(parts, "norm", nan).numpy(),
-            "update_cos": gathered(parts, "update_cos", nan).numpy(),
-            "running_mean": r_mean.numpy(), "running_var": r_var.numpy(),
-            "fresh_mean": f_mean.numpy(), "fresh_var": f_var.numpy(), "lag_sigma": lag.numpy(),
-            "drift_sigma_per_step": drift.numpy(), "predicted_lag_sigma": predicted_lag_sigma(drift, momentum).numpy(),
-            "abs_mean_over_std": (f_mean.abs() / sigma(f_var, eps)).numpy(),
-            "mean_shift_sigma": signals.mean_shift_sigma.numpy(), "log_std_ratio": signals.log_std_ratio.numpy(),
-            "eval_error_sigma": signals.eval_error_sigma.numpy(),
-        }
-        abs_lag = lag.abs()
-        finite = torch.isfinite(abs_lag)
-        line = {
-            "step": step, "layer": pair.weight or "", "norm_layer": pair.norm,
-            "weight_norm": WeightRows.whole_norm(parts), "update_cos": WeightRows.whole_cosine(parts, "update"),
-            "grad_cos": WeightRows.whole_cosine(parts, "grad"),
-            "rotation_deg_per_100": float(per_100.median()) if torch.isfinite(per_100).any() else math.nan,
-            "lag_median_abs_sigma": float(abs_lag[finite].median()) if finite.any() else math.nan,
-            "lag_max_abs_sigma": float(abs_lag[finite].max()) if finite.any() else math.nan,
-            "worst_channel": int(torch.where(finite, abs_lag, -1.0).argmax()) if finite.any() else -1,
-            "channels_above_1_sigma": int((abs_lag[finite] > 1.0).sum()),
-            **_median_max("mean_shift", "_abs_sigma", signals.mean_shift_sigma.abs()),
-            **_median_max("log_std_ratio", "_abs", signals.log_std_ratio.abs()),
-            **_median_max("eval_error", "_sigma", signals.eval_error_sigma),
-        }
-        return line, channels
-
-    @staticmethod
-    def _eval_path_columns(norm: nn.Module, moments: tuple[torch.Tensor, torch.Tensor] | None, line: dict,
-                           channels: dict) -> None:
-        """Add the evaluation path's columns to one layer's line and channel columns, in place: its input moments
-        with the network upstream in evaluation mode, and E of the running statistics against them (NaN for a
-        layer without running statistics, or one the pass did not reach)."""
-        c = len(channels["channel"])
-        nan = torch.full((c,), math.nan, dtype=torch.float64)
-        p_mean, p_var = (t.cpu() for t in moments) if moments is not None else (nan, nan)
-        eps = float(getattr(norm, "eps", 0.0))
-        error = channel_signals(torch.from_numpy(channels["running_mean"]), torch.from_numpy(channels["running_var"]),
-                                p_mean, p_var, eps).eval_error_sigma
-        channels.update({"eval_path_mean": p_mean.numpy(), "eval_path_var": p_var.numpy(),
-                         "eval_path_error_sigma": error.numpy()})
-        line.update(_median_max("eval_path_error", "_sigma", error))
+        return layer_measures(step, interval, pair, norm, moments, weights,
+                              prev.fresh_mean.get(pair.norm) if prev is not None else None)
 
     def _undetermined(self, record: MonitorRecord, out_train: torch.Tensor) -> str:
-        """Why the rule cannot judge ``record`` (:attr:`MonitorRecord.undetermined`), or "" (``out_train``: the
-        training-mode outputs (N, classes, ...) of the call)."""
-        n = int(record.checks["probe_size"].iloc[0])
-        smallest = smallest_probe(self.thresholds.mode_gap)
-        if not self.modes:
-            return "no mode gap measured (modes=False), and the rule needs it"
-        if n < smallest:
-            return (f"a probe of {n} samples: one sample moves the mode gap by {1 / n:.1%}, more than the "
-                    f"{self.thresholds.mode_gap:.1%} threshold; the rule needs at least {smallest}")
-        if math.isnan(record.mode_gap):
-            return "the mode gap is NaN (outputs that are not finite)"
-        ch = record.channels
-        overflow = ch.loc[np.isinf(ch["fresh_mean"].to_numpy(float)) | np.isinf(ch["fresh_var"].to_numpy(float)),
-                          "norm_layer"].unique()
-        if len(overflow):  # its lag reads 0σ (an infinite σ) and its E NaN: not measured
-            return (f"the fresh statistics of {', '.join(map(str, overflow[:3]))}{' …' if len(overflow) > 3 else ''} "
-                    "are not finite (activations that overflow: inputs on another scale?)")
-        if math.isnan(record.worst_median_lag_sigma) and math.isnan(record.worst_median_eval_error_sigma):
-            return "no layer's lag or E is finite (no running statistics measured, or fresh statistics not finite)"
-        collapse = self._collapse_gap(record, out_train)
-        if record.mode_gap >= self.thresholds.mode_gap or collapse >= self.thresholds.mode_gap:
-            return ""  # a gap that crosses is judged; one that could cross, had evaluation mode collapsed, too
-        if self.y is None:
-            return (f"training mode predicts one class for {1 - collapse:.1%} of the probe: an evaluation mode "
-                    f"collapsed to that class would change {collapse:.1%} of the predictions, not enough to cross the "
-                    "gap threshold (an untrained model, or a probe of one class)")
-        acc = float(record.checks["acc_train_mode"].iloc[0])
-        share = acc - collapse
-        if share == 1:
-            hint = "a probe of one class: give it several"
-        elif share > 0.5:
-            hint = "a probe dominated by one class, on which a collapse to it hardly shows"
-        elif collapse <= 0:
-            hint = "a model that has not learned the probe yet, or labels of another task"
-        else:
-            hint = "a model that has barely learned the probe"
-        return (f"a constant guess of the probe's largest class scores {share:.1%} against training mode's "
-                f"{acc:.1%}: an evaluation mode collapsed to that class would not cross the gap threshold ({hint})")
-
-    def _collapse_gap(self, record: MonitorRecord, out_train: torch.Tensor) -> float:
-        """The mode gap an evaluation mode collapsed to the probe's largest class would leave (a fraction):
-        training-mode accuracy minus that class's share of the labels; without labels, where the gap is the share
-        of changed predictions, the share of training-mode predictions (``out_train`` (N, classes, ...), argmax
-        over dim 1) that are not of the class it predicts most."""
-        if self.y is None:
-            pred = out_train.argmax(1).flatten()
-            return (pred.numel() - int(torch.bincount(pred.long().cpu()).max())) / pred.numel()
-        n = self.y.numel()
-        right = round(float(record.checks["acc_train_mode"].iloc[0]) * n)
-        return (right - self.largest_class) / n  # in counts: 5 of 100 samples is the 5% threshold itself
+        return verdict.undetermined(record, out_train, self.thresholds, modes=self.modes, y=self.y,
+                                    largest_class=self.largest_class)
 
     def _stale(self, record: MonitorRecord) -> bool:
-        if record.nonfinite.running_statistics:
-            return True
-        return not record.undetermined and self.thresholds.crossed(record.mode_gap, record.worst_median_lag_sigma,
-                                                                   record.worst_median_eval_error_sigma)
-
-    def _rotation_text(self, record: MonitorRecord) -> str:
-        """The summary's rotation: the median over paired layers, how many of the layers they are when some are
-        unpaired, and that nothing is measured when none is."""
-        paired, total = len(self.pairing.pairs), len(self.layers)
-        if not paired:
-            return "rotation: no layer paired (monitor.pairing)"
-        rot = record.layers["rotation_deg_per_100"]
-        if not rot.notna().any():
-            return ""
-        share = f" ({paired} of {total} layers paired)" if paired < total else ""
-        return f"rotation {rot.median():.2f}°/100 steps{share}"
+        return verdict.stale(record, self.thresholds)
 
     def _summary(self, record: MonitorRecord) -> str:
-        c = record.checks.iloc[0]
-        if not math.isnan(c["acc_train_mode"]):
-            modes = f"train {c['acc_train_mode']:.1%} / eval {c['acc_eval_mode']:.1%}"
-        elif not math.isnan(c["mode_agreement"]):
-            modes = f"modes agree {c['mode_agreement']:.1%}"
-        else:
-            modes = ""
-        rot_text = self._rotation_text(record)
-        lag = record.layers.dropna(subset=["lag_median_abs_sigma"])
-        lag_text = ""
-        if len(lag):
-            top = lag.loc[lag["lag_median_abs_sigma"].idxmax()]
-            lag_text = (f"lag median {top['lag_median_abs_sigma']:.2f}σ in {top['norm_layer']}, "
-                        f"max {lag['lag_max_abs_sigma'].max():.2f}σ")
-        err = record.layers.dropna(subset=["eval_error_median_sigma"])
-        err_text = ""
-        if len(err):
-            top = err.loc[err["eval_error_median_sigma"].idxmax()]
-            err_text = f"E median {top['eval_error_median_sigma']:.2f}σ in {top['norm_layer']}"
-        bad = f"NON-FINITE {record.nonfinite}" if record.nonfinite else ""
-        text = " | ".join(t for t in (bad, modes, rot_text, lag_text, err_text) if t)
-        if record.flagged:
-            return "STALE " + text
-        if record.undetermined and record.warming_up:  # a summary in the warm-up starts by saying so
-            left = self.warmup_steps - record.step
-            held = f"warming up, {left} step{'s' * (left != 1)} left; UNDETERMINED ({record.undetermined})"
-            return " | ".join(t for t in (held, text) if t)
-        if record.undetermined:
-            return " | ".join(t for t in (f"UNDETERMINED ({record.undetermined})", text) if t)
-        if record.warming_up:  # the rule's verdict is held back: say so, and what it is
-            left = self.warmup_steps - record.step
-            held = f"warming up, {left} step{'s' * (left != 1)} left"
-            held += "; the rule would fire" if record.stale else ""
-            return " | ".join(t for t in (held, text) if t)
-        return text
+        rotation = verdict.rotation_text(record, len(self.pairing.pairs), len(self.layers))
+        return verdict.summary(record, rotation, self.warmup_steps)
