@@ -394,7 +394,9 @@ def earlier_parts(report: Path, modules: set[str]) -> tuple[dict[str, str], list
     """From an earlier report: the table row of each module of ``modules`` (``{module: row}``) and the lines of its
     surviving mutants' sections, for a run that did not rerun those modules."""
     text = report.read_text()
-    rows = {m: line for line in text.splitlines() for m in modules if line.startswith(f"| {m} |")}
+    rows = {m: re.sub(rf"^\| {re.escape(m)} \(earlier run\) \|", f"| {m} |", line)
+            for line in text.splitlines() for m in modules
+            if re.match(rf"\| {re.escape(m)}( \(earlier run\))? \|", line)}  # an earlier run's own earlier rows too
     blocks = re.split(r"(?m)^(?=### `)", text.split("## Surviving mutants", 1)[-1])[1:]
     kept = [b for b in blocks if module_of(b.split("`")[1]) in modules]
     return rows, [line for b in kept for line in b.rstrip("\n").split("\n") + [""]]
